@@ -1,0 +1,187 @@
+//! The config file as written: serde types that mirror the YAML, unknown fields rejected.
+//! Nothing here is validated beyond its type; see [`crate::model`] for the runtime form.
+
+use crate::units::{Dur, Size};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Process-wide settings.
+    #[serde(default)]
+    pub server: Option<Server>,
+    /// Addresses to accept client connections on.
+    #[serde(default)]
+    pub listeners: Vec<Listener>,
+    /// Backends, by name.
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, Upstream>,
+    /// Routes, matched most specific first.
+    #[serde(default)]
+    pub routes: Vec<Route>,
+    /// API consumers and their keys.
+    #[serde(default)]
+    pub consumers: Vec<Consumer>,
+    /// Plans: named sets of limits that consumers subscribe to.
+    #[serde(default)]
+    pub plans: BTreeMap<String, Plan>,
+}
+
+/// Process-wide settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Server {
+    /// How long in-flight requests may take to finish on shutdown.
+    pub drain_timeout: Option<Dur>,
+    /// Reload when the config file changes (checked once a second). Default: true.
+    pub watch_config: Option<bool>,
+}
+
+/// One listening socket.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listener {
+    /// `ip:port`.
+    pub address: String,
+    /// Largest request head (request line and headers) accepted; larger gets 431.
+    pub max_header_bytes: Option<Size>,
+    /// Most request headers accepted; more gets 431.
+    pub max_headers: Option<usize>,
+    /// Time allowed to receive a request head.
+    pub header_timeout: Option<Dur>,
+    /// Largest request body accepted; larger gets 413.
+    pub max_body_bytes: Option<Size>,
+}
+
+/// A backend: one or more targets, used round-robin over a keep-alive pool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// `host:port` of each target.
+    pub targets: Vec<String>,
+    /// Idle keep-alive connections kept per target.
+    pub pool_max_idle: Option<usize>,
+    /// Time allowed to open a connection.
+    pub connect_timeout: Option<Dur>,
+    /// Time allowed from sending the request to receiving the response head.
+    pub response_timeout: Option<Dur>,
+    /// How long an idle pooled connection is kept.
+    pub idle_timeout: Option<Dur>,
+}
+
+/// A route: which requests, where they go, which policies apply.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// A stable name (keeps per-route counters across reloads); default derived from host and path.
+    pub name: Option<String>,
+    /// Host to match (`api.example.com`, or `*.example.com`); any host when absent.
+    pub host: Option<String>,
+    /// Path prefix to match.
+    pub path_prefix: Option<String>,
+    /// Exact path to match.
+    pub path: Option<String>,
+    /// Methods allowed; others get 405 with `Allow`. All methods when absent.
+    pub methods: Option<Vec<String>>,
+    /// Name of the upstream to forward to.
+    pub upstream: String,
+    /// Remove the matched prefix before forwarding.
+    #[serde(default)]
+    pub strip_prefix: bool,
+    /// Forward the client's `Host` instead of the target's.
+    #[serde(default)]
+    pub preserve_host: bool,
+    /// API key authentication.
+    pub auth: Option<Auth>,
+    /// Who may call the route (requires `auth`).
+    pub allow: Option<Allow>,
+    /// Per-consumer limits on this route, on top of the consumer's plan (requires `auth`).
+    #[serde(default)]
+    pub limits: Vec<Limit>,
+    /// CORS: preflights answered here, headers added to responses.
+    pub cors: Option<Cors>,
+}
+
+/// Where to find the API key and what to do with it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Auth {
+    /// Query parameter names that may carry the key.
+    #[serde(default)]
+    pub query: Vec<String>,
+    /// Header names that may carry the key.
+    #[serde(default)]
+    pub header: Vec<String>,
+    /// Forward the credential upstream (default: removed).
+    #[serde(default)]
+    pub keep_credential: bool,
+    /// Header that carries the consumer's name upstream (default `X-Consumer`).
+    pub consumer_header: Option<String>,
+}
+
+/// Who may call a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allow {
+    /// Consumers by name.
+    #[serde(default)]
+    pub consumers: Vec<String>,
+    /// Plans by name: every consumer on them may call.
+    #[serde(default)]
+    pub plans: Vec<String>,
+}
+
+/// "N requests per duration".
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limit {
+    /// Name in RateLimit headers and errors; default e.g. `1000-per-10s`.
+    pub name: Option<String>,
+    /// Requests allowed per window.
+    pub requests: u64,
+    /// Window length, from 1s to 30d.
+    pub per: Dur,
+}
+
+/// CORS settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cors {
+    /// Allowed origins (`https://app.example.com`), or `*`.
+    pub origins: Vec<String>,
+    /// Methods allowed cross-origin (default: the route's methods, or common ones).
+    pub methods: Option<Vec<String>>,
+    /// Request headers allowed (default: what the preflight asks for).
+    pub headers: Option<Vec<String>>,
+    /// Response headers exposed to scripts.
+    #[serde(default)]
+    pub expose_headers: Vec<String>,
+    /// How long browsers may cache a preflight answer.
+    pub max_age: Option<Dur>,
+    /// Allow credentials (cookies); not with origin `*`.
+    #[serde(default)]
+    pub credentials: bool,
+}
+
+/// A caller of the API.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Consumer {
+    /// Unique name, passed upstream in the consumer header.
+    pub name: String,
+    /// API keys that identify the consumer.
+    pub keys: Vec<String>,
+    /// The consumer's plan.
+    pub plan: Option<String>,
+}
+
+/// A named set of limits.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Limits, all checked together on every call.
+    #[serde(default)]
+    pub limits: Vec<Limit>,
+}

@@ -1,0 +1,179 @@
+//! The validated config: what the gateway runs on. Every reference is resolved to an
+//! index, every value is in range, defaults are filled in.
+
+use http::{HeaderName, Method};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Process-wide settings.
+    pub server: ServerConfig,
+    /// Listening sockets.
+    pub listeners: Vec<ListenerConfig>,
+    /// Backends; routes refer to them by index.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Routes, sorted most specific first (exact paths, then longer prefixes, hosts before none).
+    pub routes: Vec<RouteConfig>,
+    /// Consumers; keys refer to them by index.
+    pub consumers: Vec<ConsumerConfig>,
+    /// Plans; consumers refer to them by index.
+    pub plans: Vec<PlanConfig>,
+}
+
+/// Process-wide settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Longest wait for in-flight requests on shutdown.
+    pub drain_timeout: Duration,
+    /// Reload when the file changes.
+    pub watch_config: bool,
+}
+
+/// One listening socket and its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerConfig {
+    /// Where to listen.
+    pub address: SocketAddr,
+    /// Largest request head, bytes (at least 8 KiB).
+    pub max_header_bytes: usize,
+    /// Most request headers.
+    pub max_headers: usize,
+    /// Time allowed to receive a request head.
+    pub header_timeout: Duration,
+    /// Largest request body, bytes.
+    pub max_body_bytes: u64,
+}
+
+/// A backend and its pool settings.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct UpstreamConfig {
+    /// Name as written in the file.
+    pub name: String,
+    /// `host:port` targets, used round-robin.
+    pub targets: Vec<String>,
+    /// Idle connections kept per target.
+    pub pool_max_idle: usize,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Time to the response head.
+    pub response_timeout: Duration,
+    /// Idle pooled connection lifetime.
+    pub idle_timeout: Duration,
+}
+
+/// How a route matches the path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    /// The path starts with this.
+    Prefix(String),
+    /// The path is exactly this.
+    Exact(String),
+}
+
+/// How a route matches the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    /// Exactly this host (lowercase, no port).
+    Exact(String),
+    /// Any host ending with this suffix (`.example.com` for `*.example.com`).
+    Suffix(String),
+}
+
+/// A validated route.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// Stable name.
+    pub name: String,
+    /// Host to match, if any.
+    pub host: Option<HostMatch>,
+    /// Path to match.
+    pub path: PathMatch,
+    /// Allowed methods; `None` allows all.
+    pub methods: Option<Vec<Method>>,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
+    /// Remove the matched prefix before forwarding.
+    pub strip_prefix: bool,
+    /// Forward the client's Host header.
+    pub preserve_host: bool,
+    /// API key authentication, if required.
+    pub auth: Option<AuthConfig>,
+    /// Who may call; `None` lets every authenticated consumer call.
+    pub allow: Option<AllowConfig>,
+    /// Per-consumer limits on this route.
+    pub limits: Vec<LimitConfig>,
+    /// CORS, if enabled.
+    pub cors: Option<CorsConfig>,
+}
+
+/// Where the key comes from.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    /// Query parameters that may carry the key.
+    pub query: Vec<String>,
+    /// Headers that may carry the key.
+    pub header: Vec<HeaderName>,
+    /// Forward the credential upstream.
+    pub keep_credential: bool,
+    /// Header carrying the consumer's name upstream.
+    pub consumer_header: HeaderName,
+}
+
+/// Who may call a route.
+#[derive(Debug, Clone, Default)]
+pub struct AllowConfig {
+    /// Indices into [`Config::consumers`].
+    pub consumers: Vec<usize>,
+    /// Indices into [`Config::plans`].
+    pub plans: Vec<usize>,
+}
+
+/// "N requests per window".
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LimitConfig {
+    /// Name shown in headers and errors.
+    pub name: String,
+    /// Requests allowed per window.
+    pub requests: u64,
+    /// Window length.
+    pub window: Duration,
+}
+
+/// CORS settings.
+#[derive(Debug, Clone)]
+pub struct CorsConfig {
+    /// Allowed origins; `None` means any (`*`).
+    pub origins: Option<Vec<String>>,
+    /// Methods allowed cross-origin.
+    pub methods: Vec<Method>,
+    /// Allowed request headers; `None` echoes what the preflight asks for.
+    pub headers: Option<Vec<HeaderName>>,
+    /// Response headers exposed to scripts.
+    pub expose_headers: Vec<HeaderName>,
+    /// Preflight cache lifetime.
+    pub max_age: Option<Duration>,
+    /// Allow credentials.
+    pub credentials: bool,
+}
+
+/// A consumer.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// Unique name.
+    pub name: String,
+    /// API keys.
+    pub keys: Vec<String>,
+    /// Index into [`Config::plans`].
+    pub plan: Option<usize>,
+}
+
+/// A plan.
+#[derive(Debug, Clone)]
+pub struct PlanConfig {
+    /// Name as written in the file.
+    pub name: String,
+    /// Limits checked together.
+    pub limits: Vec<LimitConfig>,
+}

@@ -1,0 +1,612 @@
+//! File types → validated [`Config`]. Every problem is collected, none stops the others.
+
+use crate::error::{ConfigError, Problem};
+use crate::file;
+use crate::model::*;
+use http::{HeaderName, Method};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+const MIN_WINDOW: Duration = Duration::from_secs(1);
+const MAX_WINDOW: Duration = Duration::from_secs(30 * 86_400);
+const DEFAULT_CONSUMER_HEADER: &str = "x-consumer";
+
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn add(&mut self, path: impl Into<String>, msg: impl Into<String>) {
+        self.0.push(Problem::new(path, msg));
+    }
+}
+
+pub(crate) fn validate(raw: file::FileConfig) -> Result<Config, ConfigError> {
+    let mut p = Problems::default();
+
+    let server = ServerConfig {
+        drain_timeout: raw
+            .server
+            .as_ref()
+            .and_then(|s| s.drain_timeout)
+            .map_or(Duration::from_secs(10), |d| d.0),
+        watch_config: raw
+            .server
+            .as_ref()
+            .and_then(|s| s.watch_config)
+            .unwrap_or(true),
+    };
+
+    let listeners = listeners(&raw.listeners, &mut p);
+    let (upstreams, upstream_index) = upstreams(&raw.upstreams, &mut p);
+    let (plans, plan_index) = plans(&raw.plans, &mut p);
+    let (consumers, consumer_index) = consumers(&raw.consumers, &plan_index, &mut p);
+
+    let mut routes = Vec::with_capacity(raw.routes.len());
+    let mut names = HashSet::new();
+    for (i, r) in raw.routes.iter().enumerate() {
+        let at = format!("routes[{i}]");
+        if let Some(route) = route(r, &at, &upstream_index, &plan_index, &consumer_index, &mut p)
+        {
+            if !names.insert(route.name.clone()) {
+                p.add(
+                    format!("{at}.name"),
+                    format!(
+                        "route name {:?} is used twice; give each route a unique name",
+                        route.name
+                    ),
+                );
+            }
+            routes.push(route);
+        }
+    }
+    if routes.is_empty() && raw.routes.is_empty() {
+        p.add("routes", "at least one route is required");
+    }
+    // Most specific first: exact before prefix, longer before shorter, host before none.
+    // The sort is stable, so equal routes keep file order.
+    routes.sort_by_key(|r| {
+        let (exact, len) = match &r.path {
+            PathMatch::Exact(s) => (0u8, usize::MAX - s.len()),
+            PathMatch::Prefix(s) => (1u8, usize::MAX - s.len()),
+        };
+        let host = match &r.host {
+            Some(HostMatch::Exact(_)) => 0u8,
+            Some(HostMatch::Suffix(_)) => 1,
+            None => 2,
+        };
+        (exact, len, host)
+    });
+
+    if !p.0.is_empty() {
+        return Err(ConfigError::Invalid(p.0));
+    }
+    Ok(Config {
+        server,
+        listeners,
+        upstreams,
+        routes,
+        consumers,
+        plans,
+    })
+}
+
+fn listeners(raw: &[file::Listener], p: &mut Problems) -> Vec<ListenerConfig> {
+    if raw.is_empty() {
+        p.add("listeners", "at least one listener is required");
+    }
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (i, l) in raw.iter().enumerate() {
+        let at = format!("listeners[{i}]");
+        let Ok(address) = l.address.parse::<SocketAddr>() else {
+            p.add(
+                format!("{at}.address"),
+                format!("{:?} is not an ip:port address", l.address),
+            );
+            continue;
+        };
+        if !seen.insert(address) {
+            p.add(format!("{at}.address"), format!("{address} is listed twice"));
+        }
+        let max_header_bytes = l.max_header_bytes.map_or(32 * 1024, |s| s.0);
+        if !(8192..=1 << 20).contains(&max_header_bytes) {
+            p.add(
+                format!("{at}.max_header_bytes"),
+                "must be between 8KiB and 1MiB",
+            );
+        }
+        let max_headers = l.max_headers.unwrap_or(100);
+        if !(1..=1000).contains(&max_headers) {
+            p.add(format!("{at}.max_headers"), "must be between 1 and 1000");
+        }
+        let header_timeout = l.header_timeout.map_or(Duration::from_secs(30), |d| d.0);
+        if header_timeout.is_zero() {
+            p.add(format!("{at}.header_timeout"), "must be more than 0");
+        }
+        out.push(ListenerConfig {
+            address,
+            max_header_bytes: usize::try_from(max_header_bytes).unwrap_or(usize::MAX),
+            max_headers,
+            header_timeout,
+            max_body_bytes: l.max_body_bytes.map_or(10 << 20, |s| s.0),
+        });
+    }
+    out
+}
+
+fn upstreams(
+    raw: &BTreeMap<String, file::Upstream>,
+    p: &mut Problems,
+) -> (Vec<UpstreamConfig>, HashMap<String, usize>) {
+    let mut out = Vec::new();
+    let mut index = HashMap::new();
+    for (name, u) in raw {
+        let at = format!("upstreams.{name}");
+        if u.targets.is_empty() {
+            p.add(format!("{at}.targets"), "at least one target is required");
+        }
+        for (j, t) in u.targets.iter().enumerate() {
+            let ok = t
+                .parse::<http::uri::Authority>()
+                .ok()
+                .filter(|a| a.port_u16().is_some() && a.as_str() == t);
+            if ok.is_none() {
+                p.add(
+                    format!("{at}.targets[{j}]"),
+                    format!("{t:?} is not a host:port target (e.g. 127.0.0.1:8000)"),
+                );
+            }
+        }
+        let positive = |p: &mut Problems, field: &str, d: Option<crate::units::Dur>, def: u64| {
+            let d = d.map_or(Duration::from_millis(def), |d| d.0);
+            if d.is_zero() {
+                p.add(format!("{at}.{field}"), "must be more than 0");
+            }
+            d
+        };
+        let cfg = UpstreamConfig {
+            name: name.clone(),
+            targets: u.targets.clone(),
+            pool_max_idle: u.pool_max_idle.unwrap_or(256),
+            connect_timeout: positive(p, "connect_timeout", u.connect_timeout, 5_000),
+            response_timeout: positive(p, "response_timeout", u.response_timeout, 60_000),
+            idle_timeout: positive(p, "idle_timeout", u.idle_timeout, 30_000),
+        };
+        index.insert(name.clone(), out.len());
+        out.push(cfg);
+    }
+    (out, index)
+}
+
+fn limits(raw: &[file::Limit], at: &str, p: &mut Problems) -> Vec<LimitConfig> {
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for (i, l) in raw.iter().enumerate() {
+        let at = format!("{at}[{i}]");
+        if l.requests == 0 {
+            p.add(
+                format!("{at}.requests"),
+                "must be at least 1 (to block a consumer, leave it out of `allow`)",
+            );
+        }
+        if l.per.0 < MIN_WINDOW || l.per.0 > MAX_WINDOW {
+            p.add(format!("{at}.per"), "must be between 1s and 30d");
+        } else if l.per.0.subsec_nanos() != 0 {
+            p.add(format!("{at}.per"), "must be a whole number of seconds");
+        }
+        let name = l.name.clone().unwrap_or_else(|| {
+            format!("{}-per-{}", l.requests, human_window(l.per.0))
+        });
+        if name.is_empty() || name.contains(['"', '\\']) || !name.is_ascii() {
+            p.add(
+                format!("{at}.name"),
+                "must be non-empty ASCII without quotes or backslashes",
+            );
+        }
+        if !names.insert(name.clone()) {
+            p.add(
+                format!("{at}.name"),
+                format!("limit name {name:?} is used twice here"),
+            );
+        }
+        out.push(LimitConfig {
+            name,
+            requests: l.requests,
+            window: l.per.0,
+        });
+    }
+    out
+}
+
+/// `10s`, `5m`, `1h`, `30d`: the shortest exact form.
+fn human_window(d: Duration) -> String {
+    let s = d.as_secs();
+    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
+        if s >= len && s % len == 0 {
+            return format!("{}{unit}", s / len);
+        }
+    }
+    format!("{s}s")
+}
+
+fn plans(
+    raw: &BTreeMap<String, file::Plan>,
+    p: &mut Problems,
+) -> (Vec<PlanConfig>, HashMap<String, usize>) {
+    let mut out = Vec::new();
+    let mut index = HashMap::new();
+    for (name, plan) in raw {
+        let limits = limits(&plan.limits, &format!("plans.{name}.limits"), p);
+        index.insert(name.clone(), out.len());
+        out.push(PlanConfig {
+            name: name.clone(),
+            limits,
+        });
+    }
+    (out, index)
+}
+
+fn consumers(
+    raw: &[file::Consumer],
+    plan_index: &HashMap<String, usize>,
+    p: &mut Problems,
+) -> (Vec<ConsumerConfig>, HashMap<String, usize>) {
+    let mut out = Vec::new();
+    let mut index = HashMap::new();
+    let mut keys: HashMap<&str, usize> = HashMap::new();
+    for (i, c) in raw.iter().enumerate() {
+        let at = format!("consumers[{i}]");
+        if c.name.is_empty() || HeaderValueCheck::invalid(&c.name) {
+            p.add(
+                format!("{at}.name"),
+                "must be non-empty printable ASCII (it is sent upstream in a header)",
+            );
+        }
+        if index.insert(c.name.clone(), i).is_some() {
+            p.add(
+                format!("{at}.name"),
+                format!("consumer {:?} is defined twice", c.name),
+            );
+        }
+        if c.keys.is_empty() {
+            p.add(format!("{at}.keys"), "at least one key is required");
+        }
+        for (j, k) in c.keys.iter().enumerate() {
+            if k.is_empty() || HeaderValueCheck::invalid(k) {
+                p.add(
+                    format!("{at}.keys[{j}]"),
+                    "must be non-empty printable ASCII",
+                );
+            }
+            if let Some(other) = keys.insert(k.as_str(), i) {
+                p.add(
+                    format!("{at}.keys[{j}]"),
+                    format!("this key is already used by consumers[{other}]"),
+                );
+            }
+        }
+        let plan = c.plan.as_ref().and_then(|name| {
+            let found = plan_index.get(name).copied();
+            if found.is_none() {
+                p.add(format!("{at}.plan"), format!("unknown plan {name:?}"));
+            }
+            found
+        });
+        out.push(ConsumerConfig {
+            name: c.name.clone(),
+            keys: c.keys.clone(),
+            plan,
+        });
+    }
+    (out, index)
+}
+
+struct HeaderValueCheck;
+impl HeaderValueCheck {
+    fn invalid(s: &str) -> bool {
+        !s.bytes().all(|b| (0x21..0x7f).contains(&b))
+    }
+}
+
+fn methods(raw: &[String], at: &str, p: &mut Problems) -> Vec<Method> {
+    let mut out = Vec::new();
+    for (i, m) in raw.iter().enumerate() {
+        let upper = m.to_ascii_uppercase();
+        match Method::from_bytes(upper.as_bytes()) {
+            Ok(m) if !out.contains(&m) => out.push(m),
+            Ok(_) => {}
+            Err(_) => p.add(format!("{at}[{i}]"), format!("{m:?} is not an HTTP method")),
+        }
+    }
+    if out.is_empty() {
+        p.add(at, "at least one method is required when the list is given");
+    }
+    out
+}
+
+fn header_names(raw: &[String], at: &str, p: &mut Problems) -> Vec<HeaderName> {
+    let mut out = Vec::new();
+    for (i, h) in raw.iter().enumerate() {
+        match HeaderName::from_bytes(h.as_bytes()) {
+            Ok(n) => out.push(n),
+            Err(_) => p.add(format!("{at}[{i}]"), format!("{h:?} is not a header name")),
+        }
+    }
+    out
+}
+
+fn route(
+    r: &file::Route,
+    at: &str,
+    upstream_index: &HashMap<String, usize>,
+    plan_index: &HashMap<String, usize>,
+    consumer_index: &HashMap<String, usize>,
+    p: &mut Problems,
+) -> Option<RouteConfig> {
+    let path = match (&r.path_prefix, &r.path) {
+        (Some(pre), None) => PathMatch::Prefix(pre.clone()),
+        (None, Some(exact)) => PathMatch::Exact(exact.clone()),
+        (Some(_), Some(_)) => {
+            p.add(at, "give either `path_prefix` or `path`, not both");
+            return None;
+        }
+        (None, None) => {
+            p.add(at, "a route needs `path_prefix` or `path`");
+            return None;
+        }
+    };
+    let (PathMatch::Prefix(s) | PathMatch::Exact(s)) = &path;
+    if !s.starts_with('/') {
+        let field = if r.path.is_some() {
+            "path"
+        } else {
+            "path_prefix"
+        };
+        p.add(format!("{at}.{field}"), format!("{s:?} must start with '/'"));
+    }
+    if r.strip_prefix && r.path.is_some() {
+        p.add(
+            format!("{at}.strip_prefix"),
+            "only applies to `path_prefix` routes",
+        );
+    }
+    let host = r.host.as_ref().map(|h| {
+        let h = h.to_ascii_lowercase();
+        if h.contains([':', '/', ' ']) || h.is_empty() {
+            p.add(
+                format!("{at}.host"),
+                format!("{h:?} must be a host name without port or scheme"),
+            );
+        }
+        match h.strip_prefix('*') {
+            Some(suffix) if suffix.starts_with('.') => HostMatch::Suffix(suffix.to_string()),
+            _ => HostMatch::Exact(h),
+        }
+    });
+    let upstream = upstream_index.get(&r.upstream).copied();
+    if upstream.is_none() {
+        p.add(
+            format!("{at}.upstream"),
+            format!("unknown upstream {:?}", r.upstream),
+        );
+    }
+    let route_methods = r
+        .methods
+        .as_ref()
+        .map(|m| methods(m, &format!("{at}.methods"), p));
+
+    let auth = r.auth.as_ref().map(|a| {
+        let (query, header) = if a.query.is_empty() && a.header.is_empty() {
+            (vec!["apikey".to_string()], vec!["x-api-key".to_string()])
+        } else {
+            (a.query.clone(), a.header.clone())
+        };
+        for (i, q) in query.iter().enumerate() {
+            if q.is_empty() || q.contains(['&', '=', '#']) {
+                p.add(
+                    format!("{at}.auth.query[{i}]"),
+                    format!("{q:?} is not a query parameter name"),
+                );
+            }
+        }
+        let consumer_header = a
+            .consumer_header
+            .as_deref()
+            .unwrap_or(DEFAULT_CONSUMER_HEADER);
+        let consumer_header = HeaderName::from_bytes(consumer_header.as_bytes()).unwrap_or_else(|_| {
+            p.add(
+                format!("{at}.auth.consumer_header"),
+                format!("{consumer_header:?} is not a header name"),
+            );
+            HeaderName::from_static(DEFAULT_CONSUMER_HEADER)
+        });
+        AuthConfig {
+            query,
+            header: header_names(&header, &format!("{at}.auth.header"), p),
+            keep_credential: a.keep_credential,
+            consumer_header,
+        }
+    });
+
+    let allow = r.allow.as_ref().map(|a| {
+        if auth.is_none() {
+            p.add(
+                format!("{at}.allow"),
+                "needs `auth` on the route (consumers are identified by API key)",
+            );
+        }
+        let mut out = AllowConfig::default();
+        for (i, c) in a.consumers.iter().enumerate() {
+            match consumer_index.get(c) {
+                Some(&ix) => out.consumers.push(ix),
+                None => p.add(
+                    format!("{at}.allow.consumers[{i}]"),
+                    format!("unknown consumer {c:?}"),
+                ),
+            }
+        }
+        for (i, pl) in a.plans.iter().enumerate() {
+            match plan_index.get(pl) {
+                Some(&ix) => out.plans.push(ix),
+                None => p.add(
+                    format!("{at}.allow.plans[{i}]"),
+                    format!("unknown plan {pl:?}"),
+                ),
+            }
+        }
+        out
+    });
+
+    let limits = limits(&r.limits, &format!("{at}.limits"), p);
+    if !limits.is_empty() && auth.is_none() {
+        p.add(
+            format!("{at}.limits"),
+            "needs `auth` on the route (limits are counted per consumer)",
+        );
+    }
+
+    let cors = r.cors.as_ref().map(|c| {
+        let any = c.origins.iter().any(|o| o == "*");
+        if c.origins.is_empty() {
+            p.add(format!("{at}.cors.origins"), "at least one origin (or \"*\")");
+        }
+        if any && c.credentials {
+            p.add(
+                format!("{at}.cors.credentials"),
+                "cannot be true with origin \"*\"; list the origins",
+            );
+        }
+        let methods = match (&c.methods, &route_methods) {
+            (Some(m), _) => methods(m, &format!("{at}.cors.methods"), p),
+            (None, Some(m)) => m.clone(),
+            (None, None) => ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+                .iter()
+                .filter_map(|m| Method::from_bytes(m.as_bytes()).ok())
+                .collect(),
+        };
+        CorsConfig {
+            origins: (!any).then(|| c.origins.clone()),
+            methods,
+            headers: c
+                .headers
+                .as_ref()
+                .map(|h| header_names(h, &format!("{at}.cors.headers"), p)),
+            expose_headers: header_names(&c.expose_headers, &format!("{at}.cors.expose_headers"), p),
+            max_age: c.max_age.map(|d| d.0),
+            credentials: c.credentials,
+        }
+    });
+
+    let name = r.name.clone().unwrap_or_else(|| {
+        let host = r.host.as_deref().unwrap_or("");
+        format!("{host}{s}")
+    });
+    Some(RouteConfig {
+        name,
+        host,
+        path,
+        methods: route_methods,
+        upstream: upstream.unwrap_or(0),
+        strip_prefix: r.strip_prefix,
+        preserve_host: r.preserve_host,
+        auth,
+        allow,
+        limits,
+        cors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::from_yaml;
+
+    const GOOD: &str = r#"
+listeners: [{address: "127.0.0.1:8080"}]
+upstreams:
+  backend: {targets: ["127.0.0.1:1337"]}
+plans:
+  gold: {limits: [{requests: 10, per: 1s}, {requests: 100, per: 100s, name: slow}]}
+consumers:
+  - {name: alice, keys: [k1], plan: gold}
+routes:
+  - path_prefix: /test/
+    upstream: backend
+    auth: {query: [apikey]}
+    allow: {plans: [gold]}
+"#;
+
+    #[test]
+    fn accepts_a_good_config() {
+        let c = from_yaml(GOOD).expect("valid");
+        assert_eq!(c.plans[0].limits[0].name, "10-per-1s");
+        assert_eq!(c.plans[0].limits[1].name, "slow");
+        assert_eq!(c.routes[0].upstream, 0);
+    }
+
+    #[test]
+    fn reports_every_problem_with_its_place() {
+        let bad = r#"
+listeners: [{address: "nowhere"}]
+upstreams:
+  backend: {targets: ["127.0.0.1"]}
+consumers:
+  - {name: alice, keys: [k1], plan: bronze}
+  - {name: bob, keys: [k1]}
+routes:
+  - {path_prefix: /a/, upstream: backend}
+  - {path_prefix: b, upstream: orders, methods: [GET, "B@D"]}
+  - {path: /c, upstream: backend, allow: {consumers: [carol]}}
+"#;
+        let err = from_yaml(bad).expect_err("invalid");
+        let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+        let expect = [
+            "listeners[0].address: \"nowhere\" is not an ip:port address",
+            "upstreams.backend.targets[0]: \"127.0.0.1\" is not a host:port target",
+            "consumers[0].plan: unknown plan \"bronze\"",
+            "consumers[1].keys[0]: this key is already used by consumers[0]",
+            "routes[1].path_prefix: \"b\" must start with '/'",
+            "routes[1].upstream: unknown upstream \"orders\"",
+            "routes[1].methods[1]: \"B@D\" is not an HTTP method",
+            "routes[2].allow: needs `auth` on the route",
+            "routes[2].allow.consumers[0]: unknown consumer \"carol\"",
+        ];
+        for e in expect {
+            assert!(
+                text.iter().any(|t| t.starts_with(e)),
+                "missing {e:?} in {text:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_with_their_path() {
+        let bad = GOOD.replace("upstream: backend", "upstream: backend\n    upstrem: x");
+        let err = from_yaml(&bad).expect_err("invalid");
+        let text = err.to_string();
+        assert!(text.starts_with("routes[0]: unknown field `upstrem`"), "{text}");
+        assert!(text.contains("line "), "{text}");
+    }
+
+    #[test]
+    fn limit_windows_are_bounded() {
+        let bad = GOOD.replace("per: 100s", "per: 31d");
+        let err = from_yaml(&bad).expect_err("invalid");
+        assert!(
+            err.to_string()
+                .contains("plans.gold.limits[1].per: must be between 1s and 30d"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn routes_sort_most_specific_first() {
+        let cfg = GOOD.replace(
+            "routes:",
+            "routes:\n  - {path_prefix: /, upstream: backend}\n  - {path: /test/exact, upstream: backend}\n  - {path_prefix: /test/longer/, upstream: backend}",
+        );
+        let c = from_yaml(&cfg).expect("valid");
+        let names: Vec<&str> = c.routes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["/test/exact", "/test/longer/", "/test/", "/"]);
+    }
+}
