@@ -1,1 +1,80 @@
-fn main() {}
+//! `tollgate`: the command line. `run` serves a config, `check` validates one, `echo` is a
+//! tiny test backend, `demo` starts a ready example in front of the echo backend.
+#![forbid(unsafe_code)]
+
+mod serve;
+
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// tollgate: a fast API gateway. Identifies callers by API key, checks what they may call,
+/// counts every call against their plan's limits, answers 401/403/405/429 at the edge and
+/// forwards the rest over kept-alive connections.
+#[derive(Parser)]
+#[command(name = "tollgate", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the gateway described by a config file (reloads on SIGHUP and when the file changes).
+    Run {
+        /// The YAML config file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Validate a config file; print every problem with its place in the file.
+    Check {
+        /// The YAML config file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Run the built-in test backend: 200 with a short JSON body, keep-alive.
+    Echo {
+        /// Address to listen on.
+        #[arg(short, long, value_name = "ADDR", default_value = "127.0.0.1:1337")]
+        listen: SocketAddr,
+    },
+    /// Start a ready example: the gateway on 127.0.0.1:8080 in front of the echo backend on
+    /// 127.0.0.1:1337, with curl lines to try.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Run { config } => serve::run(&config),
+        Command::Echo { listen } => serve::echo(listen),
+        Command::Demo => serve::demo(),
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    match tollgate_config::from_path(path) {
+        Ok(cfg) => {
+            println!(
+                "{}: valid ({} listener(s), {} route(s), {} upstream(s), {} consumer(s), {} plan(s))",
+                path.display(),
+                cfg.listeners.len(),
+                cfg.routes.len(),
+                cfg.upstreams.len(),
+                cfg.consumers.len(),
+                cfg.plans.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let problems = e.problems();
+            for p in &problems {
+                eprintln!("{}: {p}", path.display());
+            }
+            eprintln!("{}: {} problem(s); not valid", path.display(), problems.len());
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,21 @@
-//! tollgate runtime
+//! tollgate's runtime, in the order a request meets it:
+//! [`listener`] → [`route`] → [`policy`] (method, CORS, auth, authz, limits) →
+//! [`upstream`] → [`response`]. [`snapshot`] compiles a validated config into what the
+//! request path reads; [`gateway`] pins a snapshot per request and swaps it on reload.
+#![forbid(unsafe_code)]
+
+pub mod clock;
+pub mod echo;
+pub mod gateway;
+pub mod limiter;
+pub mod listener;
+pub mod policy;
+pub mod response;
+pub mod route;
+pub mod snapshot;
+pub mod upstream;
+pub mod watch;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use gateway::{Gateway, ReloadStatus};
+pub use listener::{bind, BindError, Server};

@@ -1,0 +1,170 @@
+//! The long-running commands: `run`, `echo` and `demo`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+use tollgate_config::Config;
+use tollgate_gateway::{watch::watch_file, Gateway, Server, SystemClock};
+
+/// The demo's config, also the README's quick start.
+const DEMO_CONFIG: &str = include_str!("../../../examples/demo.yaml");
+
+fn logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        })
+}
+
+/// `tollgate run --config FILE`.
+pub fn run(path: &Path) -> ExitCode {
+    logging();
+    let cfg = match tollgate_config::from_path(path) {
+        Ok(c) => c,
+        Err(e) => {
+            for p in e.problems() {
+                eprintln!("{}: {p}", path.display());
+            }
+            eprintln!("not starting; check the file with `tollgate check --config {}`", path.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let rt = match runtime() {
+        Ok(r) => r,
+        Err(c) => return c,
+    };
+    rt.block_on(serve(cfg, Some(path)))
+}
+
+async fn serve(cfg: Config, path: Option<&Path>) -> ExitCode {
+    let drain = cfg.server.drain_timeout;
+    let watch = cfg.server.watch_config;
+    let bound = match tollgate_gateway::bind(&cfg.listeners).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let gw = Gateway::new(cfg, SystemClock::new());
+    let server = Server::start(gw.clone(), bound);
+    for a in server.local_addrs() {
+        tracing::info!("listening on http://{a}");
+    }
+    let watcher = match (path, watch) {
+        (Some(p), true) => Some(watch_file(gw.clone(), p.to_path_buf(), Duration::from_secs(1))),
+        _ => None,
+    };
+    let signals = wait_for_stop(&gw, path).await;
+    if let Some(w) = watcher {
+        w.abort();
+    }
+    if let Err(e) = signals {
+        tracing::error!("cannot listen for signals: {e}");
+    }
+    tracing::info!("shutting down: draining for at most {drain:?}");
+    if server.shutdown(drain).await {
+        tracing::info!("all connections drained");
+    } else {
+        tracing::warn!("drain time over; closing the remaining connections");
+    }
+    ExitCode::SUCCESS
+}
+
+/// Reloads on SIGHUP; returns on SIGTERM or SIGINT.
+async fn wait_for_stop(gw: &Gateway, path: Option<&Path>) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            _ = hup.recv() => match path {
+                Some(p) => {
+                    tracing::info!("SIGHUP: reloading {}", p.display());
+                    let _ = gw.reload_file(p);
+                }
+                None => tracing::info!("SIGHUP: no config file to reload"),
+            },
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+        }
+    }
+}
+
+/// `tollgate echo --listen ADDR`.
+pub fn echo(addr: SocketAddr) -> ExitCode {
+    logging();
+    let rt = match runtime() {
+        Ok(r) => r,
+        Err(c) => return c,
+    };
+    rt.block_on(async {
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("cannot listen on {addr}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!("echo backend on http://{addr}");
+        tokio::select! {
+            _ = tollgate_gateway::echo::serve(listener) => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        ExitCode::SUCCESS
+    })
+}
+
+/// `tollgate demo`.
+pub fn demo() -> ExitCode {
+    logging();
+    let cfg = match tollgate_config::from_yaml(DEMO_CONFIG) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("the embedded demo config is invalid: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let rt = match runtime() {
+        Ok(r) => r,
+        Err(c) => return c,
+    };
+    rt.block_on(async {
+        let backend: SocketAddr = ([127, 0, 0, 1], 1337).into();
+        let listener = match tokio::net::TcpListener::bind(backend).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("cannot start the echo backend on {backend}: {e} (stop whatever uses port 1337)");
+                return ExitCode::FAILURE;
+            }
+        };
+        tokio::spawn(tollgate_gateway::echo::serve(listener));
+        println!(
+            "tollgate demo: gateway on http://127.0.0.1:8080 in front of the echo backend on http://{backend}\n\
+             Consumer \"demo\" (key demo-key) may make 5 calls per 10 s. Try:\n\
+             \x20 curl -i 'http://127.0.0.1:8080/api/hello?apikey=demo-key'     # 200, with RateLimit headers\n\
+             \x20 curl -i -H 'X-API-Key: demo-key' http://127.0.0.1:8080/api/hello # 200, key in a header\n\
+             \x20 curl -i http://127.0.0.1:8080/api/hello                         # 401, no key\n\
+             \x20 curl -i 'http://127.0.0.1:8080/api/hello?apikey=nope'          # 401, unknown key\n\
+             \x20 curl -i -X DELETE 'http://127.0.0.1:8080/api/hello?apikey=demo-key' # 405\n\
+             \x20 for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{{http_code}}\\n' 'http://127.0.0.1:8080/api/hello?apikey=demo-key'; done  # ... 429\n\
+             Stop with Ctrl-C."
+        );
+        serve(cfg, None).await
+    })
+}

@@ -1,0 +1,156 @@
+//! The gateway: the pinned-snapshot request path, and reloads that swap the snapshot.
+
+use crate::clock::Clock;
+use crate::policy::{self, cors, Verdict};
+use crate::response::{refuse, Body, Refusal};
+use crate::route;
+use crate::snapshot::{Registry, Snapshot};
+use crate::upstream::{self, Hop};
+use arc_swap::ArcSwap;
+use http::{Request, Response};
+use http_body_util::Either;
+use hyper::body::Incoming;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tollgate_config::{Config, ConfigError, ListenerConfig, PathMatch};
+
+/// Where reloads stand: a new generation after each applied config, and the last failure.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadStatus {
+    /// Number of configs applied since start (the first is 1).
+    pub generation: u64,
+    /// The problem with the last rejected config, if the last attempt failed.
+    pub last_error: Option<String>,
+}
+
+/// A running gateway's state: the current snapshot and what outlives it.
+pub struct Gateway {
+    snapshot: ArcSwap<Snapshot>,
+    registry: Registry,
+    clock: Arc<dyn Clock>,
+    status: watch::Sender<ReloadStatus>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// A gateway serving `config`, counting time with `clock`.
+    pub fn new(config: Config, clock: Arc<dyn Clock>) -> Arc<Self> {
+        let registry = Registry::default();
+        let snapshot = Snapshot::build(config, &registry);
+        let (status, _) = watch::channel(ReloadStatus {
+            generation: 1,
+            last_error: None,
+        });
+        Arc::new(Gateway {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            registry,
+            clock,
+            status,
+        })
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// The limiter clock, in nanoseconds.
+    pub fn now(&self) -> u64 {
+        self.clock.now_nanos()
+    }
+
+    /// Swaps in a validated config. Requests in flight finish on the snapshot they started
+    /// with; counters of unchanged limits and pools of unchanged upstreams carry over.
+    pub fn apply(&self, config: Config) {
+        let old = self.snapshot.load();
+        if old.config.listeners != config.listeners {
+            tracing::warn!("listener changes take effect at the next restart");
+        }
+        let snapshot = Snapshot::build(config, &self.registry);
+        self.snapshot.store(Arc::new(snapshot));
+        self.status.send_modify(|s| {
+            s.generation += 1;
+            s.last_error = None;
+        });
+    }
+
+    /// Reads, validates and applies a config file. A bad file is rejected with every
+    /// problem logged, and the old config keeps serving.
+    pub fn reload_file(&self, path: &Path) -> Result<(), ConfigError> {
+        match tollgate_config::from_path(path) {
+            Ok(cfg) => {
+                self.apply(cfg);
+                tracing::info!(path = %path.display(), generation = self.status.borrow().generation, "config reloaded");
+                Ok(())
+            }
+            Err(e) => {
+                for p in e.problems() {
+                    tracing::error!(path = %path.display(), "config rejected, old config keeps serving: {p}");
+                }
+                self.status
+                    .send_modify(|s| s.last_error = Some(e.to_string()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Follows reloads: the generation moves after each applied config.
+    pub fn reloads(&self) -> watch::Receiver<ReloadStatus> {
+        self.status.subscribe()
+    }
+
+    /// Handles one request on the snapshot current when it arrived.
+    pub async fn handle(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        listener: &ListenerConfig,
+    ) -> Response<Body> {
+        let snap = self.snapshot.load_full();
+        let (mut parts, body) = req.into_parts();
+        if let Err(r) = route::check_path(parts.uri.path()) {
+            return refuse(r);
+        }
+        let preflight = cors::is_preflight(&parts);
+        let route = match route::find(&snap, &parts, preflight) {
+            Ok(r) => r,
+            Err(r) => return refuse(r),
+        };
+        let origin = policy::cors_origin(route, &parts);
+
+        let result: Result<Response<Body>, Refusal> = async {
+            let admitted = match policy::run(&snap, route, &mut parts, self.now())? {
+                Verdict::Answer(r) => return Ok(r),
+                Verdict::Forward(a) => a,
+            };
+            let strip_prefix = match (&route.cfg.path, route.cfg.strip_prefix) {
+                (PathMatch::Prefix(p), true) => Some(p.as_str()),
+                _ => None,
+            };
+            let hop = Hop {
+                peer,
+                strip_prefix,
+                preserve_host: route.cfg.preserve_host,
+                max_body: listener.max_body_bytes,
+            };
+            let resp = upstream::forward(&route.upstream, parts, body, hop).await?;
+            let mut resp = resp.map(Either::Left);
+            policy::decorate(route, &admitted, resp.headers_mut());
+            Ok(resp)
+        }
+        .await;
+
+        let mut resp = result.unwrap_or_else(refuse);
+        if let (Some(origin), Some(c), false) = (origin, &route.cfg.cors, preflight) {
+            cors::decorate(c, origin, resp.headers_mut());
+        }
+        resp
+    }
+}

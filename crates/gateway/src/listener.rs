@@ -1,0 +1,134 @@
+//! Listeners: accept, serve HTTP/1.1 with keep-alive and limits on the request head, and
+//! drain in-flight requests on shutdown.
+
+use crate::gateway::Gateway;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tollgate_config::ListenerConfig;
+
+/// Why the gateway could not start listening.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {address}: {source} (is another process using it? change listeners[].address)")]
+pub struct BindError {
+    /// The address asked for.
+    pub address: SocketAddr,
+    /// The OS error.
+    pub source: std::io::Error,
+}
+
+/// Binds every listener, failing on the first address that cannot be bound.
+pub async fn bind(listeners: &[ListenerConfig]) -> Result<Vec<(TcpListener, ListenerConfig)>, BindError> {
+    let mut out = Vec::with_capacity(listeners.len());
+    for l in listeners {
+        let sock = TcpListener::bind(l.address).await.map_err(|source| BindError {
+            address: l.address,
+            source,
+        })?;
+        out.push((sock, l.clone()));
+    }
+    Ok(out)
+}
+
+/// A running set of listeners.
+pub struct Server {
+    addrs: Vec<SocketAddr>,
+    stop: watch::Sender<bool>,
+    accept_loops: JoinSet<()>,
+    graceful: Arc<GracefulShutdown>,
+}
+
+impl Server {
+    /// Starts accepting on every bound listener.
+    pub fn start(gw: Arc<Gateway>, bound: Vec<(TcpListener, ListenerConfig)>) -> Server {
+        let (stop, _) = watch::channel(false);
+        let graceful = Arc::new(GracefulShutdown::new());
+        let mut accept_loops = JoinSet::new();
+        let mut addrs = Vec::new();
+        for (sock, cfg) in bound {
+            addrs.push(sock.local_addr().unwrap_or(cfg.address));
+            accept_loops.spawn(accept_loop(
+                gw.clone(),
+                sock,
+                Arc::new(cfg),
+                stop.subscribe(),
+                graceful.clone(),
+            ));
+        }
+        Server {
+            addrs,
+            stop,
+            accept_loops,
+            graceful,
+        }
+    }
+
+    /// The addresses actually bound (useful with port 0).
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// Stops accepting, lets in-flight requests finish for at most `drain`, and closes idle
+    /// keep-alive connections. Returns whether every connection finished in time.
+    pub async fn shutdown(mut self, drain: Duration) -> bool {
+        let _ = self.stop.send(true);
+        while self.accept_loops.join_next().await.is_some() {}
+        let graceful = match Arc::try_unwrap(self.graceful) {
+            Ok(g) => g,
+            Err(_) => return false,
+        };
+        tokio::time::timeout(drain, graceful.shutdown()).await.is_ok()
+    }
+}
+
+async fn accept_loop(
+    gw: Arc<Gateway>,
+    sock: TcpListener,
+    cfg: Arc<ListenerConfig>,
+    mut stop: watch::Receiver<bool>,
+    graceful: Arc<GracefulShutdown>,
+) {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(cfg.header_timeout)
+        .max_buf_size(cfg.max_header_bytes)
+        .max_headers(cfg.max_headers);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stop.changed() => return,
+            res = sock.accept() => match res {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(address = %cfg.address, "accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let gw = gw.clone();
+        let lcfg = cfg.clone();
+        let svc = service_fn(move |req| {
+            let gw = gw.clone();
+            let lcfg = lcfg.clone();
+            async move { Ok::<_, Infallible>(gw.handle(req, peer, &lcfg).await) }
+        });
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "connection ended: {e}");
+            }
+        });
+    }
+}

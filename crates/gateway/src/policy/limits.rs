@@ -1,0 +1,44 @@
+//! Rate limits: every limit of the consumer on this route (its plan's and the route's),
+//! checked together by [`crate::limiter`]; 429 names the limit that refused.
+
+use crate::limiter::{self, Standing};
+use crate::response::{Refusal, RATELIMIT, RATELIMIT_POLICY};
+use crate::snapshot::Route;
+use http::{HeaderMap, HeaderValue};
+use std::time::Duration;
+
+fn secs_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+fn ratelimit_value(name: &str, remaining: u64, reset: Duration) -> HeaderValue {
+    let v = format!("\"{name}\";r={remaining};t={}", secs_up(reset));
+    HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("\"limit\";r=0;t=1"))
+}
+
+/// Counts the request against all of the consumer's limits, or refuses with 429.
+pub fn check(route: &Route, consumer: usize, now: u64) -> Result<Option<Standing>, Refusal> {
+    let Some(set) = route.limits.get(consumer) else {
+        return Ok(None);
+    };
+    limiter::check(&set.cells, now).map_err(|s| Refusal::RateLimited {
+        limit: set.names[s.index].clone(),
+        retry_after: s.reset,
+        policy: set.policy.clone(),
+        ratelimit: ratelimit_value(&set.names[s.index], 0, s.reset),
+    })
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit` (for the tightest limit) to a response.
+pub fn headers(route: &Route, consumer: usize, s: Standing, h: &mut HeaderMap) {
+    let Some(set) = route.limits.get(consumer) else {
+        return;
+    };
+    if let Some(p) = &set.policy {
+        h.insert(RATELIMIT_POLICY, p.clone());
+    }
+    h.insert(
+        RATELIMIT,
+        ratelimit_value(&set.names[s.index], s.remaining, s.reset),
+    );
+}

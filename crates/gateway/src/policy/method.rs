@@ -1,0 +1,15 @@
+//! Method filter: a route lists the methods it takes; others get 405 with `Allow`.
+//! It runs during route selection ([`crate::route::find`]), so two routes on one path may
+//! take different methods.
+
+use crate::snapshot::Route;
+use http::Method;
+
+/// Whether `route` takes `method`. A CORS preflight (OPTIONS) is taken by any route that
+/// does CORS, whatever its methods, so the preflight can be answered at the edge.
+pub fn allows(route: &Route, method: &Method, preflight: bool) -> bool {
+    match &route.cfg.methods {
+        None => true,
+        Some(list) => list.contains(method) || (preflight && route.cfg.cors.is_some()),
+    }
+}

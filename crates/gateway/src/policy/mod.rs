@@ -1,0 +1,67 @@
+//! The policies, in the one order they run. Each is a small module with one entry point
+//! that either lets the request go on or answers it (a [`Refusal`], or for a CORS
+//! preflight a ready answer):
+//!
+//! 1. [`method`]: method filter (part of route selection, since routes may split by method) → 405
+//! 2. [`cors`]: CORS preflight, answered here and never forwarded → 204 / 403
+//! 3. [`auth`]: API key from header or query → consumer, credential removed → 401
+//! 4. [`authz`]: may this consumer call this route → 403
+//! 5. [`limits`]: every limit of the consumer, checked together → 429
+
+pub mod auth;
+pub mod authz;
+pub mod cors;
+pub mod limits;
+pub mod method;
+
+use crate::limiter::Standing;
+use crate::response::{Body, Refusal};
+use crate::snapshot::{Route, Snapshot};
+use http::request::Parts;
+use http::{HeaderValue, Response};
+
+/// What the policies learned about a request that goes on upstream.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    /// The consumer, by index in the snapshot.
+    pub consumer: Option<usize>,
+    /// The tightest limit's standing, for the RateLimit headers.
+    pub standing: Option<Standing>,
+}
+
+/// The result of running the policies.
+pub enum Verdict {
+    /// Forward the request.
+    Forward(Admitted),
+    /// Answer with this (a CORS preflight).
+    Answer(Response<Body>),
+}
+
+/// Runs the policies after route selection, in order. `now` is the limiter clock in ns.
+pub fn run(snap: &Snapshot, route: &Route, parts: &mut Parts, now: u64) -> Result<Verdict, Refusal> {
+    if let Some(answer) = cors::preflight(route, parts)? {
+        return Ok(Verdict::Answer(answer));
+    }
+    let consumer = auth::authenticate(snap, route, parts)?;
+    let mut admitted = Admitted {
+        consumer,
+        standing: None,
+    };
+    if let Some(c) = consumer {
+        authz::authorize(route, c)?;
+        admitted.standing = limits::check(route, c, now)?;
+    }
+    Ok(Verdict::Forward(admitted))
+}
+
+/// Adds what the policies owe every response of an admitted request: the RateLimit headers.
+pub fn decorate(route: &Route, admitted: &Admitted, headers: &mut http::HeaderMap) {
+    if let (Some(c), Some(s)) = (admitted.consumer, admitted.standing) {
+        limits::headers(route, c, s, headers);
+    }
+}
+
+/// The request's `Origin`, when the route does CORS and the origin is allowed.
+pub fn cors_origin(route: &Route, parts: &Parts) -> Option<HeaderValue> {
+    cors::allowed_origin(route, parts)
+}

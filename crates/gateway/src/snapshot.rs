@@ -1,0 +1,225 @@
+//! The runtime snapshot: a validated [`Config`] compiled into what the request path reads,
+//! swapped atomically on reload. State that must outlive a reload (limit counters, upstream
+//! pools) lives in [`Registry`], keyed by stable identities, and is shared into each snapshot.
+
+use crate::limiter::LimitCell;
+use crate::upstream::Upstream;
+use http::HeaderValue;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use tollgate_config::{Config, LimitConfig, RouteConfig, UpstreamConfig};
+
+/// Identity of a limit's counters: who is counted, and the limit itself. Same key across a
+/// reload → same counters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CellKey {
+    scope: String,
+    limit: LimitConfig,
+}
+
+/// State kept across reloads.
+#[derive(Debug, Default)]
+pub struct Registry {
+    cells: Mutex<HashMap<CellKey, Weak<LimitCell>>>,
+    upstreams: Mutex<HashMap<UpstreamConfig, Weak<Upstream>>>,
+    next_id: Mutex<u64>,
+}
+
+impl Registry {
+    fn cell(&self, scope: &str, limit: &LimitConfig) -> Arc<LimitCell> {
+        let key = CellKey {
+            scope: scope.to_string(),
+            limit: limit.clone(),
+        };
+        let mut cells = self.cells.lock();
+        if let Some(c) = cells.get(&key).and_then(Weak::upgrade) {
+            return c;
+        }
+        let mut id = self.next_id.lock();
+        *id += 1;
+        let c = Arc::new(LimitCell::new(*id, limit.requests, limit.window));
+        cells.insert(key, Arc::downgrade(&c));
+        c
+    }
+
+    fn upstream(&self, cfg: &UpstreamConfig) -> Arc<Upstream> {
+        let mut ups = self.upstreams.lock();
+        if let Some(u) = ups.get(cfg).and_then(Weak::upgrade) {
+            return u;
+        }
+        let u = Arc::new(Upstream::new(cfg.clone()));
+        ups.insert(cfg.clone(), Arc::downgrade(&u));
+        u
+    }
+
+    /// Forgets entries no snapshot uses any more.
+    fn prune(&self) {
+        self.cells.lock().retain(|_, w| w.strong_count() > 0);
+        self.upstreams.lock().retain(|_, w| w.strong_count() > 0);
+    }
+}
+
+/// A consumer as the request path sees it.
+#[derive(Debug)]
+pub struct Consumer {
+    /// Name.
+    pub name: String,
+    /// The name as a header value, for the consumer header.
+    pub header_value: HeaderValue,
+    /// Index of the consumer's plan.
+    pub plan: Option<usize>,
+}
+
+/// The limits that apply to one consumer on one route, ready to check.
+#[derive(Debug, Default)]
+pub struct LimitSet {
+    /// Counters, sorted by id (lock order).
+    pub cells: Vec<Arc<LimitCell>>,
+    /// Name of each limit, same order, for the RateLimit header.
+    pub names: Vec<String>,
+    /// Window of each limit in seconds, same order.
+    pub windows: Vec<u64>,
+    /// The `RateLimit-Policy` header value, listing every limit.
+    pub policy: Option<HeaderValue>,
+}
+
+/// A route compiled for the request path.
+#[derive(Debug)]
+pub struct Route {
+    /// The validated route.
+    pub cfg: RouteConfig,
+    /// Its upstream.
+    pub upstream: Arc<Upstream>,
+    /// `allowed[consumer]`: may this consumer call the route.
+    pub allowed: Vec<bool>,
+    /// `limits[consumer]`: the consumer's limits on this route (plan + route limits).
+    pub limits: Vec<LimitSet>,
+    /// `Allow` header value for 405 answers.
+    pub allow_header: Option<HeaderValue>,
+}
+
+/// Everything a request reads, pinned for its whole life.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The validated config it was built from.
+    pub config: Config,
+    /// Routes, most specific first.
+    pub routes: Vec<Route>,
+    /// Consumers by index.
+    pub consumers: Vec<Consumer>,
+    /// API key → consumer index.
+    pub keys: HashMap<String, usize>,
+}
+
+impl Snapshot {
+    /// Compiles `config`, reusing counters and pools from `registry` where unchanged.
+    pub fn build(config: Config, registry: &Registry) -> Snapshot {
+        let consumers: Vec<Consumer> = config
+            .consumers
+            .iter()
+            .map(|c| Consumer {
+                name: c.name.clone(),
+                // Validation guarantees printable ASCII.
+                header_value: HeaderValue::from_str(&c.name)
+                    .unwrap_or_else(|_| HeaderValue::from_static("invalid")),
+                plan: c.plan,
+            })
+            .collect();
+        let mut keys = HashMap::new();
+        for (i, c) in config.consumers.iter().enumerate() {
+            for k in &c.keys {
+                keys.insert(k.clone(), i);
+            }
+        }
+        // Plan limits are per consumer and shared by every route.
+        let plan_cells: Vec<Vec<(LimitConfig, Arc<LimitCell>)>> = config
+            .consumers
+            .iter()
+            .map(|c| {
+                c.plan
+                    .map(|p| {
+                        config.plans[p]
+                            .limits
+                            .iter()
+                            .map(|l| (l.clone(), registry.cell(&format!("consumer:{}", c.name), l)))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
+
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| {
+                let upstream = registry.upstream(&config.upstreams[r.upstream]);
+                let allowed = config
+                    .consumers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| match &r.allow {
+                        None => true,
+                        Some(a) => {
+                            a.consumers.contains(&i) || c.plan.is_some_and(|p| a.plans.contains(&p))
+                        }
+                    })
+                    .collect();
+                let limits = if r.auth.is_none() {
+                    Vec::new()
+                } else {
+                    config
+                        .consumers
+                        .iter()
+                        .enumerate()
+                        .map(|(i, c)| {
+                            let mut all = plan_cells[i].clone();
+                            for l in &r.limits {
+                                let scope = format!("route:{}:consumer:{}", r.name, c.name);
+                                all.push((l.clone(), registry.cell(&scope, l)));
+                            }
+                            limit_set(all)
+                        })
+                        .collect()
+                };
+                let allow_header = r.methods.as_ref().and_then(|m| {
+                    let list: Vec<&str> = m.iter().map(|m| m.as_str()).collect();
+                    HeaderValue::from_str(&list.join(", ")).ok()
+                });
+                Route {
+                    cfg: r.clone(),
+                    upstream,
+                    allowed,
+                    limits,
+                    allow_header,
+                }
+            })
+            .collect();
+        registry.prune();
+        Snapshot {
+            config,
+            routes,
+            consumers,
+            keys,
+        }
+    }
+}
+
+fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>)>) -> LimitSet {
+    all.sort_by_key(|(_, c)| c.id);
+    let policy = (!all.is_empty())
+        .then(|| {
+            let items: Vec<String> = all
+                .iter()
+                .map(|(l, _)| format!("\"{}\";q={};w={}", l.name, l.requests, l.window.as_secs()))
+                .collect();
+            HeaderValue::from_str(&items.join(", ")).ok()
+        })
+        .flatten();
+    LimitSet {
+        names: all.iter().map(|(l, _)| l.name.clone()).collect(),
+        windows: all.iter().map(|(l, _)| l.window.as_secs()).collect(),
+        cells: all.into_iter().map(|(_, c)| c).collect(),
+        policy,
+    }
+}
