@@ -73,7 +73,11 @@ fn check(path: &std::path::Path) -> ExitCode {
             for p in &problems {
                 eprintln!("{}: {p}", path.display());
             }
-            eprintln!("{}: {} problem(s); not valid", path.display(), problems.len());
+            eprintln!(
+                "{}: {} problem(s); not valid",
+                path.display(),
+                problems.len()
+            );
             ExitCode::FAILURE
         }
     }

@@ -17,6 +17,7 @@ fn logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -33,13 +34,23 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 /// `tollgate run --config FILE`.
 pub fn run(path: &Path) -> ExitCode {
     logging();
-    let cfg = match tollgate_config::from_path(path) {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cannot read {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let cfg = match tollgate_config::from_yaml(&text) {
         Ok(c) => c,
         Err(e) => {
             for p in e.problems() {
                 eprintln!("{}: {p}", path.display());
             }
-            eprintln!("not starting; check the file with `tollgate check --config {}`", path.display());
+            eprintln!(
+                "not starting; check the file with `tollgate check --config {}`",
+                path.display()
+            );
             return ExitCode::FAILURE;
         }
     };
@@ -47,10 +58,11 @@ pub fn run(path: &Path) -> ExitCode {
         Ok(r) => r,
         Err(c) => return c,
     };
-    rt.block_on(serve(cfg, Some(path)))
+    rt.block_on(serve(cfg, Some((path, text.as_bytes()))))
 }
 
-async fn serve(cfg: Config, path: Option<&Path>) -> ExitCode {
+async fn serve(cfg: Config, file: Option<(&Path, &[u8])>) -> ExitCode {
+    let path = file.map(|(p, _)| p);
     let drain = cfg.server.drain_timeout;
     let watch = cfg.server.watch_config;
     let bound = match tollgate_gateway::bind(&cfg.listeners).await {
@@ -65,8 +77,13 @@ async fn serve(cfg: Config, path: Option<&Path>) -> ExitCode {
     for a in server.local_addrs() {
         tracing::info!("listening on http://{a}");
     }
-    let watcher = match (path, watch) {
-        (Some(p), true) => Some(watch_file(gw.clone(), p.to_path_buf(), Duration::from_secs(1))),
+    let watcher = match (file, watch) {
+        (Some((p, loaded)), true) => Some(watch_file(
+            gw.clone(),
+            p.to_path_buf(),
+            loaded,
+            Duration::from_secs(1),
+        )),
         _ => None,
     };
     let signals = wait_for_stop(&gw, path).await;

@@ -36,7 +36,7 @@ pub struct ServerConfig {
 pub struct ListenerConfig {
     /// Where to listen.
     pub address: SocketAddr,
-    /// Largest request head, bytes (at least 8 KiB).
+    /// Largest request head (request line and headers), bytes.
     pub max_header_bytes: usize,
     /// Most request headers.
     pub max_headers: usize,

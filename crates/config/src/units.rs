@@ -81,7 +81,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "KB" | "kB" => 1_000,
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
-        u => return Err(format!("size {s:?} has unknown unit {u:?}; use KiB, MiB or GiB")),
+        u => {
+            return Err(format!(
+                "size {s:?} has unknown unit {u:?}; use KiB, MiB or GiB"
+            ))
+        }
     };
     n.checked_mul(mult)
         .ok_or_else(|| format!("size {s:?} is too large"))

@@ -46,8 +46,14 @@ pub(crate) fn validate(raw: file::FileConfig) -> Result<Config, ConfigError> {
     let mut names = HashSet::new();
     for (i, r) in raw.routes.iter().enumerate() {
         let at = format!("routes[{i}]");
-        if let Some(route) = route(r, &at, &upstream_index, &plan_index, &consumer_index, &mut p)
-        {
+        if let Some(route) = route(
+            r,
+            &at,
+            &upstream_index,
+            &plan_index,
+            &consumer_index,
+            &mut p,
+        ) {
             if !names.insert(route.name.clone()) {
                 p.add(
                     format!("{at}.name"),
@@ -107,13 +113,16 @@ fn listeners(raw: &[file::Listener], p: &mut Problems) -> Vec<ListenerConfig> {
             continue;
         };
         if !seen.insert(address) {
-            p.add(format!("{at}.address"), format!("{address} is listed twice"));
+            p.add(
+                format!("{at}.address"),
+                format!("{address} is listed twice"),
+            );
         }
         let max_header_bytes = l.max_header_bytes.map_or(32 * 1024, |s| s.0);
-        if !(8192..=1 << 20).contains(&max_header_bytes) {
+        if !(1024..=1 << 20).contains(&max_header_bytes) {
             p.add(
                 format!("{at}.max_header_bytes"),
-                "must be between 8KiB and 1MiB",
+                "must be between 1KiB and 1MiB",
             );
         }
         let max_headers = l.max_headers.unwrap_or(100);
@@ -195,9 +204,10 @@ fn limits(raw: &[file::Limit], at: &str, p: &mut Problems) -> Vec<LimitConfig> {
         } else if l.per.0.subsec_nanos() != 0 {
             p.add(format!("{at}.per"), "must be a whole number of seconds");
         }
-        let name = l.name.clone().unwrap_or_else(|| {
-            format!("{}-per-{}", l.requests, human_window(l.per.0))
-        });
+        let name = l
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("{}-per-{}", l.requests, human_window(l.per.0)));
         if name.is_empty() || name.contains(['"', '\\']) || !name.is_ascii() {
             p.add(
                 format!("{at}.name"),
@@ -363,7 +373,10 @@ fn route(
         } else {
             "path_prefix"
         };
-        p.add(format!("{at}.{field}"), format!("{s:?} must start with '/'"));
+        p.add(
+            format!("{at}.{field}"),
+            format!("{s:?} must start with '/'"),
+        );
     }
     if r.strip_prefix && r.path.is_some() {
         p.add(
@@ -414,13 +427,14 @@ fn route(
             .consumer_header
             .as_deref()
             .unwrap_or(DEFAULT_CONSUMER_HEADER);
-        let consumer_header = HeaderName::from_bytes(consumer_header.as_bytes()).unwrap_or_else(|_| {
-            p.add(
-                format!("{at}.auth.consumer_header"),
-                format!("{consumer_header:?} is not a header name"),
-            );
-            HeaderName::from_static(DEFAULT_CONSUMER_HEADER)
-        });
+        let consumer_header =
+            HeaderName::from_bytes(consumer_header.as_bytes()).unwrap_or_else(|_| {
+                p.add(
+                    format!("{at}.auth.consumer_header"),
+                    format!("{consumer_header:?} is not a header name"),
+                );
+                HeaderName::from_static(DEFAULT_CONSUMER_HEADER)
+            });
         AuthConfig {
             query,
             header: header_names(&header, &format!("{at}.auth.header"), p),
@@ -469,7 +483,10 @@ fn route(
     let cors = r.cors.as_ref().map(|c| {
         let any = c.origins.iter().any(|o| o == "*");
         if c.origins.is_empty() {
-            p.add(format!("{at}.cors.origins"), "at least one origin (or \"*\")");
+            p.add(
+                format!("{at}.cors.origins"),
+                "at least one origin (or \"*\")",
+            );
         }
         if any && c.credentials {
             p.add(
@@ -492,7 +509,11 @@ fn route(
                 .headers
                 .as_ref()
                 .map(|h| header_names(h, &format!("{at}.cors.headers"), p)),
-            expose_headers: header_names(&c.expose_headers, &format!("{at}.cors.expose_headers"), p),
+            expose_headers: header_names(
+                &c.expose_headers,
+                &format!("{at}.cors.expose_headers"),
+                p,
+            ),
             max_age: c.max_age.map(|d| d.0),
             credentials: c.credentials,
         }
@@ -584,7 +605,10 @@ routes:
         let bad = GOOD.replace("upstream: backend", "upstream: backend\n    upstrem: x");
         let err = from_yaml(&bad).expect_err("invalid");
         let text = err.to_string();
-        assert!(text.starts_with("routes[0]: unknown field `upstrem`"), "{text}");
+        assert!(
+            text.starts_with("routes[0]: unknown field `upstrem`"),
+            "{text}"
+        );
         assert!(text.contains("line "), "{text}");
     }
 

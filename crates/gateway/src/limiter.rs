@@ -56,7 +56,9 @@ impl Window {
             freed += self.slots[(slot % SLOTS as u64) as usize];
             if freed >= need {
                 // The slot stops counting once the clock reaches slot + SLOTS.
-                return (slot + SLOTS as u64).saturating_mul(slot_ns).saturating_sub(now);
+                return (slot + SLOTS as u64)
+                    .saturating_mul(slot_ns)
+                    .saturating_sub(now);
             }
         }
         slot_ns * SLOTS as u64
@@ -205,7 +207,10 @@ mod tests {
             }
         }
         for (i, &start) in admitted.iter().enumerate() {
-            let within = admitted[i..].iter().take_while(|&&t| t < start + 2 * S).count();
+            let within = admitted[i..]
+                .iter()
+                .take_while(|&&t| t < start + 2 * S)
+                .count();
             assert!(within <= 50, "{within} in the 2 s from {start}");
         }
         // And it does not starve: at least 50 per 2.2 s on average.

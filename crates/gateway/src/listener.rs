@@ -26,13 +26,17 @@ pub struct BindError {
 }
 
 /// Binds every listener, failing on the first address that cannot be bound.
-pub async fn bind(listeners: &[ListenerConfig]) -> Result<Vec<(TcpListener, ListenerConfig)>, BindError> {
+pub async fn bind(
+    listeners: &[ListenerConfig],
+) -> Result<Vec<(TcpListener, ListenerConfig)>, BindError> {
     let mut out = Vec::with_capacity(listeners.len());
     for l in listeners {
-        let sock = TcpListener::bind(l.address).await.map_err(|source| BindError {
-            address: l.address,
-            source,
-        })?;
+        let sock = TcpListener::bind(l.address)
+            .await
+            .map_err(|source| BindError {
+                address: l.address,
+                source,
+            })?;
         out.push((sock, l.clone()));
     }
     Ok(out)
@@ -85,7 +89,9 @@ impl Server {
             Ok(g) => g,
             Err(_) => return false,
         };
-        tokio::time::timeout(drain, graceful.shutdown()).await.is_ok()
+        tokio::time::timeout(drain, graceful.shutdown())
+            .await
+            .is_ok()
     }
 }
 
@@ -101,8 +107,12 @@ async fn accept_loop(
         .timer(TokioTimer::new())
         .keep_alive(true)
         .header_read_timeout(cfg.header_timeout)
-        .max_buf_size(cfg.max_header_bytes)
-        .max_headers(cfg.max_headers);
+        .max_header_size(cfg.max_header_bytes);
+    // hyper keeps up to 100 header slots on the stack; any other count costs a heap
+    // allocation per request, so only ask for it when configured.
+    if cfg.max_headers != 100 {
+        builder.max_headers(cfg.max_headers);
+    }
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.changed() => return,

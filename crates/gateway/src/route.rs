@@ -79,7 +79,9 @@ pub fn find<'s>(snap: &'s Snapshot, parts: &Parts, preflight: bool) -> Result<&'
 /// route allowed.
 pub fn check_path(path: &str) -> Result<(), Refusal> {
     if !path.starts_with('/') && path != "*" {
-        return Err(Refusal::BadRequest("request target must be an absolute path"));
+        return Err(Refusal::BadRequest(
+            "request target must be an absolute path",
+        ));
     }
     if !path.contains("/.") && !path.contains("%2") && !path.contains("%5") {
         return Ok(());

@@ -168,7 +168,8 @@ fn rewrite_headers(h: &mut HeaderMap, hop: &Hop<'_>) {
 enum Failure {
     /// Nothing reached the backend; any request with no body may go elsewhere.
     Connect { timeout: bool },
-    /// The connection died around the write; only idempotent requests may be replayed.
+    /// The connection closed or reset around the write; only idempotent requests may be
+    /// replayed.
     Stale,
     /// The client's body was larger than allowed.
     TooLarge,
@@ -184,7 +185,14 @@ fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
             return Failure::TooLarge;
         }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            timeout |= io.kind() == std::io::ErrorKind::TimedOut;
+            use std::io::ErrorKind::*;
+            timeout |= io.kind() == TimedOut;
+            // A backend that closes a kept-alive connection with our request unread
+            // resets it; on a connection that was never established this is a connect error.
+            if !e.is_connect() && matches!(io.kind(), ConnectionReset | BrokenPipe | UnexpectedEof)
+            {
+                return Failure::Stale;
+            }
         }
         if let Some(h) = s.downcast_ref::<hyper::Error>() {
             if h.is_incomplete_message() || h.is_canceled() {

@@ -13,11 +13,17 @@ fn fingerprint(bytes: &[u8]) -> u64 {
     h.finish()
 }
 
-/// Watches `path` every `every` and reloads `gw` when the content changes. The task ends
-/// when aborted.
-pub fn watch_file(gw: Arc<Gateway>, path: PathBuf, every: Duration) -> tokio::task::JoinHandle<()> {
+/// Watches `path` every `every` and reloads `gw` when its content differs from the last
+/// content seen, starting with `loaded` (what the running config was read from, so no
+/// change made between loading and watching is missed). The task ends when aborted.
+pub fn watch_file(
+    gw: Arc<Gateway>,
+    path: PathBuf,
+    loaded: &[u8],
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let mut last = Some(fingerprint(loaded));
     tokio::spawn(async move {
-        let mut last = tokio::fs::read(&path).await.ok().map(|b| fingerprint(&b));
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

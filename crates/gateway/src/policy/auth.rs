@@ -10,7 +10,11 @@ use std::borrow::Cow;
 
 /// Identifies the consumer (401 when the key is missing or unknown), removes the
 /// credential, and sets the consumer header. Routes without `auth` pass with no consumer.
-pub fn authenticate(snap: &Snapshot, route: &Route, parts: &mut Parts) -> Result<Option<usize>, Refusal> {
+pub fn authenticate(
+    snap: &Snapshot,
+    route: &Route,
+    parts: &mut Parts,
+) -> Result<Option<usize>, Refusal> {
     let Some(auth) = route.cfg.auth.as_ref() else {
         return Ok(None);
     };

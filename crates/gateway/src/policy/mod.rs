@@ -38,7 +38,12 @@ pub enum Verdict {
 }
 
 /// Runs the policies after route selection, in order. `now` is the limiter clock in ns.
-pub fn run(snap: &Snapshot, route: &Route, parts: &mut Parts, now: u64) -> Result<Verdict, Refusal> {
+pub fn run(
+    snap: &Snapshot,
+    route: &Route,
+    parts: &mut Parts,
+    now: u64,
+) -> Result<Verdict, Refusal> {
     if let Some(answer) = cors::preflight(route, parts)? {
         return Ok(Verdict::Answer(answer));
     }

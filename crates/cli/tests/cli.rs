@@ -1,0 +1,244 @@
+//! The `tollgate` binary as a user runs it: `check`, and `run` with SIGHUP and SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+const WAIT: Duration = Duration::from_secs(20);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tollgate-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+#[test]
+fn check_accepts_every_shipped_example() {
+    let mut files = vec![repo_root().join("examples/demo.yaml")];
+    for entry in std::fs::read_dir(repo_root().join("examples/seed")).expect("examples/seed") {
+        files.push(entry.expect("entry").path());
+    }
+    assert!(files.len() >= 7, "{files:?}");
+    for f in files {
+        let out = Command::new(BIN)
+            .args(["check", "--config"])
+            .arg(&f)
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            f.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("valid"));
+    }
+}
+
+#[test]
+fn check_prints_every_problem_with_its_place() {
+    let dir = temp_dir("check");
+    let f = dir.join("bad.yaml");
+    std::fs::write(
+        &f,
+        "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend}\n  - {path_prefix: /b/, upstream: backend}\n  - {path_prefix: /c/, upstream: orders}\nconsumers:\n  - {name: x, keys: [k], plan: gold}\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&f)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("routes[2].upstream: unknown upstream \"orders\""),
+        "{err}"
+    );
+    assert!(
+        err.contains("consumers[0].plan: unknown plan \"gold\""),
+        "{err}"
+    );
+    assert!(err.contains("2 problem(s); not valid"), "{err}");
+
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(dir.join("missing.yaml"))
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child `tollgate run` whose log lines arrive on a channel.
+struct Gateway {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    addr: SocketAddr,
+}
+
+impl Gateway {
+    fn start(config: &Path) -> Gateway {
+        let mut child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tollgate");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut g = Gateway {
+            child,
+            lines,
+            addr: "0.0.0.0:0".parse().expect("addr"),
+        };
+        let line = g.wait_for("listening on http://");
+        let addr = line.rsplit("http://").next().expect("addr").trim();
+        g.addr = addr.parse().expect("listen address");
+        g
+    }
+
+    fn wait_for(&mut self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains(needle) => return l,
+                Ok(_) => continue,
+                Err(_) => panic!("no log line containing {needle:?} within {WAIT:?}"),
+            }
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig}");
+    }
+
+    /// Status code of `GET path` on a new connection.
+    fn get(&self, path: &str) -> u16 {
+        let mut s = TcpStream::connect(self.addr).expect("connect");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn config(backend: SocketAddr, route: &str) -> String {
+    format!(
+        "server: {{watch_config: false, drain_timeout: 5s}}\nlisteners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{backend: {{targets: [\"{backend}\"]}}}}\nconsumers: [{{name: alice, keys: [t1]}}]\nroutes:\n  - {{path_prefix: /{route}/, upstream: backend, auth: {{}}}}\n"
+    )
+}
+
+fn echo_backend() -> (SocketAddr, Child) {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let child = Command::new(BIN)
+        .args(["echo", "--listen", &addr.to_string()])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn echo");
+    let deadline = std::time::Instant::now() + WAIT;
+    while TcpStream::connect(addr).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "echo backend did not start"
+        );
+        std::thread::yield_now();
+    }
+    (addr, child)
+}
+
+#[test]
+fn run_reloads_on_sighup_keeps_serving_on_a_bad_file_and_drains_on_sigterm() {
+    let (backend, mut echo) = echo_backend();
+    let dir = temp_dir("run");
+    let file = dir.join("tollgate.yaml");
+    std::fs::write(&file, config(backend, "a")).expect("write");
+    let mut gw = Gateway::start(&file);
+    assert_eq!(gw.get("/a/?apikey=t1"), 200);
+    assert_eq!(gw.get("/a/?apikey=nope"), 401);
+    assert_eq!(gw.get("/b/?apikey=t1"), 404);
+
+    std::fs::write(&file, config(backend, "b")).expect("write");
+    gw.signal("-HUP");
+    gw.wait_for("config reloaded");
+    assert_eq!(gw.get("/b/?apikey=t1"), 200);
+    assert_eq!(gw.get("/a/?apikey=t1"), 404);
+
+    std::fs::write(
+        &file,
+        config(backend, "c").replace("upstream: backend", "upstream: gone"),
+    )
+    .expect("write");
+    gw.signal("-HUP");
+    let line = gw.wait_for("config rejected");
+    assert!(line.contains("unknown upstream \"gone\""), "{line}");
+    assert_eq!(gw.get("/b/?apikey=t1"), 200, "old config keeps serving");
+
+    gw.signal("-TERM");
+    gw.wait_for("all connections drained");
+    let status = gw.child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let _ = echo.kill();
+    let _ = echo.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_refuses_to_start_on_a_bad_config() {
+    let dir = temp_dir("bad");
+    let file = dir.join("tollgate.yaml");
+    std::fs::write(&file, "listeners: []\nroutes: []\n").expect("write");
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&file)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("listeners: at least one listener is required"),
+        "{err}"
+    );
+    assert!(err.contains("tollgate check --config"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

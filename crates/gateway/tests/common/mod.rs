@@ -1,0 +1,244 @@
+//! Test harness: gateways and backends on loopback, with real sockets.
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tollgate_gateway::{Clock, Gateway, ManualClock, Server};
+
+/// Upper bound for anything a test waits on; a test that hits it fails instead of hanging.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Fails the test if `f` takes longer than [`DEADLINE`].
+pub async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(DEADLINE, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no result within {DEADLINE:?}"))
+}
+
+/// Parses a config, failing the test with every problem.
+pub fn config(yaml: &str) -> tollgate_config::Config {
+    tollgate_config::from_yaml(yaml).unwrap_or_else(|e| panic!("test config invalid: {e}\n{yaml}"))
+}
+
+/// A gateway on an ephemeral loopback port.
+pub struct TestGateway {
+    pub addr: SocketAddr,
+    pub gw: Arc<Gateway>,
+    pub server: Option<Server>,
+}
+
+impl TestGateway {
+    /// Starts a gateway for `yaml` (its listeners are replaced by one on 127.0.0.1:0).
+    pub async fn start(yaml: &str, clock: Arc<dyn Clock>) -> TestGateway {
+        let mut cfg = config(yaml);
+        for l in &mut cfg.listeners {
+            l.address = "127.0.0.1:0".parse().expect("addr");
+        }
+        cfg.listeners.truncate(1);
+        let bound = tollgate_gateway::bind(&cfg.listeners).await.expect("bind");
+        let gw = Gateway::new(cfg, clock);
+        let server = Server::start(gw.clone(), bound);
+        TestGateway {
+            addr: server.local_addrs()[0],
+            gw,
+            server: Some(server),
+        }
+    }
+
+    /// Starts with a manual clock, returned for the test to move.
+    pub async fn with_manual_clock(yaml: &str) -> (TestGateway, Arc<ManualClock>) {
+        let clock = ManualClock::new();
+        (TestGateway::start(yaml, clock.clone()).await, clock)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Applies a new config (listeners are kept).
+    pub fn apply(&self, yaml: &str) {
+        self.gw.apply(config(yaml));
+    }
+}
+
+/// A config with one listener, one upstream `backend` at `backend`, and the given rest.
+pub fn yaml(backend: SocketAddr, rest: &str) -> String {
+    format!(
+        "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  backend:\n    targets: [\"{backend}\"]\n    response_timeout: 2s\n{rest}"
+    )
+}
+
+/// A response, fully read.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+/// A keep-alive HTTP/1.1 client.
+#[derive(Clone)]
+pub struct TestClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for TestClient {
+    fn default() -> Self {
+        TestClient {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+}
+
+impl TestClient {
+    pub async fn send(&self, req: Request<Full<Bytes>>) -> Answer {
+        let resp = bounded("request", self.client.request(req))
+            .await
+            .expect("request failed at the transport level");
+        let (parts, body) = resp.into_parts();
+        let body = bounded("body", body.collect())
+            .await
+            .expect("body")
+            .to_bytes();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
+    pub async fn get(&self, url: &str) -> Answer {
+        self.request(Method::GET, url, &[], "").await
+    }
+
+    pub async fn request(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        let mut b = Request::builder().method(method).uri(url);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        self.send(
+            b.body(Full::new(Bytes::from(body.to_string())))
+                .expect("request"),
+        )
+        .await
+    }
+}
+
+/// Sends raw bytes on a new connection and reads until the server closes it.
+pub async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(bytes).await.expect("write");
+    let mut out = Vec::new();
+    bounded("raw read", s.read_to_end(&mut out)).await.ok();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The built-in echo backend on an ephemeral port.
+pub async fn echo_backend() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(tollgate_gateway::echo::serve(l));
+    addr
+}
+
+/// A backend that answers with what it received: `METHOD URI`, then `name: value` lines,
+/// then a blank line and the body. Counts requests.
+pub async fn inspect_backend() -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let h = h.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let h = h.clone();
+                    async move {
+                        h.fetch_add(1, Ordering::SeqCst);
+                        let mut text = format!("{} {}\n", req.method(), req.uri());
+                        for (k, v) in req.headers() {
+                            text.push_str(&format!("{}: {}\n", k, v.to_str().unwrap_or("?")));
+                        }
+                        let body = req
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        text.push('\n');
+                        text.push_str(&String::from_utf8_lossy(&body));
+                        let mut r = hyper::Response::new(Full::new(Bytes::from(text)));
+                        r.headers_mut()
+                            .insert("keep-alive", "timeout=5".parse().expect("v"));
+                        r.headers_mut()
+                            .insert("x-backend", "inspect".parse().expect("v"));
+                        Ok::<_, Infallible>(r)
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, hits)
+}
+
+/// Reads one request head (and a `Content-Length` body) from a raw socket.
+/// Returns false on EOF before a full head.
+pub async fn read_request(s: &mut TcpStream) -> bool {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte).await {
+            Ok(1) => buf.push(byte[0]),
+            _ => return false,
+        }
+    }
+    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.is_ok()
+}
+
+/// A free loopback port with nothing listening on it.
+pub async fn closed_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    l.local_addr().expect("addr")
+}

@@ -1,0 +1,338 @@
+//! Forwarding: keep-alive pools, backends that close or reset, timeouts, streaming.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tollgate_gateway::SystemClock;
+
+const OPEN: &str = "routes:\n  - {path_prefix: /, upstream: backend}\n";
+
+/// Answers the first request on each connection with keep-alive, then, when the next
+/// request arrives, closes the connection without answering: the race where a backend
+/// closes an idle connection just as the gateway reuses it.
+async fn closes_on_reuse() -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let answered = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let (a, d) = (answered.clone(), dropped.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let (a, d) = (a.clone(), d.clone());
+            tokio::spawn(async move {
+                if !read_request(&mut s).await {
+                    return;
+                }
+                a.fetch_add(1, Ordering::SeqCst);
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+                let mut byte = [0u8; 1];
+                if tokio::io::AsyncReadExt::read(&mut s, &mut byte)
+                    .await
+                    .unwrap_or(0)
+                    > 0
+                {
+                    d.fetch_add(1, Ordering::SeqCst);
+                }
+                // Dropping the socket closes it without an answer.
+            });
+        }
+    });
+    (addr, answered, dropped)
+}
+
+#[tokio::test]
+async fn a_reused_connection_closed_by_the_backend_is_retried_for_idempotent_requests() {
+    let (backend, answered, dropped) = closes_on_reuse().await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    for i in 0..10 {
+        let a = c.get(&gw.url(&format!("/item/{i}"))).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {}", a.body);
+        assert_eq!(a.body, "ok");
+    }
+    assert_eq!(answered.load(Ordering::SeqCst), 10);
+    assert!(
+        dropped.load(Ordering::SeqCst) >= 1,
+        "the race was exercised"
+    );
+}
+
+#[tokio::test]
+async fn a_non_idempotent_request_is_never_replayed() {
+    let (backend, answered, dropped) = closes_on_reuse().await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    let a = c
+        .request(Method::POST, &gw.url("/orders"), &[], "one")
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+    // Goes out on the pooled connection, which the backend drops after reading it.
+    let a = c
+        .request(Method::POST, &gw.url("/orders"), &[], "two")
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{}", a.body);
+    assert_eq!(
+        a.body,
+        r#"{"status":502,"error":"bad gateway","detail":"connection reset or closed"}"#
+    );
+    assert_eq!(answered.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "sent once, never replayed"
+    );
+}
+
+#[tokio::test]
+async fn a_backend_that_closes_after_each_answer_never_shows_as_an_error() {
+    // Answers with keep-alive but closes right after: the pool sees the close.
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                if read_request(&mut s).await {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await;
+                }
+            });
+        }
+    });
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    for i in 0..20 {
+        let a = c.get(&gw.url(&format!("/x/{i}"))).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {}", a.body);
+    }
+}
+
+#[tokio::test]
+async fn a_backend_that_resets_gets_502() {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let seen = s2.clone();
+            tokio::spawn(async move {
+                if read_request(&mut s).await {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    // SO_LINGER 0: the close sends RST instead of FIN.
+                    let _ = socket_reset(s);
+                }
+            });
+        }
+    });
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    let a = c.request(Method::POST, &gw.url("/pay"), &[], "x").await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{}", a.body);
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    let a = c.get(&gw.url("/pay")).await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{}", a.body);
+    // The gateway itself is fine afterwards.
+    assert!(a.body.starts_with(r#"{"status":502"#));
+}
+
+fn socket_reset(s: tokio::net::TcpStream) -> std::io::Result<()> {
+    let std = s.into_std()?;
+    let sock = socket2::SockRef::from(&std);
+    sock.set_linger(Some(std::time::Duration::ZERO))?;
+    drop(std);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_backend_that_does_not_answer_gets_504() {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            held.push(s);
+        }
+    });
+    let cfg = yaml(backend, OPEN).replace("response_timeout: 2s", "response_timeout: 200ms");
+    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
+    let a = TestClient::default().get(&gw.url("/slow")).await;
+    assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(a.body, r#"{"status":504,"error":"upstream timeout"}"#);
+}
+
+#[tokio::test]
+async fn a_refused_connection_gets_502_and_the_next_target_is_tried() {
+    let dead = closed_port().await;
+    let gw = TestGateway::start(&yaml(dead, OPEN), SystemClock::new()).await;
+    let a = TestClient::default().get(&gw.url("/")).await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    assert!(a.body.contains("connection refused"), "{}", a.body);
+
+    // Two targets, one dead: every idempotent request still succeeds.
+    let live = echo_backend().await;
+    let cfg = yaml(dead, OPEN).replace(
+        &format!("[\"{dead}\"]"),
+        &format!("[\"{dead}\", \"{live}\"]"),
+    );
+    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
+    let c = TestClient::default();
+    for _ in 0..6 {
+        assert_eq!(c.get(&gw.url("/")).await.status, StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn round_robin_over_targets() {
+    let (a, hits_a) = inspect_backend().await;
+    let (b, hits_b) = inspect_backend().await;
+    let cfg = yaml(a, OPEN).replace(&format!("[\"{a}\"]"), &format!("[\"{a}\", \"{b}\"]"));
+    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
+    let c = TestClient::default();
+    for _ in 0..10 {
+        assert_eq!(c.get(&gw.url("/")).await.status, StatusCode::OK);
+    }
+    assert_eq!(
+        (hits_a.load(Ordering::SeqCst), hits_b.load(Ordering::SeqCst)),
+        (5, 5)
+    );
+}
+
+#[tokio::test]
+async fn bodies_stream_both_ways() {
+    // The backend reports each request chunk as it arrives, and sends its response in two
+    // parts, the second only when told: both directions must flow before either body ends.
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    let (got_tx, mut got_rx) = mpsc::unbounded_channel::<Bytes>();
+    let (release_tx, release_rx) = oneshot::channel::<()>();
+    let release = Arc::new(parking_lot::Mutex::new(Some(release_rx)));
+    tokio::spawn(async move {
+        let (s, _) = l.accept().await.expect("accept");
+        let svc = service_fn(move |req: Request<Incoming>| {
+            let got_tx = got_tx.clone();
+            let release = release.lock().take();
+            async move {
+                let (mut tx, body) = http_body_util::channel::Channel::<Bytes, Infallible>::new(4);
+                tokio::spawn(async move {
+                    let mut incoming = req.into_body();
+                    while let Some(Ok(frame)) = incoming.frame().await {
+                        if let Ok(data) = frame.into_data() {
+                            let _ = got_tx.send(data);
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = tx.send(Frame::data(Bytes::from_static(b"first;"))).await;
+                    if let Some(r) = release {
+                        let _ = r.await;
+                    }
+                    let _ = tx.send(Frame::data(Bytes::from_static(b"second"))).await;
+                });
+                Ok::<_, Infallible>(hyper::Response::new(body))
+            }
+        });
+        let _ = http1::Builder::new()
+            .serve_connection(TokioIo::new(s), svc)
+            .await;
+    });
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+
+    // A raw chunked upload through hyper's client connection.
+    let stream = tokio::net::TcpStream::connect(gw.addr)
+        .await
+        .expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let (mut up_tx, up_body) = http_body_util::channel::Channel::<Bytes, Infallible>::new(4);
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/upload")
+        .header("host", "x")
+        .body(up_body)
+        .expect("req");
+    let resp_fut = tokio::spawn(sender.send_request(req));
+    up_tx
+        .send(Frame::data(Bytes::from_static(b"part-1")))
+        .await
+        .expect("send");
+    let got = bounded("first request chunk upstream", got_rx.recv()).await;
+    assert_eq!(got.as_deref(), Some(&b"part-1"[..]), "request body streams");
+
+    let resp = bounded("response head", resp_fut)
+        .await
+        .expect("join")
+        .expect("response");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let first = bounded("first response chunk", body.frame()).await;
+    let first = first
+        .expect("frame")
+        .expect("ok")
+        .into_data()
+        .expect("data");
+    assert_eq!(&first[..], b"first;", "response body streams");
+
+    up_tx
+        .send(Frame::data(Bytes::from_static(b"part-2")))
+        .await
+        .expect("send");
+    drop(up_tx);
+    let got = bounded("second request chunk", got_rx.recv()).await;
+    assert_eq!(got.as_deref(), Some(&b"part-2"[..]));
+    release_tx.send(()).expect("release");
+    let rest = bounded("rest", body.collect())
+        .await
+        .expect("rest")
+        .to_bytes();
+    assert_eq!(&rest[..], b"second");
+}
+
+#[tokio::test]
+async fn large_bodies_pass_intact() {
+    let (backend, _) = inspect_backend().await;
+    let cfg = yaml(backend, OPEN).replace(
+        "listeners: [{address: \"127.0.0.1:0\"}]",
+        "listeners: [{address: \"127.0.0.1:0\", max_body_bytes: 64MiB}]",
+    );
+    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
+    let big: String = (0..4_000_000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri(gw.url("/blob"))
+        .body(Full::new(Bytes::from(big.clone())))
+        .expect("req");
+    let a = TestClient::default().send(req).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.body.ends_with(&big), "body intact");
+}
