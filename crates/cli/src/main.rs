@@ -2,6 +2,7 @@
 //! tiny test backend, `demo` starts a ready example in front of the echo backend.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,8 @@ enum Command {
         #[arg(short, long, value_name = "ADDR", default_value = "127.0.0.1:1337")]
         listen: SocketAddr,
     },
+    /// Measure an HTTP endpoint: closed loop, or open loop at a fixed rate (--rate).
+    Bench(bench::BenchArgs),
     /// Start a ready example: the gateway on 127.0.0.1:8080 in front of the echo backend on
     /// 127.0.0.1:1337, with curl lines to try.
     Demo,
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Command::Run { config } => serve::run(&config),
         Command::Echo { listen } => serve::echo(listen),
         Command::Demo => serve::demo(),
+        Command::Bench(args) => bench::run(args),
     }
 }
 

@@ -242,3 +242,70 @@ fn run_refuses_to_start_on_a_bad_config() {
     assert!(err.contains("tollgate check --config"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn bench_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let out = Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("bench");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    (out.status.code(), v)
+}
+
+#[test]
+fn bench_counts_requests_statuses_and_latency() {
+    let (backend, mut echo) = echo_backend();
+    let url = format!("http://{backend}/x");
+    let (code, v) = bench_json(&["-n", "300", "-c", "4", &url]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["requests"], 300);
+    assert_eq!(v["successful"], 300);
+    assert_eq!(v["failed"], 0);
+    assert_eq!(v["statuses"]["200"], 300);
+    assert_eq!(v["mode"], "closed");
+    let l = &v["latency_ms"];
+    for k in [
+        "fastest", "average", "slowest", "p50", "p90", "p99", "p99_9",
+    ] {
+        assert!(l[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
+    }
+    assert!(
+        l["fastest"].as_f64() <= l["p50"].as_f64() && l["p50"].as_f64() <= l["slowest"].as_f64()
+    );
+
+    // Success is what --expect says.
+    let (code, v) = bench_json(&["-n", "50", "-c", "2", "--expect", "404", &url]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        (v["successful"].as_u64(), v["failed"].as_u64()),
+        (Some(0), Some(50))
+    );
+
+    // Open loop: the schedule decides how many are sent.
+    let (code, v) = bench_json(&["-n", "100", "-c", "2", "--rate", "2000", "-m", "HEAD", &url]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(
+        (v["requests"].as_u64(), v["mode"].as_str()),
+        (Some(100), Some("open"))
+    );
+    assert!(v["send_lag_ms"]["p50"].as_f64().is_some(), "{v}");
+    let _ = echo.kill();
+    let _ = echo.wait();
+}
+
+#[test]
+fn bench_reports_errors_by_kind() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let url = format!("http://127.0.0.1:{port}/");
+    let (code, v) = bench_json(&["-n", "5", "-c", "1", &url]);
+    assert_eq!(code, Some(1));
+    assert_eq!(v["errors"]["connect"], 5, "{v}");
+    assert_eq!(v["failed"], 5);
+}
