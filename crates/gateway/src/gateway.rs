@@ -7,6 +7,7 @@ use crate::route;
 use crate::snapshot::{Registry, Snapshot};
 use crate::upstream::{self, Hop};
 use arc_swap::ArcSwap;
+use http::HeaderValue;
 use http::{Request, Response};
 use http_body_util::Either;
 use hyper::body::Incoming;
@@ -23,6 +24,30 @@ pub struct ReloadStatus {
     pub generation: u64,
     /// The problem with the last rejected config, if the last attempt failed.
     pub last_error: Option<String>,
+}
+
+/// What the request path knows of the client connection, computed once per connection.
+#[derive(Debug)]
+pub struct ConnInfo {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The client's IP as a header value, for `X-Forwarded-For`.
+    pub peer_ip: HeaderValue,
+    /// The listener's settings.
+    pub listener: Arc<ListenerConfig>,
+}
+
+impl ConnInfo {
+    /// Connection info for a client at `peer` on `listener`.
+    pub fn new(peer: SocketAddr, listener: Arc<ListenerConfig>) -> Self {
+        let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        ConnInfo {
+            peer,
+            peer_ip,
+            listener,
+        }
+    }
 }
 
 /// A running gateway's state: the current snapshot and what outlives it.
@@ -107,12 +132,7 @@ impl Gateway {
     }
 
     /// Handles one request on the snapshot current when it arrived.
-    pub async fn handle(
-        &self,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-        listener: &ListenerConfig,
-    ) -> Response<Body> {
+    pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let snap = self.snapshot.load_full();
         let (mut parts, body) = req.into_parts();
         if let Err(r) = route::check_path(parts.uri.path()) {
@@ -135,10 +155,10 @@ impl Gateway {
                 _ => None,
             };
             let hop = Hop {
-                peer,
+                peer_ip: &conn.peer_ip,
                 strip_prefix,
                 preserve_host: route.cfg.preserve_host,
-                max_body: listener.max_body_bytes,
+                max_body: conn.listener.max_body_bytes,
             };
             let resp = upstream::forward(&route.upstream, parts, body, hop).await?;
             let mut resp = resp.map(Either::Left);

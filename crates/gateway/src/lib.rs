@@ -17,5 +17,5 @@ pub mod upstream;
 pub mod watch;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use gateway::{Gateway, ReloadStatus};
+pub use gateway::{ConnInfo, Gateway, ReloadStatus};
 pub use listener::{bind, BindError, Server};

@@ -12,6 +12,7 @@
 //! order), and a request refused by one limit is counted by none.
 
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
 use std::time::Duration;
 
 /// Sub-windows per window.
@@ -121,7 +122,7 @@ pub fn check(cells: &[std::sync::Arc<LimitCell>], now: u64) -> Result<Option<Sta
     if cells.is_empty() {
         return Ok(None);
     }
-    let mut guards: Vec<MutexGuard<'_, Window>> = Vec::with_capacity(cells.len());
+    let mut guards: SmallVec<[MutexGuard<'_, Window>; 4]> = SmallVec::with_capacity(cells.len());
     let mut refused: Option<Standing> = None;
     for (index, cell) in cells.iter().enumerate() {
         let mut w = cell.state.lock();

@@ -1,7 +1,7 @@
 //! Listeners: accept, serve HTTP/1.1 with keep-alive and limits on the request head, and
 //! drain in-flight requests on shutdown.
 
-use crate::gateway::Gateway;
+use crate::gateway::{ConnInfo, Gateway};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -128,11 +128,11 @@ async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         let gw = gw.clone();
-        let lcfg = cfg.clone();
+        let info = Arc::new(ConnInfo::new(peer, cfg.clone()));
         let svc = service_fn(move |req| {
             let gw = gw.clone();
-            let lcfg = lcfg.clone();
-            async move { Ok::<_, Infallible>(gw.handle(req, peer, &lcfg).await) }
+            let info = info.clone();
+            async move { Ok::<_, Infallible>(gw.handle(req, &info).await) }
         });
         let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
         tokio::spawn(async move {

@@ -1,15 +1,15 @@
 //! Every answer tollgate gives itself: [`Refusal`] lists them, [`refuse`] maps each to its
 //! status, headers and small JSON body, in this one place.
 
+use crate::upstream::PooledBody;
 use bytes::Bytes;
 use http::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{Response, StatusCode};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 use std::time::Duration;
 
 /// Response body: streamed from the upstream, or a small body made here.
-pub type Body = Either<Incoming, Full<Bytes>>;
+pub type Body = Either<PooledBody, Full<Bytes>>;
 
 /// A body made here.
 pub fn full(bytes: impl Into<Bytes>) -> Body {

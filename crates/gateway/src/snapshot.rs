@@ -80,6 +80,8 @@ pub struct LimitSet {
     pub names: Vec<String>,
     /// Window of each limit in seconds, same order.
     pub windows: Vec<u64>,
+    /// `"name";r=` for each limit, same order: the start of its `RateLimit` value.
+    pub ratelimit_prefix: Vec<String>,
     /// The `RateLimit-Policy` header value, listing every limit.
     pub policy: Option<HeaderValue>,
 }
@@ -108,8 +110,9 @@ pub struct Snapshot {
     pub routes: Vec<Route>,
     /// Consumers by index.
     pub consumers: Vec<Consumer>,
-    /// API key → consumer index.
-    pub keys: HashMap<String, usize>,
+    /// API key → consumer index. foldhash with a random seed: fast, and keys chosen by
+    /// clients cannot be aimed at one bucket without knowing the seed.
+    pub keys: HashMap<String, usize, foldhash::fast::RandomState>,
 }
 
 impl Snapshot {
@@ -126,7 +129,7 @@ impl Snapshot {
                 plan: c.plan,
             })
             .collect();
-        let mut keys = HashMap::new();
+        let mut keys = HashMap::with_hasher(foldhash::fast::RandomState::default());
         for (i, c) in config.consumers.iter().enumerate() {
             for k in &c.keys {
                 keys.insert(k.clone(), i);
@@ -218,6 +221,10 @@ fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>)>) -> LimitSet {
         .flatten();
     LimitSet {
         names: all.iter().map(|(l, _)| l.name.clone()).collect(),
+        ratelimit_prefix: all
+            .iter()
+            .map(|(l, _)| format!("\"{}\";r=", l.name))
+            .collect(),
         windows: all.iter().map(|(l, _)| l.window.as_secs()).collect(),
         cells: all.into_iter().map(|(_, c)| c).collect(),
         policy,

@@ -60,30 +60,30 @@ fn find_param<'q>(query: &'q str, names: &[String]) -> Option<&'q str> {
     })
 }
 
-/// Removes every parameter named in `names` from the request's query.
+/// Removes every parameter named in `names` from the request's query. The request goes
+/// upstream in origin form, so only the path and query are kept.
 fn strip_params(parts: &mut Parts, names: &[String]) {
     let Some(query) = parts.uri.query() else {
         return;
     };
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| {
-            let k = pair.split_once('=').map_or(*pair, |(k, _)| k);
-            !names.iter().any(|n| n == k)
-        })
-        .collect();
-    let path = parts.uri.path().to_string();
-    let pq = if kept.is_empty() {
-        path.clone()
-    } else {
-        format!("{path}?{}", kept.join("&"))
-    };
-    let mut uri = std::mem::take(&mut parts.uri).into_parts();
-    // Built from pieces of a valid URI, so it parses; keep the path alone if it somehow does not.
-    uri.path_and_query = PathAndQuery::try_from(pq)
-        .ok()
-        .or_else(|| PathAndQuery::try_from(path).ok());
-    parts.uri = http::Uri::from_parts(uri).unwrap_or_default();
+    let path = parts.uri.path();
+    let mut pq = String::with_capacity(path.len() + 1 + query.len());
+    pq.push_str(path);
+    let mut sep = '?';
+    for pair in query.split('&') {
+        let k = pair.split_once('=').map_or(pair, |(k, _)| k);
+        if !names.iter().any(|n| n == k) {
+            pq.push(sep);
+            pq.push_str(pair);
+            sep = '&';
+        }
+    }
+    // Made of pieces of a valid URI, so it parses; if it somehow does not, keep the path alone.
+    let fallback = path.to_string();
+    parts.uri = PathAndQuery::try_from(pq)
+        .or_else(|_| PathAndQuery::try_from(fallback))
+        .map(http::Uri::from)
+        .unwrap_or_default();
 }
 
 /// Decodes `%XX` escapes and `+` (as space); invalid escapes are kept as written.

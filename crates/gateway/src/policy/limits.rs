@@ -11,8 +11,17 @@ fn secs_up(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-fn ratelimit_value(name: &str, remaining: u64, reset: Duration) -> HeaderValue {
-    let v = format!("\"{name}\";r={remaining};t={}", secs_up(reset));
+/// `"name";r=REMAINING;t=RESET`, from the limit's precomputed prefix (on every admitted
+/// request, so no formatting machinery).
+fn ratelimit_value(prefix: &str, remaining: u64, reset: Duration) -> HeaderValue {
+    let mut r = itoa::Buffer::new();
+    let mut t = itoa::Buffer::new();
+    let (r, t) = (r.format(remaining), t.format(secs_up(reset)));
+    let mut v = String::with_capacity(prefix.len() + r.len() + 3 + t.len());
+    v.push_str(prefix);
+    v.push_str(r);
+    v.push_str(";t=");
+    v.push_str(t);
     HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("\"limit\";r=0;t=1"))
 }
 
@@ -25,7 +34,7 @@ pub fn check(route: &Route, consumer: usize, now: u64) -> Result<Option<Standing
         limit: set.names[s.index].clone(),
         retry_after: s.reset,
         policy: set.policy.clone(),
-        ratelimit: ratelimit_value(&set.names[s.index], 0, s.reset),
+        ratelimit: ratelimit_value(&set.ratelimit_prefix[s.index], 0, s.reset),
     })
 }
 
@@ -39,6 +48,6 @@ pub fn headers(route: &Route, consumer: usize, s: Standing, h: &mut HeaderMap) {
     }
     h.insert(
         RATELIMIT,
-        ratelimit_value(&set.names[s.index], s.remaining, s.reset),
+        ratelimit_value(&set.ratelimit_prefix[s.index], s.remaining, s.reset),
     );
 }

@@ -1,0 +1,271 @@
+//! Upstreams: a keep-alive pool per upstream, round-robin over its targets, header
+//! rewriting for the hop, timeouts, and retries only when they are safe.
+//!
+//! Retries: a request that was never written (connect failure, a pooled connection found
+//! closed before the write) moves on to the next connection or target, whatever its method.
+//! When a backend's close races the write, an idempotent request without a body (GET, HEAD,
+//! OPTIONS, PUT, DELETE, TRACE) is sent once more on another connection. A non-idempotent
+//! request is never sent twice.
+
+mod headers;
+mod pool;
+
+pub use headers::strip_hop_headers;
+pub use pool::{ConnectError, PooledBody};
+
+use crate::response::Refusal;
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response, Uri, Version};
+use http_body_util::{Either, Empty, Limited};
+use hyper::body::{Body as _, Incoming};
+use pool::Pool;
+use std::error::Error as StdError;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tollgate_config::UpstreamConfig;
+
+/// Body sent upstream: the client's, streamed and capped, or none (then replayable).
+pub type UpBody = Either<Limited<Incoming>, Empty<Bytes>>;
+
+struct Target {
+    /// `Host` header value for requests to this target.
+    host: HeaderValue,
+    pool: Arc<Pool>,
+}
+
+/// One upstream: its settings, a pool per target, and the round-robin position.
+pub struct Upstream {
+    /// Settings it was built from (pools are shared across reloads while they are unchanged).
+    pub cfg: UpstreamConfig,
+    targets: Vec<Target>,
+    next: AtomicUsize,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("name", &self.cfg.name)
+            .finish()
+    }
+}
+
+impl Upstream {
+    /// Pools for `cfg`'s targets (validated as `host:port`).
+    pub fn new(cfg: UpstreamConfig) -> Self {
+        let targets = cfg
+            .targets
+            .iter()
+            .filter_map(|t| {
+                Some(Target {
+                    host: HeaderValue::from_str(t).ok()?,
+                    pool: Pool::new(t, cfg.pool_max_idle, cfg.idle_timeout, cfg.connect_timeout),
+                })
+            })
+            .collect();
+        Upstream {
+            cfg,
+            targets,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    fn pick(&self) -> Option<&Target> {
+        if self.targets.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        self.targets.get(i % self.targets.len())
+    }
+}
+
+/// How to rewrite a request for its hop upstream.
+pub struct Hop<'a> {
+    /// The client's IP, appended to `X-Forwarded-For`.
+    pub peer_ip: &'a HeaderValue,
+    /// Prefix to remove from the path, if the route strips one.
+    pub strip_prefix: Option<&'a str>,
+    /// Keep the client's `Host`.
+    pub preserve_host: bool,
+    /// Largest body accepted.
+    pub max_body: u64,
+}
+
+fn is_idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+fn path_and_query(uri: &Uri, strip: Option<&str>) -> PathAndQuery {
+    let pq = uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let Some(prefix) = strip else {
+        return pq;
+    };
+    let rest = pq.path().strip_prefix(prefix).unwrap_or(pq.path());
+    let mut s = String::with_capacity(pq.as_str().len() + 1);
+    if !rest.starts_with('/') {
+        s.push('/');
+    }
+    s.push_str(rest);
+    if let Some(q) = pq.query() {
+        s.push('?');
+        s.push_str(q);
+    }
+    PathAndQuery::try_from(s).unwrap_or(pq)
+}
+
+enum Failure {
+    /// The connection closed or reset around the write; only idempotent requests may be
+    /// replayed.
+    Stale,
+    /// The client's body was larger than allowed.
+    TooLarge,
+    /// Anything else: the backend broke the exchange.
+    Other,
+}
+
+fn classify(e: &hyper::Error) -> Failure {
+    if e.is_incomplete_message() || e.is_canceled() {
+        return Failure::Stale;
+    }
+    let mut src: Option<&(dyn StdError + 'static)> = e.source();
+    while let Some(s) = src {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return Failure::TooLarge;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            // A backend that closes a kept-alive connection with our request unread resets it.
+            if matches!(io.kind(), ConnectionReset | BrokenPipe | UnexpectedEof) {
+                return Failure::Stale;
+            }
+        }
+        src = s.source();
+    }
+    Failure::Other
+}
+
+/// Sends the request to `up` and returns its response head with the body streaming.
+pub async fn forward(
+    up: &Upstream,
+    parts: Parts,
+    body: Incoming,
+    hop: Hop<'_>,
+) -> Result<Response<PooledBody>, Refusal> {
+    let Parts {
+        method,
+        uri,
+        mut headers,
+        ..
+    } = parts;
+    let pq = path_and_query(&uri, hop.strip_prefix);
+
+    let mut body = if body.is_end_stream() {
+        // No body to stream: send none (and drop a stray `Content-Length: 0`).
+        Some(Either::Right(Empty::new()))
+    } else {
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > hop.max_body) {
+            return Err(Refusal::PayloadTooLarge);
+        }
+        let limit = usize::try_from(hop.max_body).unwrap_or(usize::MAX);
+        Some(Either::Left(Limited::new(body, limit)))
+    };
+    let replayable = matches!(body, Some(Either::Right(_)));
+    // Connect failures and closed pooled connections may move a replayable request on;
+    // the bound keeps a dead upstream from spinning the loop.
+    let attempts = up.targets.len() + 2;
+
+    let mut last = Refusal::Upstream("no target");
+    let mut req: Option<Request<UpBody>> = None;
+    for _ in 0..attempts {
+        let Some(target) = up.pick() else { break };
+        let mut r = match req.take() {
+            Some(r) => r,
+            None => {
+                let Some(b) = body.take() else { break };
+                let mut r = Request::new(b);
+                *r.method_mut() = method.clone();
+                *r.uri_mut() = Uri::from(pq.clone());
+                *r.version_mut() = Version::HTTP_11;
+                *r.headers_mut() = std::mem::take(&mut headers);
+                r
+            }
+        };
+        let host = (!hop.preserve_host).then_some(&target.host);
+        headers::rewrite_request(r.headers_mut(), hop.peer_ip, host);
+
+        let mut tx = match target.pool.checkout() {
+            Some(tx) => tx,
+            None => match target.pool.connect().await {
+                Ok(tx) => tx,
+                Err(e) => {
+                    tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
+                    last = match e {
+                        ConnectError::Timeout => Refusal::UpstreamTimeout,
+                        _ => Refusal::Upstream("connection refused"),
+                    };
+                    // Nothing was sent: the request can go to the next target.
+                    req = Some(r);
+                    continue;
+                }
+            },
+        };
+        if tx.ready().await.is_err() {
+            // Closed while idle: nothing was sent.
+            req = Some(r);
+            continue;
+        }
+        // Kept for a replay: only requests without a body are replayed once written.
+        let replay = (replayable && is_idempotent(&method)).then(|| clone_head(&r));
+        let sent = tokio::time::timeout(up.cfg.response_timeout, tx.try_send_request(r)).await;
+        let mut err = match sent {
+            Ok(Ok(mut resp)) => {
+                strip_hop_headers(resp.headers_mut());
+                let pool = target.pool.clone();
+                return Ok(resp.map(|b| PooledBody::new(b, tx, pool)));
+            }
+            Ok(Err(e)) => e,
+            Err(_) => return Err(Refusal::UpstreamTimeout),
+        };
+        if let Some(unsent) = err.take_message() {
+            // The connection failed before the request was written: safe to send again.
+            req = Some(unsent);
+            continue;
+        }
+        let err = err.into_error();
+        match classify(&err) {
+            Failure::TooLarge => return Err(Refusal::PayloadTooLarge),
+            Failure::Stale if replay.is_some() => {
+                tracing::debug!(upstream = %up.cfg.name, error = %err, "connection closed under the request; replaying");
+                last = Refusal::Upstream("connection closed");
+                req = replay;
+            }
+            Failure::Stale | Failure::Other => {
+                tracing::debug!(upstream = %up.cfg.name, error = %err, "upstream failed");
+                return Err(Refusal::Upstream("connection reset or closed"));
+            }
+        }
+    }
+    Err(last)
+}
+
+/// A copy of a body-less request, for a replay.
+fn clone_head(r: &Request<UpBody>) -> Request<UpBody> {
+    let mut c = Request::new(Either::Right(Empty::new()));
+    *c.method_mut() = r.method().clone();
+    *c.uri_mut() = r.uri().clone();
+    *c.version_mut() = r.version();
+    *c.headers_mut() = r.headers().clone();
+    c
+}
