@@ -4,6 +4,7 @@
 
 mod bench;
 mod serve;
+mod usage;
 
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
@@ -40,6 +41,18 @@ enum Command {
         #[arg(short, long, value_name = "ADDR", default_value = "127.0.0.1:1337")]
         listen: SocketAddr,
     },
+    /// Show a consumer's current usage of each of its limits (from Redis when limits are
+    /// shared, otherwise from the running node's admin endpoint).
+    Usage {
+        /// The YAML config file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// The consumer's name.
+        consumer: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure an HTTP endpoint: closed loop, or open loop at a fixed rate (--rate).
     Bench(bench::BenchArgs),
     /// Start a ready example: the gateway on 127.0.0.1:8080 in front of the echo backend on
@@ -55,6 +68,11 @@ fn main() -> ExitCode {
         Command::Echo { listen } => serve::echo(listen),
         Command::Demo => serve::demo(),
         Command::Bench(args) => bench::run(args),
+        Command::Usage {
+            config,
+            consumer,
+            json,
+        } => usage::run(&config, &consumer, json),
     }
 }
 

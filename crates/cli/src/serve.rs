@@ -72,7 +72,22 @@ async fn serve(cfg: Config, file: Option<(&Path, &[u8])>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let admin = cfg.admin;
     let gw = Gateway::new(cfg, SystemClock::new());
+    if let Some(addr) = admin {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                tracing::info!(
+                    "admin endpoints on http://{addr} (/usage/CONSUMER, /metrics, /healthz)"
+                );
+                tokio::spawn(tollgate_gateway::admin::serve(gw.clone(), l));
+            }
+            Err(e) => {
+                tracing::error!("cannot listen on the admin address {addr}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let server = Server::start(gw.clone(), bound);
     for a in server.local_addrs() {
         tracing::info!("listening on http://{a}");

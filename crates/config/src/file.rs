@@ -27,6 +27,35 @@ pub struct FileConfig {
     /// Plans: named sets of limits that consumers subscribe to.
     #[serde(default)]
     pub plans: BTreeMap<String, Plan>,
+    /// Share limits with other nodes through Redis.
+    pub cluster: Option<Cluster>,
+    /// The admin listener: usage per consumer, metrics.
+    pub admin: Option<Admin>,
+}
+
+/// Shared limits through Redis.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    /// `redis://[:password@]host:port/db`, or `rediss://` for TLS.
+    pub redis: String,
+    /// How often a node settles with Redis (default 10ms).
+    pub sync_interval: Option<Dur>,
+    /// `open` (default): keep enforcing each node's last share; `closed`: answer 503.
+    pub on_redis_down: Option<String>,
+    /// Largest share of a limit the nodes together may admit before Redis confirms it,
+    /// as a percentage (default "1%"). 0% makes every admission wait for a lease.
+    pub max_overadmission: Option<String>,
+    /// Prefix of every Redis key (default `tollgate`).
+    pub key_prefix: Option<String>,
+}
+
+/// The admin listener.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    /// `ip:port`; keep it on a private address.
+    pub address: String,
 }
 
 /// Process-wide settings.

@@ -20,6 +20,34 @@ pub struct Config {
     pub consumers: Vec<ConsumerConfig>,
     /// Plans; consumers refer to them by index.
     pub plans: Vec<PlanConfig>,
+    /// Shared limits, if configured.
+    pub cluster: Option<ClusterConfig>,
+    /// The admin listener, if configured.
+    pub admin: Option<SocketAddr>,
+}
+
+/// What to do while Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisDown {
+    /// Keep serving, each node enforcing its last share of each limit.
+    Open,
+    /// Refuse limited requests with 503.
+    Closed,
+}
+
+/// Shared limits through Redis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterConfig {
+    /// Redis URL (`redis://` or `rediss://`).
+    pub redis: String,
+    /// How often a node settles with Redis.
+    pub sync_interval: Duration,
+    /// Policy while Redis is unreachable.
+    pub on_redis_down: RedisDown,
+    /// Fraction of a limit the nodes together may admit before Redis confirms (0–0.5).
+    pub max_overadmission: f64,
+    /// Prefix of every Redis key.
+    pub key_prefix: String,
 }
 
 /// Process-wide settings.

@@ -84,6 +84,21 @@ pub(crate) fn validate(raw: file::FileConfig) -> Result<Config, ConfigError> {
         (exact, len, host)
     });
 
+    let cluster = raw.cluster.as_ref().map(|c| cluster(c, &mut p));
+    let admin = raw
+        .admin
+        .as_ref()
+        .and_then(|a| match a.address.parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                p.add(
+                    "admin.address",
+                    format!("{:?} is not an ip:port address", a.address),
+                );
+                None
+            }
+        });
+
     if !p.0.is_empty() {
         return Err(ConfigError::Invalid(p.0));
     }
@@ -94,7 +109,66 @@ pub(crate) fn validate(raw: file::FileConfig) -> Result<Config, ConfigError> {
         routes,
         consumers,
         plans,
+        cluster,
+        admin,
     })
+}
+
+fn cluster(c: &file::Cluster, p: &mut Problems) -> ClusterConfig {
+    if !(c.redis.starts_with("redis://") || c.redis.starts_with("rediss://")) {
+        p.add(
+            "cluster.redis",
+            format!(
+                "{:?} must be a redis:// or rediss:// URL (e.g. redis://127.0.0.1:6379/0)",
+                c.redis
+            ),
+        );
+    }
+    let sync_interval = c.sync_interval.map_or(Duration::from_millis(10), |d| d.0);
+    if sync_interval < Duration::from_millis(1) || sync_interval > Duration::from_secs(10) {
+        p.add("cluster.sync_interval", "must be between 1ms and 10s");
+    }
+    let on_redis_down = match c.on_redis_down.as_deref() {
+        None | Some("open") => RedisDown::Open,
+        Some("closed") => RedisDown::Closed,
+        Some(other) => {
+            p.add(
+                "cluster.on_redis_down",
+                format!("{other:?} must be \"open\" or \"closed\""),
+            );
+            RedisDown::Open
+        }
+    };
+    let max_overadmission = match c.max_overadmission.as_deref() {
+        None => 0.01,
+        Some(s) => match s
+            .strip_suffix('%')
+            .and_then(|n| n.trim().parse::<f64>().ok())
+        {
+            Some(v) if (0.0..=50.0).contains(&v) => v / 100.0,
+            _ => {
+                p.add(
+                    "cluster.max_overadmission",
+                    format!("{s:?} must be a percentage from 0% to 50%"),
+                );
+                0.01
+            }
+        },
+    };
+    let key_prefix = c.key_prefix.clone().unwrap_or_else(|| "tollgate".into());
+    if key_prefix.is_empty() || key_prefix.contains([' ', '{', '}']) {
+        p.add(
+            "cluster.key_prefix",
+            "must be non-empty, without spaces or braces",
+        );
+    }
+    ClusterConfig {
+        redis: c.redis.clone(),
+        sync_interval,
+        on_redis_down,
+        max_overadmission,
+        key_prefix,
+    }
 }
 
 fn listeners(raw: &[file::Listener], p: &mut Problems) -> Vec<ListenerConfig> {

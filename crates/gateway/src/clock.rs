@@ -8,6 +8,10 @@ use std::time::{Duration, Instant};
 pub trait Clock: Send + Sync + 'static {
     /// Nanoseconds since this clock's start; never goes backwards.
     fn now_nanos(&self) -> u64;
+
+    /// Nanoseconds since the Unix epoch: cluster windows are aligned to it so that every
+    /// node agrees on them.
+    fn wall_nanos(&self) -> u64;
 }
 
 /// The real monotonic clock.
@@ -28,6 +32,12 @@ impl SystemClock {
 impl Clock for SystemClock {
     fn now_nanos(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn wall_nanos(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
     }
 }
 
@@ -52,6 +62,10 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now_nanos(&self) -> u64 {
+        self.nanos.load(Ordering::SeqCst)
+    }
+
+    fn wall_nanos(&self) -> u64 {
         self.nanos.load(Ordering::SeqCst)
     }
 }

@@ -1,6 +1,9 @@
 //! The gateway: the pinned-snapshot request path, and reloads that swap the snapshot.
 
 use crate::clock::Clock;
+use crate::cluster::{spawn_syncer, Cluster};
+use crate::limiter::Now;
+use crate::metrics::Metrics;
 use crate::policy::{self, cors, Verdict};
 use crate::response::{refuse, Body, Refusal};
 use crate::route;
@@ -56,6 +59,7 @@ pub struct Gateway {
     registry: Registry,
     clock: Arc<dyn Clock>,
     status: watch::Sender<ReloadStatus>,
+    metrics: Metrics,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -66,8 +70,15 @@ impl std::fmt::Debug for Gateway {
 
 impl Gateway {
     /// A gateway serving `config`, counting time with `clock`.
+    /// With `cluster:` in the config, limits are shared through Redis and the syncer task
+    /// starts (this must run inside a tokio runtime).
     pub fn new(config: Config, clock: Arc<dyn Clock>) -> Arc<Self> {
-        let registry = Registry::default();
+        let cluster = config.cluster.clone().map(|c| {
+            let cluster = Cluster::new(c);
+            spawn_syncer(cluster.clone(), clock.clone());
+            cluster
+        });
+        let registry = Registry::new(cluster);
         let snapshot = Snapshot::build(config, &registry);
         let (status, _) = watch::channel(ReloadStatus {
             generation: 1,
@@ -78,6 +89,7 @@ impl Gateway {
             registry,
             clock,
             status,
+            metrics: Metrics::default(),
         })
     }
 
@@ -86,9 +98,22 @@ impl Gateway {
         self.snapshot.load_full()
     }
 
-    /// The limiter clock, in nanoseconds.
-    pub fn now(&self) -> u64 {
-        self.clock.now_nanos()
+    /// The limiter's time.
+    pub fn now(&self) -> Now {
+        Now {
+            mono: self.clock.now_nanos(),
+            wall: self.clock.wall_nanos(),
+        }
+    }
+
+    /// Counters for `/metrics`.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The cluster link, when limits are shared.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.registry.cluster()
     }
 
     /// Swaps in a validated config. Requests in flight finish on the snapshot they started
@@ -97,6 +122,9 @@ impl Gateway {
         let old = self.snapshot.load();
         if old.config.listeners != config.listeners {
             tracing::warn!("listener changes take effect at the next restart");
+        }
+        if old.config.cluster != config.cluster || old.config.admin != config.admin {
+            tracing::warn!("cluster and admin changes take effect at the next restart");
         }
         let snapshot = Snapshot::build(config, &self.registry);
         self.snapshot.store(Arc::new(snapshot));
@@ -112,10 +140,16 @@ impl Gateway {
         match tollgate_config::from_path(path) {
             Ok(cfg) => {
                 self.apply(cfg);
+                self.metrics
+                    .reloads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::info!(path = %path.display(), generation = self.status.borrow().generation, "config reloaded");
                 Ok(())
             }
             Err(e) => {
+                self.metrics
+                    .reload_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 for p in e.problems() {
                     tracing::error!(path = %path.display(), "config rejected, old config keeps serving: {p}");
                 }
@@ -171,6 +205,13 @@ impl Gateway {
         if let (Some(origin), Some(c), false) = (origin, &route.cfg.cors, preflight) {
             cors::decorate(c, origin, resp.headers_mut());
         }
+        resp
+    }
+
+    /// Handles one request and counts its answer for `/metrics`.
+    pub async fn serve(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
+        let resp = self.handle(req, conn).await;
+        self.metrics.response(resp.status().as_u16());
         resp
     }
 }

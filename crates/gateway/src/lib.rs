@@ -4,16 +4,20 @@
 //! request path reads; [`gateway`] pins a snapshot per request and swaps it on reload.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod clock;
+pub mod cluster;
 pub mod echo;
 pub mod gateway;
 pub mod limiter;
 pub mod listener;
+pub mod metrics;
 pub mod policy;
 pub mod response;
 pub mod route;
 pub mod snapshot;
 pub mod upstream;
+pub mod usage;
 pub mod watch;
 
 pub use clock::{Clock, ManualClock, SystemClock};

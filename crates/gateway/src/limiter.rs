@@ -10,6 +10,9 @@
 //!
 //! All of a request's limits are checked under their locks together (taken in a fixed
 //! order), and a request refused by one limit is counted by none.
+//!
+//! Limits shared with other nodes are counted differently, in fixed windows with tokens
+//! leased from Redis: see [`crate::cluster`].
 
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
@@ -20,7 +23,7 @@ const SUB: u64 = 10;
 /// Slots kept: the current sub-window and the `SUB` before it.
 const SLOTS: usize = SUB as usize + 1;
 
-/// Counters for one limit of one consumer.
+/// Sliding-window counters for one limit of one consumer on this node.
 #[derive(Debug, Default)]
 pub struct Window {
     slots: [u64; SLOTS],
@@ -74,8 +77,19 @@ pub struct LimitCell {
     /// Requests allowed per window.
     pub requests: u64,
     /// Window length in nanoseconds.
-    window_ns: u64,
-    state: Mutex<Window>,
+    pub(crate) window_ns: u64,
+    pub(crate) state: Mutex<Counter>,
+    /// Set when the limit is shared with other nodes.
+    pub(crate) shared: Option<crate::cluster::SharedLimit>,
+}
+
+/// How a limit is counted.
+#[derive(Debug)]
+pub(crate) enum Counter {
+    /// On this node alone: the sliding window.
+    Local(Window),
+    /// Across nodes: tokens leased from Redis per fixed window (see [`crate::cluster`]).
+    Shared(crate::cluster::Lease),
 }
 
 /// Where a limit stands after a check, for the RateLimit headers.
@@ -89,14 +103,49 @@ pub struct Standing {
     pub reset: Duration,
 }
 
+/// Why a check refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// A limit is used up.
+    Limit(Standing),
+    /// A shared limit cannot be checked (Redis unreachable, `on_redis_down: closed`).
+    StoreDown,
+}
+
+/// Time of a check: the monotonic clock (local limits) and the wall clock (shared limits).
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    /// Monotonic nanoseconds.
+    pub mono: u64,
+    /// Nanoseconds since the Unix epoch.
+    pub wall: u64,
+}
+
 impl LimitCell {
-    /// Counters for "`requests` per `window`" (window: a whole number of seconds, ≥ 1 s).
+    /// Local counters for "`requests` per `window`" (window: a whole number of seconds, ≥ 1 s).
     pub fn new(id: u64, requests: u64, window: Duration) -> Self {
         LimitCell {
             id,
             requests,
             window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
-            state: Mutex::new(Window::default()),
+            state: Mutex::new(Counter::Local(Window::default())),
+            shared: None,
+        }
+    }
+
+    /// Counters for a limit shared with other nodes through `shared`.
+    pub(crate) fn new_shared(
+        id: u64,
+        requests: u64,
+        window: Duration,
+        shared: crate::cluster::SharedLimit,
+    ) -> Self {
+        LimitCell {
+            id,
+            requests,
+            window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+            state: Mutex::new(Counter::Shared(crate::cluster::Lease::default())),
+            shared: Some(shared),
         }
     }
 
@@ -104,58 +153,117 @@ impl LimitCell {
         (self.window_ns / SUB).max(1)
     }
 
-    /// Requests counted in the current window (for usage reports).
-    pub fn used(&self, now: u64) -> u64 {
-        let mut w = self.state.lock();
-        w.advance(now / self.slot_ns());
-        w.total
+    /// Requests counted in the current window: on this node for a local limit, across the
+    /// cluster (as last settled with Redis) for a shared one.
+    pub fn used(&self, now: Now) -> u64 {
+        let mut state = self.state.lock();
+        match &mut *state {
+            Counter::Local(w) => {
+                w.advance(now.mono / self.slot_ns());
+                w.total
+            }
+            Counter::Shared(l) => {
+                l.roll(now.wall / self.window_ns.max(1));
+                l.counted()
+            }
+        }
     }
 }
 
-/// Checks every limit together at time `now` (ns). If all have room, counts the request in
-/// each and returns the standing of the tightest one; otherwise counts nothing and returns
-/// the standing of the limit that refused (the one that frees up last).
+enum Room {
+    Local,
+    Shared(crate::cluster::Admit),
+}
+
+/// Checks every limit together. If all have room, counts the request in each and returns
+/// the standing of the tightest one; otherwise counts nothing and returns the standing of
+/// the limit that refused (the one that frees up last).
 ///
 /// `cells` must be sorted by id (the snapshot builds them so), so locks are always taken
 /// in the same order.
-pub fn check(cells: &[std::sync::Arc<LimitCell>], now: u64) -> Result<Option<Standing>, Standing> {
+pub fn check(cells: &[std::sync::Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Refused> {
     if cells.is_empty() {
         return Ok(None);
     }
-    let mut guards: SmallVec<[MutexGuard<'_, Window>; 4]> = SmallVec::with_capacity(cells.len());
-    let mut refused: Option<Standing> = None;
+    let mut guards: SmallVec<[(MutexGuard<'_, Counter>, Room); 4]> =
+        SmallVec::with_capacity(cells.len());
+    let mut refused: Option<Refused> = None;
     for (index, cell) in cells.iter().enumerate() {
-        let mut w = cell.state.lock();
-        let slot_ns = cell.slot_ns();
-        w.advance(now / slot_ns);
-        if w.total >= cell.requests {
-            let wait = w.wait_for(w.total + 1 - cell.requests, slot_ns, now);
-            if refused.is_none_or(|r| wait > r.reset.as_nanos() as u64) {
-                refused = Some(Standing {
-                    index,
-                    remaining: 0,
-                    reset: Duration::from_nanos(wait),
-                });
+        let mut state = cell.state.lock();
+        let room = match &mut *state {
+            Counter::Local(w) => {
+                let slot_ns = cell.slot_ns();
+                w.advance(now.mono / slot_ns);
+                if w.total >= cell.requests {
+                    let wait = w.wait_for(w.total + 1 - cell.requests, slot_ns, now.mono);
+                    let later = match refused {
+                        None => true,
+                        Some(Refused::Limit(r)) => wait > r.reset.as_nanos() as u64,
+                        Some(Refused::StoreDown) => false,
+                    };
+                    if later {
+                        refused = Some(Refused::Limit(Standing {
+                            index,
+                            remaining: 0,
+                            reset: Duration::from_nanos(wait),
+                        }));
+                    }
+                }
+                Room::Local
             }
-        }
-        guards.push(w);
+            Counter::Shared(l) => match cell.shared.as_ref() {
+                Some(shared) => match shared.room(cell, l, now.wall) {
+                    Ok(admit) => Room::Shared(admit),
+                    Err(r) => {
+                        let replace = match (refused, r) {
+                            (None, _) | (_, Refused::StoreDown) => true,
+                            (Some(Refused::Limit(old)), Refused::Limit(new)) => {
+                                new.reset > old.reset
+                            }
+                            (Some(Refused::StoreDown), _) => false,
+                        };
+                        if replace {
+                            refused = Some(match r {
+                                Refused::Limit(s) => Refused::Limit(Standing { index, ..s }),
+                                other => other,
+                            });
+                        }
+                        Room::Local
+                    }
+                },
+                None => Room::Local,
+            },
+        };
+        guards.push((state, room));
     }
     if let Some(r) = refused {
         return Err(r);
     }
     let mut tightest: Option<Standing> = None;
-    for (index, (cell, w)) in cells.iter().zip(guards.iter_mut()).enumerate() {
-        let slot = (w.head % SLOTS as u64) as usize;
-        w.slots[slot] += 1;
-        w.total += 1;
-        let remaining = cell.requests - w.total;
-        if tightest.is_none_or(|t| remaining < t.remaining) {
-            let reset = Duration::from_nanos(w.wait_for(1, cell.slot_ns(), now));
-            tightest = Some(Standing {
-                index,
-                remaining,
-                reset,
-            });
+    for (index, (cell, (state, room))) in cells.iter().zip(guards.iter_mut()).enumerate() {
+        let standing = match (&mut **state, room) {
+            (Counter::Local(w), _) => {
+                let slot = (w.head % SLOTS as u64) as usize;
+                w.slots[slot] += 1;
+                w.total += 1;
+                let remaining = cell.requests - w.total;
+                if tightest.is_some_and(|t| remaining >= t.remaining) {
+                    continue;
+                }
+                Standing {
+                    index,
+                    remaining,
+                    reset: Duration::from_nanos(w.wait_for(1, cell.slot_ns(), now.mono)),
+                }
+            }
+            (Counter::Shared(l), Room::Shared(admit)) => match cell.shared.as_ref() {
+                Some(shared) => shared.commit(cell, l, *admit, index, now.wall),
+                None => continue,
+            },
+            (Counter::Shared(_), Room::Local) => continue,
+        };
+        if tightest.is_none_or(|t| standing.remaining < t.remaining) {
+            tightest = Some(standing);
         }
     }
     Ok(tightest)
@@ -168,6 +276,10 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
+    fn at(ns: u64) -> Now {
+        Now { mono: ns, wall: ns }
+    }
+
     fn cell(id: u64, n: u64, secs: u64) -> Arc<LimitCell> {
         Arc::new(LimitCell::new(id, n, Duration::from_secs(secs)))
     }
@@ -176,24 +288,26 @@ mod tests {
     fn admits_n_then_refuses_until_the_window_passes() {
         let c = [cell(1, 3, 10)];
         for _ in 0..3 {
-            assert!(check(&c, 0).is_ok());
+            assert!(check(&c, at(0)).is_ok());
         }
-        let refused = check(&c, 0).expect_err("over");
+        let Err(Refused::Limit(refused)) = check(&c, at(0)) else {
+            panic!("over")
+        };
         // All three were counted in slot 0, which stops counting at 11 s.
         assert_eq!(refused.reset, Duration::from_secs(11));
-        assert!(check(&c, 10 * S).is_err());
-        assert!(check(&c, 11 * S).is_ok());
+        assert!(check(&c, at(10 * S)).is_err());
+        assert!(check(&c, at(11 * S)).is_ok());
     }
 
     #[test]
     fn one_per_30s() {
         let c = [cell(1, 1, 30)];
-        assert!(check(&c, 5 * S).is_ok());
+        assert!(check(&c, at(5 * S)).is_ok());
         for t in [5, 6, 20, 34] {
-            assert!(check(&c, t * S).is_err(), "t={t}");
+            assert!(check(&c, at(t * S)).is_err(), "t={t}");
         }
-        assert!(check(&c, 33 * S).is_err());
-        assert!(check(&c, 36 * S).is_ok());
+        assert!(check(&c, at(33 * S)).is_err());
+        assert!(check(&c, at(36 * S)).is_ok());
     }
 
     #[test]
@@ -203,7 +317,7 @@ mod tests {
         let mut admitted = Vec::new();
         for i in 0..6000u64 {
             let t = i * 10_000_000;
-            if check(&c, t).is_ok() {
+            if check(&c, at(t)).is_ok() {
                 admitted.push(t);
             }
         }
@@ -223,18 +337,20 @@ mod tests {
         let fast = cell(1, 100, 1);
         let slow = cell(2, 2, 100);
         let both = [fast.clone(), slow.clone()];
-        assert!(check(&both, 0).is_ok());
-        assert!(check(&both, 0).is_ok());
-        let r = check(&both, 0).expect_err("slow limit is full");
+        assert!(check(&both, at(0)).is_ok());
+        assert!(check(&both, at(0)).is_ok());
+        let Err(Refused::Limit(r)) = check(&both, at(0)) else {
+            panic!("slow limit is full")
+        };
         assert_eq!(r.index, 1);
-        assert_eq!(fast.used(0), 2);
-        assert_eq!(slow.used(0), 2);
+        assert_eq!(fast.used(at(0)), 2);
+        assert_eq!(slow.used(at(0)), 2);
     }
 
     #[test]
     fn reports_the_tightest_limit() {
         let both = [cell(1, 100, 1), cell(2, 5, 100)];
-        let s = check(&both, 0).expect("ok").expect("limited");
+        let s = check(&both, at(0)).expect("ok").expect("limited");
         assert_eq!((s.index, s.remaining), (1, 4));
     }
 }

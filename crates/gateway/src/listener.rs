@@ -132,7 +132,7 @@ async fn accept_loop(
         let svc = service_fn(move |req| {
             let gw = gw.clone();
             let info = info.clone();
-            async move { Ok::<_, Infallible>(gw.handle(req, &info).await) }
+            async move { Ok::<_, Infallible>(gw.serve(req, &info).await) }
         });
         let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
         tokio::spawn(async move {

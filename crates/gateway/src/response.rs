@@ -60,6 +60,9 @@ pub enum Refusal {
         /// `RateLimit` value for the limit that refused.
         ratelimit: HeaderValue,
     },
+    /// A shared limit cannot be checked: Redis is unreachable and the cluster fails closed.
+    #[error("rate limit store unavailable")]
+    LimitStoreDown,
     /// The request body is larger than the listener allows.
     #[error("request body too large")]
     PayloadTooLarge,
@@ -133,6 +136,15 @@ pub fn refuse(refusal: Refusal) -> Response<Body> {
                 h.insert(RATELIMIT_POLICY, p);
             }
             h.insert(RATELIMIT, ratelimit);
+            r
+        }
+        Refusal::LimitStoreDown => {
+            let mut r = json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#"{"status":503,"error":"rate limit store unavailable"}"#,
+            );
+            r.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
             r
         }
         Refusal::PayloadTooLarge => {

@@ -2,6 +2,7 @@
 //! swapped atomically on reload. State that must outlive a reload (limit counters, upstream
 //! pools) lives in [`Registry`], keyed by stable identities, and is shared into each snapshot.
 
+use crate::cluster::Cluster;
 use crate::limiter::LimitCell;
 use crate::upstream::Upstream;
 use http::HeaderValue;
@@ -24,9 +25,23 @@ pub struct Registry {
     cells: Mutex<HashMap<CellKey, Weak<LimitCell>>>,
     upstreams: Mutex<HashMap<UpstreamConfig, Weak<Upstream>>>,
     next_id: Mutex<u64>,
+    cluster: Option<Arc<Cluster>>,
 }
 
 impl Registry {
+    /// A registry whose limits are shared through `cluster` when given.
+    pub fn new(cluster: Option<Arc<Cluster>>) -> Self {
+        Registry {
+            cluster,
+            ..Registry::default()
+        }
+    }
+
+    /// The cluster link, if limits are shared.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
     fn cell(&self, scope: &str, limit: &LimitConfig) -> Arc<LimitCell> {
         let key = CellKey {
             scope: scope.to_string(),
@@ -38,7 +53,15 @@ impl Registry {
         }
         let mut id = self.next_id.lock();
         *id += 1;
-        let c = Arc::new(LimitCell::new(*id, limit.requests, limit.window));
+        let c = Arc::new(match &self.cluster {
+            Some(cluster) => LimitCell::new_shared(
+                *id,
+                limit.requests,
+                limit.window,
+                cluster.limit(scope, limit),
+            ),
+            None => LimitCell::new(*id, limit.requests, limit.window),
+        });
         cells.insert(key, Arc::downgrade(&c));
         c
     }
@@ -80,6 +103,8 @@ pub struct LimitSet {
     pub names: Vec<String>,
     /// Window of each limit in seconds, same order.
     pub windows: Vec<u64>,
+    /// `plan` or `route:NAME` for each limit, same order.
+    pub scopes: Vec<String>,
     /// `"name";r=` for each limit, same order: the start of its `RateLimit` value.
     pub ratelimit_prefix: Vec<String>,
     /// The `RateLimit-Policy` header value, listing every limit.
@@ -136,7 +161,7 @@ impl Snapshot {
             }
         }
         // Plan limits are per consumer and shared by every route.
-        let plan_cells: Vec<Vec<(LimitConfig, Arc<LimitCell>)>> = config
+        let plan_cells: Vec<Vec<(LimitConfig, Arc<LimitCell>, String)>> = config
             .consumers
             .iter()
             .map(|c| {
@@ -145,7 +170,13 @@ impl Snapshot {
                         config.plans[p]
                             .limits
                             .iter()
-                            .map(|l| (l.clone(), registry.cell(&format!("consumer:{}", c.name), l)))
+                            .map(|l| {
+                                (
+                                    l.clone(),
+                                    registry.cell(&format!("consumer:{}", c.name), l),
+                                    "plan".to_string(),
+                                )
+                            })
                             .collect()
                     })
                     .unwrap_or_default()
@@ -179,7 +210,11 @@ impl Snapshot {
                             let mut all = plan_cells[i].clone();
                             for l in &r.limits {
                                 let scope = format!("route:{}:consumer:{}", r.name, c.name);
-                                all.push((l.clone(), registry.cell(&scope, l)));
+                                all.push((
+                                    l.clone(),
+                                    registry.cell(&scope, l),
+                                    format!("route:{}", r.name),
+                                ));
                             }
                             limit_set(all)
                         })
@@ -208,25 +243,28 @@ impl Snapshot {
     }
 }
 
-fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>)>) -> LimitSet {
-    all.sort_by_key(|(_, c)| c.id);
+fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>, String)>) -> LimitSet {
+    all.sort_by_key(|(_, c, _)| c.id);
     let policy = (!all.is_empty())
         .then(|| {
             let items: Vec<String> = all
                 .iter()
-                .map(|(l, _)| format!("\"{}\";q={};w={}", l.name, l.requests, l.window.as_secs()))
+                .map(|(l, _, _)| {
+                    format!("\"{}\";q={};w={}", l.name, l.requests, l.window.as_secs())
+                })
                 .collect();
             HeaderValue::from_str(&items.join(", ")).ok()
         })
         .flatten();
     LimitSet {
-        names: all.iter().map(|(l, _)| l.name.clone()).collect(),
+        names: all.iter().map(|(l, _, _)| l.name.clone()).collect(),
+        scopes: all.iter().map(|(_, _, s)| s.clone()).collect(),
         ratelimit_prefix: all
             .iter()
-            .map(|(l, _)| format!("\"{}\";r=", l.name))
+            .map(|(l, _, _)| format!("\"{}\";r=", l.name))
             .collect(),
-        windows: all.iter().map(|(l, _)| l.window.as_secs()).collect(),
-        cells: all.into_iter().map(|(_, c)| c).collect(),
+        windows: all.iter().map(|(l, _, _)| l.window.as_secs()).collect(),
+        cells: all.into_iter().map(|(_, c, _)| c).collect(),
         policy,
     }
 }

@@ -1,7 +1,8 @@
 //! Rate limits: every limit of the consumer on this route (its plan's and the route's),
-//! checked together by [`crate::limiter`]; 429 names the limit that refused.
+//! checked together by [`crate::limiter`]; 429 names the limit that refused; 503 when a
+//! shared limit cannot be checked and the cluster fails closed.
 
-use crate::limiter::{self, Standing};
+use crate::limiter::{self, Now, Refused, Standing};
 use crate::response::{Refusal, RATELIMIT, RATELIMIT_POLICY};
 use crate::snapshot::Route;
 use http::{HeaderMap, HeaderValue};
@@ -26,15 +27,18 @@ fn ratelimit_value(prefix: &str, remaining: u64, reset: Duration) -> HeaderValue
 }
 
 /// Counts the request against all of the consumer's limits, or refuses with 429.
-pub fn check(route: &Route, consumer: usize, now: u64) -> Result<Option<Standing>, Refusal> {
+pub fn check(route: &Route, consumer: usize, now: Now) -> Result<Option<Standing>, Refusal> {
     let Some(set) = route.limits.get(consumer) else {
         return Ok(None);
     };
-    limiter::check(&set.cells, now).map_err(|s| Refusal::RateLimited {
-        limit: set.names[s.index].clone(),
-        retry_after: s.reset,
-        policy: set.policy.clone(),
-        ratelimit: ratelimit_value(&set.ratelimit_prefix[s.index], 0, s.reset),
+    limiter::check(&set.cells, now).map_err(|r| match r {
+        Refused::Limit(s) => Refusal::RateLimited {
+            limit: set.names[s.index].clone(),
+            retry_after: s.reset,
+            policy: set.policy.clone(),
+            ratelimit: ratelimit_value(&set.ratelimit_prefix[s.index], 0, s.reset),
+        },
+        Refused::StoreDown => Refusal::LimitStoreDown,
     })
 }
 

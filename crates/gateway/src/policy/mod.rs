@@ -6,7 +6,8 @@
 //! 2. [`cors`]: CORS preflight, answered here and never forwarded → 204 / 403
 //! 3. [`auth`]: API key from header or query → consumer, credential removed → 401
 //! 4. [`authz`]: may this consumer call this route → 403
-//! 5. [`limits`]: every limit of the consumer, checked together → 429
+//! 5. [`limits`]: every limit of the consumer, checked together → 429 (503 if a shared
+//!    limit's store is down and the cluster fails closed)
 
 pub mod auth;
 pub mod authz;
@@ -14,7 +15,7 @@ pub mod cors;
 pub mod limits;
 pub mod method;
 
-use crate::limiter::Standing;
+use crate::limiter::{Now, Standing};
 use crate::response::{Body, Refusal};
 use crate::snapshot::{Route, Snapshot};
 use http::request::Parts;
@@ -37,12 +38,12 @@ pub enum Verdict {
     Answer(Response<Body>),
 }
 
-/// Runs the policies after route selection, in order. `now` is the limiter clock in ns.
+/// Runs the policies after route selection, in order. `now` is the limiter's time.
 pub fn run(
     snap: &Snapshot,
     route: &Route,
     parts: &mut Parts,
-    now: u64,
+    now: Now,
 ) -> Result<Verdict, Refusal> {
     if let Some(answer) = cors::preflight(route, parts)? {
         return Ok(Verdict::Answer(answer));

@@ -20,6 +20,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate_gateway::{Clock, Gateway, ManualClock, Server};
 
+pub mod redis;
+
 /// Upper bound for anything a test waits on; a test that hits it fails instead of hanging.
 pub const DEADLINE: Duration = Duration::from_secs(20);
 

@@ -1,0 +1,115 @@
+//! A consumer's current usage of each of its limits, from the counters that enforce them:
+//! this node's counters for local limits, Redis for shared ones.
+
+use crate::cluster::Cluster;
+use crate::limiter::{Counter, Now};
+use crate::snapshot::Snapshot;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+
+/// Usage of one limit.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LimitUsage {
+    /// The limit's name.
+    pub name: String,
+    /// `plan` or `route:NAME`.
+    pub scope: String,
+    /// Requests allowed per window.
+    pub requests: u64,
+    /// Window length in seconds.
+    pub window_seconds: u64,
+    /// Requests counted in the current window.
+    pub used: u64,
+    /// Requests left in the current window.
+    pub remaining: u64,
+}
+
+/// Usage of every limit of a consumer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    /// The consumer.
+    pub consumer: String,
+    /// Whether the counts are shared by the cluster (read from Redis).
+    pub shared: bool,
+    /// One entry per limit.
+    pub limits: Vec<LimitUsage>,
+}
+
+/// Why usage could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    /// No consumer by that name.
+    #[error("no consumer named {0:?}")]
+    UnknownConsumer(String),
+    /// Redis could not be read.
+    #[error("cannot read the shared counters from Redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Usage of `consumer` now, from `snap`'s counters (and Redis for shared limits).
+pub async fn usage(
+    snap: &Snapshot,
+    cluster: Option<&Cluster>,
+    consumer: &str,
+    now: Now,
+) -> Result<Usage, UsageError> {
+    let index = snap
+        .consumers
+        .iter()
+        .position(|c| c.name == consumer)
+        .ok_or_else(|| UsageError::UnknownConsumer(consumer.to_string()))?;
+    let mut seen = HashSet::new();
+    let mut limits = Vec::new();
+    let mut keys = Vec::new();
+    for route in &snap.routes {
+        let Some(set) = route.limits.get(index) else {
+            continue;
+        };
+        for (i, cell) in set.cells.iter().enumerate() {
+            if !seen.insert(cell.id) {
+                continue;
+            }
+            let key = match (&*cell.state.lock(), &cell.shared) {
+                (Counter::Shared(_), Some(shared)) => {
+                    Some(shared.key_for(now.wall / cell.window_ns.max(1)))
+                }
+                _ => None,
+            };
+            let used = match key {
+                Some(k) => {
+                    keys.push((limits.len(), k));
+                    0
+                }
+                None => cell.used(now),
+            };
+            limits.push(LimitUsage {
+                name: set.names[i].clone(),
+                scope: set.scopes[i].clone(),
+                requests: cell.requests,
+                window_seconds: set.windows[i],
+                used,
+                remaining: cell.requests.saturating_sub(used),
+            });
+        }
+    }
+    let shared = !keys.is_empty();
+    if let (Some(c), true) = (cluster, shared) {
+        let client = redis::Client::open(c.cfg.redis.as_str())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let mut pipe = redis::pipe();
+        for (_, k) in &keys {
+            pipe.cmd("GET").arg(k);
+        }
+        let counts: Vec<Option<u64>> = pipe.query_async(&mut conn).await?;
+        for ((at, _), n) in keys.iter().zip(counts) {
+            let l = &mut limits[*at];
+            l.used = n.unwrap_or(0);
+            l.remaining = l.requests.saturating_sub(l.used);
+        }
+    }
+    Ok(Usage {
+        consumer: consumer.to_string(),
+        shared,
+        limits,
+    })
+}

@@ -1,0 +1,411 @@
+//! Limits shared by several nodes through a real Redis.
+
+mod common;
+
+use common::redis::RedisServer;
+use common::*;
+use http::StatusCode;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_gateway::{Clock, ManualClock};
+
+const WINDOW: u64 = 10_000_000_000;
+
+fn config(backend: SocketAddr, redis: &str, limit: &str, down: &str) -> String {
+    yaml(
+        backend,
+        &format!(
+            r#"
+cluster: {{redis: "{redis}", sync_interval: 5ms, on_redis_down: {down}, key_prefix: tgtest}}
+plans:
+  standard: {{limits: [{limit}]}}
+consumers:
+  - {{name: alice, keys: [k1], plan: standard}}
+routes:
+  - {{name: test, path_prefix: /test/, upstream: backend, auth: {{}}}}
+"#
+        ),
+    )
+}
+
+/// Waits until the node has finished two more sync rounds, so everything it counted
+/// before the call has been settled with Redis (or the attempt failed).
+async fn synced(node: &TestGateway) {
+    let c = node.gw.cluster().expect("cluster");
+    let mut rounds = c.rounds();
+    let start = *rounds.borrow();
+    bounded("sync rounds", rounds.wait_for(|r| *r >= start + 2))
+        .await
+        .expect("rounds");
+}
+
+async fn until(what: &str, nodes: &[TestGateway], f: impl Fn(&TestGateway) -> bool) {
+    bounded(what, async {
+        for n in nodes {
+            while !f(n) {
+                synced(n).await;
+            }
+        }
+    })
+    .await;
+}
+
+async fn nodes(n: usize, yaml: &str, clock: &Arc<ManualClock>) -> Vec<TestGateway> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(TestGateway::start(yaml, clock.clone()).await);
+    }
+    until("nodes see each other", &out, |g| {
+        g.gw.cluster()
+            .is_some_and(|c| c.is_up() && c.nodes() == n as u64)
+    })
+    .await;
+    out
+}
+
+/// A manual clock at the start of a window, far from the Unix epoch's first windows.
+fn clock() -> Arc<ManualClock> {
+    let c = ManualClock::new();
+    c.advance(Duration::from_nanos(1_700_000_000 * 1_000_000_000));
+    c
+}
+
+fn window_key(clock: &ManualClock, limit: &str) -> String {
+    format!(
+        "tgtest:consumer:alice:{limit}:{}",
+        clock.wall_nanos() / WINDOW
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_hold_1000_per_10s_within_2_percent_at_5x_split_70_20_10() {
+    let redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(backend, &redis.url(), "{requests: 1000, per: 10s}", "open");
+    let nodes = nodes(3, &cfg, &clock).await;
+    let clients: Vec<TestClient> = (0..3).map(|_| TestClient::default()).collect();
+    let split = [35, 10, 5];
+    for window in 0..3 {
+        let mut admitted = 0;
+        // 5,000 requests (5× the limit) in 100 rounds of 50, split 70/20/10.
+        for _ in 0..100 {
+            for (i, share) in split.iter().enumerate() {
+                for _ in 0..*share {
+                    let a = clients[i].get(&nodes[i].url("/test/?apikey=k1")).await;
+                    match a.status {
+                        StatusCode::OK => admitted += 1,
+                        StatusCode::TOO_MANY_REQUESTS => {}
+                        s => panic!("unexpected {s}: {}", a.body),
+                    }
+                }
+            }
+            for n in &nodes {
+                synced(n).await;
+            }
+        }
+        assert!(
+            (980..=1020).contains(&admitted),
+            "window {window}: {admitted} admitted cluster-wide for a limit of 1000"
+        );
+        assert!(redis.get(&window_key(&clock, "1000-per-10s:1000:10")) <= 1000);
+        clock.advance(Duration::from_nanos(WINDOW));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_per_30s_admits_exactly_one_request_per_window_cluster_wide() {
+    let redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(backend, &redis.url(), "{requests: 1, per: 30s}", "open");
+    let nodes = nodes(3, &cfg, &clock).await;
+    let c = TestClient::default();
+    for window in 0..3 {
+        let mut admitted = 0;
+        for i in 0..30 {
+            let node = &nodes[i % 3];
+            if c.get(&node.url("/test/?apikey=k1")).await.status == StatusCode::OK {
+                admitted += 1;
+            }
+            synced(node).await;
+        }
+        assert_eq!(admitted, 1, "window {window}");
+        clock.advance(Duration::from_secs(30));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_and_restarted_mid_run_fails_open_then_resumes() {
+    let mut redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(backend, &redis.url(), "{requests: 1000, per: 10s}", "open");
+    let nodes = nodes(2, &cfg, &clock).await;
+    let c = TestClient::default();
+    for n in &nodes {
+        for _ in 0..50 {
+            assert_eq!(
+                c.get(&n.url("/test/?apikey=k1")).await.status,
+                StatusCode::OK
+            );
+        }
+        synced(n).await;
+    }
+    let key = window_key(&clock, "1000-per-10s:1000:10");
+    assert!(redis.get(&key) >= 100);
+
+    redis.stop();
+    // Requests go on, answered from each node's share, while the nodes notice.
+    for n in &nodes {
+        for _ in 0..100 {
+            assert_eq!(
+                c.get(&n.url("/test/?apikey=k1")).await.status,
+                StatusCode::OK
+            );
+        }
+    }
+    until("nodes see Redis down", &nodes, |g| {
+        !g.gw.cluster().is_some_and(|c| c.is_up())
+    })
+    .await;
+    for n in &nodes {
+        for _ in 0..50 {
+            assert_eq!(
+                c.get(&n.url("/test/?apikey=k1")).await.status,
+                StatusCode::OK
+            );
+        }
+        let m = &n.gw.cluster().expect("cluster").metrics;
+        assert!(m.fail_open_admitted.load(Ordering::Relaxed) > 0);
+    }
+    let metrics = nodes[0]
+        .gw
+        .metrics()
+        .render(nodes[0].gw.cluster().map(|c| c.as_ref()));
+    assert!(metrics.contains("tollgate_cluster_redis_up 0"), "{metrics}");
+
+    redis.restart();
+    until("nodes reconnect", &nodes, |g| {
+        g.gw.cluster().is_some_and(|c| c.is_up())
+    })
+    .await;
+    for n in &nodes {
+        for _ in 0..20 {
+            assert_eq!(
+                c.get(&n.url("/test/?apikey=k1")).await.status,
+                StatusCode::OK
+            );
+        }
+        synced(n).await;
+        synced(n).await;
+    }
+    // Shared counting resumed: the fresh Redis holds what was admitted while it was down
+    // (settled as debt) and since.
+    assert!(
+        redis.get(&key) >= 2 * (100 + 50 + 20),
+        "{}",
+        redis.get(&key)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_answers_503_while_redis_is_down() {
+    let mut redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(
+        backend,
+        &redis.url(),
+        "{requests: 1000, per: 10s}",
+        "closed",
+    );
+    let nodes = nodes(1, &cfg, &clock).await;
+    let c = TestClient::default();
+    assert_eq!(
+        c.get(&nodes[0].url("/test/?apikey=k1")).await.status,
+        StatusCode::OK
+    );
+    redis.stop();
+    until("node sees Redis down", &nodes, |g| {
+        !g.gw.cluster().is_some_and(|c| c.is_up())
+    })
+    .await;
+    // Leased tokens are still good; once used up, the answer is 503.
+    let mut last = None;
+    for _ in 0..200 {
+        let a = c.get(&nodes[0].url("/test/?apikey=k1")).await;
+        if a.status == StatusCode::SERVICE_UNAVAILABLE {
+            last = Some(a);
+            break;
+        }
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    let a = last.expect("503 once the leased tokens are used");
+    assert_eq!(
+        a.body,
+        r#"{"status":503,"error":"rate limit store unavailable"}"#
+    );
+    assert_eq!(a.header("retry-after"), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_never_answers_does_not_hold_requests() {
+    // Accepts connections and reads, never answers: the extreme of a slow Redis.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            held.push(s);
+        }
+    });
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(
+        backend,
+        &format!("redis://{addr}/0"),
+        "{requests: 1000, per: 10s}",
+        "open",
+    );
+    let node = TestGateway::start(&cfg, clock.clone()).await;
+    let c = TestClient::default();
+    // Every request is answered (each within the test's deadline), from the node's share.
+    for _ in 0..200 {
+        assert_eq!(
+            c.get(&node.url("/test/?apikey=k1")).await.status,
+            StatusCode::OK
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_does_not_slow_requests_and_still_counts() {
+    // A proxy that delays every command by 200 ms on its way to a real Redis.
+    let redis = RedisServer::start();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let target = redis.addr;
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                    return;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let up = async move {
+                    let mut buf = vec![0u8; 65536];
+                    loop {
+                        let n = match tokio::io::AsyncReadExt::read(&mut cr, &mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        if tokio::io::AsyncWriteExt::write_all(&mut sw, &buf[..n])
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                };
+                let down = tokio::io::copy(&mut sr, &mut cw);
+                let _ = tokio::join!(up, down);
+            });
+        }
+    });
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(
+        backend,
+        &format!("redis://{addr}/0"),
+        "{requests: 1000, per: 10s}",
+        "open",
+    );
+    let nodes = nodes(1, &cfg, &clock).await;
+    let c = TestClient::default();
+    let mut ok = 0;
+    for _ in 0..300 {
+        match c.get(&nodes[0].url("/test/?apikey=k1")).await.status {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            s => panic!("unexpected {s}"),
+        }
+    }
+    assert!(ok > 0);
+    synced(&nodes[0]).await;
+    synced(&nodes[0]).await;
+    // Everything admitted was granted by Redis (tokens) or settled since (credit).
+    let key = window_key(&clock, "1000-per-10s:1000:10");
+    assert!(redis.get(&key) >= ok, "{} < {ok}", redis.get(&key));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_survive_a_node_restart() {
+    let redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(backend, &redis.url(), "{requests: 1000, per: 10s}", "open");
+    let mut nodes = nodes(2, &cfg, &clock).await;
+    let c = TestClient::default();
+    let mut admitted = 0;
+    for _ in 0..600 {
+        if c.get(&nodes[0].url("/test/?apikey=k1")).await.status == StatusCode::OK {
+            admitted += 1;
+        }
+        if admitted % 50 == 0 {
+            synced(&nodes[0]).await;
+        }
+    }
+    synced(&nodes[0]).await;
+    // Node 0 goes away and comes back as a new process would.
+    let old = nodes.remove(0);
+    let server = {
+        let mut old = old;
+        old.server
+            .take()
+            .expect("server")
+            .shutdown(Duration::from_secs(1))
+            .await;
+        old
+    };
+    drop(server);
+    nodes.insert(0, TestGateway::start(&cfg, clock.clone()).await);
+    until("restarted node is up", &nodes, |g| {
+        g.gw.cluster().is_some_and(|c| c.is_up())
+    })
+    .await;
+    for _ in 0..1000 {
+        for n in &nodes {
+            if c.get(&n.url("/test/?apikey=k1")).await.status == StatusCode::OK {
+                admitted += 1;
+            }
+        }
+        if admitted >= 1000 {
+            break;
+        }
+        for n in &nodes {
+            synced(n).await;
+        }
+    }
+    for n in &nodes {
+        synced(n).await;
+    }
+    // The restarted node resumed from the shared count: the window's total stays the limit.
+    assert!(
+        admitted <= 1010,
+        "{admitted} admitted in one window for a limit of 1000"
+    );
+    assert!(redis.get(&window_key(&clock, "1000-per-10s:1000:10")) <= 1000);
+}
