@@ -6,9 +6,9 @@
 //! leased from Redis beforehand; a background task (one per node) leases more every
 //! `sync_interval`, in one pipelined round of Lua calls that each grant
 //! `min(want, N − granted)` atomically. Lease sizes follow each node's own traffic
-//! (its recent rate × two sync intervals + the Redis round trip), capped at a fair share of
-//! what is left (`(N − granted) / nodes`), so the budget goes where the traffic is. Near a
-//! window's end, busy nodes lease for the next window so it starts with tokens.
+//! (its recent rate × (two sync intervals + three Redis round trips)), capped at a fair
+//! share of what is left (`(N − granted) / nodes`), so the budget goes where the traffic is.
+//! Near a window's end, busy nodes lease for the next window so it starts with tokens.
 //!
 //! A node without tokens may admit a few requests on **credit** — at most
 //! `floor(N × max_overadmission / nodes)` outstanding — and pays them from its next lease.
@@ -123,10 +123,11 @@ impl Cluster {
         }
     }
 
+    /// How long before a window's end a busy limit leases for the next window.
     fn lead_ns(&self) -> u64 {
         let sync = u64::try_from(self.cfg.sync_interval.as_nanos()).unwrap_or(u64::MAX);
         sync.saturating_mul(3)
-            .saturating_add(self.rtt_us.load(Ordering::Relaxed).saturating_mul(1_000))
+            .saturating_add(self.rtt_us.load(Ordering::Relaxed).saturating_mul(3_000))
     }
 
     fn enqueue(&self, cell: &Arc<LimitCell>, l: &mut Lease) {

@@ -135,10 +135,12 @@ async fn connect(c: &Cluster) -> Result<(MultiplexedConnection, String), redis::
 fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
     let queued = std::mem::take(&mut *c.queue.lock());
     let nodes = c.nodes();
+    // A lease should last until the next one lands even if Redis is slow: two sync
+    // intervals plus three round trips of traffic.
     let horizon_ns = u64::try_from(c.cfg.sync_interval.as_nanos())
         .unwrap_or(u64::MAX)
         .saturating_mul(2)
-        .saturating_add(c.rtt_us.load(Ordering::Relaxed).saturating_mul(1_000));
+        .saturating_add(c.rtt_us.load(Ordering::Relaxed).saturating_mul(3_000));
     for cell in queued {
         let n = cell.requests;
         let mut state = cell.state.lock();
@@ -162,7 +164,8 @@ fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
             let top_up = if l.tokens <= l.refill_at { size } else { 0 };
             let want = l.debt + top_up;
             if want > 0 {
-                l.refill_at = size / 2;
+                // Ask again with two thirds left: over a round trip of traffic in hand.
+                l.refill_at = size * 2 / 3;
                 asks.push(Ask {
                     cell: cell.clone(),
                     window: l.window,
