@@ -47,15 +47,11 @@ pub fn strip_hop_headers(h: &mut HeaderMap) {
     }
 }
 
-/// Rewrites a request's headers for the hop: hop-by-hop removed, `X-Forwarded-*` set,
-/// `Host` set to the target's (`host`) unless the client's is preserved.
-pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue, host: Option<&HeaderValue>) {
+/// Rewrites a request's headers for the hop: hop-by-hop removed, `X-Forwarded-For`,
+/// `-Proto` and `-Host` (the client's `Host`) set. `Host` itself is the caller's to set.
+pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue) {
     strip_hop_headers(h);
-    let client_host = match host {
-        Some(target) => h.insert(header::HOST, target.clone()),
-        None => h.get(header::HOST).cloned(),
-    };
-    if let Some(v) = client_host {
+    if let Some(v) = h.get(header::HOST).cloned() {
         h.insert(X_FORWARDED_HOST, v);
     }
     let xff = match h.get(&X_FORWARDED_FOR) {

@@ -7,11 +7,13 @@
 //! OPTIONS, PUT, DELETE, TRACE) is sent once more on another connection. A non-idempotent
 //! request is never sent twice.
 
+mod h1;
 mod headers;
+mod idle;
 mod pool;
 
 pub use headers::strip_hop_headers;
-pub use pool::{ConnectError, PooledBody};
+pub use pool::{BodyError, ConnectError, PooledBody};
 
 use crate::response::Refusal;
 use bytes::Bytes;
@@ -33,7 +35,10 @@ pub type UpBody = Either<Limited<Incoming>, Empty<Bytes>>;
 struct Target {
     /// `Host` header value for requests to this target.
     host: HeaderValue,
+    /// hyper's client connections, for requests with a body.
     pool: Arc<Pool>,
+    /// The lean client's connections, for requests without one.
+    raw: Arc<h1::RawPool>,
 }
 
 /// One upstream: its settings, a pool per target, and the round-robin position.
@@ -62,6 +67,12 @@ impl Upstream {
                 Some(Target {
                     host: HeaderValue::from_str(t).ok()?,
                     pool: Pool::new(t, cfg.pool_max_idle, cfg.idle_timeout, cfg.connect_timeout),
+                    raw: h1::RawPool::new(
+                        t,
+                        cfg.pool_max_idle,
+                        cfg.idle_timeout,
+                        cfg.connect_timeout,
+                    ),
                 })
             })
             .collect();
@@ -72,12 +83,13 @@ impl Upstream {
         }
     }
 
-    fn pick(&self) -> Option<&Target> {
+    /// The next target, round-robin, with its index.
+    fn pick(&self) -> Option<(usize, &Target)> {
         if self.targets.is_empty() {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        self.targets.get(i % self.targets.len())
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
+        self.targets.get(i).map(|t| (i, t))
     }
 }
 
@@ -166,6 +178,23 @@ pub async fn forward(
         ..
     } = parts;
     let pq = path_and_query(&uri, hop.strip_prefix);
+    // Rewritten once; only `Host` changes from one target to the next.
+    headers::rewrite_request(&mut headers, hop.peer_ip);
+    if !hop.preserve_host {
+        headers.remove(header::HOST);
+    }
+    // Connect failures and closed pooled connections may move a request on; the bound
+    // keeps a dead upstream from spinning the loop.
+    let attempts = up.targets.len() + 2;
+
+    if body.is_end_stream()
+        && matches!(
+            method,
+            Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
+        )
+    {
+        return forward_lean(up, &method, &pq, headers, hop.preserve_host, attempts).await;
+    }
 
     let mut body = if body.is_end_stream() {
         // No body to stream: send none (and drop a stray `Content-Length: 0`).
@@ -182,14 +211,11 @@ pub async fn forward(
         Some(Either::Left(Limited::new(body, limit)))
     };
     let replayable = matches!(body, Some(Either::Right(_)));
-    // Connect failures and closed pooled connections may move a replayable request on;
-    // the bound keeps a dead upstream from spinning the loop.
-    let attempts = up.targets.len() + 2;
 
     let mut last = Refusal::Upstream("no target");
     let mut req: Option<Request<UpBody>> = None;
     for _ in 0..attempts {
-        let Some(target) = up.pick() else { break };
+        let Some((_, target)) = up.pick() else { break };
         let mut r = match req.take() {
             Some(r) => r,
             None => {
@@ -202,8 +228,9 @@ pub async fn forward(
                 r
             }
         };
-        let host = (!hop.preserve_host).then_some(&target.host);
-        headers::rewrite_request(r.headers_mut(), hop.peer_ip, host);
+        if !hop.preserve_host {
+            r.headers_mut().insert(header::HOST, target.host.clone());
+        }
 
         let mut tx = match target.pool.checkout() {
             Some(tx) => tx,
@@ -211,10 +238,7 @@ pub async fn forward(
                 Ok(tx) => tx,
                 Err(e) => {
                     tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
-                    last = match e {
-                        ConnectError::Timeout => Refusal::UpstreamTimeout,
-                        _ => Refusal::Upstream("connection refused"),
-                    };
+                    last = connect_refusal(&e);
                     // Nothing was sent: the request can go to the next target.
                     req = Some(r);
                     continue;
@@ -254,6 +278,70 @@ pub async fn forward(
             Failure::Stale | Failure::Other => {
                 tracing::debug!(upstream = %up.cfg.name, error = %err, "upstream failed");
                 return Err(Refusal::Upstream("connection reset or closed"));
+            }
+        }
+    }
+    Err(last)
+}
+
+fn connect_refusal(e: &ConnectError) -> Refusal {
+    match e {
+        ConnectError::Timeout => Refusal::UpstreamTimeout,
+        _ => Refusal::Upstream("connection refused"),
+    }
+}
+
+/// The hot path: an idempotent request without a body, on the lean client. Its head is
+/// encoded once per target and can be sent again as it is, so a connection found closed
+/// (before or during the exchange) costs a replay, never an error.
+async fn forward_lean(
+    up: &Upstream,
+    method: &Method,
+    pq: &PathAndQuery,
+    mut headers: http::HeaderMap,
+    preserve_host: bool,
+    attempts: usize,
+) -> Result<Response<PooledBody>, Refusal> {
+    let mut last = Refusal::Upstream("no target");
+    let mut head = Vec::with_capacity(512);
+    let mut encoded_for: Option<usize> = None;
+    for _ in 0..attempts {
+        let Some((key, target)) = up.pick() else {
+            break;
+        };
+        if encoded_for != Some(key) {
+            if !preserve_host {
+                headers.insert(header::HOST, target.host.clone());
+            }
+            h1::encode_head(method, pq.as_str(), &headers, &mut head);
+            encoded_for = Some(key);
+        }
+        let (conn, reused) = match target.raw.checkout() {
+            Some(c) => (c, true),
+            None => match target.raw.connect().await {
+                Ok(c) => (c, false),
+                Err(e) => {
+                    tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
+                    last = connect_refusal(&e);
+                    continue;
+                }
+            },
+        };
+        match tokio::time::timeout(up.cfg.response_timeout, conn.exchange(&head, method)).await {
+            Err(_) => return Err(Refusal::UpstreamTimeout),
+            Ok(Ok((h, body))) => {
+                let mut resp = Response::new(PooledBody::raw(body.with_pool(target.raw.clone())));
+                *resp.status_mut() = h.status;
+                *resp.headers_mut() = h.headers;
+                strip_hop_headers(resp.headers_mut());
+                return Ok(resp);
+            }
+            Ok(Err(h1::H1Error::Closed(e))) => {
+                tracing::debug!(upstream = %up.cfg.name, reused, error = %e, "connection closed under the request; replaying");
+                last = Refusal::Upstream("connection reset or closed");
+            }
+            Ok(Err(h1::H1Error::Malformed)) => {
+                return Err(Refusal::Upstream("malformed response"));
             }
         }
     }

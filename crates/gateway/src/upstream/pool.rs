@@ -3,18 +3,19 @@
 //! most recently used connection first (warm), and a connection goes back to the pool when
 //! its response body has been read to the end.
 
+use super::h1::H1Body;
+use super::idle::{spawn_reaper, IdleList};
 use super::UpBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
-use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpStream;
 
 /// Why a new connection could not be made.
@@ -31,20 +32,13 @@ pub enum ConnectError {
     Handshake(#[from] hyper::Error),
 }
 
-struct Idle {
-    tx: SendRequest<UpBody>,
-    since: Instant,
-}
-
 /// The pool of one target.
 pub struct Pool {
     /// `host:port` as configured.
     target: String,
     /// Resolved once when the target is an IP literal.
     addr: Option<SocketAddr>,
-    idle: Mutex<Vec<Idle>>,
-    max_idle: usize,
-    idle_timeout: Duration,
+    idle: IdleList<SendRequest<UpBody>>,
     connect_timeout: Duration,
 }
 
@@ -52,7 +46,6 @@ impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("target", &self.target)
-            .field("idle", &self.idle.lock().len())
             .finish()
     }
 }
@@ -69,39 +62,24 @@ impl Pool {
         let pool = Arc::new(Pool {
             target: target.to_string(),
             addr: target.parse().ok(),
-            idle: Mutex::new(Vec::new()),
-            max_idle,
-            idle_timeout,
+            idle: IdleList::new(max_idle, idle_timeout),
             connect_timeout,
         });
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(reap(Arc::downgrade(&pool), idle_timeout));
-        }
+        spawn_reaper(Arc::downgrade(&pool), idle_timeout, |p: &Pool| {
+            p.idle.trim(|tx| !tx.is_closed())
+        });
         pool
     }
 
     /// The most recently used idle connection that is still open, if any.
     pub fn checkout(&self) -> Option<SendRequest<UpBody>> {
-        let mut idle = self.idle.lock();
-        while let Some(i) = idle.pop() {
-            if !i.tx.is_closed() && i.since.elapsed() < self.idle_timeout {
-                return Some(i.tx);
-            }
-        }
-        None
+        self.idle.checkout(|tx| !tx.is_closed())
     }
 
     /// Returns a connection whose exchange is complete.
     pub fn checkin(&self, tx: SendRequest<UpBody>) {
-        if tx.is_closed() {
-            return;
-        }
-        let mut idle = self.idle.lock();
-        if idle.len() < self.max_idle {
-            idle.push(Idle {
-                tx,
-                since: Instant::now(),
-            });
+        if !tx.is_closed() {
+            self.idle.checkin(tx);
         }
     }
 
@@ -126,84 +104,103 @@ impl Pool {
         });
         Ok(tx)
     }
-
-    fn trim(&self) {
-        let timeout = self.idle_timeout;
-        self.idle
-            .lock()
-            .retain(|i| !i.tx.is_closed() && i.since.elapsed() < timeout);
-    }
 }
 
-/// Closes idle connections past their time, until the pool is gone.
-async fn reap(pool: Weak<Pool>, idle_timeout: Duration) {
-    let every = (idle_timeout / 2).max(Duration::from_millis(500));
-    loop {
-        tokio::time::sleep(every).await;
-        match pool.upgrade() {
-            Some(p) => p.trim(),
-            None => return,
-        }
-    }
-}
-
-/// A response body from upstream that returns its connection to the pool once read to the
-/// end. Dropped early, the connection is closed instead (its state is unknown).
+/// A response body from upstream that returns its connection to its pool once read to
+/// the end. Dropped early, the connection is closed instead (its state is unknown).
 pub struct PooledBody {
-    inner: Incoming,
-    lease: Option<(SendRequest<UpBody>, Arc<Pool>)>,
+    inner: Inner,
 }
+
+enum Inner {
+    /// From hyper's client connection.
+    Hyper {
+        body: Incoming,
+        lease: Option<(SendRequest<UpBody>, Arc<Pool>)>,
+    },
+    /// From the lean client.
+    Raw(H1Body),
+}
+
+/// Error of a response body from upstream.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl PooledBody {
-    pub(crate) fn new(inner: Incoming, tx: SendRequest<UpBody>, pool: Arc<Pool>) -> Self {
+    pub(crate) fn new(body: Incoming, tx: SendRequest<UpBody>, pool: Arc<Pool>) -> Self {
         PooledBody {
-            inner,
-            lease: Some((tx, pool)),
+            inner: Inner::Hyper {
+                body,
+                lease: Some((tx, pool)),
+            },
+        }
+    }
+
+    pub(crate) fn raw(body: H1Body) -> Self {
+        PooledBody {
+            inner: Inner::Raw(body),
         }
     }
 
     fn release(&mut self) {
-        if let Some((tx, pool)) = self.lease.take() {
-            pool.checkin(tx);
+        if let Inner::Hyper { lease, .. } = &mut self.inner {
+            if let Some((tx, pool)) = lease.take() {
+                pool.checkin(tx);
+            }
         }
     }
 }
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => self.release(),
-            Poll::Ready(Some(Err(_))) => self.lease = None,
-            _ => {
-                if self.inner.is_end_stream() {
-                    self.release();
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match &mut self.inner {
+            Inner::Raw(body) => body
+                .poll_data(cx)
+                .map(|o| o.map(|r| r.map(Frame::data).map_err(BodyError::from))),
+            Inner::Hyper { body, lease } => {
+                let polled = Pin::new(&mut *body).poll_frame(cx);
+                let end = body.is_end_stream();
+                match &polled {
+                    Poll::Ready(Some(Err(_))) => *lease = None,
+                    Poll::Ready(None) => self.release(),
+                    _ if end => self.release(),
+                    _ => {}
                 }
+                polled.map(|o| o.map(|r| r.map_err(BodyError::from)))
             }
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Inner::Hyper { body, .. } => body.is_end_stream(),
+            Inner::Raw(body) => body.is_done(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Inner::Hyper { body, .. } => body.size_hint(),
+            Inner::Raw(body) => match body.remaining() {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::default(),
+            },
+        }
     }
 }
 
 impl Drop for PooledBody {
     fn drop(&mut self) {
         // A body with nothing left (Content-Length: 0, HEAD, 204, 304) may never be polled.
-        if self.inner.is_end_stream() {
-            self.release();
+        if let Inner::Hyper { body, .. } = &self.inner {
+            if body.is_end_stream() {
+                self.release();
+            }
         }
     }
 }

@@ -1,22 +1,22 @@
 //! File types → validated [`Config`]. Every problem is collected, none stops the others.
 
+mod route;
+
 use crate::error::{ConfigError, Problem};
 use crate::file;
 use crate::model::*;
-use http::{HeaderName, Method};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 const MIN_WINDOW: Duration = Duration::from_secs(1);
 const MAX_WINDOW: Duration = Duration::from_secs(30 * 86_400);
-const DEFAULT_CONSUMER_HEADER: &str = "x-consumer";
 
 #[derive(Default)]
-struct Problems(Vec<Problem>);
+pub(crate) struct Problems(Vec<Problem>);
 
 impl Problems {
-    fn add(&mut self, path: impl Into<String>, msg: impl Into<String>) {
+    pub(crate) fn add(&mut self, path: impl Into<String>, msg: impl Into<String>) {
         self.0.push(Problem::new(path, msg));
     }
 }
@@ -46,7 +46,7 @@ pub(crate) fn validate(raw: file::FileConfig) -> Result<Config, ConfigError> {
     let mut names = HashSet::new();
     for (i, r) in raw.routes.iter().enumerate() {
         let at = format!("routes[{i}]");
-        if let Some(route) = route(
+        if let Some(route) = route::route(
             r,
             &at,
             &upstream_index,
@@ -262,7 +262,7 @@ fn upstreams(
     (out, index)
 }
 
-fn limits(raw: &[file::Limit], at: &str, p: &mut Problems) -> Vec<LimitConfig> {
+pub(crate) fn limits(raw: &[file::Limit], at: &str, p: &mut Problems) -> Vec<LimitConfig> {
     let mut names = HashSet::new();
     let mut out = Vec::new();
     for (i, l) in raw.iter().enumerate() {
@@ -386,230 +386,11 @@ fn consumers(
     (out, index)
 }
 
-struct HeaderValueCheck;
+pub(crate) struct HeaderValueCheck;
 impl HeaderValueCheck {
     fn invalid(s: &str) -> bool {
         !s.bytes().all(|b| (0x21..0x7f).contains(&b))
     }
-}
-
-fn methods(raw: &[String], at: &str, p: &mut Problems) -> Vec<Method> {
-    let mut out = Vec::new();
-    for (i, m) in raw.iter().enumerate() {
-        let upper = m.to_ascii_uppercase();
-        match Method::from_bytes(upper.as_bytes()) {
-            Ok(m) if !out.contains(&m) => out.push(m),
-            Ok(_) => {}
-            Err(_) => p.add(format!("{at}[{i}]"), format!("{m:?} is not an HTTP method")),
-        }
-    }
-    if out.is_empty() {
-        p.add(at, "at least one method is required when the list is given");
-    }
-    out
-}
-
-fn header_names(raw: &[String], at: &str, p: &mut Problems) -> Vec<HeaderName> {
-    let mut out = Vec::new();
-    for (i, h) in raw.iter().enumerate() {
-        match HeaderName::from_bytes(h.as_bytes()) {
-            Ok(n) => out.push(n),
-            Err(_) => p.add(format!("{at}[{i}]"), format!("{h:?} is not a header name")),
-        }
-    }
-    out
-}
-
-fn route(
-    r: &file::Route,
-    at: &str,
-    upstream_index: &HashMap<String, usize>,
-    plan_index: &HashMap<String, usize>,
-    consumer_index: &HashMap<String, usize>,
-    p: &mut Problems,
-) -> Option<RouteConfig> {
-    let path = match (&r.path_prefix, &r.path) {
-        (Some(pre), None) => PathMatch::Prefix(pre.clone()),
-        (None, Some(exact)) => PathMatch::Exact(exact.clone()),
-        (Some(_), Some(_)) => {
-            p.add(at, "give either `path_prefix` or `path`, not both");
-            return None;
-        }
-        (None, None) => {
-            p.add(at, "a route needs `path_prefix` or `path`");
-            return None;
-        }
-    };
-    let (PathMatch::Prefix(s) | PathMatch::Exact(s)) = &path;
-    if !s.starts_with('/') {
-        let field = if r.path.is_some() {
-            "path"
-        } else {
-            "path_prefix"
-        };
-        p.add(
-            format!("{at}.{field}"),
-            format!("{s:?} must start with '/'"),
-        );
-    }
-    if r.strip_prefix && r.path.is_some() {
-        p.add(
-            format!("{at}.strip_prefix"),
-            "only applies to `path_prefix` routes",
-        );
-    }
-    let host = r.host.as_ref().map(|h| {
-        let h = h.to_ascii_lowercase();
-        if h.contains([':', '/', ' ']) || h.is_empty() {
-            p.add(
-                format!("{at}.host"),
-                format!("{h:?} must be a host name without port or scheme"),
-            );
-        }
-        match h.strip_prefix('*') {
-            Some(suffix) if suffix.starts_with('.') => HostMatch::Suffix(suffix.to_string()),
-            _ => HostMatch::Exact(h),
-        }
-    });
-    let upstream = upstream_index.get(&r.upstream).copied();
-    if upstream.is_none() {
-        p.add(
-            format!("{at}.upstream"),
-            format!("unknown upstream {:?}", r.upstream),
-        );
-    }
-    let route_methods = r
-        .methods
-        .as_ref()
-        .map(|m| methods(m, &format!("{at}.methods"), p));
-
-    let auth = r.auth.as_ref().map(|a| {
-        let (query, header) = if a.query.is_empty() && a.header.is_empty() {
-            (vec!["apikey".to_string()], vec!["x-api-key".to_string()])
-        } else {
-            (a.query.clone(), a.header.clone())
-        };
-        for (i, q) in query.iter().enumerate() {
-            if q.is_empty() || q.contains(['&', '=', '#']) {
-                p.add(
-                    format!("{at}.auth.query[{i}]"),
-                    format!("{q:?} is not a query parameter name"),
-                );
-            }
-        }
-        let consumer_header = a
-            .consumer_header
-            .as_deref()
-            .unwrap_or(DEFAULT_CONSUMER_HEADER);
-        let consumer_header =
-            HeaderName::from_bytes(consumer_header.as_bytes()).unwrap_or_else(|_| {
-                p.add(
-                    format!("{at}.auth.consumer_header"),
-                    format!("{consumer_header:?} is not a header name"),
-                );
-                HeaderName::from_static(DEFAULT_CONSUMER_HEADER)
-            });
-        AuthConfig {
-            query,
-            header: header_names(&header, &format!("{at}.auth.header"), p),
-            keep_credential: a.keep_credential,
-            consumer_header,
-        }
-    });
-
-    let allow = r.allow.as_ref().map(|a| {
-        if auth.is_none() {
-            p.add(
-                format!("{at}.allow"),
-                "needs `auth` on the route (consumers are identified by API key)",
-            );
-        }
-        let mut out = AllowConfig::default();
-        for (i, c) in a.consumers.iter().enumerate() {
-            match consumer_index.get(c) {
-                Some(&ix) => out.consumers.push(ix),
-                None => p.add(
-                    format!("{at}.allow.consumers[{i}]"),
-                    format!("unknown consumer {c:?}"),
-                ),
-            }
-        }
-        for (i, pl) in a.plans.iter().enumerate() {
-            match plan_index.get(pl) {
-                Some(&ix) => out.plans.push(ix),
-                None => p.add(
-                    format!("{at}.allow.plans[{i}]"),
-                    format!("unknown plan {pl:?}"),
-                ),
-            }
-        }
-        out
-    });
-
-    let limits = limits(&r.limits, &format!("{at}.limits"), p);
-    if !limits.is_empty() && auth.is_none() {
-        p.add(
-            format!("{at}.limits"),
-            "needs `auth` on the route (limits are counted per consumer)",
-        );
-    }
-
-    let cors = r.cors.as_ref().map(|c| {
-        let any = c.origins.iter().any(|o| o == "*");
-        if c.origins.is_empty() {
-            p.add(
-                format!("{at}.cors.origins"),
-                "at least one origin (or \"*\")",
-            );
-        }
-        if any && c.credentials {
-            p.add(
-                format!("{at}.cors.credentials"),
-                "cannot be true with origin \"*\"; list the origins",
-            );
-        }
-        let methods = match (&c.methods, &route_methods) {
-            (Some(m), _) => methods(m, &format!("{at}.cors.methods"), p),
-            (None, Some(m)) => m.clone(),
-            (None, None) => ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
-                .iter()
-                .filter_map(|m| Method::from_bytes(m.as_bytes()).ok())
-                .collect(),
-        };
-        CorsConfig {
-            origins: (!any).then(|| c.origins.clone()),
-            methods,
-            headers: c
-                .headers
-                .as_ref()
-                .map(|h| header_names(h, &format!("{at}.cors.headers"), p)),
-            expose_headers: header_names(
-                &c.expose_headers,
-                &format!("{at}.cors.expose_headers"),
-                p,
-            ),
-            max_age: c.max_age.map(|d| d.0),
-            credentials: c.credentials,
-        }
-    });
-
-    let name = r.name.clone().unwrap_or_else(|| {
-        let host = r.host.as_deref().unwrap_or("");
-        format!("{host}{s}")
-    });
-    Some(RouteConfig {
-        name,
-        host,
-        path,
-        methods: route_methods,
-        upstream: upstream.unwrap_or(0),
-        strip_prefix: r.strip_prefix,
-        preserve_host: r.preserve_host,
-        auth,
-        allow,
-        limits,
-        cors,
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,280 @@
+//! The lean client for requests without a body: framing, streaming, reuse, replays.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tollgate_gateway::SystemClock;
+
+const OPEN: &str = "routes:\n  - {path_prefix: /, upstream: backend}\n";
+
+/// Reads one request head; returns it, or None at EOF.
+async fn head(s: &mut TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut b = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b).await {
+            Ok(1) => buf.push(b[0]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// A raw backend: for each request on each connection, `answer(request_head)` gives the
+/// bytes to write back (None closes the connection). Counts connections.
+async fn raw_backend<F>(answer: F) -> (SocketAddr, Arc<AtomicUsize>)
+where
+    F: Fn(&str) -> Option<Vec<u8>> + Send + Sync + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let conns = Arc::new(AtomicUsize::new(0));
+    let (c2, answer) = (conns.clone(), Arc::new(answer));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            c2.fetch_add(1, Ordering::SeqCst);
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                while let Some(h) = head(&mut s).await {
+                    match answer(&h) {
+                        Some(bytes) => {
+                            if s.write_all(&bytes).await.is_err() {
+                                return;
+                            }
+                        }
+                        None => return,
+                    }
+                }
+            });
+        }
+    });
+    (addr, conns)
+}
+
+#[tokio::test]
+async fn keeps_one_connection_for_sequential_requests() {
+    let (backend, conns) = raw_backend(|h| {
+        if h.starts_with("HEAD") {
+            Some(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n".to_vec())
+        } else {
+            Some(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec())
+        }
+    })
+    .await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    for _ in 0..10 {
+        let a = c.get(&gw.url("/x")).await;
+        assert_eq!((a.status, a.body.as_str()), (StatusCode::OK, "ok"));
+    }
+    for _ in 0..3 {
+        let a = c.request(Method::HEAD, &gw.url("/x"), &[], "").await;
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    assert_eq!(conns.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn decodes_chunked_responses_and_keeps_the_connection() {
+    let (backend, conns) = raw_backend(|_| {
+        Some(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nX-Trailer: t\r\n\r\n".to_vec())
+    })
+    .await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    for _ in 0..3 {
+        let a = c.get(&gw.url("/chunks")).await;
+        assert_eq!(
+            (a.status, a.body.as_str()),
+            (StatusCode::OK, "hello, world")
+        );
+    }
+    assert_eq!(conns.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn reads_http_1_0_bodies_until_close() {
+    // An HTTP/1.0 body without a length ends only when the backend closes.
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let closing = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                if head(&mut s).await.is_some() {
+                    let _ = s
+                        .write_all(b"HTTP/1.0 200 OK\r\nX-Old: yes\r\n\r\nold style body")
+                        .await;
+                }
+            });
+        }
+    });
+    let gw = TestGateway::start(&yaml(closing, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    for _ in 0..3 {
+        let a = c.get(&gw.url("/old")).await;
+        assert_eq!(
+            (a.status, a.body.as_str()),
+            (StatusCode::OK, "old style body")
+        );
+        assert_eq!(a.header("x-old"), "yes");
+    }
+}
+
+#[tokio::test]
+async fn no_body_for_204_and_head() {
+    let (backend, conns) = raw_backend(|h| {
+        if h.starts_with("HEAD") {
+            Some(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n".to_vec())
+        } else {
+            Some(b"HTTP/1.1 204 No Content\r\n\r\n".to_vec())
+        }
+    })
+    .await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    let a = c.get(&gw.url("/none")).await;
+    assert_eq!((a.status, a.body.as_str()), (StatusCode::NO_CONTENT, ""));
+    let a = c.request(Method::HEAD, &gw.url("/big"), &[], "").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.header("content-length"), "1000");
+    let a = c.get(&gw.url("/none")).await;
+    assert_eq!(a.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        conns.load(Ordering::SeqCst),
+        1,
+        "reused after bodiless answers"
+    );
+}
+
+#[tokio::test]
+async fn skips_100_continue_and_rejects_garbage() {
+    let (backend, _) = raw_backend(|h| {
+        if h.starts_with("GET /garbage") {
+            Some(b"NOT HTTP AT ALL\r\n\r\n".to_vec())
+        } else {
+            Some(
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal"
+                    .to_vec(),
+            )
+        }
+    })
+    .await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    let a = c.get(&gw.url("/continue")).await;
+    assert_eq!((a.status, a.body.as_str()), (StatusCode::OK, "real"));
+    let a = c.get(&gw.url("/garbage")).await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    assert!(a.body.contains("malformed response"), "{}", a.body);
+}
+
+#[tokio::test]
+async fn a_replayed_request_is_rewritten_once() {
+    // First request on each connection answered; the next one read and dropped.
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let s2 = seen.clone();
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let seen = s2.clone();
+            tokio::spawn(async move {
+                if let Some(h) = head(&mut s).await {
+                    seen.lock().push(h);
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await;
+                }
+                let _ = head(&mut s).await;
+            });
+        }
+    });
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    for _ in 0..4 {
+        let a = c
+            .request(
+                Method::GET,
+                &gw.url("/r"),
+                &[("X-Forwarded-For", "10.0.0.1")],
+                "",
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    let seen = seen.lock();
+    assert_eq!(seen.len(), 4);
+    for h in seen.iter() {
+        let lower = h.to_ascii_lowercase();
+        assert!(
+            lower.contains("x-forwarded-for: 10.0.0.1, 127.0.0.1\r\n"),
+            "{h}"
+        );
+        assert_eq!(lower.matches("\r\nhost: ").count(), 1, "{h}");
+    }
+}
+
+#[tokio::test]
+async fn streams_a_chunked_response_as_it_comes() {
+    // The backend sends its first chunk, then waits to be told before the rest.
+    let release = Arc::new(Notify::new());
+    let r2 = release.clone();
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let Ok((mut s, _)) = l.accept().await else {
+            return;
+        };
+        if head(&mut s).await.is_some() {
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nfirst;\r\n")
+                .await;
+            r2.notified().await;
+            let _ = s.write_all(b"6\r\nsecond\r\n0\r\n\r\n").await;
+        }
+    });
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let stream = TcpStream::connect(gw.addr).await.expect("connect");
+    let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let req = Request::get("/stream")
+        .header("host", "x")
+        .body(Empty::<Bytes>::new())
+        .expect("req");
+    let resp = bounded("head", tx.send_request(req)).await.expect("resp");
+    let mut body = resp.into_body();
+    let first = bounded("first chunk", body.frame()).await;
+    let first = first
+        .expect("frame")
+        .expect("ok")
+        .into_data()
+        .expect("data");
+    assert_eq!(&first[..], b"first;");
+    release.notify_one();
+    let rest = bounded("rest", body.collect())
+        .await
+        .expect("rest")
+        .to_bytes();
+    assert_eq!(&rest[..], b"second");
+}
