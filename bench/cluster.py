@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -275,4 +276,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # SIGTERM unwinds like Ctrl-C, so the servers started here are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     main()
