@@ -6,7 +6,7 @@
 //! so **no interval of length W ever holds more than N admitted requests**, whatever the
 //! concurrency. The price is that a request counts for up to W + W/10 (a slight
 //! under-admission, never an over-admission). Memory: 11 counters + head + total = 104 bytes
-//! per limit per consumer, plus the lock.
+//! per limit per consumer; with the lock and bookkeeping the whole cell is 184 bytes.
 //!
 //! All of a request's limits are checked under their locks together (taken in a fixed
 //! order), and a request refused by one limit is counted by none.
@@ -345,6 +345,13 @@ mod tests {
         assert_eq!(r.index, 1);
         assert_eq!(fast.used(at(0)), 2);
         assert_eq!(slow.used(at(0)), 2);
+    }
+
+    #[test]
+    fn a_limit_costs_under_200_bytes_per_consumer() {
+        // The README promises this; the Arc's two counters come on top.
+        let size = std::mem::size_of::<LimitCell>();
+        assert!(size <= 192, "{size}");
     }
 
     #[test]

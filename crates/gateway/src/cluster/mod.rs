@@ -25,7 +25,8 @@
 //! share (what it admitted in the previous window, or N / nodes without history), so the
 //! cluster admits at most Σ last shares ≈ N per window when traffic keeps its split (at most
 //! nodes × N in the worst case); `closed` answers 503. Requests admitted meanwhile are
-//! settled with Redis once it is back. Reconnects back off from 100 ms to 5 s.
+//! settled with Redis if it is back before their window ends. Reconnects back off from
+//! 100 ms to 5 s.
 
 mod sync;
 
