@@ -278,3 +278,51 @@ async fn streams_a_chunked_response_as_it_comes() {
         .to_bytes();
     assert_eq!(&rest[..], b"second");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_restart_leaves_no_error_behind() {
+    // Every connection stays open until the backend "restarts" and drops them all.
+    let restart = Arc::new(Notify::new());
+    let r2 = restart.clone();
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else { return };
+            let restart = r2.clone();
+            tokio::spawn(async move {
+                let mut restarted = std::pin::pin!(restart.notified());
+                loop {
+                    tokio::select! {
+                        _ = &mut restarted => return,
+                        h = head(&mut s) => match h {
+                            Some(_) => {
+                                let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                                if s.write_all(ok).await.is_err() {
+                                    return;
+                                }
+                            }
+                            None => return,
+                        },
+                    }
+                }
+            });
+        }
+    });
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    // Fill the pool with eight connections.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let url = gw.url("/warm");
+        tasks.push(tokio::spawn(async move { TestClient::default().get(&url).await.status }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.expect("join"), StatusCode::OK);
+    }
+    restart.notify_waiters();
+    let c = TestClient::default();
+    for i in 0..20 {
+        let a = c.get(&gw.url(&format!("/after/{i}"))).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i} after the restart: {}", a.body);
+    }
+}

@@ -157,6 +157,8 @@ async fn a_backend_that_resets_gets_502() {
     assert_eq!(seen.load(Ordering::SeqCst), 1);
     let a = c.get(&gw.url("/pay")).await;
     assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{}", a.body);
+    // A new connection that resets is not hammered again: one target, one try.
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
     // The gateway itself is fine afterwards.
     assert!(a.body.starts_with(r#"{"status":502"#));
 }

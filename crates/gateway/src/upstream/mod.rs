@@ -3,9 +3,10 @@
 //!
 //! Retries: a request that was never written (connect failure, a pooled connection found
 //! closed before the write) moves on to the next connection or target, whatever its method.
-//! When a backend's close races the write, an idempotent request without a body (GET, HEAD,
-//! OPTIONS, PUT, DELETE, TRACE) is sent once more on another connection. A non-idempotent
-//! request is never sent twice.
+//! When a backend's close of a kept-alive connection races the write, an idempotent request
+//! without a body (GET, HEAD, OPTIONS, PUT, DELETE, TRACE) is sent again on another
+//! connection. A new connection that fails is not retried on the same target. A
+//! non-idempotent request is never sent twice.
 
 mod h1;
 mod headers;
@@ -214,7 +215,13 @@ pub async fn forward(
 
     let mut last = Refusal::Upstream("no target");
     let mut req: Option<Request<UpBody>> = None;
-    for _ in 0..attempts {
+    // Only new connections spend the budget: every pooled connection found dead is dropped
+    // on the way, so the loop ends once the pool's dead connections are used up.
+    let mut budget = attempts;
+    // A hard bound as well, should live traffic keep returning connections that die on reuse.
+    let mut spins = attempts + 16;
+    while budget > 0 && spins > 0 {
+        spins -= 1;
         let Some((_, target)) = up.pick() else { break };
         let mut r = match req.take() {
             Some(r) => r,
@@ -232,26 +239,31 @@ pub async fn forward(
             r.headers_mut().insert(header::HOST, target.host.clone());
         }
 
-        let mut tx = match target.pool.checkout() {
-            Some(tx) => tx,
+        let (mut tx, reused) = match target.pool.checkout() {
+            Some(tx) => (tx, true),
             None => match target.pool.connect().await {
-                Ok(tx) => tx,
+                Ok(tx) => (tx, false),
                 Err(e) => {
                     tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
                     last = connect_refusal(&e);
                     // Nothing was sent: the request can go to the next target.
                     req = Some(r);
+                    budget -= 1;
                     continue;
                 }
             },
         };
+        if !reused {
+            budget -= 1;
+        }
         if tx.ready().await.is_err() {
             // Closed while idle: nothing was sent.
             req = Some(r);
             continue;
         }
-        // Kept for a replay: only requests without a body are replayed once written.
-        let replay = (replayable && is_idempotent(&method)).then(|| clone_head(&r));
+        // Kept for a replay: only idempotent requests without a body, and only when a
+        // kept-alive connection closes under them (the backend closed it while idle).
+        let replay = (reused && replayable && is_idempotent(&method)).then(|| clone_head(&r));
         let sent = tokio::time::timeout(up.cfg.response_timeout, tx.try_send_request(r)).await;
         let mut err = match sent {
             Ok(Ok(mut resp)) => {
@@ -305,7 +317,13 @@ async fn forward_lean(
     let mut last = Refusal::Upstream("no target");
     let mut head = Vec::with_capacity(512);
     let mut encoded_for: Option<usize> = None;
-    for _ in 0..attempts {
+    let mut fresh_failures = 0;
+    // As in `forward`: only new connections spend the budget.
+    let mut budget = attempts;
+    // A hard bound as well, should live traffic keep returning connections that die on reuse.
+    let mut spins = attempts + 16;
+    while budget > 0 && spins > 0 {
+        spins -= 1;
         let Some((key, target)) = up.pick() else {
             break;
         };
@@ -323,10 +341,14 @@ async fn forward_lean(
                 Err(e) => {
                     tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
                     last = connect_refusal(&e);
+                    budget -= 1;
                     continue;
                 }
             },
         };
+        if !reused {
+            budget -= 1;
+        }
         match tokio::time::timeout(up.cfg.response_timeout, conn.exchange(&head, method)).await {
             Err(_) => return Err(Refusal::UpstreamTimeout),
             Ok(Ok((h, body))) => {
@@ -337,8 +359,16 @@ async fn forward_lean(
                 return Ok(resp);
             }
             Ok(Err(h1::H1Error::Closed(e))) => {
-                tracing::debug!(upstream = %up.cfg.name, reused, error = %e, "connection closed under the request; replaying");
+                tracing::debug!(upstream = %up.cfg.name, reused, error = %e, "connection closed under the request");
                 last = Refusal::Upstream("connection reset or closed");
+                // A kept-alive connection closed by the backend while idle is replayed; a
+                // new connection that fails moves on to another target, never the same one.
+                if !reused {
+                    fresh_failures += 1;
+                    if fresh_failures >= up.targets.len() {
+                        break;
+                    }
+                }
             }
             Ok(Err(h1::H1Error::Malformed)) => {
                 return Err(Refusal::Upstream("malformed response"));
