@@ -449,7 +449,8 @@ def chart(results):
                 x = pad + i * group_w + gap / 2 + j * bw
                 name = sys_ if sc != "reference" else "backend alone"
                 out.append(f'<rect x="{x:.1f}" y="{y0 + panel_h - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" fill="{colors[name]}"/>')
-                out.append(f'<text x="{x + bw / 2:.1f}" y="{y0 + panel_h - h - 3:.1f}" text-anchor="middle" font-size="10">{v:,.{digits}f}</text>')
+                label = f"{v / 1000:.0f}k" if v >= 10_000 else f"{v:,.{digits}f}"
+                out.append(f'<text x="{x + bw / 2:.1f}" y="{y0 + panel_h - h - 3:.1f}" text-anchor="middle" font-size="10">{label}</text>')
             out.append(f'<text x="{pad + i * group_w + group_w / 2:.1f}" y="{y0 + panel_h + 15:.1f}" text-anchor="middle">{sc}</text>')
 
     panel(pad, "Gateway CPU µs per request (lower is better)", "cpu_us", 1)
