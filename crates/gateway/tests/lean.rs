@@ -288,7 +288,9 @@ async fn a_backend_restart_leaves_no_error_behind() {
     let backend = l.local_addr().expect("addr");
     tokio::spawn(async move {
         loop {
-            let Ok((mut s, _)) = l.accept().await else { return };
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
             let restart = r2.clone();
             tokio::spawn(async move {
                 let mut restarted = std::pin::pin!(restart.notified());
@@ -314,7 +316,9 @@ async fn a_backend_restart_leaves_no_error_behind() {
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let url = gw.url("/warm");
-        tasks.push(tokio::spawn(async move { TestClient::default().get(&url).await.status }));
+        tasks.push(tokio::spawn(async move {
+            TestClient::default().get(&url).await.status
+        }));
     }
     for t in tasks {
         assert_eq!(t.await.expect("join"), StatusCode::OK);
@@ -323,6 +327,11 @@ async fn a_backend_restart_leaves_no_error_behind() {
     let c = TestClient::default();
     for i in 0..20 {
         let a = c.get(&gw.url(&format!("/after/{i}"))).await;
-        assert_eq!(a.status, StatusCode::OK, "request {i} after the restart: {}", a.body);
+        assert_eq!(
+            a.status,
+            StatusCode::OK,
+            "request {i} after the restart: {}",
+            a.body
+        );
     }
 }
