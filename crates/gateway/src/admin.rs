@@ -41,7 +41,7 @@ async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Full<Bytes>> {
         return answer(StatusCode::OK, JSON, r#"{"status":"ok"}"#);
     }
     if path == "/metrics" {
-        let text = gw.metrics().render(gw.cluster().map(|c| c.as_ref()));
+        let text = gw.metrics_text();
         return answer(StatusCode::OK, "text/plain; version=0.0.4", text);
     }
     if let Some(name) = path.strip_prefix("/usage/") {

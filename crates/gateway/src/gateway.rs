@@ -32,8 +32,6 @@ pub struct ReloadStatus {
 /// What the request path knows of the client connection, computed once per connection.
 #[derive(Debug)]
 pub struct ConnInfo {
-    /// The client's address.
-    pub peer: SocketAddr,
     /// The client's IP as a header value, for `X-Forwarded-For`.
     pub peer_ip: HeaderValue,
     /// The listener's settings.
@@ -45,11 +43,7 @@ impl ConnInfo {
     pub fn new(peer: SocketAddr, listener: Arc<ListenerConfig>) -> Self {
         let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
             .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        ConnInfo {
-            peer,
-            peer_ip,
-            listener,
-        }
+        ConnInfo { peer_ip, listener }
     }
 }
 
@@ -106,9 +100,11 @@ impl Gateway {
         }
     }
 
-    /// Counters for `/metrics`.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+    /// The `/metrics` text.
+    pub fn metrics_text(&self) -> String {
+        let reloads = self.status.borrow().generation.saturating_sub(1);
+        self.metrics
+            .render(reloads, self.cluster().map(|c| c.as_ref()))
     }
 
     /// The cluster link, when limits are shared.
@@ -140,9 +136,6 @@ impl Gateway {
         match tollgate_config::from_path(path) {
             Ok(cfg) => {
                 self.apply(cfg);
-                self.metrics
-                    .reloads
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::info!(path = %path.display(), generation = self.status.borrow().generation, "config reloaded");
                 Ok(())
             }

@@ -9,8 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug)]
 pub struct Metrics {
     responses: Vec<AtomicU64>,
-    /// Configs applied by reloads.
-    pub reloads: AtomicU64,
     /// Configs rejected by reloads.
     pub reload_errors: AtomicU64,
 }
@@ -19,7 +17,6 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics {
             responses: (0..600).map(|_| AtomicU64::new(0)).collect(),
-            reloads: AtomicU64::new(0),
             reload_errors: AtomicU64::new(0),
         }
     }
@@ -33,8 +30,8 @@ impl Metrics {
         }
     }
 
-    /// The exposition text.
-    pub fn render(&self, cluster: Option<&Cluster>) -> String {
+    /// The exposition text. `reloads` is the number of configs applied since start-up.
+    pub fn render(&self, reloads: u64, cluster: Option<&Cluster>) -> String {
         let mut o = String::new();
         o.push_str("# HELP tollgate_responses_total Responses sent, by status code.\n");
         o.push_str("# TYPE tollgate_responses_total counter\n");
@@ -44,63 +41,71 @@ impl Metrics {
                 let _ = writeln!(o, "tollgate_responses_total{{code=\"{code}\"}} {n}");
             }
         }
-        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        let mut metric = |kind: &str, name: &str, help: &str, v: u64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         };
-        counter(
-            &mut o,
+        let errors = self.reload_errors.load(Ordering::Relaxed);
+        metric(
+            "counter",
             "tollgate_config_reloads_total",
             "Configs applied by reloads.",
-            self.reloads.load(Ordering::Relaxed),
+            reloads,
         );
-        counter(
-            &mut o,
+        metric(
+            "counter",
             "tollgate_config_reload_errors_total",
             "Configs rejected by reloads (the old config kept serving).",
-            self.reload_errors.load(Ordering::Relaxed),
+            errors,
         );
         if let Some(c) = cluster {
             let m = &c.metrics;
-            let _ = writeln!(
-                o,
-                "# HELP tollgate_cluster_redis_up Whether the last exchange with Redis succeeded.\n# TYPE tollgate_cluster_redis_up gauge\ntollgate_cluster_redis_up {}",
-                u8::from(c.is_up())
-            );
-            let _ = writeln!(
-                o,
-                "# HELP tollgate_cluster_nodes Live nodes sharing the limits.\n# TYPE tollgate_cluster_nodes gauge\ntollgate_cluster_nodes {}",
-                c.nodes()
-            );
-            counter(
-                &mut o,
-                "tollgate_cluster_rounds_total",
-                "Sync rounds with Redis.",
-                m.rounds.load(Ordering::Relaxed),
-            );
-            counter(
-                &mut o,
-                "tollgate_cluster_redis_errors_total",
-                "Failed rounds and connection attempts.",
-                m.errors.load(Ordering::Relaxed),
-            );
-            counter(
-                &mut o,
-                "tollgate_cluster_granted_total",
-                "Tokens granted to this node.",
-                m.granted.load(Ordering::Relaxed),
-            );
-            counter(
-                &mut o,
-                "tollgate_cluster_overadmitted_total",
-                "Requests admitted on credit that Redis could not grant.",
-                m.overadmitted.load(Ordering::Relaxed),
-            );
-            counter(
-                &mut o,
-                "tollgate_cluster_fail_open_admitted_total",
-                "Requests admitted while Redis was unreachable.",
-                m.fail_open_admitted.load(Ordering::Relaxed),
-            );
+            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            for (kind, name, help, v) in [
+                (
+                    "gauge",
+                    "tollgate_cluster_redis_up",
+                    "Whether the last exchange with Redis succeeded.",
+                    u64::from(c.is_up()),
+                ),
+                (
+                    "gauge",
+                    "tollgate_cluster_nodes",
+                    "Live nodes sharing the limits.",
+                    c.nodes(),
+                ),
+                (
+                    "counter",
+                    "tollgate_cluster_rounds_total",
+                    "Sync rounds with Redis, failed ones included.",
+                    c.rounds_done(),
+                ),
+                (
+                    "counter",
+                    "tollgate_cluster_redis_errors_total",
+                    "Failed rounds and connection attempts.",
+                    load(&m.errors),
+                ),
+                (
+                    "counter",
+                    "tollgate_cluster_granted_total",
+                    "Tokens granted to this node.",
+                    load(&m.granted),
+                ),
+                (
+                    "counter",
+                    "tollgate_cluster_overadmitted_total",
+                    "Requests admitted on credit that Redis could not grant.",
+                    load(&m.overadmitted),
+                ),
+                (
+                    "counter",
+                    "tollgate_cluster_fail_open_admitted_total",
+                    "Requests admitted while Redis was unreachable.",
+                    load(&m.fail_open_admitted),
+                ),
+            ] {
+                metric(kind, name, help, v);
+            }
         }
         o
     }

@@ -8,6 +8,7 @@ use crate::upstream::Upstream;
 use http::HeaderValue;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tollgate_config::{Config, LimitConfig, RouteConfig, UpstreamConfig};
 
@@ -24,7 +25,7 @@ struct CellKey {
 pub struct Registry {
     cells: Mutex<HashMap<CellKey, Weak<LimitCell>>>,
     upstreams: Mutex<HashMap<UpstreamConfig, Weak<Upstream>>>,
-    next_id: Mutex<u64>,
+    next_id: AtomicU64,
     cluster: Option<Arc<Cluster>>,
 }
 
@@ -51,16 +52,15 @@ impl Registry {
         if let Some(c) = cells.get(&key).and_then(Weak::upgrade) {
             return c;
         }
-        let mut id = self.next_id.lock();
-        *id += 1;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let c = Arc::new(match &self.cluster {
             Some(cluster) => LimitCell::new_shared(
-                *id,
+                id,
                 limit.requests,
                 limit.window,
                 cluster.limit(scope, limit),
             ),
-            None => LimitCell::new(*id, limit.requests, limit.window),
+            None => LimitCell::new(id, limit.requests, limit.window),
         });
         cells.insert(key, Arc::downgrade(&c));
         c
@@ -90,8 +90,6 @@ pub struct Consumer {
     pub name: String,
     /// The name as a header value, for the consumer header.
     pub header_value: HeaderValue,
-    /// Index of the consumer's plan.
-    pub plan: Option<usize>,
 }
 
 /// The limits that apply to one consumer on one route, ready to check.
@@ -151,7 +149,6 @@ impl Snapshot {
                 // Validation guarantees printable ASCII.
                 header_value: HeaderValue::from_str(&c.name)
                     .unwrap_or_else(|_| HeaderValue::from_static("invalid")),
-                plan: c.plan,
             })
             .collect();
         let mut keys = HashMap::with_hasher(foldhash::fast::RandomState::default());

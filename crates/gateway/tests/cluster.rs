@@ -171,10 +171,7 @@ async fn redis_stopped_and_restarted_mid_run_fails_open_then_resumes() {
         // Tokens leased before the outage are spent first; the rest pass on the share.
         assert!(m.fail_open_admitted.load(Ordering::Relaxed) > 0);
     }
-    let metrics = nodes[0]
-        .gw
-        .metrics()
-        .render(nodes[0].gw.cluster().map(|c| c.as_ref()));
+    let metrics = nodes[0].gw.metrics_text();
     assert!(metrics.contains("tollgate_cluster_redis_up 0"), "{metrics}");
 
     redis.restart();

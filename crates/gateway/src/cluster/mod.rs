@@ -43,8 +43,6 @@ pub use sync::spawn_syncer;
 /// Counters about the cluster link, for metrics.
 #[derive(Debug, Default)]
 pub struct ClusterMetrics {
-    /// Completed rounds with Redis.
-    pub rounds: AtomicU64,
     /// Failed rounds and connection attempts.
     pub errors: AtomicU64,
     /// Tokens granted to this node.
@@ -108,6 +106,11 @@ impl Cluster {
         self.rounds.subscribe()
     }
 
+    /// Sync rounds so far, failed ones included.
+    pub fn rounds_done(&self) -> u64 {
+        *self.rounds.borrow()
+    }
+
     /// The shared-counting handle for one limit of one scope (consumer, or route+consumer).
     pub fn limit(self: &Arc<Self>, scope: &str, limit: &LimitConfig) -> SharedLimit {
         SharedLimit {
@@ -169,8 +172,6 @@ pub struct Lease {
     last_lease: Option<Instant>,
     /// Granted cluster-wide in this window, as of the last answer from Redis.
     granted: u64,
-    /// Redis said the window is used up.
-    exhausted: bool,
     /// Ask for more when tokens fall to this.
     refill_at: u64,
     queued: bool,
@@ -190,7 +191,6 @@ impl Lease {
         self.next_requested = false;
         self.debt = 0;
         self.used = 0;
-        self.exhausted = false;
         self.refill_at = 0;
         self.window = window;
     }
@@ -198,6 +198,11 @@ impl Lease {
     /// Requests counted in this window: cluster-wide as last known, at least this node's.
     pub(crate) fn counted(&self) -> u64 {
         self.granted.max(self.used)
+    }
+
+    /// Whether Redis has said this window of a limit of `n` is used up.
+    pub(crate) fn exhausted(&self, n: u64) -> bool {
+        self.granted >= n
     }
 }
 
@@ -249,7 +254,8 @@ impl SharedLimit {
             return Ok(Admit::Token);
         }
         if c.is_up() {
-            let credit = if l.exhausted {
+            let exhausted = l.exhausted(cell.requests);
+            let credit = if exhausted {
                 0
             } else {
                 (self.credit_base / c.nodes() as f64).floor() as u64
@@ -257,10 +263,10 @@ impl SharedLimit {
             if l.debt < credit {
                 return Ok(Admit::Credit);
             }
-            if !l.exhausted {
+            if !exhausted {
                 c.enqueue(cell, l);
             }
-            return Err(refuse(l, !l.exhausted));
+            return Err(refuse(l, !exhausted));
         }
         match c.cfg.on_redis_down {
             RedisDown::Closed => Err(Refused::StoreDown),
@@ -301,7 +307,7 @@ impl SharedLimit {
         let end = Self::window_end_ns(cell, l.window, wall);
         let near_end = end < c.lead_ns();
         if l.debt > 0
-            || (!l.exhausted && l.tokens <= l.refill_at)
+            || (!l.exhausted(cell.requests) && l.tokens <= l.refill_at)
             || (near_end && !l.next_requested)
         {
             c.enqueue(cell, l);

@@ -100,7 +100,6 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                     conn = None;
                 }
             }
-            c.metrics.rounds.fetch_add(1, Ordering::Relaxed);
             c.rounds.send_modify(|r| *r += 1);
         }
     })
@@ -160,7 +159,7 @@ fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
         let size = rate_size.min(fair).min(n);
         l.demand = 0;
         l.last_lease = Some(Instant::now());
-        if !l.exhausted {
+        if !l.exhausted(n) {
             let top_up = if l.tokens <= l.refill_at { size } else { 0 };
             let want = l.debt + top_up;
             if want > 0 {
@@ -294,9 +293,6 @@ async fn round(
         l.debt = l.debt.saturating_sub(a.debt);
         l.tokens += granted - paid;
         l.granted = l.granted.max(total);
-        if total >= a.cell.requests {
-            l.exhausted = true;
-        }
     }
     if heartbeat {
         if let Some(v) = values.next() {
