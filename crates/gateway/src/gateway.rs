@@ -173,7 +173,7 @@ impl Gateway {
         let origin = policy::cors_origin(route, &parts);
 
         let result: Result<Response<Body>, Refusal> = async {
-            let admitted = match policy::run(&snap, route, &mut parts, self.now())? {
+            let admitted = match policy::run(&snap, route, &mut parts, self.clock.as_ref())? {
                 Verdict::Answer(r) => return Ok(r),
                 Verdict::Forward(a) => a,
             };

@@ -2,6 +2,7 @@
 //! checked together by [`crate::limiter`]; 429 names the limit that refused; 503 when a
 //! shared limit cannot be checked and the cluster fails closed.
 
+use crate::clock::Clock;
 use crate::limiter::{self, Now, Refused, Standing};
 use crate::response::{Refusal, RATELIMIT, RATELIMIT_POLICY};
 use crate::snapshot::Route;
@@ -27,9 +28,17 @@ fn ratelimit_value(prefix: &str, remaining: u64, reset: Duration) -> HeaderValue
 }
 
 /// Counts the request against all of the consumer's limits, or refuses with 429.
-pub fn check(route: &Route, consumer: usize, now: Now) -> Result<Option<Standing>, Refusal> {
-    let Some(set) = route.limits.get(consumer) else {
+pub fn check(
+    route: &Route,
+    consumer: usize,
+    clock: &dyn Clock,
+) -> Result<Option<Standing>, Refusal> {
+    let Some(set) = route.limits.get(consumer).filter(|s| !s.cells.is_empty()) else {
         return Ok(None);
+    };
+    let now = Now {
+        mono: clock.now_nanos(),
+        wall: clock.wall_nanos(),
     };
     limiter::check(&set.cells, now).map_err(|r| match r {
         Refused::Limit(s) => Refusal::RateLimited {

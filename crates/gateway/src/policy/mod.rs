@@ -15,7 +15,8 @@ pub mod cors;
 pub mod limits;
 pub mod method;
 
-use crate::limiter::{Now, Standing};
+use crate::clock::Clock;
+use crate::limiter::Standing;
 use crate::response::{Body, Refusal};
 use crate::snapshot::{Route, Snapshot};
 use http::request::Parts;
@@ -38,12 +39,13 @@ pub enum Verdict {
     Answer(Response<Body>),
 }
 
-/// Runs the policies after route selection, in order. `now` is the limiter's time.
+/// Runs the policies after route selection, in order. The limiter reads `clock` only when
+/// the request meets a limit.
 pub fn run(
     snap: &Snapshot,
     route: &Route,
     parts: &mut Parts,
-    now: Now,
+    clock: &dyn Clock,
 ) -> Result<Verdict, Refusal> {
     if let Some(answer) = cors::preflight(route, parts)? {
         return Ok(Verdict::Answer(answer));
@@ -55,7 +57,7 @@ pub fn run(
     };
     if let Some(c) = consumer {
         authz::authorize(route, c)?;
-        admitted.standing = limits::check(route, c, now)?;
+        admitted.standing = limits::check(route, c, clock)?;
     }
     Ok(Verdict::Forward(admitted))
 }
