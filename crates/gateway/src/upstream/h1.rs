@@ -9,12 +9,12 @@
 //! connection goes back to the pool. Requests with a body keep using hyper's client, which
 //! streams both directions at once.
 
+use super::dial::{ConnectError, Dialer};
 use super::idle::{spawn_reaper, IdleList};
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Version};
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -67,14 +67,12 @@ fn closed(e: io::Error) -> H1Error {
 }
 
 impl H1Conn {
-    /// Opens a connection (`TCP_NODELAY`).
-    pub async fn connect(addr: SocketAddr) -> io::Result<H1Conn> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(H1Conn {
+    /// A client on a connected stream.
+    fn new(stream: TcpStream) -> H1Conn {
+        H1Conn {
             stream,
             buf: BytesMut::with_capacity(READ_CHUNK),
-        })
+        }
     }
 
     /// Whether the peer has closed (or sent something unasked): checked without blocking
@@ -396,16 +394,14 @@ impl H1Body {
 
 /// Idle connections of one target for the lean client.
 pub struct RawPool {
-    addr: Option<SocketAddr>,
-    target: String,
+    dialer: Dialer,
     idle: IdleList<H1Conn>,
-    connect_timeout: Duration,
 }
 
 impl std::fmt::Debug for RawPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RawPool")
-            .field("target", &self.target)
+            .field("target", &self.dialer.target)
             .finish()
     }
 }
@@ -419,10 +415,8 @@ impl RawPool {
         connect_timeout: Duration,
     ) -> Arc<RawPool> {
         let pool = Arc::new(RawPool {
-            addr: target.parse().ok(),
-            target: target.to_string(),
+            dialer: Dialer::new(target, connect_timeout),
             idle: IdleList::new(max_idle, idle_timeout),
-            connect_timeout,
         });
         spawn_reaper(Arc::downgrade(&pool), idle_timeout, |p: &RawPool| {
             p.idle.trim(|_| true)
@@ -440,18 +434,8 @@ impl RawPool {
     }
 
     /// A new connection, within the connect timeout.
-    pub async fn connect(&self) -> Result<H1Conn, super::ConnectError> {
-        let addr = match self.addr {
-            Some(a) => a,
-            None => tokio::net::lookup_host(self.target.as_str())
-                .await?
-                .next()
-                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))?,
-        };
-        tokio::time::timeout(self.connect_timeout, H1Conn::connect(addr))
-            .await
-            .map_err(|_| super::ConnectError::Timeout)?
-            .map_err(super::ConnectError::Io)
+    pub async fn connect(&self) -> Result<H1Conn, ConnectError> {
+        Ok(H1Conn::new(self.dialer.dial().await?))
     }
 }
 

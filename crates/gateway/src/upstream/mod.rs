@@ -8,13 +8,15 @@
 //! connection. A new connection that fails is not retried on the same target. A
 //! non-idempotent request is never sent twice.
 
+mod dial;
 mod h1;
 mod headers;
 mod idle;
 mod pool;
 
+pub use dial::ConnectError;
 pub use headers::strip_hop_headers;
-pub use pool::{BodyError, ConnectError, PooledBody};
+pub use pool::{BodyError, PooledBody};
 
 use crate::response::Refusal;
 use bytes::Bytes;
@@ -184,9 +186,6 @@ pub async fn forward(
     if !hop.preserve_host {
         headers.remove(header::HOST);
     }
-    // Connect failures and closed pooled connections may move a request on; the bound
-    // keeps a dead upstream from spinning the loop.
-    let attempts = up.targets.len() + 2;
 
     if body.is_end_stream()
         && matches!(
@@ -194,7 +193,7 @@ pub async fn forward(
             Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
         )
     {
-        return forward_lean(up, &method, &pq, headers, hop.preserve_host, attempts).await;
+        return forward_lean(up, &method, &pq, headers, hop.preserve_host).await;
     }
 
     let mut body = if body.is_end_stream() {
@@ -215,13 +214,8 @@ pub async fn forward(
 
     let mut last = Refusal::Upstream("no target");
     let mut req: Option<Request<UpBody>> = None;
-    // Only new connections spend the budget: every pooled connection found dead is dropped
-    // on the way, so the loop ends once the pool's dead connections are used up.
-    let mut budget = attempts;
-    // A hard bound as well, should live traffic keep returning connections that die on reuse.
-    let mut spins = attempts + 16;
-    while budget > 0 && spins > 0 {
-        spins -= 1;
+    let mut tries = Tries::new(up);
+    while tries.next() {
         let Some((_, target)) = up.pick() else { break };
         let mut r = match req.take() {
             Some(r) => r,
@@ -248,13 +242,13 @@ pub async fn forward(
                     last = connect_refusal(&e);
                     // Nothing was sent: the request can go to the next target.
                     req = Some(r);
-                    budget -= 1;
+                    tries.spend_new();
                     continue;
                 }
             },
         };
         if !reused {
-            budget -= 1;
+            tries.spend_new();
         }
         if tx.ready().await.is_err() {
             // Closed while idle: nothing was sent.
@@ -296,6 +290,39 @@ pub async fn forward(
     Err(last)
 }
 
+/// How many more tries a request gets. Connect failures and closed pooled connections move
+/// it on; only new connections spend the budget (targets + 2), since every pooled connection
+/// found dead is dropped on the way. A hard bound (16 more) holds should live traffic keep
+/// returning connections that die on reuse.
+struct Tries {
+    new: usize,
+    total: usize,
+}
+
+impl Tries {
+    fn new(up: &Upstream) -> Self {
+        let new = up.targets.len() + 2;
+        Tries {
+            new,
+            total: new + 16,
+        }
+    }
+
+    /// Whether another try is allowed (and counts it).
+    fn next(&mut self) -> bool {
+        if self.new == 0 || self.total == 0 {
+            return false;
+        }
+        self.total -= 1;
+        true
+    }
+
+    /// A new connection was opened, or failed to open.
+    fn spend_new(&mut self) {
+        self.new = self.new.saturating_sub(1);
+    }
+}
+
 fn connect_refusal(e: &ConnectError) -> Refusal {
     match e {
         ConnectError::Timeout => Refusal::UpstreamTimeout,
@@ -312,18 +339,13 @@ async fn forward_lean(
     pq: &PathAndQuery,
     mut headers: http::HeaderMap,
     preserve_host: bool,
-    attempts: usize,
 ) -> Result<Response<PooledBody>, Refusal> {
     let mut last = Refusal::Upstream("no target");
     let mut head = Vec::with_capacity(512);
     let mut encoded_for: Option<usize> = None;
     let mut fresh_failures = 0;
-    // As in `forward`: only new connections spend the budget.
-    let mut budget = attempts;
-    // A hard bound as well, should live traffic keep returning connections that die on reuse.
-    let mut spins = attempts + 16;
-    while budget > 0 && spins > 0 {
-        spins -= 1;
+    let mut tries = Tries::new(up);
+    while tries.next() {
         let Some((key, target)) = up.pick() else {
             break;
         };
@@ -341,13 +363,13 @@ async fn forward_lean(
                 Err(e) => {
                     tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
                     last = connect_refusal(&e);
-                    budget -= 1;
+                    tries.spend_new();
                     continue;
                 }
             },
         };
         if !reused {
-            budget -= 1;
+            tries.spend_new();
         }
         match tokio::time::timeout(up.cfg.response_timeout, conn.exchange(&head, method)).await {
             Err(_) => return Err(Refusal::UpstreamTimeout),

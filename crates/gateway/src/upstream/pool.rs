@@ -3,6 +3,7 @@
 //! most recently used connection first (warm), and a connection goes back to the pool when
 //! its response body has been read to the end.
 
+use super::dial::{ConnectError, Dialer};
 use super::h1::H1Body;
 use super::idle::{spawn_reaper, IdleList};
 use super::UpBody;
@@ -11,41 +12,21 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::net::TcpStream;
-
-/// Why a new connection could not be made.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    /// Name resolution or the TCP connect failed.
-    #[error("connect failed: {0}")]
-    Io(#[from] std::io::Error),
-    /// The connect did not finish within `connect_timeout`.
-    #[error("connect timed out")]
-    Timeout,
-    /// The HTTP/1 handshake failed.
-    #[error("handshake failed: {0}")]
-    Handshake(#[from] hyper::Error),
-}
 
 /// The pool of one target.
 pub struct Pool {
-    /// `host:port` as configured.
-    target: String,
-    /// Resolved once when the target is an IP literal.
-    addr: Option<SocketAddr>,
+    dialer: Dialer,
     idle: IdleList<SendRequest<UpBody>>,
-    connect_timeout: Duration,
 }
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
-            .field("target", &self.target)
+            .field("target", &self.dialer.target)
             .finish()
     }
 }
@@ -60,10 +41,8 @@ impl Pool {
         connect_timeout: Duration,
     ) -> Arc<Pool> {
         let pool = Arc::new(Pool {
-            target: target.to_string(),
-            addr: target.parse().ok(),
+            dialer: Dialer::new(target, connect_timeout),
             idle: IdleList::new(max_idle, idle_timeout),
-            connect_timeout,
         });
         spawn_reaper(Arc::downgrade(&pool), idle_timeout, |p: &Pool| {
             p.idle.trim(|tx| !tx.is_closed())
@@ -85,15 +64,7 @@ impl Pool {
 
     /// Opens a new connection (`TCP_NODELAY`), its I/O driven by a task of its own.
     pub async fn connect(&self) -> Result<SendRequest<UpBody>, ConnectError> {
-        let stream = tokio::time::timeout(self.connect_timeout, async {
-            match self.addr {
-                Some(a) => TcpStream::connect(a).await,
-                None => TcpStream::connect(self.target.as_str()).await,
-            }
-        })
-        .await
-        .map_err(|_| ConnectError::Timeout)??;
-        let _ = stream.set_nodelay(true);
+        let stream = self.dialer.dial().await?;
         let (tx, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await?;
