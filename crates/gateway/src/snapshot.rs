@@ -97,16 +97,23 @@ pub struct Consumer {
 pub struct LimitSet {
     /// Counters, sorted by id (lock order).
     pub cells: Vec<Arc<LimitCell>>,
-    /// Name of each limit, same order, for the RateLimit header.
-    pub names: Vec<String>,
-    /// Window of each limit in seconds, same order.
-    pub windows: Vec<u64>,
-    /// `plan` or `route:NAME` for each limit, same order.
-    pub scopes: Vec<String>,
-    /// `"name";r=` for each limit, same order: the start of its `RateLimit` value.
-    pub ratelimit_prefix: Vec<String>,
+    /// What each limit is, in the same order as `cells`.
+    pub info: Vec<LimitInfo>,
     /// The `RateLimit-Policy` header value, listing every limit.
     pub policy: Option<HeaderValue>,
+}
+
+/// What a limit is, for headers, errors and usage reports.
+#[derive(Debug)]
+pub struct LimitInfo {
+    /// Name, for the RateLimit header and 429 bodies.
+    pub name: String,
+    /// Window in seconds.
+    pub window_secs: u64,
+    /// `plan` or `route:NAME`.
+    pub scope: String,
+    /// `"name";r=`: the start of its `RateLimit` value.
+    pub ratelimit_prefix: String,
 }
 
 /// A route compiled for the request path.
@@ -253,15 +260,21 @@ fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>, String)>) -> LimitSet {
             HeaderValue::from_str(&items.join(", ")).ok()
         })
         .flatten();
+    let (cells, info) = all
+        .into_iter()
+        .map(|(l, cell, scope)| {
+            let info = LimitInfo {
+                ratelimit_prefix: format!("\"{}\";r=", l.name),
+                window_secs: l.window.as_secs(),
+                name: l.name,
+                scope,
+            };
+            (cell, info)
+        })
+        .unzip();
     LimitSet {
-        names: all.iter().map(|(l, _, _)| l.name.clone()).collect(),
-        scopes: all.iter().map(|(_, _, s)| s.clone()).collect(),
-        ratelimit_prefix: all
-            .iter()
-            .map(|(l, _, _)| format!("\"{}\";r=", l.name))
-            .collect(),
-        windows: all.iter().map(|(l, _, _)| l.window.as_secs()).collect(),
-        cells: all.into_iter().map(|(_, c, _)| c).collect(),
+        cells,
+        info,
         policy,
     }
 }

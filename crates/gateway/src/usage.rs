@@ -2,7 +2,7 @@
 //! this node's counters for local limits, Redis for shared ones.
 
 use crate::cluster::Cluster;
-use crate::limiter::{Counter, Now};
+use crate::limiter::Now;
 use crate::snapshot::Snapshot;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -65,28 +65,24 @@ pub async fn usage(
         let Some(set) = route.limits.get(index) else {
             continue;
         };
-        for (i, cell) in set.cells.iter().enumerate() {
+        for (cell, info) in set.cells.iter().zip(&set.info) {
             if !seen.insert(cell.id) {
                 continue;
             }
-            let key = match (&*cell.state.lock(), &cell.shared) {
-                (Counter::Shared(_), Some(shared)) => {
-                    Some(shared.key_for(now.wall / cell.window_ns.max(1)))
-                }
-                _ => None,
-            };
-            let used = match key {
-                Some(k) => {
-                    keys.push((limits.len(), k));
+            // Shared limits are read from Redis below; local ones from the cell.
+            let used = match &cell.shared {
+                Some(shared) => {
+                    let window = now.wall / cell.window_ns.max(1);
+                    keys.push((limits.len(), shared.key_for(window)));
                     0
                 }
                 None => cell.used(now),
             };
             limits.push(LimitUsage {
-                name: set.names[i].clone(),
-                scope: set.scopes[i].clone(),
+                name: info.name.clone(),
+                scope: info.scope.clone(),
                 requests: cell.requests,
-                window_seconds: set.windows[i],
+                window_seconds: info.window_secs,
                 used,
                 remaining: cell.requests.saturating_sub(used),
             });

@@ -42,10 +42,10 @@ pub fn check(
     };
     limiter::check(&set.cells, now).map_err(|r| match r {
         Refused::Limit(s) => Refusal::RateLimited {
-            limit: set.names[s.index].clone(),
+            limit: set.info[s.index].name.clone(),
             retry_after: s.reset,
             policy: set.policy.clone(),
-            ratelimit: ratelimit_value(&set.ratelimit_prefix[s.index], 0, s.reset),
+            ratelimit: ratelimit_value(&set.info[s.index].ratelimit_prefix, 0, s.reset),
         },
         Refused::StoreDown => Refusal::LimitStoreDown,
     })
@@ -61,6 +61,6 @@ pub fn headers(route: &Route, consumer: usize, s: Standing, h: &mut HeaderMap) {
     }
     h.insert(
         RATELIMIT,
-        ratelimit_value(&set.ratelimit_prefix[s.index], s.remaining, s.reset),
+        ratelimit_value(&set.info[s.index].ratelimit_prefix, s.remaining, s.reset),
     );
 }
