@@ -74,39 +74,50 @@ pub enum Refusal {
     UpstreamTimeout,
 }
 
-fn json(status: StatusCode, body: &'static str) -> Response<Body> {
-    let mut r = Response::new(full(Bytes::from_static(body.as_bytes())));
+fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(full(body));
     *r.status_mut() = status;
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }
 
+/// `r` with one more header.
+fn with(mut r: Response<Body>, name: http::HeaderName, value: HeaderValue) -> Response<Body> {
+    r.headers_mut().insert(name, value);
+    r
+}
+
+/// A duration as whole seconds, rounded up (`Retry-After`, the `t` of `RateLimit`).
+pub fn secs_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
 /// Maps a refusal to its answer. The JSON bodies are static where nothing varies, so an
 /// answer at the edge costs no allocation for its body.
 pub fn refuse(refusal: Refusal) -> Response<Body> {
+    let close = || HeaderValue::from_static("close");
     match refusal {
-        Refusal::BadRequest(why) => {
-            let body = format!(r#"{{"status":400,"error":"{why}"}}"#);
-            let mut r = json(StatusCode::BAD_REQUEST, "");
-            *r.body_mut() = full(body);
-            r.headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-            r
-        }
+        Refusal::BadRequest(why) => with(
+            json(
+                StatusCode::BAD_REQUEST,
+                format!(r#"{{"status":400,"error":"{why}"}}"#),
+            ),
+            CONNECTION,
+            close(),
+        ),
         Refusal::NoRoute => json(
             StatusCode::NOT_FOUND,
             r#"{"status":404,"error":"no route matches this request"}"#,
         ),
-        Refusal::MethodNotAllowed { allow } => {
-            let mut r = json(
+        Refusal::MethodNotAllowed { allow } => with(
+            json(
                 StatusCode::METHOD_NOT_ALLOWED,
                 r#"{"status":405,"error":"method not allowed"}"#,
-            );
-            r.headers_mut()
-                .insert(ALLOW, allow.unwrap_or_else(|| HeaderValue::from_static("")));
-            r
-        }
+            ),
+            ALLOW,
+            allow.unwrap_or_else(|| HeaderValue::from_static("")),
+        ),
         Refusal::MissingKey => unauthorized(r#"{"status":401,"error":"missing API key"}"#),
         Refusal::UnknownKey => unauthorized(r#"{"status":401,"error":"unknown API key"}"#),
         Refusal::Forbidden => json(
@@ -123,45 +134,41 @@ pub fn refuse(refusal: Refusal) -> Response<Body> {
             policy,
             ratelimit,
         } => {
-            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            let secs = secs_up(retry_after);
             // Limit names are validated to hold no quotes or backslashes.
             let body = format!(
                 r#"{{"status":429,"error":"rate limit exceeded","limit":"{limit}","retry_after":{secs}}}"#
             );
-            let mut r = json(StatusCode::TOO_MANY_REQUESTS, "");
-            *r.body_mut() = full(body);
-            let h = r.headers_mut();
-            h.insert(RETRY_AFTER, HeaderValue::from(secs));
+            let mut r = with(
+                json(StatusCode::TOO_MANY_REQUESTS, body),
+                RETRY_AFTER,
+                HeaderValue::from(secs),
+            );
             if let Some(p) = policy {
-                h.insert(RATELIMIT_POLICY, p);
+                r.headers_mut().insert(RATELIMIT_POLICY, p);
             }
-            h.insert(RATELIMIT, ratelimit);
-            r
+            with(r, RATELIMIT, ratelimit)
         }
-        Refusal::LimitStoreDown => {
-            let mut r = json(
+        Refusal::LimitStoreDown => with(
+            json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 r#"{"status":503,"error":"rate limit store unavailable"}"#,
-            );
-            r.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-            r
-        }
-        Refusal::PayloadTooLarge => {
-            let mut r = json(
+            ),
+            RETRY_AFTER,
+            HeaderValue::from_static("1"),
+        ),
+        Refusal::PayloadTooLarge => with(
+            json(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 r#"{"status":413,"error":"request body too large"}"#,
-            );
-            r.headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-            r
-        }
-        Refusal::Upstream(why) => {
-            let body = format!(r#"{{"status":502,"error":"bad gateway","detail":"{why}"}}"#);
-            let mut r = json(StatusCode::BAD_GATEWAY, "");
-            *r.body_mut() = full(body);
-            r
-        }
+            ),
+            CONNECTION,
+            close(),
+        ),
+        Refusal::Upstream(why) => json(
+            StatusCode::BAD_GATEWAY,
+            format!(r#"{{"status":502,"error":"bad gateway","detail":"{why}"}}"#),
+        ),
         Refusal::UpstreamTimeout => json(
             StatusCode::GATEWAY_TIMEOUT,
             r#"{"status":504,"error":"upstream timeout"}"#,
@@ -170,8 +177,9 @@ pub fn refuse(refusal: Refusal) -> Response<Body> {
 }
 
 fn unauthorized(body: &'static str) -> Response<Body> {
-    let mut r = json(StatusCode::UNAUTHORIZED, body);
-    r.headers_mut()
-        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("ApiKey"));
-    r
+    with(
+        json(StatusCode::UNAUTHORIZED, body),
+        WWW_AUTHENTICATE,
+        HeaderValue::from_static("ApiKey"),
+    )
 }

@@ -4,14 +4,10 @@
 
 use crate::clock::Clock;
 use crate::limiter::{self, Now, Refused, Standing};
-use crate::response::{Refusal, RATELIMIT, RATELIMIT_POLICY};
+use crate::response::{secs_up, Refusal, RATELIMIT, RATELIMIT_POLICY};
 use crate::snapshot::Route;
 use http::{HeaderMap, HeaderValue};
 use std::time::Duration;
-
-fn secs_up(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
 
 /// `"name";r=REMAINING;t=RESET`, from the limit's precomputed prefix (on every admitted
 /// request, so no formatting machinery).
