@@ -74,10 +74,7 @@ async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Full<Bytes>> {
 /// Serves the admin endpoints on `listener` until the task is dropped.
 pub async fn serve(gw: Arc<Gateway>, listener: TcpListener) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            continue;
-        };
+        let (stream, _) = crate::listener::accept(&listener).await;
         let gw = gw.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {

@@ -16,15 +16,7 @@ const BODY: &[u8] = b"{\"message\":\"hello from tollgate echo\"}\n";
 /// Serves the echo backend on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener) {
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!("echo accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
+        let (stream, _) = crate::listener::accept(&listener).await;
         tokio::spawn(async move {
             let svc = service_fn(|req: http::Request<hyper::body::Incoming>| async move {
                 // Read (and drop) any request body so the connection stays usable.

@@ -95,6 +95,24 @@ impl Server {
     }
 }
 
+/// The next connection, with `TCP_NODELAY`. Accept errors (out of file descriptors and the
+/// like) are logged and retried after a short pause instead of spinning.
+pub async fn accept(sock: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
+    loop {
+        match sock.accept().await {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                return (stream, peer);
+            }
+            Err(e) => {
+                let address = sock.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                tracing::warn!(%address, "accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
 async fn accept_loop(
     gw: Arc<Gateway>,
     sock: TcpListener,
@@ -116,17 +134,8 @@ async fn accept_loop(
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.changed() => return,
-            res = sock.accept() => match res {
-                Ok(x) => x,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(address = %cfg.address, "accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
+            conn = accept(&sock) => conn,
         };
-        let _ = stream.set_nodelay(true);
         let gw = gw.clone();
         let info = Arc::new(ConnInfo::new(peer, cfg.clone()));
         let svc = service_fn(move |req| {
