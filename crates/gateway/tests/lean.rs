@@ -10,25 +10,12 @@ use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tollgate_gateway::SystemClock;
 
 const OPEN: &str = "routes:\n  - {path_prefix: /, upstream: backend}\n";
-
-/// Reads one request head; returns it, or None at EOF.
-async fn head(s: &mut TcpStream) -> Option<String> {
-    let mut buf = Vec::new();
-    let mut b = [0u8; 1];
-    while !buf.ends_with(b"\r\n\r\n") {
-        match s.read(&mut b).await {
-            Ok(1) => buf.push(b[0]),
-            _ => return None,
-        }
-    }
-    Some(String::from_utf8_lossy(&buf).into_owned())
-}
 
 /// A raw backend: for each request on each connection, `answer(request_head)` gives the
 /// bytes to write back (None closes the connection). Counts connections.
@@ -48,7 +35,7 @@ where
             c2.fetch_add(1, Ordering::SeqCst);
             let answer = answer.clone();
             tokio::spawn(async move {
-                while let Some(h) = head(&mut s).await {
+                while let Some(h) = read_head(&mut s).await {
                     match answer(&h) {
                         Some(bytes) => {
                             if s.write_all(&bytes).await.is_err() {
@@ -116,7 +103,7 @@ async fn reads_http_1_0_bodies_until_close() {
                 return;
             };
             tokio::spawn(async move {
-                if head(&mut s).await.is_some() {
+                if read_head(&mut s).await.is_some() {
                     let _ = s
                         .write_all(b"HTTP/1.0 200 OK\r\nX-Old: yes\r\n\r\nold style body")
                         .await;
@@ -198,13 +185,13 @@ async fn a_replayed_request_is_rewritten_once() {
             };
             let seen = s2.clone();
             tokio::spawn(async move {
-                if let Some(h) = head(&mut s).await {
+                if let Some(h) = read_head(&mut s).await {
                     seen.lock().push(h);
                     let _ = s
                         .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                         .await;
                 }
-                let _ = head(&mut s).await;
+                let _ = read_head(&mut s).await;
             });
         }
     });
@@ -244,7 +231,7 @@ async fn streams_a_chunked_response_as_it_comes() {
         let Ok((mut s, _)) = l.accept().await else {
             return;
         };
-        if head(&mut s).await.is_some() {
+        if read_head(&mut s).await.is_some() {
             let _ = s
                 .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nfirst;\r\n")
                 .await;
@@ -297,7 +284,7 @@ async fn a_backend_restart_leaves_no_error_behind() {
                 loop {
                     tokio::select! {
                         _ = &mut restarted => return,
-                        h = head(&mut s) => match h {
+                        h = read_head(&mut s) => match h {
                             Some(_) => {
                                 let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
                                 if s.write_all(ok).await.is_err() {

@@ -218,19 +218,27 @@ pub async fn inspect_backend() -> (SocketAddr, Arc<AtomicUsize>) {
     (addr, hits)
 }
 
-/// Reads one request head (and a `Content-Length` body) from a raw socket.
-/// Returns false on EOF before a full head.
-pub async fn read_request(s: &mut TcpStream) -> bool {
+/// Reads one request head from a raw socket; None on EOF before a full head.
+pub async fn read_head(s: &mut TcpStream) -> Option<String> {
     let mut buf = Vec::new();
     let mut byte = [0u8; 1];
     while !buf.ends_with(b"\r\n\r\n") {
         match s.read(&mut byte).await {
             Ok(1) => buf.push(byte[0]),
-            _ => return false,
+            _ => return None,
         }
     }
-    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// Reads one request head and its `Content-Length` body from a raw socket.
+/// Returns false on EOF before a full request.
+pub async fn read_request(s: &mut TcpStream) -> bool {
+    let Some(head) = read_head(s).await else {
+        return false;
+    };
     let len = head
+        .to_ascii_lowercase()
         .lines()
         .find_map(|l| l.strip_prefix("content-length:"))
         .and_then(|v| v.trim().parse::<usize>().ok())
