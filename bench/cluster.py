@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import procs
+from procs import die, wait_port
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "target" / "release" / "tollgate"
 REDIS_PORT = 6391
@@ -36,35 +38,12 @@ SLOW_PORT = 6392
 BACKEND = "127.0.0.1:1337"
 
 
-def die(msg):
-    print(f"bench/cluster.py: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def wait_port(port, proc=None, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            die(f"{proc.args} exited early")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    die(f"nothing listens on {port}")
-
-
 def start(cmd, cpu):
     return subprocess.Popen(["taskset", "-c", cpu] + cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def stop(p):
-    p.terminate()
-    try:
-        p.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
+    procs.stop(p, timeout=10)
 
 
 def metric(admin_port, name):
@@ -101,7 +80,7 @@ def run_nodes(redis_port, tmp, prefix):
         cfg.write_text(node_config(n, redis_port, prefix))
         procs.append(start([str(BIN), "run", "--config", str(cfg)], "1"))
     for n, p in zip((1, 2, 3), procs):
-        wait_port(8080 + n, p)
+        wait_port(f"127.0.0.1:{8080 + n}", p)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
@@ -232,9 +211,9 @@ def main():
     echo = start([str(BIN), "echo", "--listen", BACKEND], "0")
     SlowProxy(SLOW_PORT, REDIS_PORT, 0.2).start()
     try:
-        wait_port(REDIS_PORT, redis)
-        wait_port(1337, echo)
-        wait_port(SLOW_PORT)
+        wait_port(f"127.0.0.1:{REDIS_PORT}", redis)
+        wait_port(BACKEND, echo)
+        wait_port(f"127.0.0.1:{SLOW_PORT}")
         parts = args.parts.split(",")
         with tempfile.TemporaryDirectory() as tmp:
             acc, over = accuracy(args.windows, REDIS_PORT, tmp) if "accuracy" in parts else ([], 0)

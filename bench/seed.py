@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from procs import die, stop, wait_port
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "target" / "release" / "tollgate"
 GW_CPU, LOAD_CPU = "1", "0"
@@ -48,11 +50,6 @@ DEFAULT_SYSTEMS = ["tollgate", "nginx", "haproxy"]
 REDIS = "127.0.0.1:6390"
 
 
-def die(msg):
-    print(f"bench/seed.py: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
 def check_tools(systems):
     missing = [t for t in ["taskset"] if not shutil.which(t)]
     pkgs = {"nginx": "nginx", "haproxy": "haproxy", "tollgate-cluster": "redis-server"}
@@ -72,20 +69,6 @@ def check_tools(systems):
 def build():
     print("building tollgate (release)...", flush=True)
     subprocess.run(["cargo", "build", "--release", "--locked", "-q"], cwd=ROOT, check=True)
-
-
-def wait_port(addr, proc=None, timeout=15.0):
-    host, port = addr.rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            die(f"{proc.args} exited with {proc.returncode} before listening on {addr}")
-        try:
-            with socket.create_connection((host, int(port)), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    die(f"nothing listens on {addr} after {timeout}s")
 
 
 def wait_port_free(addr, timeout=15.0):
@@ -157,15 +140,6 @@ def start_gateway(system, scenario, tmp):
     )
     wait_port(GATEWAY, proc)
     return proc
-
-
-def stop(proc):
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def bench(url, expect, seconds, connections, extra=()):
