@@ -41,7 +41,11 @@ pub fn run(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let cfg = match tollgate_config::from_yaml(&text) {
+    let base = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let cfg = match tollgate_config::from_yaml_in(&text, base) {
         Ok(c) => c,
         Err(e) => {
             for p in e.problems() {
@@ -58,10 +62,11 @@ pub fn run(path: &Path) -> ExitCode {
         Ok(r) => r,
         Err(c) => return c,
     };
-    rt.block_on(serve(cfg, Some((path, text.as_bytes()))))
+    rt.block_on(serve(cfg, Some((path, text.as_bytes())), None))
 }
 
-async fn serve(cfg: Config, file: Option<(&Path, &[u8])>) -> ExitCode {
+/// Serves `cfg` until SIGTERM or SIGINT; `banner` is printed once every listener is bound.
+async fn serve(cfg: Config, file: Option<(&Path, &[u8])>, banner: Option<String>) -> ExitCode {
     let path = file.map(|(p, _)| p);
     let drain = cfg.server.drain_timeout;
     let watch = cfg.server.watch_config;
@@ -72,15 +77,16 @@ async fn serve(cfg: Config, file: Option<(&Path, &[u8])>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let admin = cfg.admin;
+    let admin = cfg.admin.clone();
     let gw = Gateway::new(cfg, SystemClock::new());
-    if let Some(addr) = admin {
+    if let Some(admin) = admin {
+        let addr = admin.address;
         match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
                 tracing::info!(
                     "admin endpoints on http://{addr} (/usage/CONSUMER, /metrics, /healthz)"
                 );
-                tokio::spawn(tollgate_gateway::admin::serve(gw.clone(), l));
+                tokio::spawn(tollgate_gateway::admin::serve(gw.clone(), l, admin));
             }
             Err(e) => {
                 tracing::error!("cannot listen on the admin address {addr}: {e}");
@@ -91,6 +97,9 @@ async fn serve(cfg: Config, file: Option<(&Path, &[u8])>) -> ExitCode {
     let server = Server::start(gw.clone(), bound);
     for a in server.local_addrs() {
         tracing::info!("listening on http://{a}");
+    }
+    if let Some(b) = banner {
+        println!("{b}");
     }
     let watcher = match (file, watch) {
         (Some((p, loaded)), true) => Some(watch_file(
@@ -186,7 +195,7 @@ pub fn demo() -> ExitCode {
             }
         };
         tokio::spawn(tollgate_gateway::echo::serve(listener));
-        println!(
+        let banner = format!(
             "tollgate demo: gateway on http://127.0.0.1:8080 in front of the echo backend on http://{backend}\n\
              Consumer \"demo\" (key demo-key) may make 5 calls per 10 s. Try:\n\
              \x20 curl -i 'http://127.0.0.1:8080/api/hello?apikey=demo-key'     # 200, with RateLimit headers\n\
@@ -197,6 +206,6 @@ pub fn demo() -> ExitCode {
              \x20 for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{{http_code}}\\n' 'http://127.0.0.1:8080/api/hello?apikey=demo-key'; done  # ... 429\n\
              Stop with Ctrl-C."
         );
-        serve(cfg, None).await
+        serve(cfg, None, Some(banner)).await
     })
 }

@@ -65,9 +65,10 @@ async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String>
             .map_err(|e| e.to_string())?;
         return serde_json::to_value(u).map_err(|e| e.to_string());
     }
-    let Some(admin) = cfg.admin else {
+    let Some(admin_cfg) = cfg.admin else {
         return Err("this config keeps its counters in the running node; add `admin: {address: 127.0.0.1:9901}` to it and ask that node".into());
     };
+    let admin = admin_cfg.address;
     let stream = tokio::net::TcpStream::connect(admin).await.map_err(|e| {
         format!("cannot reach the admin endpoint at {admin}: {e} (is the node running?)")
     })?;
@@ -76,10 +77,12 @@ async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String>
             .await
             .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let req = http::Request::get(format!("/usage/{consumer}"))
-        .header("host", admin.to_string())
-        .body(Empty::new())
-        .map_err(|e| e.to_string())?;
+    let mut req =
+        http::Request::get(format!("/usage/{consumer}")).header("host", admin.to_string());
+    if let Some(t) = &admin_cfg.token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req.body(Empty::new()).map_err(|e| e.to_string())?;
     let resp = tx.send_request(req).await.map_err(|e| e.to_string())?;
     let status = resp.status();
     let body = resp

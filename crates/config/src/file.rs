@@ -56,6 +56,12 @@ pub struct Cluster {
 pub struct Admin {
     /// `ip:port`; keep it on a private address.
     pub address: String,
+    /// A file holding the bearer token the admin endpoints require (all but `/healthz`).
+    pub token_file: Option<String>,
+    /// Most open admin connections (default 64); the proxy listeners have their own.
+    pub max_connections: Option<usize>,
+    /// Time to receive a request head, and the idle keep-alive limit (default 30s).
+    pub header_timeout: Option<Dur>,
 }
 
 /// Process-wide settings.
@@ -82,6 +88,13 @@ pub struct Listener {
     pub header_timeout: Option<Dur>,
     /// Largest request body accepted; larger gets 413.
     pub max_body_bytes: Option<Size>,
+    /// Longest wait for the next piece of a request body; longer gets 408.
+    pub body_timeout: Option<Dur>,
+    /// Most open client connections; more wait in the listen backlog.
+    pub max_connections: Option<usize>,
+    /// Addresses (`10.0.0.0/8`, `127.0.0.1`) of proxies whose `X-Forwarded-*` headers are kept.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
 }
 
 /// A backend: one or more targets, used round-robin over a keep-alive pool.
@@ -98,6 +111,10 @@ pub struct Upstream {
     pub response_timeout: Option<Dur>,
     /// How long an idle pooled connection is kept.
     pub idle_timeout: Option<Dur>,
+    /// Longest wait for the next piece of a response body.
+    pub read_timeout: Option<Dur>,
+    /// Most connections open at once to each target; requests beyond wait, then get 503.
+    pub max_connections: Option<usize>,
 }
 
 /// A route: which requests, where they go, which policies apply.
@@ -122,6 +139,9 @@ pub struct Route {
     /// Forward the client's `Host` instead of the target's.
     #[serde(default)]
     pub preserve_host: bool,
+    /// Match the path ignoring ASCII case (for case-insensitive backends).
+    #[serde(default)]
+    pub case_insensitive: bool,
     /// API key authentication.
     pub auth: Option<Auth>,
     /// Who may call the route (requires `auth`).

@@ -9,6 +9,7 @@
 pub mod error;
 pub mod file;
 pub mod model;
+pub mod parse;
 pub mod units;
 mod validate;
 
@@ -17,21 +18,41 @@ pub use model::*;
 
 use std::path::Path;
 
-/// Parses and validates a config from YAML text.
+/// Parses and validates a config from YAML text; relative file names in it are read from
+/// the current directory.
 pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
-    let de = serde_yaml_ng::Deserializer::from_str(text);
-    let raw: file::FileConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let message = e.into_inner().to_string();
-        // The YAML error already names its place ("routes[0]: ... at line 12 column 5")
-        // when it can; otherwise prefix the path serde walked to.
-        if path == "." || message.contains(" at line ") {
-            ConfigError::Syntax(Problem::new("", message))
-        } else {
-            ConfigError::Syntax(Problem::new(path, message))
+    from_yaml_in(text, Path::new("."))
+}
+
+/// Parses and validates a config from YAML text, reading relative file names from `base`.
+/// Every problem is reported, parse-level ones included, each with its place in the file.
+pub fn from_yaml_in(text: &str, base: &Path) -> Result<Config, ConfigError> {
+    let positions = parse::Positions::of(text);
+    let parsed = parse::file_types(text)
+        .map_err(|ps| ConfigError::Invalid(ps.into_iter().map(|p| positions.place(p)).collect()))?;
+    let mut problems: Vec<Problem> = parsed.problems;
+    let covered = parsed.covered;
+    let under = |path: &str| {
+        covered.iter().any(|c| {
+            path == c
+                || path
+                    .strip_prefix(c.as_str())
+                    .is_some_and(|rest| rest.starts_with(['.', '[']))
+                || c.strip_prefix(path)
+                    .is_some_and(|rest| rest.starts_with(['.', '[']))
+        })
+    };
+    match validate::validate(parsed.file, base) {
+        Ok(cfg) if problems.is_empty() => return Ok(cfg),
+        Ok(_) => {}
+        Err(ConfigError::Invalid(ps)) => {
+            problems.extend(ps.into_iter().filter(|p| !under(&p.path)));
         }
-    })?;
-    validate::validate(raw)
+        Err(e) => return Err(e),
+    }
+    Err(ConfigError::Invalid(
+        problems.into_iter().map(|p| positions.place(p)).collect(),
+    ))
 }
 
 /// Reads, parses and validates a config file.
@@ -40,5 +61,6 @@ pub fn from_path(path: &Path) -> Result<Config, ConfigError> {
         path: path.display().to_string(),
         source: e,
     })?;
-    from_yaml(&text)
+    let base = path.parent().filter(|p| !p.as_os_str().is_empty());
+    from_yaml_in(&text, base.unwrap_or(Path::new(".")))
 }

@@ -23,7 +23,20 @@ pub struct Config {
     /// Shared limits, if configured.
     pub cluster: Option<ClusterConfig>,
     /// The admin listener, if configured.
-    pub admin: Option<SocketAddr>,
+    pub admin: Option<AdminConfig>,
+}
+
+/// The admin listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// Where to listen.
+    pub address: SocketAddr,
+    /// Bearer token required on every endpoint but `/healthz`, read from `token_file`.
+    pub token: Option<String>,
+    /// Most open admin connections.
+    pub max_connections: usize,
+    /// Time to receive a request head (also the idle keep-alive limit).
+    pub header_timeout: Duration,
 }
 
 /// What to do while Redis cannot be reached.
@@ -72,6 +85,63 @@ pub struct ListenerConfig {
     pub header_timeout: Duration,
     /// Largest request body, bytes.
     pub max_body_bytes: u64,
+    /// Longest wait for the next piece of a request body.
+    pub body_timeout: Duration,
+    /// Most open client connections.
+    pub max_connections: usize,
+    /// Proxies whose `X-Forwarded-*` headers are kept (appended to, for `-For`).
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+/// An address block: `10.0.0.0/8`, `::1/128`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    /// The network address.
+    pub addr: std::net::IpAddr,
+    /// Prefix length in bits.
+    pub prefix: u8,
+}
+
+impl IpNet {
+    /// Parses `ip` or `ip/prefix`.
+    pub fn parse(s: &str) -> Option<IpNet> {
+        let (ip, prefix) = match s.split_once('/') {
+            Some((ip, p)) => (ip, Some(p)),
+            None => (s, None),
+        };
+        let addr: std::net::IpAddr = ip.trim().parse().ok()?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => p.parse().ok()?,
+            Some(_) => return None,
+            None => max,
+        };
+        (prefix <= max).then_some(IpNet { addr, prefix })
+    }
+
+    /// Whether `ip` is in the block (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
 }
 
 /// A backend and its pool settings.
@@ -89,6 +159,10 @@ pub struct UpstreamConfig {
     pub response_timeout: Duration,
     /// Idle pooled connection lifetime.
     pub idle_timeout: Duration,
+    /// Longest wait for the next piece of a response body.
+    pub read_timeout: Duration,
+    /// Most connections open at once to each target.
+    pub max_connections: usize,
 }
 
 /// How a route matches the path.
@@ -126,6 +200,8 @@ pub struct RouteConfig {
     pub strip_prefix: bool,
     /// Forward the client's Host header.
     pub preserve_host: bool,
+    /// Match the path ignoring ASCII case.
+    pub case_insensitive: bool,
     /// API key authentication, if required.
     pub auth: Option<AuthConfig>,
     /// Who may call; `None` lets every authenticated consumer call.

@@ -17,6 +17,24 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(|| format!("duration {s:?} has no unit; write e.g. 10s, 5m, 2h, 30d, 250ms"))?;
     let (num, unit) = s.split_at(split);
+    if let Some(frac) = unit.strip_prefix(['.', ',']) {
+        let digits = frac
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(frac.len());
+        let hint = match (
+            format!("{num}.{}", &frac[..digits]).parse::<f64>(),
+            &frac[digits..],
+        ) {
+            (Ok(v), "s") => format!("; write {}ms", (v * 1000.0).round()),
+            (Ok(v), "m") => format!("; write {}s", (v * 60.0).round()),
+            (Ok(v), "h") => format!("; write {}m", (v * 60.0).round()),
+            (Ok(v), "d") => format!("; write {}h", (v * 24.0).round()),
+            _ => String::new(),
+        };
+        return Err(format!(
+            "duration {s:?} must be a whole number with a unit{hint}"
+        ));
+    }
     let n: u64 = num
         .parse()
         .map_err(|_| format!("duration {s:?} must start with a whole number"))?;
@@ -61,7 +79,8 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
-/// A size in bytes, written as an integer or with a unit: `KiB`, `MiB`, `GiB` (also `KB`/`MB`/`GB`, as powers of 1000).
+/// A size in bytes, written as an integer or with a unit: `KiB`, `MiB`, `GiB` (powers of
+/// 1024) or `KB`, `MB`, `GB` (powers of 1000).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Size(pub u64);
 
@@ -83,7 +102,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "GB" => 1_000_000_000,
         u => {
             return Err(format!(
-                "size {s:?} has unknown unit {u:?}; use KiB, MiB or GiB"
+                "size {s:?} has unknown unit {u:?}; use KiB, MiB, GiB (or KB, MB, GB)"
             ))
         }
     };
@@ -128,6 +147,10 @@ mod tests {
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("10 parsecs").is_err());
         assert!(parse_duration("s").is_err());
+        assert_eq!(
+            parse_duration("1.5s"),
+            Err("duration \"1.5s\" must be a whole number with a unit; write 1500ms".into())
+        );
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! The admin listener: `GET /usage/{consumer}`, `GET /metrics`, `GET /healthz`.
-//! Keep it on a private address: it answers anyone who can reach it.
+//! With `admin.token_file`, every endpoint but `/healthz` asks for `Authorization: Bearer
+//! TOKEN`. It has its own connection cap, head timeout and idle limit, so it never takes
+//! connections from the proxy listeners.
 
 use crate::gateway::Gateway;
+use crate::listener::{accept_capped, AcceptErrors};
 use crate::usage::{usage, UsageError};
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
@@ -10,10 +13,12 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::sync::Arc;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tollgate_config::AdminConfig;
 
 fn answer(
     status: StatusCode,
@@ -27,8 +32,37 @@ fn answer(
     r
 }
 
-async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Full<Bytes>> {
+/// Compares in time that does not depend on where the first difference is.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn authorized(req: &Request<Incoming>, token: Option<&str>) -> bool {
+    let Some(token) = token else { return true };
+    req.headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .is_some_and(|got| same_secret(got, token.as_bytes()))
+}
+
+async fn handle(
+    gw: &Gateway,
+    req: Request<Incoming>,
+    token: Option<&str>,
+) -> Response<Full<Bytes>> {
     const JSON: &str = "application/json";
+    if req.uri().path() != "/healthz" && !authorized(&req, token) {
+        let mut r = answer(
+            StatusCode::UNAUTHORIZED,
+            JSON,
+            r#"{"status":401,"error":"admin token required"}"#,
+        );
+        r.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer"),
+        );
+        return r;
+    }
     if req.method() != Method::GET {
         return answer(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -72,18 +106,30 @@ async fn handle(gw: &Gateway, req: Request<Incoming>) -> Response<Full<Bytes>> {
 }
 
 /// Serves the admin endpoints on `listener` until the task is dropped.
-pub async fn serve(gw: Arc<Gateway>, listener: TcpListener) {
+pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, cfg: AdminConfig) {
+    let cap = Arc::new(Semaphore::new(cfg.max_connections));
+    let token: Option<Arc<str>> = cfg.token.map(Arc::from);
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(cfg.header_timeout);
+    let mut errors = AcceptErrors::default();
     loop {
-        let (stream, _) = crate::listener::accept(&listener).await;
+        let (stream, _, permit) = accept_capped(&listener, &cap, &mut errors).await;
         let gw = gw.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| {
+        let token = token.clone();
+        let conn = builder.serve_connection(
+            TokioIo::new(stream),
+            service_fn(move |req| {
                 let gw = gw.clone();
-                async move { Ok::<_, Infallible>(handle(&gw, req).await) }
-            });
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+                let token = token.clone();
+                async move { Ok::<_, Infallible>(handle(&gw, req, token.as_deref()).await) }
+            }),
+        );
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
         });
     }
 }

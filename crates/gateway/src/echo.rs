@@ -15,8 +15,9 @@ const BODY: &[u8] = b"{\"message\":\"hello from tollgate echo\"}\n";
 
 /// Serves the echo backend on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener) {
+    let mut errors = crate::listener::AcceptErrors::default();
     loop {
-        let (stream, _) = crate::listener::accept(&listener).await;
+        let (stream, _) = crate::listener::accept(&listener, &mut errors).await;
         tokio::spawn(async move {
             let svc = service_fn(|req: http::Request<hyper::body::Incoming>| async move {
                 // Read (and drop) any request body so the connection stays usable.

@@ -2,6 +2,7 @@
 
 use crate::clock::Clock;
 use crate::cluster::{spawn_syncer, Cluster};
+use crate::inbound;
 use crate::limiter::Now;
 use crate::metrics::Metrics;
 use crate::policy::{self, cors, Verdict};
@@ -34,6 +35,8 @@ pub struct ReloadStatus {
 pub struct ConnInfo {
     /// The client's IP as a header value, for `X-Forwarded-For`.
     pub peer_ip: HeaderValue,
+    /// The client is a proxy the listener trusts with `X-Forwarded-*`.
+    pub trusted: bool,
     /// The listener's settings.
     pub listener: Arc<ListenerConfig>,
 }
@@ -43,7 +46,15 @@ impl ConnInfo {
     pub fn new(peer: SocketAddr, listener: Arc<ListenerConfig>) -> Self {
         let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
             .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        ConnInfo { peer_ip, listener }
+        let trusted = listener
+            .trusted_proxies
+            .iter()
+            .any(|n| n.contains(peer.ip()));
+        ConnInfo {
+            peer_ip,
+            trusted,
+            listener,
+        }
     }
 }
 
@@ -162,7 +173,7 @@ impl Gateway {
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let snap = self.snapshot.load_full();
         let (mut parts, body) = req.into_parts();
-        if let Err(r) = route::check_path(parts.uri.path()) {
+        if let Err(r) = inbound::prepare(&snap, &mut parts) {
             return refuse(r);
         }
         let preflight = cors::is_preflight(&parts);
@@ -183,6 +194,7 @@ impl Gateway {
             };
             let hop = Hop {
                 peer_ip: &conn.peer_ip,
+                trusted: conn.trusted,
                 strip_prefix,
                 preserve_host: route.cfg.preserve_host,
                 max_body: conn.listener.max_body_bytes,

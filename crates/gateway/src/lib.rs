@@ -1,5 +1,5 @@
 //! tollgate's runtime, in the order a request meets it:
-//! [`listener`] → [`route`] → [`policy`] (method, CORS, auth, authz, limits) →
+//! [`listener`] → [`inbound`] → [`route`] → [`policy`] (method, CORS, auth, authz, limits) →
 //! [`upstream`] → [`response`]. [`snapshot`] compiles a validated config into what the
 //! request path reads; [`gateway`] pins a snapshot per request and swaps it on reload.
 #![forbid(unsafe_code)]
@@ -9,6 +9,7 @@ pub mod clock;
 pub mod cluster;
 pub mod echo;
 pub mod gateway;
+pub mod inbound;
 pub mod limiter;
 pub mod listener;
 pub mod metrics;

@@ -9,9 +9,10 @@ use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tollgate_config::ListenerConfig;
 
@@ -95,22 +96,69 @@ impl Server {
     }
 }
 
-/// The next connection, with `TCP_NODELAY`. Accept errors (out of file descriptors and the
-/// like) are logged and retried after a short pause instead of spinning.
-pub async fn accept(sock: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
+/// Accept errors of one listener: out of file descriptors and the like. Accepting backs
+/// off (10 ms doubling to 1 s) while they last, and they are logged at most once a second,
+/// with the number left unlogged.
+#[derive(Debug, Default)]
+pub struct AcceptErrors {
+    backoff: Option<Duration>,
+    last_log: Option<Instant>,
+    unlogged: u64,
+}
+
+impl AcceptErrors {
+    async fn failed(&mut self, sock: &TcpListener, e: &std::io::Error) {
+        let now = Instant::now();
+        if self
+            .last_log
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            let address = sock.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            let more = std::mem::take(&mut self.unlogged);
+            tracing::warn!(%address, also_failed = more, "accept failed: {e}; backing off");
+            self.last_log = Some(now);
+        } else {
+            self.unlogged += 1;
+        }
+        let wait = self.backoff.map_or(Duration::from_millis(10), |b| {
+            (b * 2).min(Duration::from_secs(1))
+        });
+        self.backoff = Some(wait);
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The next connection, with `TCP_NODELAY`. Accept errors back off instead of spinning.
+pub async fn accept(
+    sock: &TcpListener,
+    errors: &mut AcceptErrors,
+) -> (tokio::net::TcpStream, SocketAddr) {
     loop {
         match sock.accept().await {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
+                errors.backoff = None;
                 return (stream, peer);
             }
-            Err(e) => {
-                let address = sock.local_addr().map(|a| a.to_string()).unwrap_or_default();
-                tracing::warn!(%address, "accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            Err(e) => errors.failed(sock, &e).await,
         }
     }
+}
+
+/// The next connection once fewer than the cap are open: beyond it, new connections wait
+/// in the kernel's listen backlog. The permit is held for the connection's life.
+pub async fn accept_capped(
+    sock: &TcpListener,
+    cap: &Arc<Semaphore>,
+    errors: &mut AcceptErrors,
+) -> (tokio::net::TcpStream, SocketAddr, OwnedSemaphorePermit) {
+    let permit = match cap.clone().acquire_owned().await {
+        Ok(p) => p,
+        // The semaphore is never closed; should it be, wait for nothing rather than spin.
+        Err(_) => std::future::pending().await,
+    };
+    let (stream, peer) = accept(sock, errors).await;
+    (stream, peer, permit)
 }
 
 async fn accept_loop(
@@ -131,10 +179,12 @@ async fn accept_loop(
     if cfg.max_headers != 100 {
         builder.max_headers(cfg.max_headers);
     }
+    let cap = Arc::new(Semaphore::new(cfg.max_connections));
+    let mut errors = AcceptErrors::default();
     loop {
-        let (stream, peer) = tokio::select! {
+        let (stream, peer, permit) = tokio::select! {
             _ = stop.changed() => return,
-            conn = accept(&sock) => conn,
+            conn = accept_capped(&sock, &cap, &mut errors) => conn,
         };
         let gw = gw.clone();
         let info = Arc::new(ConnInfo::new(peer, cfg.clone()));
@@ -148,6 +198,7 @@ async fn accept_loop(
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, "connection ended: {e}");
             }
+            drop(permit);
         });
     }
 }

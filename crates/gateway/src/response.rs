@@ -42,6 +42,9 @@ pub enum Refusal {
     /// The API key is not known.
     #[error("unknown API key")]
     UnknownKey,
+    /// The request carries two different API keys: never a guess which one counts.
+    #[error("more than one API key")]
+    AmbiguousKey,
     /// The consumer may not call this route.
     #[error("consumer not allowed on this route")]
     Forbidden,
@@ -120,6 +123,10 @@ pub fn refuse(refusal: Refusal) -> Response<Body> {
         ),
         Refusal::MissingKey => unauthorized(r#"{"status":401,"error":"missing API key"}"#),
         Refusal::UnknownKey => unauthorized(r#"{"status":401,"error":"unknown API key"}"#),
+        Refusal::AmbiguousKey => json(
+            StatusCode::BAD_REQUEST,
+            r#"{"status":400,"error":"more than one API key"}"#,
+        ),
         Refusal::Forbidden => json(
             StatusCode::FORBIDDEN,
             r#"{"status":403,"error":"consumer not allowed on this route"}"#,

@@ -1,5 +1,6 @@
 //! Route selection: host and path (and method) → the route, from the pinned snapshot.
 
+use crate::inbound::host_only;
 use crate::policy::method;
 use crate::response::Refusal;
 use crate::snapshot::{Route, Snapshot};
@@ -7,18 +8,13 @@ use http::request::Parts;
 use http::HeaderValue;
 use tollgate_config::{HostMatch, PathMatch};
 
-/// The request's host, lowercase-insensitive comparison is done by the matchers; port removed.
+/// The request's host without port and trailing dot (checked by [`crate::inbound`]).
 fn host(parts: &Parts) -> Option<&str> {
     let raw = parts
         .headers
         .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| parts.uri.host())?;
-    // Strip a port, keeping IPv6 literals intact.
-    Some(match raw.rfind(':') {
-        Some(i) if !raw[i..].contains(']') => &raw[..i],
-        _ => raw,
-    })
+        .and_then(|h| h.to_str().ok())?;
+    Some(host_only(raw)).filter(|h| !h.is_empty())
 }
 
 fn host_matches(m: &Option<HostMatch>, host: Option<&str>) -> bool {
@@ -33,11 +29,21 @@ fn host_matches(m: &Option<HostMatch>, host: Option<&str>) -> bool {
     }
 }
 
-fn path_matches(m: &PathMatch, path: &str) -> bool {
-    match m {
-        PathMatch::Exact(p) => path == p,
-        PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+fn path_matches(m: &PathMatch, path: &str, any_case: bool) -> bool {
+    match (m, any_case) {
+        (PathMatch::Exact(p), false) => path == p,
+        (PathMatch::Prefix(p), false) => path.starts_with(p.as_str()),
+        (PathMatch::Exact(p), true) => path.eq_ignore_ascii_case(p),
+        (PathMatch::Prefix(p), true) => path
+            .as_bytes()
+            .get(..p.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(p.as_bytes())),
     }
+}
+
+fn matches(route: &Route, host: Option<&str>, path: &str) -> bool {
+    path_matches(&route.cfg.path, path, route.cfg.case_insensitive)
+        && host_matches(&route.cfg.host, host)
 }
 
 /// Finds the route for a request: the most specific route whose host and path match and
@@ -48,7 +54,7 @@ pub fn find<'s>(snap: &'s Snapshot, parts: &Parts, preflight: bool) -> Result<&'
     let path = parts.uri.path();
     let mut path_matched = false;
     for route in &snap.routes {
-        if !path_matches(&route.cfg.path, path) || !host_matches(&route.cfg.host, host) {
+        if !matches(route, host, path) {
             continue;
         }
         if method::allows(route, &parts.method, preflight) {
@@ -62,7 +68,7 @@ pub fn find<'s>(snap: &'s Snapshot, parts: &Parts, preflight: bool) -> Result<&'
     // Cold path: collect the methods of every route that matched host and path.
     let mut allow: Vec<&str> = Vec::new();
     for route in &snap.routes {
-        if path_matches(&route.cfg.path, path) && host_matches(&route.cfg.host, host) {
+        if matches(route, host, path) {
             for m in route.cfg.methods.iter().flatten() {
                 if !allow.contains(&m.as_str()) {
                     allow.push(m.as_str());
@@ -73,43 +79,4 @@ pub fn find<'s>(snap: &'s Snapshot, parts: &Parts, preflight: bool) -> Result<&'
     Err(Refusal::MethodNotAllowed {
         allow: HeaderValue::from_str(&allow.join(", ")).ok(),
     })
-}
-
-/// Rejects paths with dot-segments (`/a/../b`), which a backend could resolve to a path no
-/// route allowed.
-pub fn check_path(path: &str) -> Result<(), Refusal> {
-    if !path.starts_with('/') && path != "*" {
-        return Err(Refusal::BadRequest(
-            "request target must be an absolute path",
-        ));
-    }
-    if !path.contains("/.") && !path.contains("%2") && !path.contains("%5") {
-        return Ok(());
-    }
-    for seg in path.split('/') {
-        let lower = seg.to_ascii_lowercase();
-        let dots = lower.replace("%2e", ".");
-        if dots == "." || dots == ".." {
-            return Err(Refusal::BadRequest("path contains dot-segments"));
-        }
-        if lower.contains("%2f") || lower.contains("%5c") {
-            return Err(Refusal::BadRequest("path contains an encoded slash"));
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::check_path;
-
-    #[test]
-    fn dot_segments_are_refused() {
-        assert!(check_path("/test/a.json").is_ok());
-        assert!(check_path("/test/.well-known/x").is_ok());
-        assert!(check_path("/test/../admin").is_err());
-        assert!(check_path("/test/%2e%2E/admin").is_err());
-        assert!(check_path("/test/.").is_err());
-        assert!(check_path("/test/a%2Fb").is_err());
-    }
 }

@@ -3,6 +3,7 @@
 //! pools) lives in [`Registry`], keyed by stable identities, and is shared into each snapshot.
 
 use crate::cluster::Cluster;
+use crate::inbound::Owned;
 use crate::limiter::LimitCell;
 use crate::upstream::Upstream;
 use http::HeaderValue;
@@ -140,6 +141,8 @@ pub struct Snapshot {
     pub routes: Vec<Route>,
     /// Consumers by index.
     pub consumers: Vec<Consumer>,
+    /// Header names only the gateway may set.
+    pub owned: Owned,
     /// API key → consumer index. foldhash with a random seed: fast, and keys chosen by
     /// clients cannot be aimed at one bucket without knowing the seed.
     pub keys: HashMap<String, usize, foldhash::fast::RandomState>,
@@ -238,13 +241,56 @@ impl Snapshot {
             })
             .collect();
         registry.prune();
+        let owned = owned_names(&config);
         Snapshot {
             config,
             routes,
             consumers,
+            owned,
             keys,
         }
     }
+}
+
+/// The consumer headers of every route, and every name the gateway sets or reads a
+/// credential from.
+fn owned_names(config: &Config) -> Owned {
+    let mut owned = Owned::default();
+    let mut add = |name: &str| {
+        let dashed = name.to_ascii_lowercase().replace('_', "-");
+        if !owned.dashed.contains(&dashed) {
+            owned.dashed.push(dashed);
+        }
+    };
+    for n in [
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "x-real-ip",
+    ] {
+        add(n);
+    }
+    for r in &config.routes {
+        if let Some(a) = &r.auth {
+            add(a.consumer_header.as_str());
+            for h in &a.header {
+                add(h.as_str());
+            }
+        }
+    }
+    // The default name is the gateway's even where no route authenticates.
+    owned
+        .consumer_headers
+        .push(http::HeaderName::from_static("x-consumer"));
+    add("x-consumer");
+    for r in &config.routes {
+        if let Some(a) = &r.auth {
+            if !owned.consumer_headers.contains(&a.consumer_header) {
+                owned.consumer_headers.push(a.consumer_header.clone());
+            }
+        }
+    }
+    owned
 }
 
 fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>, String)>) -> LimitSet {

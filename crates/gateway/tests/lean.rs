@@ -195,7 +195,12 @@ async fn a_replayed_request_is_rewritten_once() {
             });
         }
     });
-    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    // The test client is a trusted proxy here, so its X-Forwarded-For is appended to.
+    let cfg = yaml(backend, OPEN).replace(
+        "{address: \"127.0.0.1:0\"}",
+        "{address: \"127.0.0.1:0\", trusted_proxies: [127.0.0.1]}",
+    );
+    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
     let c = TestClient::default();
     for _ in 0..4 {
         let a = c

@@ -7,6 +7,7 @@ use crate::file;
 use crate::model::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 const MIN_WINDOW: Duration = Duration::from_secs(1);
@@ -21,7 +22,8 @@ impl Problems {
     }
 }
 
-pub(crate) fn validate(raw: file::FileConfig) -> Result<Config, ConfigError> {
+/// Validates `raw`; relative file names in it are read from `base`.
+pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, ConfigError> {
     let mut p = Problems::default();
 
     let server = ServerConfig {
@@ -88,16 +90,7 @@ pub(crate) fn validate(raw: file::FileConfig) -> Result<Config, ConfigError> {
     let admin = raw
         .admin
         .as_ref()
-        .and_then(|a| match a.address.parse::<SocketAddr>() {
-            Ok(addr) => Some(addr),
-            Err(_) => {
-                p.add(
-                    "admin.address",
-                    format!("{:?} is not an ip:port address", a.address),
-                );
-                None
-            }
-        });
+        .and_then(|a| admin(a, &listeners, base, &mut p));
 
     if !p.0.is_empty() {
         return Err(ConfigError::Invalid(p.0));
@@ -171,6 +164,79 @@ fn cluster(c: &file::Cluster, p: &mut Problems) -> ClusterConfig {
     }
 }
 
+fn admin(
+    a: &file::Admin,
+    listeners: &[ListenerConfig],
+    base: &Path,
+    p: &mut Problems,
+) -> Option<AdminConfig> {
+    let Ok(address) = a.address.parse::<SocketAddr>() else {
+        p.add(
+            "admin.address",
+            format!("{:?} is not an ip:port address", a.address),
+        );
+        return None;
+    };
+    if let Some(i) = listeners.iter().position(|l| {
+        l.address.port() == address.port()
+            && (l.address.ip() == address.ip()
+                || l.address.ip().is_unspecified()
+                || address.ip().is_unspecified())
+    }) {
+        p.add(
+            "admin.address",
+            format!(
+                "{address} clashes with listeners[{i}] ({}); give the admin listener its own port",
+                listeners[i].address
+            ),
+        );
+    }
+    let token = a.token_file.as_ref().and_then(|f| {
+        let path = base.join(f);
+        match std::fs::read_to_string(&path) {
+            Ok(t)
+                if !t.trim().is_empty() && t.trim().bytes().all(|b| (0x21..0x7f).contains(&b)) =>
+            {
+                Some(t.trim().to_string())
+            }
+            Ok(_) => {
+                p.add(
+                    "admin.token_file",
+                    format!("{} must hold one token of printable ASCII", path.display()),
+                );
+                None
+            }
+            Err(e) => {
+                p.add(
+                    "admin.token_file",
+                    format!("cannot read {}: {e}", path.display()),
+                );
+                None
+            }
+        }
+    });
+    if address.ip().is_unspecified() && a.token_file.is_none() {
+        p.add(
+            "admin.address",
+            format!("{address} listens on every interface: set `admin.token_file` (or listen on 127.0.0.1)"),
+        );
+    }
+    let max_connections = a.max_connections.unwrap_or(64);
+    if max_connections == 0 {
+        p.add("admin.max_connections", "must be at least 1");
+    }
+    let header_timeout = a.header_timeout.map_or(Duration::from_secs(30), |d| d.0);
+    if header_timeout.is_zero() {
+        p.add("admin.header_timeout", "must be more than 0");
+    }
+    Some(AdminConfig {
+        address,
+        token,
+        max_connections,
+        header_timeout,
+    })
+}
+
 fn listeners(raw: &[file::Listener], p: &mut Problems) -> Vec<ListenerConfig> {
     if raw.is_empty() {
         p.add("listeners", "at least one listener is required");
@@ -207,12 +273,33 @@ fn listeners(raw: &[file::Listener], p: &mut Problems) -> Vec<ListenerConfig> {
         if header_timeout.is_zero() {
             p.add(format!("{at}.header_timeout"), "must be more than 0");
         }
+        let body_timeout = l.body_timeout.map_or(Duration::from_secs(30), |d| d.0);
+        if body_timeout.is_zero() {
+            p.add(format!("{at}.body_timeout"), "must be more than 0");
+        }
+        let max_connections = l.max_connections.unwrap_or(10_000);
+        if max_connections == 0 {
+            p.add(format!("{at}.max_connections"), "must be at least 1");
+        }
+        let mut trusted_proxies = Vec::new();
+        for (j, t) in l.trusted_proxies.iter().enumerate() {
+            match IpNet::parse(t) {
+                Some(n) => trusted_proxies.push(n),
+                None => p.add(
+                    format!("{at}.trusted_proxies[{j}]"),
+                    format!("{t:?} is not an address or address block (e.g. 10.0.0.0/8)"),
+                ),
+            }
+        }
         out.push(ListenerConfig {
             address,
             max_header_bytes: usize::try_from(max_header_bytes).unwrap_or(usize::MAX),
             max_headers,
             header_timeout,
             max_body_bytes: l.max_body_bytes.map_or(10 << 20, |s| s.0),
+            body_timeout,
+            max_connections,
+            trusted_proxies,
         });
     }
     out
@@ -255,7 +342,12 @@ fn upstreams(
             connect_timeout: positive(p, "connect_timeout", u.connect_timeout, 5_000),
             response_timeout: positive(p, "response_timeout", u.response_timeout, 60_000),
             idle_timeout: positive(p, "idle_timeout", u.idle_timeout, 30_000),
+            read_timeout: positive(p, "read_timeout", u.read_timeout, 60_000),
+            max_connections: u.max_connections.unwrap_or(1024),
         };
+        if cfg.max_connections == 0 {
+            p.add(format!("{at}.max_connections"), "must be at least 1");
+        }
         index.insert(name.clone(), out.len());
         out.push(cfg);
     }
@@ -461,10 +553,92 @@ routes:
         let err = from_yaml(&bad).expect_err("invalid");
         let text = err.to_string();
         assert!(
-            text.starts_with("routes[0]: unknown field `upstrem`"),
+            text.starts_with("routes[0].upstrem: unknown setting `upstrem`"),
             "{text}"
         );
-        assert!(text.contains("line "), "{text}");
+        assert!(text.contains("(line 12, column 14)"), "{text}");
+    }
+
+    #[test]
+    fn parse_level_problems_are_all_reported_with_line_and_column() {
+        let bad = r#"
+listeners: [{address: "127.0.0.1:8080", max_headers: many}]
+upstreams:
+  backend: {targets: ["127.0.0.1:1337"], connect_timeout: 1.5s, pool_max_idle: -3}
+plans:
+  gold: {limits: [{requests: lots, per: 1s}]}
+consumers:
+  - {name: alice, keys: [k1], plan: gold, colour: blue}
+routes:
+  - {path_prefix: /test/, upstream: nowhere}
+"#;
+        let err = from_yaml(bad).expect_err("invalid");
+        let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+        let expect = [
+            "listeners[0].max_headers: must be a whole number ≥ 0 (found string \"many\") (line 2, column 54)",
+            "upstreams.backend.connect_timeout: duration \"1.5s\" must be a whole number with a unit; write 1500ms",
+            "upstreams.backend.pool_max_idle: must be a whole number ≥ 0",
+            "plans.gold.limits[0].requests: must be a whole number ≥ 0",
+            "consumers[0].colour: unknown setting `colour`",
+            "routes[0].upstream: unknown upstream \"nowhere\" (line 10, column 37)",
+        ];
+        for e in expect {
+            assert!(
+                text.iter().any(|t| t.starts_with(e)),
+                "missing {e:?} in {text:#?}"
+            );
+        }
+        assert!(
+            !text
+                .iter()
+                .any(|t| t.contains("u64") || t.contains("usize")),
+            "{text:#?}"
+        );
+        assert_eq!(text.len(), expect.len(), "{text:#?}");
+    }
+
+    #[test]
+    fn admin_may_not_clash_with_a_listener_nor_listen_everywhere_without_a_token() {
+        let clash = format!("{GOOD}admin: {{address: \"0.0.0.0:8080\"}}\n");
+        let err = from_yaml(&clash).expect_err("invalid");
+        let text = err.to_string();
+        assert!(
+            text.contains("admin.address: 0.0.0.0:8080 clashes with listeners[0]"),
+            "{text}"
+        );
+        assert!(text.contains("set `admin.token_file`"), "{text}");
+        let missing =
+            format!("{GOOD}admin: {{address: \"0.0.0.0:9901\", token_file: /nonexistent/t}}\n");
+        let err = from_yaml(&missing).expect_err("invalid");
+        assert!(
+            err.to_string()
+                .contains("admin.token_file: cannot read /nonexistent/t"),
+            "{err}"
+        );
+        let ok = format!("{GOOD}admin: {{address: \"127.0.0.1:9901\"}}\n");
+        assert!(from_yaml(&ok).is_ok());
+    }
+
+    #[test]
+    fn trusted_proxies_are_address_blocks() {
+        let cfg = GOOD.replace(
+            "address: \"127.0.0.1:8080\"",
+            "address: \"127.0.0.1:8080\", trusted_proxies: [10.0.0.0/8, \"::1\"]",
+        );
+        let c = from_yaml(&cfg).expect("valid");
+        let t = &c.listeners[0].trusted_proxies;
+        assert!(t[0].contains("10.1.2.3".parse().expect("ip")));
+        assert!(!t[0].contains("11.1.2.3".parse().expect("ip")));
+        assert!(t[1].contains("::1".parse().expect("ip")));
+        let bad = GOOD.replace(
+            "address: \"127.0.0.1:8080\"",
+            "address: \"127.0.0.1:8080\", trusted_proxies: [10.0.0.0/33]",
+        );
+        let err = from_yaml(&bad).expect_err("invalid");
+        assert!(
+            err.to_string().contains("listeners[0].trusted_proxies[0]"),
+            "{err}"
+        );
     }
 
     #[test]

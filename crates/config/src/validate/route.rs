@@ -220,6 +220,7 @@ pub(super) fn route(
         upstream: upstream.unwrap_or(0),
         strip_prefix: r.strip_prefix,
         preserve_host: r.preserve_host,
+        case_insensitive: r.case_insensitive,
         auth,
         allow,
         limits,

@@ -8,8 +8,9 @@ use http::request::Parts;
 use http::uri::PathAndQuery;
 use std::borrow::Cow;
 
-/// Identifies the consumer (401 when the key is missing or unknown), removes the
-/// credential, and sets the consumer header. Routes without `auth` pass with no consumer.
+/// Identifies the consumer (401 when the key is missing or unknown, 400 when the request
+/// carries two different keys), removes every credential the route names from every place
+/// it names, and sets the consumer header. Routes without `auth` pass with no consumer.
 pub fn authenticate(
     snap: &Snapshot,
     route: &Route,
@@ -18,23 +19,24 @@ pub fn authenticate(
     let Some(auth) = route.cfg.auth.as_ref() else {
         return Ok(None);
     };
-    let mut consumer = None;
-    let mut in_query = false;
+    let mut key: Option<Cow<'_, str>> = None;
     for name in &auth.header {
-        if let Some(v) = parts.headers.get(name) {
-            let key = v.to_str().map_err(|_| Refusal::UnknownKey)?;
-            consumer = Some(*snap.keys.get(key).ok_or(Refusal::UnknownKey)?);
-            break;
+        for v in parts.headers.get_all(name) {
+            let k = v.to_str().map_err(|_| Refusal::UnknownKey)?;
+            one_key(&mut key, Cow::Borrowed(k))?;
         }
     }
-    if consumer.is_none() && !auth.query.is_empty() {
-        if let Some(raw) = parts.uri.query().and_then(|q| find_param(q, &auth.query)) {
-            let key = percent_decode(raw);
-            consumer = Some(*snap.keys.get(key.as_ref()).ok_or(Refusal::UnknownKey)?);
-            in_query = true;
+    let mut in_query = false;
+    if let (false, Some(q)) = (auth.query.is_empty(), parts.uri.query()) {
+        for (name, value) in params(q) {
+            if is_credential(name, &auth.query) {
+                in_query = true;
+                one_key(&mut key, percent_decode(value))?;
+            }
         }
     }
-    let consumer = consumer.ok_or(Refusal::MissingKey)?;
+    let key = key.ok_or(Refusal::MissingKey)?;
+    let consumer = *snap.keys.get(key.as_ref()).ok_or(Refusal::UnknownKey)?;
 
     if !auth.keep_credential {
         for name in &auth.header {
@@ -44,7 +46,6 @@ pub fn authenticate(
             strip_params(parts, &auth.query);
         }
     }
-    // Whatever the client sent under the consumer header is replaced, never trusted.
     parts.headers.insert(
         auth.consumer_header.clone(),
         snap.consumers[consumer].header_value.clone(),
@@ -52,12 +53,31 @@ pub fn authenticate(
     Ok(Some(consumer))
 }
 
-/// The raw value of the first query parameter named in `names`.
-fn find_param<'q>(query: &'q str, names: &[String]) -> Option<&'q str> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        names.iter().any(|n| n == k).then_some(v)
-    })
+/// Keeps the one key a request may carry: the same key repeated is fine, two are refused.
+fn one_key<'a>(found: &mut Option<Cow<'a, str>>, key: Cow<'a, str>) -> Result<(), Refusal> {
+    match found {
+        Some(k) if *k != key => Err(Refusal::AmbiguousKey),
+        Some(_) => Ok(()),
+        None => {
+            *found = Some(key);
+            Ok(())
+        }
+    }
+}
+
+/// The query's parameters as raw `(name, value)`. `;` separates them as well as `&`, as
+/// some backends read it.
+fn params(query: &str) -> impl Iterator<Item = (&str, &str)> {
+    query
+        .split(['&', ';'])
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+}
+
+/// Whether a raw parameter name is one of `names`, once percent-decoded and ignoring ASCII
+/// case (some backends read names either way).
+fn is_credential(raw: &str, names: &[String]) -> bool {
+    let name = percent_decode(raw);
+    names.iter().any(|n| n.eq_ignore_ascii_case(&name))
 }
 
 /// Removes every parameter named in `names` from the request's query. The request goes
@@ -70,9 +90,9 @@ fn strip_params(parts: &mut Parts, names: &[String]) {
     let mut pq = String::with_capacity(path.len() + 1 + query.len());
     pq.push_str(path);
     let mut sep = '?';
-    for pair in query.split('&') {
+    for pair in query.split(['&', ';']) {
         let k = pair.split_once('=').map_or(pair, |(k, _)| k);
-        if !names.iter().any(|n| n == k) {
+        if !is_credential(k, names) {
             pq.push(sep);
             pq.push_str(pair);
             sep = '&';
@@ -129,10 +149,14 @@ mod tests {
     #[test]
     fn finds_and_decodes_params() {
         let names = vec!["apikey".to_string(), "user_key".to_string()];
-        assert_eq!(find_param("a=1&user_key=k%2B1", &names), Some("k%2B1"));
+        assert!(is_credential("user_key", &names));
+        assert!(is_credential("%61pikey", &names));
+        assert!(is_credential("APIKEY", &names));
+        assert!(!is_credential("apikeyx", &names));
+        let found: Vec<_> = params("a=1;apikey=2&b").collect();
+        assert_eq!(found, [("a", "1"), ("apikey", "2"), ("b", "")]);
         assert_eq!(percent_decode("k%2B1"), "k+1");
         assert_eq!(percent_decode("bad%zz"), "bad%zz");
         assert_eq!(percent_decode("end%4"), "end%4");
-        assert_eq!(find_param("apikeyx=1", &names), None);
     }
 }

@@ -35,8 +35,8 @@ pub enum H1Error {
     /// connection, the backend closed it while idle (the request may be replayed).
     #[error("connection closed before the response: {0}")]
     Closed(io::Error),
-    /// The response is not valid HTTP/1.x.
-    #[error("malformed response from upstream")]
+    /// The response is not valid HTTP/1.x, or broke off after it had begun.
+    #[error("malformed or truncated response from upstream")]
     Malformed,
 }
 
@@ -99,6 +99,9 @@ impl H1Conn {
         method: &Method,
     ) -> Result<(Head, H1Body), H1Error> {
         self.stream.write_all(request).await.map_err(closed)?;
+        // Closed before any byte of a response: the request may be replayed. After some,
+        // the exchange is broken, never replayed.
+        let mut received = false;
         loop {
             if !self.buf.is_empty() {
                 if let Some((head, len, framing, keep_alive)) = parse_head(&self.buf, method)? {
@@ -115,10 +118,12 @@ impl H1Conn {
                 }
             }
             match self.fill().await {
+                Ok(0) if received => return Err(H1Error::Malformed),
                 Ok(0) => {
                     return Err(closed(io::Error::from(io::ErrorKind::UnexpectedEof)));
                 }
-                Ok(_) => {}
+                Ok(_) => received = true,
+                Err(_) if received => return Err(H1Error::Malformed),
                 Err(e) => return Err(closed(e)),
             }
         }
@@ -126,6 +131,31 @@ impl H1Conn {
 }
 
 type Parsed = (Head, usize, Framing, bool);
+
+/// A `Content-Length` value: digits only (no sign, no spaces, no list).
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// A chunk-size line: hex digits only, then optional whitespace and `;` extensions.
+fn parse_chunk_size(line: &[u8]) -> Option<u64> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 16 {
+        return None;
+    }
+    let rest = &line[digits..];
+    let rest_ok = rest.is_empty() || {
+        let after_ws = rest.trim_ascii_start();
+        after_ws.first() == Some(&b';')
+    };
+    if !rest_ok {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(&line[..digits]).ok()?, 16).ok()
+}
 
 fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parsed>, H1Error> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -146,21 +176,21 @@ fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parsed>, H1Error
     };
     let mut keep_alive = version == Version::HTTP_11;
     let mut framing = Framing::UntilClose;
+    let (mut has_length, mut has_te) = (false, false);
     let mut headers = HeaderMap::with_capacity(resp.headers.len());
     for h in resp.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| H1Error::Malformed)?;
         let value = HeaderValue::from_bytes(h.value).map_err(|_| H1Error::Malformed)?;
         if name == http::header::CONTENT_LENGTH {
-            let n = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or(H1Error::Malformed)?;
+            let n = parse_length(h.value).ok_or(H1Error::Malformed)?;
+            has_length = true;
             match framing {
                 Framing::Length(prev) if prev != n => return Err(H1Error::Malformed),
                 Framing::Chunked => {}
                 _ => framing = Framing::Length(n),
             }
         } else if name == http::header::TRANSFER_ENCODING {
+            has_te = true;
             let chunked = h
                 .value
                 .rsplit(|b| *b == b',')
@@ -190,7 +220,8 @@ fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parsed>, H1Error
     {
         framing = Framing::Empty;
     }
-    if matches!(framing, Framing::UntilClose) {
+    if matches!(framing, Framing::UntilClose) || (has_length && has_te) {
+        // Both framings in one message (RFC 9112 §6.3): frame by chunks, then close.
         keep_alive = false;
     }
     Ok(Some((Head { status, headers }, len, framing, keep_alive)))
@@ -325,11 +356,7 @@ impl H1Body {
                                     }
                                     continue;
                                 }
-                                let size = line.split(|b| *b == b';').next().unwrap_or(b"");
-                                let size = std::str::from_utf8(size)
-                                    .ok()
-                                    .and_then(|s| u64::from_str_radix(s.trim(), 16).ok());
-                                *chunk = match size {
+                                *chunk = match parse_chunk_size(line) {
                                     Some(0) => Chunk::Trailers,
                                     Some(n) => Chunk::Data(n),
                                     None => {
@@ -498,11 +525,52 @@ mod tests {
         )
         .is_err());
         assert!(parse_head(&BytesMut::from("garbage\r\n\r\n"), &Method::GET).is_err());
+        for bad in ["+5", "5 5", "5,5", "-1", "", "0x5", "99999999999999999999"] {
+            let raw = format!("HTTP/1.1 200 OK\r\nContent-Length: {bad}\r\n\r\n");
+            assert!(
+                parse_head(&BytesMut::from(raw.as_str()), &Method::GET).is_err(),
+                "{bad:?}"
+            );
+        }
+        let (h, _, f, ka) = parse(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Method::GET,
+        );
+        assert!(
+            matches!(f, Framing::Chunked) && !ka,
+            "both framings: chunked, then close"
+        );
+        assert!(
+            h.headers.contains_key("content-length"),
+            "dropped on the way out"
+        );
         assert!(
             parse_head(&BytesMut::from("HTTP/1.1 200 OK\r\nContent-"), &Method::GET)
                 .expect("ok")
                 .is_none()
         );
+    }
+
+    #[test]
+    fn chunk_sizes_are_strict() {
+        assert_eq!(parse_chunk_size(b"1a"), Some(26));
+        assert_eq!(parse_chunk_size(b"1a;ext=1"), Some(26));
+        assert_eq!(parse_chunk_size(b"1a ;ext"), Some(26));
+        for bad in [
+            &b"+1a"[..],
+            b" 1a",
+            b"1a x",
+            b"",
+            b"0x1a",
+            b"11111111111111111",
+        ] {
+            assert_eq!(
+                parse_chunk_size(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     #[test]

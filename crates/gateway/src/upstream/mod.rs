@@ -15,7 +15,6 @@ mod idle;
 mod pool;
 
 pub use dial::ConnectError;
-pub use headers::strip_hop_headers;
 pub use pool::{BodyError, PooledBody};
 
 use crate::response::Refusal;
@@ -100,6 +99,8 @@ impl Upstream {
 pub struct Hop<'a> {
     /// The client's IP, appended to `X-Forwarded-For`.
     pub peer_ip: &'a HeaderValue,
+    /// The client is a trusted proxy: its `X-Forwarded-*` headers are kept.
+    pub trusted: bool,
     /// Prefix to remove from the path, if the route strips one.
     pub strip_prefix: Option<&'a str>,
     /// Keep the client's `Host`.
@@ -182,7 +183,7 @@ pub async fn forward(
     } = parts;
     let pq = path_and_query(&uri, hop.strip_prefix);
     // Rewritten once; only `Host` changes from one target to the next.
-    headers::rewrite_request(&mut headers, hop.peer_ip);
+    headers::rewrite_request(&mut headers, hop.peer_ip, hop.trusted);
     if !hop.preserve_host {
         headers.remove(header::HOST);
     }
@@ -261,8 +262,8 @@ pub async fn forward(
         let sent = tokio::time::timeout(up.cfg.response_timeout, tx.try_send_request(r)).await;
         let mut err = match sent {
             Ok(Ok(mut resp)) => {
-                strip_hop_headers(resp.headers_mut());
-                let pool = target.pool.clone();
+                let stale_length = headers::rewrite_response(resp.headers_mut());
+                let pool = (!stale_length).then(|| target.pool.clone());
                 return Ok(resp.map(|b| PooledBody::new(b, tx, pool)));
             }
             Ok(Err(e)) => e,
@@ -377,7 +378,7 @@ async fn forward_lean(
                 let mut resp = Response::new(PooledBody::raw(body.with_pool(target.raw.clone())));
                 *resp.status_mut() = h.status;
                 *resp.headers_mut() = h.headers;
-                strip_hop_headers(resp.headers_mut());
+                headers::rewrite_response(resp.headers_mut());
                 return Ok(resp);
             }
             Ok(Err(h1::H1Error::Closed(e))) => {

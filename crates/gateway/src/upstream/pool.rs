@@ -97,11 +97,13 @@ enum Inner {
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl PooledBody {
-    pub(crate) fn new(body: Incoming, tx: SendRequest<UpBody>, pool: Arc<Pool>) -> Self {
+    /// A body from hyper's client; its connection goes back to `pool` at the end, or is
+    /// closed when there is no pool to go back to.
+    pub(crate) fn new(body: Incoming, tx: SendRequest<UpBody>, pool: Option<Arc<Pool>>) -> Self {
         PooledBody {
             inner: Inner::Hyper {
                 body,
-                lease: Some((tx, pool)),
+                lease: pool.map(|p| (tx, p)),
             },
         }
     }

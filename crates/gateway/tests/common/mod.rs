@@ -252,3 +252,41 @@ pub async fn closed_port() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     l.local_addr().expect("addr")
 }
+
+/// A backend that records each request head exactly as received (bytes on the wire) and
+/// answers 200 `ok` with keep-alive. Bodies are not expected.
+pub async fn recording_backend() -> (SocketAddr, Arc<parking_lot::Mutex<Vec<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let seen = s2.clone();
+            tokio::spawn(async move {
+                while let Some(h) = read_head(&mut s).await {
+                    seen.lock().push(h);
+                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// The status code of a raw HTTP/1.1 answer (0 when there is none).
+pub fn status_of(answer: &str) -> u16 {
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}

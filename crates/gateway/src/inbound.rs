@@ -1,0 +1,307 @@
+//! What a request must look like before routing, so that routing and authorization see what
+//! the backend will see:
+//!
+//! - **Host**: exactly one `Host` on HTTP/1.1 (RFC 9112 §3.2); an absolute-form target must
+//!   name the same host. Routes match it case-insensitively, without port or trailing dot.
+//! - **Path**: percent-encoded unreserved characters decoded, repeated slashes merged;
+//!   dot-segments, encoded `/` `\` and NUL, raw `\` and broken escapes refused (400). The
+//!   normalized path is the one forwarded.
+//! - **Headers**: hop-by-hop headers removed first (a `Connection` header may not name a
+//!   header the gateway sets); every client header that spells a name the gateway owns (the
+//!   consumer header, `X-Forwarded-*`, credential headers) with `_` for `-` is removed, and
+//!   the consumer header itself is always removed: only the gateway sets it.
+
+use crate::response::Refusal;
+use crate::snapshot::Snapshot;
+use http::header::{self, HeaderMap, HeaderName};
+use http::request::Parts;
+use http::uri::{PathAndQuery, Uri};
+use http::Version;
+
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Checks and rewrites the request head in place; a refusal is a 400.
+pub fn prepare(snap: &Snapshot, parts: &mut Parts) -> Result<(), Refusal> {
+    check_host(parts)?;
+    if let Some(path) = normalize_path(parts.uri.path())? {
+        let pq = match parts.uri.query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path,
+        };
+        let pq = PathAndQuery::try_from(pq)
+            .map_err(|_| Refusal::BadRequest("invalid request target"))?;
+        parts.uri = Uri::from(pq);
+    } else if parts.uri.scheme().is_some() {
+        // Absolute form: the Host header (checked equal) carries the authority from here on.
+        let pq = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.uri = Uri::from(pq);
+    }
+    strip_hop_headers(&mut parts.headers, &snap.owned);
+    remove_owned(&mut parts.headers, &snap.owned);
+    Ok(())
+}
+
+/// Header names only the gateway may set, for the checks above.
+#[derive(Debug, Default)]
+pub struct Owned {
+    /// Consumer headers of every route: removed from every request.
+    pub consumer_headers: Vec<HeaderName>,
+    /// Every owned name, lowercase with `-`: client headers that spell one with `_` are
+    /// removed, and `Connection` may not name one.
+    pub dashed: Vec<String>,
+}
+
+impl Owned {
+    /// Whether `name` (lowercase) is an owned name, with `_` and `-` taken as the same.
+    fn matches(&self, name: &str) -> bool {
+        self.dashed.iter().any(|d| {
+            d.len() == name.len()
+                && d.bytes()
+                    .zip(name.bytes())
+                    .all(|(a, b)| a == b || (a == b'-' && b == b'_'))
+        })
+    }
+}
+
+fn check_host(parts: &mut Parts) -> Result<(), Refusal> {
+    let mut hosts = parts.headers.get_all(header::HOST).iter();
+    let first = hosts.next().cloned();
+    if hosts.next().is_some() {
+        return Err(Refusal::BadRequest("more than one Host header"));
+    }
+    if let Some(h) = &first {
+        let s = h
+            .to_str()
+            .map_err(|_| Refusal::BadRequest("invalid Host header"))?;
+        if s.contains(['@', '/', '\\', ' ']) {
+            return Err(Refusal::BadRequest("invalid Host header"));
+        }
+    }
+    match (parts.uri.authority(), &first) {
+        (Some(auth), Some(h)) => {
+            let same = h
+                .to_str()
+                .is_ok_and(|h| host_only(h).eq_ignore_ascii_case(host_only(auth.as_str())));
+            if !same {
+                return Err(Refusal::BadRequest(
+                    "request target and Host header name different hosts",
+                ));
+            }
+        }
+        (Some(auth), None) => {
+            let v = http::HeaderValue::from_str(auth.as_str())
+                .map_err(|_| Refusal::BadRequest("invalid request target"))?;
+            parts.headers.insert(header::HOST, v);
+        }
+        (None, None) if parts.version == Version::HTTP_11 => {
+            return Err(Refusal::BadRequest("HTTP/1.1 request without Host header"));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A Host value without port and trailing dot (`API.example.com.:80` → `API.example.com`).
+pub fn host_only(raw: &str) -> &str {
+    // Strip a port, keeping IPv6 literals intact.
+    let h = match raw.rfind(':') {
+        Some(i) if !raw[i..].contains(']') => &raw[..i],
+        _ => raw,
+    };
+    h.strip_suffix('.').unwrap_or(h)
+}
+
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// The path as the backend will see it, or `None` when it is already normal. Refuses what
+/// a backend could resolve to a path no route allowed.
+pub fn normalize_path(path: &str) -> Result<Option<String>, Refusal> {
+    if !path.starts_with('/') {
+        if path == "*" {
+            return Ok(None);
+        }
+        return Err(Refusal::BadRequest(
+            "request target must be an absolute path",
+        ));
+    }
+    let b = path.as_bytes();
+    let plain = !path.contains(['%', '\\']) && !path.contains("//") && !path.contains("/.");
+    if plain {
+        return Ok(None);
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let (Some(hi), Some(lo)) = (
+                    b.get(i + 1).copied().and_then(hex),
+                    b.get(i + 2).copied().and_then(hex),
+                ) else {
+                    return Err(Refusal::BadRequest("path has an invalid percent-encoding"));
+                };
+                let v = hi * 16 + lo;
+                match v {
+                    b'/' | b'\\' => {
+                        return Err(Refusal::BadRequest("path contains an encoded slash"))
+                    }
+                    0 => return Err(Refusal::BadRequest("path contains an encoded NUL")),
+                    v if is_unreserved(v) => out.push(v),
+                    _ => {
+                        out.push(b'%');
+                        out.push(b[i + 1].to_ascii_uppercase());
+                        out.push(b[i + 2].to_ascii_uppercase());
+                    }
+                }
+                i += 3;
+            }
+            b'\\' => return Err(Refusal::BadRequest("path contains a backslash")),
+            b'/' if out.last() == Some(&b'/') => i += 1,
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    for seg in out.split(|c| *c == b'/') {
+        // `..;x` counts too: some servers drop `;` parameters before resolving dots.
+        let name = seg.split(|c| *c == b';').next().unwrap_or(seg);
+        if name == b"." || name == b".." {
+            return Err(Refusal::BadRequest("path contains dot-segments"));
+        }
+    }
+    let out = String::from_utf8(out).map_err(|_| Refusal::BadRequest("invalid path"))?;
+    Ok((out != path).then_some(out))
+}
+
+fn is_hop(n: &HeaderName) -> bool {
+    *n == header::CONNECTION
+        || *n == header::TE
+        || *n == header::TRAILER
+        || *n == header::TRANSFER_ENCODING
+        || *n == header::UPGRADE
+        || *n == KEEP_ALIVE
+        || *n == PROXY_CONNECTION
+}
+
+/// Names a `Connection` header may never remove: what the gateway sets or frames by.
+fn protected(name: &str, owned: &Owned) -> bool {
+    name.eq_ignore_ascii_case("host") || name.eq_ignore_ascii_case("content-length") || {
+        let lower = name.to_ascii_lowercase();
+        owned.matches(&lower)
+    }
+}
+
+/// Removes the hop-by-hop headers (RFC 9110 §7.6.1), including those a `Connection` header
+/// names, except names the gateway owns or frames by. One pass over the names first: most
+/// messages carry none.
+pub fn strip_hop_headers(h: &mut HeaderMap, owned: &Owned) {
+    if !h.keys().any(is_hop) {
+        return;
+    }
+    let named: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|list| list.split(','))
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    for name in named {
+        if !protected(&name, owned) {
+            h.remove(name.as_str());
+        }
+    }
+    for name in [
+        header::CONNECTION,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        h.remove(name);
+    }
+}
+
+/// Removes the consumer headers and every `_` spelling of an owned name.
+fn remove_owned(h: &mut HeaderMap, owned: &Owned) {
+    for name in &owned.consumer_headers {
+        h.remove(name);
+    }
+    if h.keys().any(|k| k.as_str().contains('_')) {
+        let forged: Vec<HeaderName> = h
+            .keys()
+            .filter(|k| k.as_str().contains('_') && owned.matches(k.as_str()))
+            .cloned()
+            .collect();
+        for name in forged {
+            h.remove(name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(p: &str) -> Result<String, ()> {
+        normalize_path(p)
+            .map(|o| o.unwrap_or_else(|| p.to_string()))
+            .map_err(|_| ())
+    }
+
+    #[test]
+    fn paths_are_normalized_or_refused() {
+        assert_eq!(norm("/test/a.json"), Ok("/test/a.json".into()));
+        assert_eq!(
+            norm("/test/.well-known/x"),
+            Ok("/test/.well-known/x".into())
+        );
+        assert_eq!(norm("//admin//x"), Ok("/admin/x".into()));
+        assert_eq!(norm("/%61dmin/x"), Ok("/admin/x".into()));
+        assert_eq!(norm("/a%2db%7e"), Ok("/a-b~".into()));
+        assert_eq!(norm("/a%3fb%c3%a9"), Ok("/a%3Fb%C3%A9".into()));
+        for bad in [
+            "/test/../admin",
+            "/test/%2e%2E/admin",
+            "/test/.",
+            "/test/a%2Fb",
+            "/test/a%5cb",
+            "/test/a\\b",
+            "/x/..;/admin",
+            "/a%00b",
+            "/a%zz",
+            "/a%4",
+            "/%2e%2e/x",
+            "admin",
+        ] {
+            assert_eq!(norm(bad), Err(()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hosts_lose_port_and_trailing_dot() {
+        assert_eq!(host_only("secret.example.com."), "secret.example.com");
+        assert_eq!(host_only("x.:80"), "x");
+        assert_eq!(host_only("[::1]:8080"), "[::1]");
+        assert_eq!(host_only("[::1]"), "[::1]");
+    }
+}

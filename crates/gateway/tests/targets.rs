@@ -1,0 +1,174 @@
+//! Routing and authorization see what the backend will see: paths are normalized before
+//! routing and forwarded normalized; hosts match without case, port or trailing dot; a
+//! request's Host must be single and agree with its target.
+
+mod common;
+
+use common::*;
+use std::sync::Arc;
+use tollgate_gateway::SystemClock;
+
+const ROUTES: &str = r#"
+consumers:
+  - {name: alice, keys: [t1]}
+routes:
+  - name: admin
+    path_prefix: /admin/
+    upstream: backend
+    auth: {}
+  - name: secret
+    host: secret.example.com
+    path_prefix: /
+    upstream: backend
+    auth: {}
+  - name: shouting
+    path_prefix: /Loud/
+    case_insensitive: true
+    upstream: backend
+    auth: {}
+  - name: open
+    path_prefix: /
+    upstream: backend
+"#;
+
+type Seen = Arc<parking_lot::Mutex<Vec<String>>>;
+
+async fn setup() -> (TestGateway, Seen) {
+    let (backend, seen) = recording_backend().await;
+    let gw = TestGateway::start(&yaml(backend, ROUTES), SystemClock::new()).await;
+    (gw, seen)
+}
+
+async fn send(gw: &TestGateway, seen: &Seen, head: &str) -> (u16, Option<String>) {
+    let before = seen.lock().len();
+    let answer = raw(gw.addr, head.as_bytes()).await;
+    let got = seen.lock().get(before).cloned();
+    (status_of(&answer), got)
+}
+
+#[tokio::test]
+async fn slashes_and_encoded_letters_do_not_bypass_a_keyed_route() {
+    let (gw, seen) = setup().await;
+    for path in [
+        "//admin/x",
+        "/%61dmin/x",
+        "/%2561dmin/x",
+        "///admin//x",
+        "/ADMIN/x",
+    ] {
+        let (status, got) = send(
+            &gw,
+            &seen,
+            &format!("GET {path} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        match path {
+            // `%25` is an encoded `%`: the backend sees `/%2561dmin/x`, not `/admin/x`.
+            "/%2561dmin/x" | "/ADMIN/x" => {
+                assert_eq!(status, 200, "{path}");
+            }
+            _ => {
+                assert_eq!(status, 401, "{path} must meet the keyed /admin/ route");
+                assert!(got.is_none(), "{path} reached the backend");
+            }
+        }
+    }
+    // With a key, the backend gets the normalized path.
+    let (status, got) = send(
+        &gw,
+        &seen,
+        "GET //%61dmin//x?apikey=t1 HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200);
+    let got = got.expect("forwarded");
+    assert!(got.starts_with("GET /admin/x HTTP/1.1\r\n"), "{got}");
+}
+
+#[tokio::test]
+async fn dot_segments_encoded_slashes_and_backslashes_are_refused() {
+    let (gw, seen) = setup().await;
+    for path in [
+        "/open/../admin/x",
+        "/open/%2e%2e/admin/x",
+        "/open/..;/admin/x",
+        "/open%2fadmin",
+        "/open%5cadmin",
+        "/open/%00",
+        "/open/%zz",
+    ] {
+        let (status, got) = send(
+            &gw,
+            &seen,
+            &format!("GET {path} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert_eq!(status, 400, "{path}");
+        assert!(got.is_none(), "{path} reached the backend");
+    }
+}
+
+#[tokio::test]
+async fn a_case_insensitive_route_matches_any_case() {
+    let (gw, seen) = setup().await;
+    for path in ["/loud/x", "/LOUD/x", "/Loud/x"] {
+        let (status, got) = send(
+            &gw,
+            &seen,
+            &format!("GET {path} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert_eq!(status, 401, "{path}");
+        assert!(got.is_none());
+    }
+}
+
+#[tokio::test]
+async fn hosts_match_without_case_port_or_trailing_dot() {
+    let (gw, seen) = setup().await;
+    for host in [
+        "secret.example.com",
+        "SECRET.example.com",
+        "secret.example.com.",
+        "secret.example.com.:80",
+        "secret.example.com:8080",
+    ] {
+        let (status, got) = send(
+            &gw,
+            &seen,
+            &format!("GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert_eq!(status, 401, "Host: {host} must meet the keyed host route");
+        assert!(got.is_none());
+    }
+}
+
+#[tokio::test]
+async fn host_must_be_single_present_and_agree_with_the_target() {
+    let (gw, seen) = setup().await;
+    let bad = [
+        "GET /x HTTP/1.1\r\nHost: api\r\nHost: secret.example.com\r\n\r\n",
+        "GET /x HTTP/1.1\r\nConnection: close\r\n\r\n",
+        "GET http://api/x HTTP/1.1\r\nHost: secret.example.com\r\n\r\n",
+        "GET http://secret.example.com/x HTTP/1.1\r\nHost: api\r\n\r\n",
+    ];
+    for req in bad {
+        let (status, got) = send(&gw, &seen, req).await;
+        assert_eq!(status, 400, "{req}");
+        assert!(got.is_none(), "{req}");
+    }
+    // An absolute-form target that agrees with Host is routed by that host.
+    let (status, _) = send(
+        &gw,
+        &seen,
+        "GET http://secret.example.com/x HTTP/1.1\r\nHost: secret.example.com\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 401);
+    // HTTP/1.0 may leave Host out.
+    let (status, got) = send(&gw, &seen, "GET /x HTTP/1.0\r\n\r\n").await;
+    assert_eq!(status, 200);
+    let got = got.expect("forwarded");
+    assert!(got.starts_with("GET /x HTTP/1.1\r\n"), "{got}");
+}
