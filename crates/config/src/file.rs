@@ -142,6 +142,9 @@ pub struct Route {
     /// Match the path ignoring ASCII case (for case-insensitive backends).
     #[serde(default)]
     pub case_insensitive: bool,
+    /// Read request bodies up to 64KiB before taking an upstream connection (default
+    /// true); false streams them at once, for full-duplex APIs.
+    pub request_buffering: Option<bool>,
     /// API key authentication.
     pub auth: Option<Auth>,
     /// Who may call the route (requires `auth`).

@@ -202,6 +202,8 @@ pub struct RouteConfig {
     pub preserve_host: bool,
     /// Match the path ignoring ASCII case.
     pub case_insensitive: bool,
+    /// Read request bodies up to 64KiB before taking an upstream connection.
+    pub request_buffering: bool,
     /// API key authentication, if required.
     pub auth: Option<AuthConfig>,
     /// Who may call; `None` lets every authenticated consumer call.

@@ -69,3 +69,13 @@ impl Clock for ManualClock {
         self.nanos.load(Ordering::SeqCst)
     }
 }
+
+/// Whole seconds since the first call: a cheap, coarse clock for rate-limiting log lines.
+pub fn coarse_secs() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs()
+        + 1
+}

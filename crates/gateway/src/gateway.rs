@@ -185,7 +185,7 @@ impl Gateway {
 
         let result: Result<Response<Body>, Refusal> = async {
             let admitted = match policy::run(&snap, route, &mut parts, self.clock.as_ref())? {
-                Verdict::Answer(r) => return Ok(r),
+                Verdict::Answer(r) => return Ok(*r),
                 Verdict::Forward(a) => a,
             };
             let strip_prefix = match (&route.cfg.path, route.cfg.strip_prefix) {
@@ -198,6 +198,9 @@ impl Gateway {
                 strip_prefix,
                 preserve_host: route.cfg.preserve_host,
                 max_body: conn.listener.max_body_bytes,
+                body_timeout: conn.listener.body_timeout,
+                stream_body: !route.cfg.request_buffering,
+                route: &route.cfg.name,
             };
             let resp = upstream::forward(&route.upstream, parts, body, hop).await?;
             let mut resp = resp.map(Either::Left);

@@ -75,6 +75,12 @@ pub enum Refusal {
     /// The upstream did not answer in time.
     #[error("upstream timeout")]
     UpstreamTimeout,
+    /// Every connection the upstream target allows is busy, past the wait.
+    #[error("upstream busy")]
+    UpstreamBusy,
+    /// The client stopped sending its body for longer than `body_timeout`.
+    #[error("request body timeout")]
+    RequestTimeout,
 }
 
 fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
@@ -179,6 +185,22 @@ pub fn refuse(refusal: Refusal) -> Response<Body> {
         Refusal::UpstreamTimeout => json(
             StatusCode::GATEWAY_TIMEOUT,
             r#"{"status":504,"error":"upstream timeout"}"#,
+        ),
+        Refusal::UpstreamBusy => with(
+            json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#"{"status":503,"error":"upstream busy"}"#,
+            ),
+            RETRY_AFTER,
+            HeaderValue::from_static("1"),
+        ),
+        Refusal::RequestTimeout => with(
+            json(
+                StatusCode::REQUEST_TIMEOUT,
+                r#"{"status":408,"error":"request body timeout"}"#,
+            ),
+            CONNECTION,
+            close(),
         ),
     }
 }

@@ -221,6 +221,7 @@ pub(super) fn route(
         strip_prefix: r.strip_prefix,
         preserve_host: r.preserve_host,
         case_insensitive: r.case_insensitive,
+        request_buffering: r.request_buffering.unwrap_or(true),
         auth,
         allow,
         limits,

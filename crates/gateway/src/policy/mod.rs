@@ -36,7 +36,7 @@ pub enum Verdict {
     /// Forward the request.
     Forward(Admitted),
     /// Answer with this (a CORS preflight).
-    Answer(Response<Body>),
+    Answer(Box<Response<Body>>),
 }
 
 /// Runs the policies after route selection, in order. The limiter reads `clock` only when
@@ -48,7 +48,7 @@ pub fn run(
     clock: &dyn Clock,
 ) -> Result<Verdict, Refusal> {
     if let Some(answer) = cors::preflight(route, parts)? {
-        return Ok(Verdict::Answer(answer));
+        return Ok(Verdict::Answer(Box::new(answer)));
     }
     let consumer = auth::authenticate(snap, route, parts)?;
     let mut admitted = Admitted {

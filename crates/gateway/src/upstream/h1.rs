@@ -9,6 +9,7 @@
 //! connection goes back to the pool. Requests with a body keep using hyper's client, which
 //! streams both directions at once.
 
+use super::cap::Cap;
 use super::dial::{ConnectError, Dialer};
 use super::idle::{spawn_reaper, IdleList};
 use bytes::{Buf, Bytes, BytesMut};
@@ -21,6 +22,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 
 /// Most response headers accepted from an upstream.
 const MAX_HEADERS: usize = 100;
@@ -44,6 +46,8 @@ pub enum H1Error {
 pub struct H1Conn {
     stream: TcpStream,
     buf: BytesMut,
+    /// Room under the target's connection cap, given back when the connection closes.
+    _permit: OwnedSemaphorePermit,
 }
 
 /// The response head.
@@ -68,10 +72,11 @@ fn closed(e: io::Error) -> H1Error {
 
 impl H1Conn {
     /// A client on a connected stream.
-    fn new(stream: TcpStream) -> H1Conn {
+    fn new(stream: TcpStream, permit: OwnedSemaphorePermit) -> H1Conn {
         H1Conn {
             stream,
             buf: BytesMut::with_capacity(READ_CHUNK),
+            _permit: permit,
         }
     }
 
@@ -269,6 +274,16 @@ impl H1Body {
         }
     }
 
+    /// A body with nothing left and no connection.
+    pub(crate) fn closed() -> H1Body {
+        H1Body {
+            conn: None,
+            state: State::Done,
+            keep_alive: false,
+            pool: None,
+        }
+    }
+
     /// Returns the connection to `pool` once the body is read.
     pub(crate) fn with_pool(mut self, pool: Arc<RawPool>) -> Self {
         self.pool = Some(pool);
@@ -423,6 +438,7 @@ impl H1Body {
 pub struct RawPool {
     dialer: Dialer,
     idle: IdleList<H1Conn>,
+    cap: Arc<Cap>,
 }
 
 impl std::fmt::Debug for RawPool {
@@ -440,10 +456,12 @@ impl RawPool {
         max_idle: usize,
         idle_timeout: Duration,
         connect_timeout: Duration,
+        cap: Arc<Cap>,
     ) -> Arc<RawPool> {
         let pool = Arc::new(RawPool {
             dialer: Dialer::new(target, connect_timeout),
             idle: IdleList::new(max_idle, idle_timeout),
+            cap,
         });
         spawn_reaper(Arc::downgrade(&pool), idle_timeout, |p: &RawPool| {
             p.idle.trim(|_| true)
@@ -458,11 +476,17 @@ impl RawPool {
 
     fn checkin(&self, conn: H1Conn) {
         self.idle.checkin(conn);
+        self.cap.returned.notify_one();
     }
 
-    /// A new connection, within the connect timeout.
-    pub async fn connect(&self) -> Result<H1Conn, ConnectError> {
-        Ok(H1Conn::new(self.dialer.dial().await?))
+    /// Closes the connection idle the longest; whether there was one.
+    pub fn evict_one(&self) -> bool {
+        self.idle.evict_one()
+    }
+
+    /// A new connection, within the connect timeout, holding `permit` while it is open.
+    pub async fn connect(&self, permit: OwnedSemaphorePermit) -> Result<H1Conn, ConnectError> {
+        Ok(H1Conn::new(self.dialer.dial().await?, permit))
     }
 }
 

@@ -8,31 +8,34 @@
 //! connection. A new connection that fails is not retried on the same target. A
 //! non-idempotent request is never sent twice.
 
+mod body;
+mod cap;
 mod dial;
 mod h1;
 mod headers;
 mod idle;
 mod pool;
 
+pub use body::{ClientFault, UpBody, BUFFER};
 pub use dial::ConnectError;
 pub use pool::{BodyError, PooledBody};
 
 use crate::response::Refusal;
+use body::{BodyWatch, Received};
 use bytes::Bytes;
+use cap::{Cap, Slot};
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri, Version};
-use http_body_util::{Either, Empty, Limited};
 use hyper::body::{Body as _, Incoming};
 use pool::Pool;
 use std::error::Error as StdError;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tollgate_config::UpstreamConfig;
-
-/// Body sent upstream: the client's, streamed and capped, or none (then replayable).
-pub type UpBody = Either<Limited<Incoming>, Empty<Bytes>>;
 
 struct Target {
     /// `Host` header value for requests to this target.
@@ -41,6 +44,58 @@ struct Target {
     pool: Arc<Pool>,
     /// The lean client's connections, for requests without one.
     raw: Arc<h1::RawPool>,
+    /// The cap on connections open at once, shared by both.
+    cap: Arc<Cap>,
+}
+
+impl Target {
+    /// A connection for the lean client: an idle one, or a new one under the cap (the wait
+    /// at the cap is bounded by the connect timeout). The bool tells whether it was reused.
+    async fn raw_conn(&self, up: &Upstream) -> Result<(h1::H1Conn, bool), Refusal> {
+        let slot = self
+            .cap
+            .slot(
+                || self.raw.checkout(),
+                || self.pool.evict_one(),
+                up.cfg.connect_timeout,
+            )
+            .await;
+        match slot {
+            Some(Slot::Idle(c)) => Ok((c, true)),
+            Some(Slot::New(permit)) => self
+                .raw
+                .connect(permit)
+                .await
+                .map(|c| (c, false))
+                .map_err(|e| connect_refusal(up, &e)),
+            None => Err(Refusal::UpstreamBusy),
+        }
+    }
+
+    /// A connection for hyper's client, likewise.
+    async fn hyper_conn(
+        &self,
+        up: &Upstream,
+    ) -> Result<(hyper::client::conn::http1::SendRequest<UpBody>, bool), Refusal> {
+        let slot = self
+            .cap
+            .slot(
+                || self.pool.checkout(),
+                || self.raw.evict_one(),
+                up.cfg.connect_timeout,
+            )
+            .await;
+        match slot {
+            Some(Slot::Idle(c)) => Ok((c, true)),
+            Some(Slot::New(permit)) => self
+                .pool
+                .connect(permit)
+                .await
+                .map(|c| (c, false))
+                .map_err(|e| connect_refusal(up, &e)),
+            None => Err(Refusal::UpstreamBusy),
+        }
+    }
 }
 
 /// One upstream: its settings, a pool per target, and the round-robin position.
@@ -49,6 +104,8 @@ pub struct Upstream {
     pub cfg: UpstreamConfig,
     targets: Vec<Target>,
     next: AtomicUsize,
+    /// Second of the last failure logged, so that failures log once a second at most.
+    last_logged: AtomicU64,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -66,15 +123,24 @@ impl Upstream {
             .targets
             .iter()
             .filter_map(|t| {
+                let cap = Cap::new(cfg.max_connections);
                 Some(Target {
                     host: HeaderValue::from_str(t).ok()?,
-                    pool: Pool::new(t, cfg.pool_max_idle, cfg.idle_timeout, cfg.connect_timeout),
+                    pool: Pool::new(
+                        t,
+                        cfg.pool_max_idle,
+                        cfg.idle_timeout,
+                        cfg.connect_timeout,
+                        cap.clone(),
+                    ),
                     raw: h1::RawPool::new(
                         t,
                         cfg.pool_max_idle,
                         cfg.idle_timeout,
                         cfg.connect_timeout,
+                        cap.clone(),
                     ),
+                    cap,
                 })
             })
             .collect();
@@ -82,6 +148,7 @@ impl Upstream {
             cfg,
             targets,
             next: AtomicUsize::new(0),
+            last_logged: AtomicU64::new(0),
         }
     }
 
@@ -107,6 +174,12 @@ pub struct Hop<'a> {
     pub preserve_host: bool,
     /// Largest body accepted.
     pub max_body: u64,
+    /// Longest wait for the next piece of the request body.
+    pub body_timeout: Duration,
+    /// Stream the request body at once instead of reading up to [`BUFFER`] first.
+    pub stream_body: bool,
+    /// The route's name, for logs.
+    pub route: &'a str,
 }
 
 fn is_idempotent(m: &Method) -> bool {
@@ -141,8 +214,6 @@ enum Failure {
     /// The connection closed or reset around the write; only idempotent requests may be
     /// replayed.
     Stale,
-    /// The client's body was larger than allowed.
-    TooLarge,
     /// Anything else: the backend broke the exchange.
     Other,
 }
@@ -153,9 +224,6 @@ fn classify(e: &hyper::Error) -> Failure {
     }
     let mut src: Option<&(dyn StdError + 'static)> = e.source();
     while let Some(s) = src {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return Failure::TooLarge;
-        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind::*;
             // A backend that closes a kept-alive connection with our request unread resets it.
@@ -194,24 +262,26 @@ pub async fn forward(
             Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
         )
     {
-        return forward_lean(up, &method, &pq, headers, hop.preserve_host).await;
+        return forward_lean(up, &method, &pq, headers, &hop).await;
     }
 
-    let mut body = if body.is_end_stream() {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > hop.max_body) {
+        return Err(Refusal::PayloadTooLarge);
+    }
+    // A body read whole can be sent again; a streaming one is watched for the client's faults.
+    let (mut body, whole, watch) = if body.is_end_stream() {
         // No body to stream: send none (and drop a stray `Content-Length: 0`).
-        Some(Either::Right(Empty::new()))
+        (Some(UpBody::empty()), Some(Vec::new()), None)
     } else {
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > hop.max_body) {
-            return Err(Refusal::PayloadTooLarge);
+        match body::receive(body, hop.max_body, hop.body_timeout, hop.stream_body).await? {
+            Received::Whole(chunks) => (Some(UpBody::whole(&chunks)), Some(chunks), None),
+            Received::Streaming(b, w) => (Some(b), None, Some(w)),
         }
-        let limit = usize::try_from(hop.max_body).unwrap_or(usize::MAX);
-        Some(Either::Left(Limited::new(body, limit)))
     };
-    let replayable = matches!(body, Some(Either::Right(_)));
 
     let mut last = Refusal::Upstream("no target");
     let mut req: Option<Request<UpBody>> = None;
@@ -234,41 +304,57 @@ pub async fn forward(
             r.headers_mut().insert(header::HOST, target.host.clone());
         }
 
-        let (mut tx, reused) = match target.pool.checkout() {
-            Some(tx) => (tx, true),
-            None => match target.pool.connect().await {
-                Ok(tx) => (tx, false),
-                Err(e) => {
-                    tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
-                    last = connect_refusal(&e);
-                    // Nothing was sent: the request can go to the next target.
-                    req = Some(r);
-                    tries.spend_new();
-                    continue;
-                }
-            },
+        let (mut tx, reused) = match target.hyper_conn(up).await {
+            Ok(c) => c,
+            Err(Refusal::UpstreamBusy) => return Err(Refusal::UpstreamBusy),
+            Err(e) => {
+                last = e;
+                // Nothing was sent: the request can go to the next target.
+                req = Some(r);
+                tries.spend_new();
+                continue;
+            }
         };
         if !reused {
             tries.spend_new();
         }
-        if tx.ready().await.is_err() {
-            // Closed while idle: nothing was sent.
-            req = Some(r);
-            continue;
+        match tokio::time::timeout(up.cfg.connect_timeout, tx.ready()).await {
+            Ok(Ok(())) => {}
+            // Closed while idle, or never became ready: nothing was sent.
+            _ => {
+                req = Some(r);
+                continue;
+            }
         }
-        // Kept for a replay: only idempotent requests without a body, and only when a
-        // kept-alive connection closes under them (the backend closed it while idle).
-        let replay = (reused && replayable && is_idempotent(&method)).then(|| clone_head(&r));
-        let sent = tokio::time::timeout(up.cfg.response_timeout, tx.try_send_request(r)).await;
+        // Kept for a replay: only idempotent requests whose body was read whole, and only
+        // when a kept-alive connection closes under them (the backend closed it while idle).
+        let replay = match (&whole, reused && is_idempotent(&method)) {
+            (Some(chunks), true) => Some(clone_head(&r, chunks)),
+            _ => None,
+        };
+        let sent = await_head(
+            tx.try_send_request(r),
+            watch.as_deref(),
+            up.cfg.response_timeout,
+            hop.body_timeout,
+        )
+        .await;
         let mut err = match sent {
+            Err(refusal) => {
+                log_failure(up, hop.route, target, &refusal);
+                return Err(refusal);
+            }
             Ok(Ok(mut resp)) => {
                 let stale_length = headers::rewrite_response(resp.headers_mut());
                 let pool = (!stale_length).then(|| target.pool.clone());
-                return Ok(resp.map(|b| PooledBody::new(b, tx, pool)));
+                let read_timeout = up.cfg.read_timeout;
+                return Ok(resp.map(|b| PooledBody::new(b, tx, pool, read_timeout)));
             }
             Ok(Err(e)) => e,
-            Err(_) => return Err(Refusal::UpstreamTimeout),
         };
+        if let Some(fault) = watch.as_ref().and_then(|w| w.fault()) {
+            return Err(fault.refusal());
+        }
         if let Some(unsent) = err.take_message() {
             // The connection failed before the request was written: safe to send again.
             req = Some(unsent);
@@ -276,19 +362,71 @@ pub async fn forward(
         }
         let err = err.into_error();
         match classify(&err) {
-            Failure::TooLarge => return Err(Refusal::PayloadTooLarge),
             Failure::Stale if replay.is_some() => {
                 tracing::debug!(upstream = %up.cfg.name, error = %err, "connection closed under the request; replaying");
                 last = Refusal::Upstream("connection closed");
                 req = replay;
             }
             Failure::Stale | Failure::Other => {
+                let refusal = Refusal::Upstream("connection reset or closed");
+                log_failure(up, hop.route, target, &refusal);
                 tracing::debug!(upstream = %up.cfg.name, error = %err, "upstream failed");
-                return Err(Refusal::Upstream("connection reset or closed"));
+                return Err(refusal);
             }
         }
     }
+    if let Some((_, t)) = up.pick() {
+        log_failure(up, hop.route, t, &last);
+    }
     Err(last)
+}
+
+/// Waits for the response head. While the body streams, a stall of `body_timeout` ends
+/// the wait (408 when the client stopped sending, 504 when the upstream stopped reading);
+/// once it has ended, the upstream has `response_timeout` to answer.
+async fn await_head<F: Future>(
+    fut: F,
+    watch: Option<&BodyWatch>,
+    response_timeout: Duration,
+    body_timeout: Duration,
+) -> Result<F::Output, Refusal> {
+    tokio::pin!(fut);
+    if let Some(w) = watch {
+        loop {
+            let stall_at = w.last_moved() + body_timeout;
+            tokio::select! {
+                out = &mut fut => return Ok(out),
+                _ = w.finished() => break,
+                _ = tokio::time::sleep_until(stall_at) => {
+                    if w.last_moved() + body_timeout <= tokio::time::Instant::now() {
+                        return Err(if w.waiting_on_client() {
+                            Refusal::RequestTimeout
+                        } else {
+                            Refusal::UpstreamTimeout
+                        });
+                    }
+                }
+            }
+        }
+    }
+    tokio::time::timeout(response_timeout, fut)
+        .await
+        .map_err(|_| Refusal::UpstreamTimeout)
+}
+
+/// Logs a 502, 503 or 504 at info, at most once a second per upstream.
+fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: &Refusal) {
+    let now = crate::clock::coarse_secs();
+    let last = up.last_logged.load(Ordering::Relaxed);
+    if now != last
+        && up
+            .last_logged
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let target = target.host.to_str().unwrap_or("?");
+        tracing::info!(route, upstream = %up.cfg.name, target, "{refusal}");
+    }
 }
 
 /// How many more tries a request gets. Connect failures and closed pooled connections move
@@ -324,7 +462,8 @@ impl Tries {
     }
 }
 
-fn connect_refusal(e: &ConnectError) -> Refusal {
+fn connect_refusal(up: &Upstream, e: &ConnectError) -> Refusal {
+    tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
     match e {
         ConnectError::Timeout => Refusal::UpstreamTimeout,
         _ => Refusal::Upstream("connection refused"),
@@ -339,7 +478,7 @@ async fn forward_lean(
     method: &Method,
     pq: &PathAndQuery,
     mut headers: http::HeaderMap,
-    preserve_host: bool,
+    hop: &Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
     let mut last = Refusal::Upstream("no target");
     let mut head = Vec::with_capacity(512);
@@ -351,31 +490,35 @@ async fn forward_lean(
             break;
         };
         if encoded_for != Some(key) {
-            if !preserve_host {
+            if !hop.preserve_host {
                 headers.insert(header::HOST, target.host.clone());
             }
             h1::encode_head(method, pq.as_str(), &headers, &mut head);
             encoded_for = Some(key);
         }
-        let (conn, reused) = match target.raw.checkout() {
-            Some(c) => (c, true),
-            None => match target.raw.connect().await {
-                Ok(c) => (c, false),
-                Err(e) => {
-                    tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
-                    last = connect_refusal(&e);
-                    tries.spend_new();
-                    continue;
-                }
-            },
+        let (conn, reused) = match target.raw_conn(up).await {
+            Ok(c) => c,
+            Err(Refusal::UpstreamBusy) => {
+                log_failure(up, hop.route, target, &Refusal::UpstreamBusy);
+                return Err(Refusal::UpstreamBusy);
+            }
+            Err(e) => {
+                last = e;
+                tries.spend_new();
+                continue;
+            }
         };
         if !reused {
             tries.spend_new();
         }
         match tokio::time::timeout(up.cfg.response_timeout, conn.exchange(&head, method)).await {
-            Err(_) => return Err(Refusal::UpstreamTimeout),
+            Err(_) => {
+                log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
+                return Err(Refusal::UpstreamTimeout);
+            }
             Ok(Ok((h, body))) => {
-                let mut resp = Response::new(PooledBody::raw(body.with_pool(target.raw.clone())));
+                let body = body.with_pool(target.raw.clone());
+                let mut resp = Response::new(PooledBody::raw(body, up.cfg.read_timeout));
                 *resp.status_mut() = h.status;
                 *resp.headers_mut() = h.headers;
                 headers::rewrite_response(resp.headers_mut());
@@ -394,16 +537,21 @@ async fn forward_lean(
                 }
             }
             Ok(Err(h1::H1Error::Malformed)) => {
-                return Err(Refusal::Upstream("malformed response"));
+                let refusal = Refusal::Upstream("malformed or truncated response");
+                log_failure(up, hop.route, target, &refusal);
+                return Err(refusal);
             }
         }
+    }
+    if let Some((_, t)) = up.pick() {
+        log_failure(up, hop.route, t, &last);
     }
     Err(last)
 }
 
-/// A copy of a body-less request, for a replay.
-fn clone_head(r: &Request<UpBody>) -> Request<UpBody> {
-    let mut c = Request::new(Either::Right(Empty::new()));
+/// A copy of a request whose body was read whole, for a replay.
+fn clone_head(r: &Request<UpBody>, chunks: &[Bytes]) -> Request<UpBody> {
+    let mut c = Request::new(UpBody::whole(chunks));
     *c.method_mut() = r.method().clone();
     *c.uri_mut() = r.uri().clone();
     *c.version_mut() = r.version();

@@ -3,6 +3,7 @@
 //! most recently used connection first (warm), and a connection goes back to the pool when
 //! its response body has been read to the end.
 
+use super::cap::Cap;
 use super::dial::{ConnectError, Dialer};
 use super::h1::H1Body;
 use super::idle::{spawn_reaper, IdleList};
@@ -12,15 +13,18 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::OwnedSemaphorePermit;
 
 /// The pool of one target.
 pub struct Pool {
     dialer: Dialer,
     idle: IdleList<SendRequest<UpBody>>,
+    cap: Arc<Cap>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -39,10 +43,12 @@ impl Pool {
         max_idle: usize,
         idle_timeout: Duration,
         connect_timeout: Duration,
+        cap: Arc<Cap>,
     ) -> Arc<Pool> {
         let pool = Arc::new(Pool {
             dialer: Dialer::new(target, connect_timeout),
             idle: IdleList::new(max_idle, idle_timeout),
+            cap,
         });
         spawn_reaper(Arc::downgrade(&pool), idle_timeout, |p: &Pool| {
             p.idle.trim(|tx| !tx.is_closed())
@@ -59,11 +65,21 @@ impl Pool {
     pub fn checkin(&self, tx: SendRequest<UpBody>) {
         if !tx.is_closed() {
             self.idle.checkin(tx);
+            self.cap.returned.notify_one();
         }
     }
 
-    /// Opens a new connection (`TCP_NODELAY`), its I/O driven by a task of its own.
-    pub async fn connect(&self) -> Result<SendRequest<UpBody>, ConnectError> {
+    /// Closes the connection idle the longest; whether there was one.
+    pub fn evict_one(&self) -> bool {
+        self.idle.evict_one()
+    }
+
+    /// Opens a new connection (`TCP_NODELAY`), its I/O driven by a task of its own that
+    /// holds `permit` until the connection closes.
+    pub async fn connect(
+        &self,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<SendRequest<UpBody>, ConnectError> {
         let stream = self.dialer.dial().await?;
         let (tx, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
@@ -72,6 +88,7 @@ impl Pool {
             if let Err(e) = conn.await {
                 tracing::debug!("upstream connection ended: {e}");
             }
+            drop(permit);
         });
         Ok(tx)
     }
@@ -81,6 +98,10 @@ impl Pool {
 /// the end. Dropped early, the connection is closed instead (its state is unknown).
 pub struct PooledBody {
     inner: Inner,
+    /// Longest wait for the next piece of the body (`read_timeout`).
+    read_timeout: Duration,
+    /// Armed while the body waits on the upstream.
+    stall: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 enum Inner {
@@ -99,18 +120,49 @@ pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 impl PooledBody {
     /// A body from hyper's client; its connection goes back to `pool` at the end, or is
     /// closed when there is no pool to go back to.
-    pub(crate) fn new(body: Incoming, tx: SendRequest<UpBody>, pool: Option<Arc<Pool>>) -> Self {
+    pub(crate) fn new(
+        body: Incoming,
+        tx: SendRequest<UpBody>,
+        pool: Option<Arc<Pool>>,
+        read_timeout: Duration,
+    ) -> Self {
         PooledBody {
             inner: Inner::Hyper {
                 body,
                 lease: pool.map(|p| (tx, p)),
             },
+            read_timeout,
+            stall: None,
         }
     }
 
-    pub(crate) fn raw(body: H1Body) -> Self {
+    pub(crate) fn raw(body: H1Body, read_timeout: Duration) -> Self {
         PooledBody {
             inner: Inner::Raw(body),
+            read_timeout,
+            stall: None,
+        }
+    }
+
+    fn poll_inner(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match &mut self.inner {
+            Inner::Raw(body) => body
+                .poll_data(cx)
+                .map(|o| o.map(|r| r.map(Frame::data).map_err(BodyError::from))),
+            Inner::Hyper { body, lease } => {
+                let polled = Pin::new(&mut *body).poll_frame(cx);
+                let end = body.is_end_stream();
+                match &polled {
+                    Poll::Ready(Some(Err(_))) => *lease = None,
+                    Poll::Ready(None) => self.release(),
+                    _ if end => self.release(),
+                    _ => {}
+                }
+                polled.map(|o| o.map(|r| r.map_err(BodyError::from)))
+            }
         }
     }
 
@@ -131,20 +183,29 @@ impl Body for PooledBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        match &mut self.inner {
-            Inner::Raw(body) => body
-                .poll_data(cx)
-                .map(|o| o.map(|r| r.map(Frame::data).map_err(BodyError::from))),
-            Inner::Hyper { body, lease } => {
-                let polled = Pin::new(&mut *body).poll_frame(cx);
-                let end = body.is_end_stream();
-                match &polled {
-                    Poll::Ready(Some(Err(_))) => *lease = None,
-                    Poll::Ready(None) => self.release(),
-                    _ if end => self.release(),
-                    _ => {}
+        let this = &mut *self;
+        match this.poll_inner(cx) {
+            Poll::Pending => {
+                let timeout = this.read_timeout;
+                let stall = this
+                    .stall
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match stall.as_mut().poll(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(()) => {
+                        // The upstream stopped sending: drop its connection, end the body
+                        // with an error so the client's connection is closed, not finished.
+                        this.inner = Inner::Raw(H1Body::closed());
+                        Poll::Ready(Some(Err("upstream read timeout".into())))
+                    }
                 }
-                polled.map(|o| o.map(|r| r.map_err(BodyError::from)))
+            }
+            ready => {
+                if let Some(s) = this.stall.as_mut() {
+                    s.as_mut()
+                        .reset(tokio::time::Instant::now() + this.read_timeout);
+                }
+                ready
             }
         }
     }

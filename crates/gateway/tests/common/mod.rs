@@ -290,3 +290,67 @@ pub fn status_of(answer: &str) -> u16 {
         .and_then(|c| c.parse().ok())
         .unwrap_or(0)
 }
+
+/// A raw backend: for each request on each connection, `answer(request_head)` gives the
+/// bytes to write back (None closes the connection). Counts connections.
+pub async fn raw_backend<F>(answer: F) -> (SocketAddr, Arc<AtomicUsize>)
+where
+    F: Fn(&str) -> Option<Vec<u8>> + Send + Sync + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let conns = Arc::new(AtomicUsize::new(0));
+    let (c2, answer) = (conns.clone(), Arc::new(answer));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            c2.fetch_add(1, Ordering::SeqCst);
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                while let Some(h) = read_head(&mut s).await {
+                    match answer(&h) {
+                        Some(bytes) => {
+                            if s.write_all(&bytes).await.is_err() {
+                                return;
+                            }
+                        }
+                        None => return,
+                    }
+                }
+            });
+        }
+    });
+    (addr, conns)
+}
+
+/// A raw backend whose `answer(request_head)` gives the bytes to write and whether to close
+/// the connection after them. Counts requests.
+pub async fn scripted_backend<F>(answer: F) -> (SocketAddr, Arc<AtomicUsize>)
+where
+    F: Fn(&str) -> (Vec<u8>, bool) + Send + Sync + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let requests = Arc::new(AtomicUsize::new(0));
+    let (r2, answer) = (requests.clone(), Arc::new(answer));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let (answer, r2) = (answer.clone(), r2.clone());
+            tokio::spawn(async move {
+                while let Some(h) = read_head(&mut s).await {
+                    r2.fetch_add(1, Ordering::SeqCst);
+                    let (bytes, close) = answer(&h);
+                    if s.write_all(&bytes).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, requests)
+}

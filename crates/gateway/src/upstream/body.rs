@@ -1,0 +1,276 @@
+//! The request body on its way upstream, with the client's faults told apart from the
+//! upstream's: a malformed body (400), a client that stops sending for `body_timeout` (408)
+//! and a body over `max_body_bytes` (413) are the client's, whatever hyper's client says.
+//!
+//! Bodies up to [`BUFFER`] are read whole before an upstream connection is taken (as nginx
+//! buffers request bodies): a client that trickles its body pins no upstream connection,
+//! and a whole body can be sent again. Larger bodies, and every body on routes with
+//! `request_buffering: false`, stream as they arrive, after what was read first.
+
+use crate::response::Refusal;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::{Instant, Sleep};
+
+/// Most of a request body read before an upstream connection is taken.
+pub const BUFFER: usize = 64 * 1024;
+
+/// A fault of the client's in sending its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientFault {
+    /// The body's framing is broken (bad chunk) or the client went away mid-body.
+    Malformed,
+    /// No part of the body came for `body_timeout`.
+    Timeout,
+    /// The body is larger than the listener allows.
+    TooLarge,
+}
+
+impl ClientFault {
+    /// The answer for this fault.
+    pub fn refusal(self) -> Refusal {
+        match self {
+            ClientFault::Malformed => Refusal::BadRequest("malformed request body"),
+            ClientFault::Timeout => Refusal::RequestTimeout,
+            ClientFault::TooLarge => Refusal::PayloadTooLarge,
+        }
+    }
+}
+
+/// What the forwarding side can learn of a streaming body: whether it ended, when it last
+/// moved, and the client's fault if it broke.
+#[derive(Debug)]
+pub struct BodyWatch {
+    fault: Mutex<Option<ClientFault>>,
+    moved: Mutex<Instant>,
+    waiting_on_client: AtomicBool,
+    done: AtomicBool,
+    ended: Notify,
+}
+
+impl BodyWatch {
+    fn new() -> Arc<BodyWatch> {
+        Arc::new(BodyWatch {
+            fault: Mutex::new(None),
+            moved: Mutex::new(Instant::now()),
+            waiting_on_client: AtomicBool::new(false),
+            done: AtomicBool::new(false),
+            ended: Notify::new(),
+        })
+    }
+
+    /// The client's fault, if the body broke because of it.
+    pub fn fault(&self) -> Option<ClientFault> {
+        *self.fault.lock()
+    }
+
+    /// When the body last moved (a piece read from the client).
+    pub fn last_moved(&self) -> Instant {
+        *self.moved.lock()
+    }
+
+    /// Whether the body is stalled on the client (rather than on the upstream not reading).
+    pub fn waiting_on_client(&self) -> bool {
+        self.waiting_on_client.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once the whole body has been read from the client.
+    pub async fn finished(&self) {
+        loop {
+            let notified = self.ended.notified();
+            if self.done.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn finish(&self) {
+        self.done.store(true, Ordering::Release);
+        self.ended.notify_waiters();
+    }
+
+    fn broke(&self, fault: ClientFault) {
+        *self.fault.lock() = Some(fault);
+        self.finish();
+    }
+}
+
+/// The rest of a body still coming from the client.
+struct Rest {
+    incoming: Incoming,
+    /// Bytes the body may still bring before it is too large.
+    allowed: u64,
+    timeout: Duration,
+    sleep: Pin<Box<Sleep>>,
+    watch: Arc<BodyWatch>,
+}
+
+/// A request body sent upstream: read whole, streaming, or none.
+pub struct UpBody {
+    read: VecDeque<Bytes>,
+    rest: Option<Rest>,
+}
+
+/// The body error hyper's client sees; the fault itself is in [`BodyWatch`].
+#[derive(Debug, thiserror::Error)]
+#[error("request body: {0:?}")]
+pub struct BodyFault(pub ClientFault);
+
+impl UpBody {
+    /// No body.
+    pub fn empty() -> UpBody {
+        UpBody {
+            read: VecDeque::new(),
+            rest: None,
+        }
+    }
+
+    /// A body read whole; can be sent again.
+    pub fn whole(chunks: &[Bytes]) -> UpBody {
+        UpBody {
+            read: chunks.iter().filter(|c| !c.is_empty()).cloned().collect(),
+            rest: None,
+        }
+    }
+}
+
+/// A body being read from the client.
+pub enum Received {
+    /// All of it, in pieces.
+    Whole(Vec<Bytes>),
+    /// What came first, and the rest streaming, watched.
+    Streaming(UpBody, Arc<BodyWatch>),
+}
+
+/// Reads up to [`BUFFER`] bytes of the client's body (none when `stream_at_once`), each
+/// piece within `timeout`. The client's faults come back as refusals.
+pub async fn receive(
+    mut incoming: Incoming,
+    max: u64,
+    timeout: Duration,
+    stream_at_once: bool,
+) -> Result<Received, Refusal> {
+    let mut chunks = Vec::new();
+    let mut len: u64 = 0;
+    if !stream_at_once {
+        while len < BUFFER as u64 {
+            let frame =
+                tokio::time::timeout(timeout, http_body_util::BodyExt::frame(&mut incoming))
+                    .await
+                    .map_err(|_| Refusal::RequestTimeout)?;
+            match frame {
+                None => return Ok(Received::Whole(chunks)),
+                Some(Err(_)) => return Err(ClientFault::Malformed.refusal()),
+                Some(Ok(f)) => {
+                    if let Ok(data) = f.into_data() {
+                        len += data.len() as u64;
+                        if len > max {
+                            return Err(Refusal::PayloadTooLarge);
+                        }
+                        chunks.push(data);
+                    }
+                }
+            }
+            if incoming.is_end_stream() {
+                return Ok(Received::Whole(chunks));
+            }
+        }
+    }
+    let watch = BodyWatch::new();
+    let rest = Rest {
+        incoming,
+        allowed: max - len,
+        timeout,
+        sleep: Box::pin(tokio::time::sleep(timeout)),
+        watch: watch.clone(),
+    };
+    Ok(Received::Streaming(
+        UpBody {
+            read: chunks.into(),
+            rest: Some(rest),
+        },
+        watch,
+    ))
+}
+
+impl Body for UpBody {
+    type Data = Bytes;
+    type Error = BodyFault;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyFault>>> {
+        if let Some(b) = self.read.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(b))));
+        }
+        let Some(rest) = self.rest.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let fault = match Pin::new(&mut rest.incoming).poll_frame(cx) {
+            Poll::Ready(None) => {
+                rest.watch.finish();
+                self.rest = None;
+                return Poll::Ready(None);
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                rest.watch.waiting_on_client.store(false, Ordering::Relaxed);
+                let now = Instant::now();
+                *rest.watch.moved.lock() = now;
+                rest.sleep.as_mut().reset(now + rest.timeout);
+                let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+                if n > rest.allowed {
+                    ClientFault::TooLarge
+                } else {
+                    rest.allowed -= n;
+                    if rest.incoming.is_end_stream() {
+                        rest.watch.finish();
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+            }
+            Poll::Ready(Some(Err(_))) => ClientFault::Malformed,
+            Poll::Pending => {
+                rest.watch.waiting_on_client.store(true, Ordering::Relaxed);
+                match rest.sleep.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(()) => ClientFault::Timeout,
+                }
+            }
+        };
+        rest.watch.broke(fault);
+        self.rest = None;
+        Poll::Ready(Some(Err(BodyFault(fault))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_empty() && self.rest.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let read: u64 = self.read.iter().map(|b| b.len() as u64).sum();
+        match &self.rest {
+            None => SizeHint::with_exact(read),
+            Some(r) => {
+                let h = r.incoming.size_hint();
+                let mut s = SizeHint::new();
+                s.set_lower(read + h.lower());
+                if let Some(u) = h.upper() {
+                    s.set_upper(read + u);
+                }
+                s
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! The cap on connections open at once to one target (`max_connections`), shared by both
+//! upstream clients. Each open connection holds a permit until it closes; a request that
+//! needs a new connection at the cap waits (bounded) for a permit or an idle connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+/// The connections of one target.
+#[derive(Debug)]
+pub struct Cap {
+    permits: Arc<Semaphore>,
+    /// Signalled when a connection goes back to an idle list.
+    pub(crate) returned: Notify,
+}
+
+/// What a request waiting at the cap got.
+pub enum Slot<T> {
+    /// An idle connection.
+    Idle(T),
+    /// Room for a new connection.
+    New(OwnedSemaphorePermit),
+}
+
+impl Cap {
+    /// A cap of `max` connections.
+    pub fn new(max: usize) -> Arc<Cap> {
+        Arc::new(Cap {
+            permits: Arc::new(Semaphore::new(max)),
+            returned: Notify::new(),
+        })
+    }
+
+    /// An idle connection from `checkout`, or room for a new one, waiting at most `wait`.
+    /// At the cap, an idle connection of the other client (`evict`) is closed to make room.
+    /// `None` when the wait ran out.
+    pub async fn slot<T>(
+        &self,
+        checkout: impl Fn() -> Option<T>,
+        evict: impl Fn() -> bool,
+        wait: Duration,
+    ) -> Option<Slot<T>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let returned = self.returned.notified();
+            if let Some(c) = checkout() {
+                return Some(Slot::Idle(c));
+            }
+            if let Ok(p) = self.permits.clone().try_acquire_owned() {
+                return Some(Slot::New(p));
+            }
+            if evict() {
+                continue;
+            }
+            tokio::select! {
+                p = self.permits.clone().acquire_owned() => {
+                    if let Ok(p) = p {
+                        return Some(Slot::New(p));
+                    }
+                    return None;
+                }
+                _ = returned => {}
+                _ = tokio::time::sleep_until(deadline) => return None,
+            }
+        }
+    }
+}
