@@ -2,20 +2,10 @@
 
 mod common;
 
-use bytes::Bytes;
 use common::*;
-use http::{Request, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use std::convert::Infallible;
+use http::StatusCode;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Notify};
 use tollgate_gateway::SystemClock;
 
 fn two_routes(backend: SocketAddr, limit: u64, with_b: bool) -> String {
@@ -149,37 +139,6 @@ async fn a_changed_file_is_reloaded() {
     );
     watcher.abort();
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A backend that reports each request and answers only when released.
-async fn gated_backend() -> (SocketAddr, mpsc::UnboundedReceiver<()>, Arc<Notify>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let (tx, rx) = mpsc::unbounded_channel();
-    let release = Arc::new(Notify::new());
-    let r2 = release.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            let (tx, release) = (tx.clone(), r2.clone());
-            tokio::spawn(async move {
-                let svc = service_fn(move |_req: Request<Incoming>| {
-                    let (tx, release) = (tx.clone(), release.clone());
-                    async move {
-                        let _ = tx.send(());
-                        release.notified().await;
-                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from_static(
-                            b"late",
-                        ))))
-                    }
-                });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
-            });
-        }
-    });
-    (addr, rx, release)
 }
 
 #[tokio::test]

@@ -354,3 +354,38 @@ where
     });
     (addr, requests)
 }
+
+/// A backend that reports each request and answers only when released.
+pub async fn gated_backend() -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    Arc<tokio::sync::Notify>,
+) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let r2 = release.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let (tx, release) = (tx.clone(), r2.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |_req: Request<Incoming>| {
+                    let (tx, release) = (tx.clone(), release.clone());
+                    async move {
+                        let _ = tx.send(());
+                        release.notified().await;
+                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from_static(
+                            b"late",
+                        ))))
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, rx, release)
+}
