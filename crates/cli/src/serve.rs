@@ -69,7 +69,6 @@ pub fn run(path: &Path) -> ExitCode {
 async fn serve(cfg: Config, file: Option<(&Path, &[u8])>, banner: Option<String>) -> ExitCode {
     let path = file.map(|(p, _)| p);
     let drain = cfg.server.drain_timeout;
-    let watch = cfg.server.watch_config;
     let bound = match tollgate_gateway::bind(&cfg.listeners).await {
         Ok(b) => b,
         Err(e) => {
@@ -101,15 +100,17 @@ async fn serve(cfg: Config, file: Option<(&Path, &[u8])>, banner: Option<String>
     if let Some(b) = banner {
         println!("{b}");
     }
-    let watcher = match (file, watch) {
-        (Some((p, loaded)), true) => Some(watch_file(
+    // The watcher runs whatever the first config says: a reload may turn watching on or
+    // off (`server.watch_config`), and the watcher follows the running config.
+    let watcher = file.map(|(p, loaded)| {
+        gw.loaded_from(loaded);
+        watch_file(
             gw.clone(),
             p.to_path_buf(),
-            loaded,
+            Duration::from_millis(250),
             Duration::from_secs(1),
-        )),
-        _ => None,
-    };
+        )
+    });
     let signals = wait_for_stop(&gw, path).await;
     if let Some(w) = watcher {
         w.abort();

@@ -17,6 +17,7 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
 use tollgate_config::{Config, ConfigError, ListenerConfig, PathMatch};
@@ -28,6 +29,14 @@ pub struct ReloadStatus {
     pub generation: u64,
     /// The problem with the last rejected config, if the last attempt failed.
     pub last_error: Option<String>,
+}
+
+/// A fingerprint of config file content, to tell a change from the content running.
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish() | 1
 }
 
 /// What the request path knows of the client connection, computed once per connection.
@@ -61,6 +70,8 @@ impl ConnInfo {
 /// A running gateway's state: the current snapshot and what outlives it.
 pub struct Gateway {
     snapshot: ArcSwap<Snapshot>,
+    /// Fingerprint of the file content the running config came from.
+    running: AtomicU64,
     registry: Registry,
     clock: Arc<dyn Clock>,
     status: watch::Sender<ReloadStatus>,
@@ -91,6 +102,7 @@ impl Gateway {
         });
         Arc::new(Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
+            running: AtomicU64::new(0),
             registry,
             clock,
             status,
@@ -130,8 +142,13 @@ impl Gateway {
         if old.config.listeners != config.listeners {
             tracing::warn!("listener changes take effect at the next restart");
         }
-        if old.config.cluster != config.cluster || old.config.admin != config.admin {
-            tracing::warn!("cluster and admin changes take effect at the next restart");
+        if old.config.cluster != config.cluster {
+            tracing::warn!("cluster changes take effect at the next restart");
+        }
+        if old.config.admin != config.admin {
+            tracing::warn!(
+                "admin changes (address, token, limits) take effect at the next restart"
+            );
         }
         let snapshot = Snapshot::build(config, &self.registry);
         self.snapshot.store(Arc::new(snapshot));
@@ -141,12 +158,51 @@ impl Gateway {
         });
     }
 
-    /// Reads, validates and applies a config file. A bad file is rejected with every
-    /// problem logged, and the old config keeps serving.
+    /// Records the content the running config was read from, so the same content is
+    /// never applied again.
+    pub fn loaded_from(&self, bytes: &[u8]) {
+        self.running.store(fingerprint(bytes), Ordering::Relaxed);
+    }
+
+    /// The fingerprint of the content the running config was read from (0 when unknown).
+    pub fn running_fingerprint(&self) -> u64 {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Reads, validates and applies a config file (`SIGHUP`). A bad file is rejected with
+    /// every problem logged, and the old config keeps serving; the content already running
+    /// is not applied again.
     pub fn reload_file(&self, path: &Path) -> Result<(), ConfigError> {
-        match tollgate_config::from_path(path) {
+        let bytes = std::fs::read(path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            source: e,
+        })?;
+        if fingerprint(&bytes) == self.running_fingerprint() {
+            tracing::info!(path = %path.display(), "config unchanged; nothing to reload");
+            return Ok(());
+        }
+        self.reload_bytes(path, &bytes)
+    }
+
+    /// Validates and applies `bytes`, read from `path` (relative file names in it are
+    /// read beside it).
+    pub fn reload_bytes(&self, path: &Path, bytes: &[u8]) -> Result<(), ConfigError> {
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let parsed = std::str::from_utf8(bytes)
+            .map_err(|_| {
+                ConfigError::Invalid(vec![tollgate_config::Problem::new(
+                    "",
+                    "the file is not UTF-8 text",
+                )])
+            })
+            .and_then(|text| tollgate_config::from_yaml_in(text, base));
+        match parsed {
             Ok(cfg) => {
                 self.apply(cfg);
+                self.loaded_from(bytes);
                 tracing::info!(path = %path.display(), generation = self.status.borrow().generation, "config reloaded");
                 Ok(())
             }

@@ -1,42 +1,122 @@
-//! Reload when the config file changes: its size, modification time and content are
-//! checked at a fixed interval (robust to editors that replace the file by renaming).
+//! Reload when the config file changes. The file is looked at every `every`; a change is
+//! applied only once the content has stayed the same for `settle` (an editor may pause in
+//! the middle of writing), or at once when a new file took the old one's place (written
+//! elsewhere and renamed, the safe way to update). Content the gateway already runs on —
+//! applied here or by `SIGHUP` — is never applied twice: one change, one reload. With
+//! `server.watch_config: false` in the running config, the file is not looked at.
 
-use crate::gateway::Gateway;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use crate::gateway::{fingerprint, Gateway};
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 
-fn fingerprint(bytes: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
+/// Decides when a changed file is whole enough to apply.
+#[derive(Debug)]
+pub struct Settle {
+    settle: Duration,
+    /// The file (device, inode) last seen.
+    file: Option<(u64, u64)>,
+    /// Content seen changed, and since when it has stayed so.
+    pending: Option<(u64, Instant)>,
 }
 
-/// Watches `path` every `every` and reloads `gw` when its content differs from the last
-/// content seen, starting with `loaded` (what the running config was read from, so no
-/// change made between loading and watching is missed). The task ends when aborted.
+impl Settle {
+    /// Applies a change after it stayed unchanged for `settle`.
+    pub fn new(settle: Duration) -> Settle {
+        Settle {
+            settle,
+            file: None,
+            pending: None,
+        }
+    }
+
+    /// One look at the file: its identity and content fingerprint at `now`, and the
+    /// fingerprint of the content running. Returns whether to apply the content now.
+    pub fn observe(&mut self, file: (u64, u64), content: u64, running: u64, now: Instant) -> bool {
+        let replaced = self.file.is_some_and(|f| f != file);
+        self.file = Some(file);
+        if content == running {
+            self.pending = None;
+            return false;
+        }
+        if replaced {
+            self.pending = None;
+            return true;
+        }
+        match self.pending {
+            Some((fp, since)) if fp == content => {
+                if now.duration_since(since) >= self.settle {
+                    self.pending = None;
+                    return true;
+                }
+                false
+            }
+            _ => {
+                self.pending = Some((content, now));
+                false
+            }
+        }
+    }
+}
+
+/// Watches `path` and reloads `gw` when a change has settled. The task ends when aborted.
 pub fn watch_file(
     gw: Arc<Gateway>,
     path: PathBuf,
-    loaded: &[u8],
     every: Duration,
+    settle: Duration,
 ) -> tokio::task::JoinHandle<()> {
-    let mut last = Some(fingerprint(loaded));
     tokio::spawn(async move {
+        let mut state = Settle::new(settle);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            if !gw.snapshot().config.server.watch_config {
+                continue;
+            }
+            let Ok(meta) = tokio::fs::metadata(&path).await else {
+                continue;
+            };
             let Ok(bytes) = tokio::fs::read(&path).await else {
                 continue;
             };
-            let now = Some(fingerprint(&bytes));
-            if now != last {
-                last = now;
+            let file = (meta.dev(), meta.ino());
+            if state.observe(
+                file,
+                fingerprint(&bytes),
+                gw.running_fingerprint(),
+                Instant::now(),
+            ) {
                 tracing::info!(path = %path.display(), "config file changed");
-                let _ = gw.reload_file(&path);
+                let _ = gw.reload_bytes(&path, &bytes);
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_applies_once_it_has_settled_or_at_once_when_renamed_in() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut s = Settle::new(Duration::from_secs(1));
+        let inode = (1, 10);
+        assert!(!s.observe(inode, 7, 7, ms(0)), "unchanged");
+        // Half a file, then the rest 400 ms later: applied 1 s after the last change.
+        assert!(!s.observe(inode, 8, 7, ms(250)));
+        assert!(!s.observe(inode, 9, 7, ms(650)));
+        assert!(!s.observe(inode, 9, 7, ms(1500)));
+        assert!(s.observe(inode, 9, 7, ms(1650)));
+        assert!(!s.observe(inode, 9, 9, ms(1900)), "applied once");
+        // A file renamed into place: at once.
+        assert!(s.observe((1, 11), 12, 9, ms(2000)));
+        // The content SIGHUP already applied: nothing to do.
+        assert!(!s.observe((1, 11), 13, 13, ms(2250)));
+    }
 }

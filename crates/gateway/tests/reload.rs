@@ -104,23 +104,34 @@ async fn a_changed_file_is_reloaded() {
     let first = two_routes(backend, 100, true);
     std::fs::write(&path, &first).expect("write");
     let mut reloads = gw.gw.reloads();
+    gw.gw.loaded_from(first.as_bytes());
     let watcher = tollgate_gateway::watch::watch_file(
         gw.gw.clone(),
         path.clone(),
-        first.as_bytes(),
         Duration::from_millis(20),
+        Duration::from_millis(200),
     );
-    std::fs::write(&path, two_routes(backend, 100, false)).expect("write");
+    // A slow editor adds route c: the file is cut after route a (a valid config without
+    // route b), then, after a pause longer than a look, written whole. The half must never
+    // be applied.
+    let second = format!("{first}  - {{name: c, path_prefix: /c/, upstream: backend}}\n");
+    let half = &second[..second.find("  - {name: b").expect("route b")];
+    std::fs::write(&path, half).expect("write");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::fs::write(&path, &second).expect("write");
     bounded(
         "reload after the file changed",
         reloads.wait_for(|s| s.generation == 2),
     )
     .await
     .expect("watch");
-    assert_eq!(
-        TestClient::default().get(&gw.url("/b/")).await.status,
-        StatusCode::NOT_FOUND
-    );
+    let c = TestClient::default();
+    assert_eq!(c.get(&gw.url("/c/")).await.status, StatusCode::OK);
+    assert_eq!(c.get(&gw.url("/b/")).await.status, StatusCode::OK);
+    assert_eq!(reloads.borrow().generation, 2, "one change, one reload");
+    // SIGHUP after the change has been applied: the same content is not applied again.
+    gw.gw.reload_file(&path).expect("reload");
+    assert_eq!(gw.gw.reloads().borrow().generation, 2);
     // A broken edit is reported and changes nothing.
     std::fs::write(&path, "routes: [").expect("write");
     bounded(
