@@ -88,9 +88,14 @@ struct Gateway {
 
 impl Gateway {
     fn start(config: &Path) -> Gateway {
-        let mut child = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(config)
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--config"]).arg(config);
+        Gateway::spawn(cmd)
+    }
+
+    /// Runs `cmd` (which must exec `tollgate run`) and waits until it listens.
+    fn spawn(mut cmd: Command) -> Gateway {
+        let mut child = cmd
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stderr(Stdio::piped())
@@ -224,6 +229,46 @@ fn run_reloads_on_sighup_keeps_serving_on_a_bad_file_and_drains_on_sigterm() {
 }
 
 #[test]
+fn out_of_file_descriptors_backs_off_logs_at_most_once_a_second_and_recovers() {
+    let (backend, mut echo) = echo_backend();
+    let dir = temp_dir("fds");
+    let file = dir.join("tollgate.yaml");
+    std::fs::write(&file, config(backend, "a")).expect("write");
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(format!(
+        "ulimit -n 48 && exec {BIN} run --config {}",
+        file.display()
+    ));
+    let mut gw = Gateway::spawn(cmd);
+    // More connections than descriptors: the gateway runs out and must not spin or flood.
+    let held: Vec<TcpStream> = (0..80)
+        .filter_map(|_| TcpStream::connect(gw.addr).ok())
+        .collect();
+    assert!(held.len() > 48, "only {} connections opened", held.len());
+    gw.wait_for("accept failed");
+    let watch = Duration::from_millis(2500);
+    let deadline = std::time::Instant::now() + watch;
+    let mut logged = 1;
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match gw.lines.recv_timeout(left) {
+            Ok(l) if l.contains("accept failed") => logged += 1,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    assert!(logged <= 4, "{logged} accept-failure lines in {watch:?}");
+    drop(held);
+    assert_eq!(
+        gw.get("/a/?apikey=t1"),
+        200,
+        "serves again once descriptors are free"
+    );
+    let _ = echo.kill();
+    let _ = echo.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn run_refuses_to_start_on_a_bad_config() {
     let dir = temp_dir("bad");
     let file = dir.join("tollgate.yaml");
@@ -308,4 +353,10 @@ fn bench_reports_errors_by_kind() {
     assert_eq!(code, Some(1));
     assert_eq!(v["errors"]["connect"], 5, "{v}");
     assert_eq!(v["failed"], 5);
+    // Failures are not a request rate: nothing was answered.
+    assert_eq!(v["requests_per_second"], 0.0, "{v}");
+    assert!(
+        v["errors_per_second"].as_f64().is_some_and(|e| e > 0.0),
+        "{v}"
+    );
 }

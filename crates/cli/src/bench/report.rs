@@ -29,8 +29,10 @@ pub struct Stats {
     pub successful: u64,
     /// Responses with another status, plus errors.
     pub failed: u64,
-    /// Recorded responses and errors per second.
+    /// Answered requests (any status) per second; errors without an answer are not counted.
     pub requests_per_second: f64,
+    /// Attempts that got no answer at all (refused, reset, timed out) per second.
+    pub errors_per_second: f64,
     /// Seconds measured (after warm-up).
     pub seconds: f64,
     /// Count per status code.
@@ -110,16 +112,21 @@ impl Stats {
             }
         }
         let requests = successful + failed;
+        let answered: u64 = statuses.values().sum();
         let seconds = elapsed.as_secs_f64();
+        let per_second = |n: u64| {
+            if seconds > 0.0 {
+                n as f64 / seconds
+            } else {
+                0.0
+            }
+        };
         Stats {
             requests,
             successful,
             failed,
-            requests_per_second: if seconds > 0.0 {
-                requests as f64 / seconds
-            } else {
-                0.0
-            },
+            requests_per_second: per_second(answered),
+            errors_per_second: per_second(requests - answered),
             seconds,
             statuses,
             errors,
@@ -172,7 +179,16 @@ impl Report {
             self.method, self.url, self.connections
         );
         let _ = writeln!(o, "  Requests:      {} in {:.2} s", s.requests, s.seconds);
-        let _ = writeln!(o, "  Requests/s:    {:.1}", s.requests_per_second);
+        let _ = writeln!(o, "  Requests/s:    {:.1} answered", s.requests_per_second);
+        if s.errors_per_second > 0.0 {
+            let _ = writeln!(o, "  Errors/s:      {:.1} (no answer)", s.errors_per_second);
+        }
+        if s.statuses.is_empty() && s.requests > 0 {
+            let _ = writeln!(
+                o,
+                "  No request was answered: is anything listening at the URL?"
+            );
+        }
         let _ = writeln!(
             o,
             "  Successful:    {} (expected: {})",
