@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Memory per idle keep-alive connection, and what is given back when they close.
+
+    python3 bench/conns.py [--connections 10000] [--waves 3]
+
+Starts the echo backend and tollgate (target/release/tollgate) on scenario 1's config, then
+for each wave: opens N client connections, sends one request on each and reads the answer
+(so each connection has served a request and sits idle in keep-alive), measures the
+gateway's resident memory, closes them all and measures again. Prints one JSON object:
+start RSS, RSS with N idle connections and after each wave, and bytes per connection.
+Loopback only; every loop is bounded.
+"""
+
+import argparse
+import json
+import resource
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from procs import die, stop, wait_port
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "target" / "release" / "tollgate"
+BACKEND = "127.0.0.1:1337"
+GATEWAY = "127.0.0.1:8080"
+REQUEST = b"GET /test/?apikey=t1 HTTP/1.1\r\nHost: bench\r\n\r\n"
+
+
+def rss_kib(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def settle_rss(pid, seconds=3.0):
+    """RSS once it stops moving (the gateway frees closed connections asynchronously)."""
+    deadline = time.monotonic() + seconds
+    last = rss_kib(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = rss_kib(pid)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def wave(n):
+    """Opens n connections, one request each, and returns the sockets once all answered."""
+    socks = []
+    sel = selectors.DefaultSelector()
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", 8080))
+        s.setblocking(False)
+        s.send(REQUEST)
+        sel.register(s, selectors.EVENT_READ)
+        socks.append(s)
+    pending = len(socks)
+    deadline = time.monotonic() + 60
+    while pending and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=1):
+            data = key.fileobj.recv(4096)
+            if data:
+                sel.unregister(key.fileobj)
+                pending -= 1
+    sel.close()
+    if pending:
+        die(f"{pending} of {n} connections got no answer within 60 s")
+    return socks
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--connections", type=int, default=10000)
+    ap.add_argument("--waves", type=int, default=3)
+    args = ap.parse_args()
+    if not BIN.exists():
+        die("build first: cargo build --release")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = args.connections + 256
+    if hard < need:
+        die(f"needs `ulimit -n {need}` (hard limit is {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+
+    cfg = (ROOT / "examples" / "seed" / "scenario-1.yaml").read_text()
+    cfg = cfg.replace('address: "127.0.0.1:8080"', 'address: "127.0.0.1:8080", max_connections: 20000')
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gw.yaml"
+        path.write_text(cfg)
+        echo = subprocess.Popen([BIN, "echo", "--listen", BACKEND], stderr=subprocess.DEVNULL)
+        wait_port(BACKEND, echo)
+        gw = subprocess.Popen([BIN, "run", "--config", path], stderr=subprocess.DEVNULL)
+        try:
+            wait_port(GATEWAY, gw)
+            start = settle_rss(gw.pid)
+            waves = []
+            for _ in range(args.waves):
+                socks = wave(args.connections)
+                held = settle_rss(gw.pid)
+                for s in socks:
+                    s.close()
+                after = settle_rss(gw.pid, seconds=5.0)
+                waves.append({"idle_kib": held, "after_close_kib": after})
+            per_conn = (waves[0]["idle_kib"] - start) * 1024 / args.connections
+            print(json.dumps({
+                "connections": args.connections,
+                "start_kib": start,
+                "waves": waves,
+                "bytes_per_idle_connection": round(per_conn),
+            }, indent=1))
+        finally:
+            stop(gw)
+            stop(echo)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
