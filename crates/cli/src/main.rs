@@ -6,6 +6,13 @@ mod bench;
 mod serve;
 mod usage;
 
+/// jemalloc instead of glibc's allocator: glibc kept the memory of closed connections
+/// (freed chunks under live ones are never trimmed), so resident memory only grew with each
+/// wave of connections. jemalloc's background thread gives unused pages back
+/// (docs/benchmarks.md, "Memory").
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -61,6 +68,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Purge freed pages in the background, so an idle gateway gives memory back too.
+    let _ = tikv_jemalloc_ctl::background_thread::write(true);
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config } => check(&config),
