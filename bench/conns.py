@@ -13,6 +13,7 @@ Loopback only; every loop is bounded.
 
 import argparse
 import json
+import os
 import resource
 import selectors
 import socket
@@ -38,16 +39,18 @@ def rss_kib(pid):
     return 0
 
 
-def settle_rss(pid, seconds=3.0):
-    """RSS once it stops moving (the gateway frees closed connections asynchronously)."""
+def settle_rss(pid, seconds=3.0, still=0.25):
+    """RSS once it has not moved for `still` seconds, at most `seconds` from now (closed
+    connections are freed, and pages given back, asynchronously)."""
     deadline = time.monotonic() + seconds
-    last = rss_kib(pid)
+    last, since = rss_kib(pid), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.25)
         now = rss_kib(pid)
-        if now == last:
-            return now
-        last = now
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= still:
+            break
     return last
 
 
@@ -79,6 +82,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--connections", type=int, default=10000)
     ap.add_argument("--waves", type=int, default=3)
+    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the gateway")
     args = ap.parse_args()
     if not BIN.exists():
         die("build first: cargo build --release")
@@ -95,7 +99,8 @@ def main():
         path.write_text(cfg)
         echo = subprocess.Popen([BIN, "echo", "--listen", BACKEND], stderr=subprocess.DEVNULL)
         wait_port(BACKEND, echo)
-        gw = subprocess.Popen([BIN, "run", "--config", path], stderr=subprocess.DEVNULL)
+        gw = subprocess.Popen([BIN, "run", "--config", path], stderr=subprocess.DEVNULL,
+                              env={**os.environ, **dict(e.split("=", 1) for e in args.env)})
         try:
             wait_port(GATEWAY, gw)
             start = settle_rss(gw.pid)
@@ -105,7 +110,7 @@ def main():
                 held = settle_rss(gw.pid)
                 for s in socks:
                     s.close()
-                after = settle_rss(gw.pid, seconds=5.0)
+                after = settle_rss(gw.pid, seconds=30.0, still=3.0)
                 waves.append({"idle_kib": held, "after_close_kib": after})
             per_conn = (waves[0]["idle_kib"] - start) * 1024 / args.connections
             print(json.dumps({

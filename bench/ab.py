@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Two builds of tollgate side by side: CPU per request and requests/s, interleaved.
+
+    python3 bench/ab.py A_BINARY B_BINARY [--rounds 5] [--scenarios 1,6] [--duration 5]
+
+For judging a change that touches every request (an allocator, a buffer size): each round
+runs every scenario on A then B (the order alternates between rounds), with the pinning of
+bench/seed.py (gateway on CPU 1; echo backend and load generator on CPU 0). The echo
+backend and the load generator are target/release/tollgate for both, so only the gateway
+differs. Prints the medians and the B/A ratios; writes nothing.
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import seed
+from procs import die, stop, wait_port
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--scenarios", default="1,6")
+    ap.add_argument("--duration", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--connections", type=int, default=50)
+    args = ap.parse_args()
+    tools = seed.BIN
+    builds = {"A": Path(args.a).resolve(), "B": Path(args.b).resolve()}
+    for p in builds.values():
+        if not p.exists():
+            die(f"no such binary: {p}")
+    scenarios = args.scenarios.split(",")
+    results = {(s, k): [] for s in scenarios for k in builds}
+    backend = subprocess.Popen(["taskset", "-c", seed.LOAD_CPU, str(tools), "echo", "--listen", seed.BACKEND],
+                               stderr=subprocess.DEVNULL)
+    wait_port(seed.BACKEND, backend)
+    original_start = seed.start_gateway
+
+    def start_with(binary):
+        def start(system, scenario, tmp):
+            seed.BIN = binary
+            try:
+                return original_start(system, scenario, tmp)
+            finally:
+                seed.BIN = tools
+        return start
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for rnd in range(args.rounds):
+                order = ["A", "B"] if rnd % 2 == 0 else ["B", "A"]
+                for s in scenarios:
+                    for k in order:
+                        seed.start_gateway = start_with(builds[k])
+                        r = seed.one_run("tollgate", s, args, tmp)
+                        results[(s, k)].append(r)
+                        print(f"round {rnd + 1} scenario {s} {k}: {r['rps']:.0f} req/s, "
+                              f"{r['cpu_us']:.2f} µs CPU/req", file=sys.stderr)
+    finally:
+        stop(backend)
+    print(f"A = {builds['A']}\nB = {builds['B']}\n{args.rounds} interleaved rounds, medians\n")
+    print("| scenario | A µs/req | B µs/req | B/A CPU | A req/s | B req/s | B/A req/s |")
+    print("|---|---|---|---|---|---|---|")
+    for s in scenarios:
+        med = {k: (statistics.median(r["cpu_us"] for r in results[(s, k)]),
+                   statistics.median(r["rps"] for r in results[(s, k)])) for k in builds}
+        print(f"| {s} | {med['A'][0]:.2f} | {med['B'][0]:.2f} | {med['B'][0] / med['A'][0]:.3f} "
+              f"| {med['A'][1]:.0f} | {med['B'][1]:.0f} | {med['B'][1] / med['A'][1]:.3f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
