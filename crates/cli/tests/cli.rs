@@ -269,6 +269,22 @@ fn out_of_file_descriptors_backs_off_logs_at_most_once_a_second_and_recovers() {
 }
 
 #[test]
+fn demo_says_nothing_of_itself_when_it_cannot_listen() {
+    // Hold the demo's gateway port (or find it held already: the same condition).
+    let _held = std::net::TcpListener::bind("127.0.0.1:8080");
+    let out = Command::new(BIN)
+        .arg("demo")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run demo");
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("Try:"), "banner printed: {stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot"), "{stderr}");
+}
+
+#[test]
 fn run_refuses_to_start_on_a_bad_config() {
     let dir = temp_dir("bad");
     let file = dir.join("tollgate.yaml");
