@@ -69,7 +69,7 @@ async fn a_streamed_body_that_stops_coming_gets_408() {
 #[tokio::test]
 async fn an_upstream_that_stops_sending_its_body_is_cut_off_after_read_timeout() {
     // A head and half the body, then silence with the connection open.
-    let (backend, _) = scripted_backend(|_| {
+    let (backend, _, _) = scripted_backend(|_, _| {
         (
             b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello".to_vec(),
             false,

@@ -91,7 +91,7 @@ async fn a_response_cut_short_closes_the_clients_connection() {
         ),
     ] {
         // The backend writes part of the answer, then closes.
-        let (backend, _) = scripted_backend(move |_| (answer.to_vec(), true)).await;
+        let (backend, _, _) = scripted_backend(move |_, _| (answer.to_vec(), true)).await;
         let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
         // A keep-alive request: the gateway must close, or the read below would not end.
         let a = raw(gw.addr, b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n").await;
@@ -108,7 +108,7 @@ async fn a_response_cut_short_closes_the_clients_connection() {
 #[tokio::test]
 async fn a_request_is_replayed_only_when_no_response_byte_came() {
     // The first request is answered with keep-alive; the next gets half a head, then a close.
-    let (backend, seen) = scripted_backend(|h| {
+    let (backend, _, seen) = scripted_backend(|h, _| {
         if h.starts_with("GET /a ") {
             (
                 b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),

@@ -5,7 +5,6 @@ mod common;
 
 use common::*;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use tollgate_gateway::SystemClock;
 
 const POLICIES: &str = r#"
@@ -29,7 +28,7 @@ routes:
     upstream: backend
 "#;
 
-type Seen = Arc<parking_lot::Mutex<Vec<String>>>;
+type Seen = Heads;
 
 async fn setup() -> (TestGateway, SocketAddr, Seen) {
     let (backend, seen) = recording_backend().await;

@@ -143,27 +143,7 @@ async fn skips_100_continue_and_rejects_garbage() {
 #[tokio::test]
 async fn a_replayed_request_is_rewritten_once() {
     // First request on each connection answered; the next one read and dropped.
-    let seen = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
-    let s2 = seen.clone();
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let backend = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            let seen = s2.clone();
-            tokio::spawn(async move {
-                if let Some(h) = read_head(&mut s).await {
-                    seen.lock().push(h);
-                    let _ = s
-                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                        .await;
-                }
-                let _ = read_head(&mut s).await;
-            });
-        }
-    });
+    let (backend, seen) = recording_backend_with(true).await;
     // The test client is a trusted proxy here, so its X-Forwarded-For is appended to.
     let cfg = yaml(backend, OPEN).replace(
         "{address: \"127.0.0.1:0\"}",

@@ -5,7 +5,6 @@
 mod common;
 
 use common::*;
-use std::sync::Arc;
 use tollgate_gateway::SystemClock;
 
 const ROUTES: &str = r#"
@@ -31,7 +30,7 @@ routes:
     upstream: backend
 "#;
 
-type Seen = Arc<parking_lot::Mutex<Vec<String>>>;
+type Seen = Heads;
 
 async fn setup() -> (TestGateway, Seen) {
     let (backend, seen) = recording_backend().await;

@@ -253,35 +253,6 @@ pub async fn closed_port() -> SocketAddr {
     l.local_addr().expect("addr")
 }
 
-/// A backend that records each request head exactly as received (bytes on the wire) and
-/// answers 200 `ok` with keep-alive. Bodies are not expected.
-pub async fn recording_backend() -> (SocketAddr, Arc<parking_lot::Mutex<Vec<String>>>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let s2 = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            let seen = s2.clone();
-            tokio::spawn(async move {
-                while let Some(h) = read_head(&mut s).await {
-                    seen.lock().push(h);
-                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, seen)
-}
-
 /// The status code of a raw HTTP/1.1 answer (0 when there is none).
 pub fn status_of(answer: &str) -> u16 {
     answer
@@ -289,70 +260,6 @@ pub fn status_of(answer: &str) -> u16 {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0)
-}
-
-/// A raw backend: for each request on each connection, `answer(request_head)` gives the
-/// bytes to write back (None closes the connection). Counts connections.
-pub async fn raw_backend<F>(answer: F) -> (SocketAddr, Arc<AtomicUsize>)
-where
-    F: Fn(&str) -> Option<Vec<u8>> + Send + Sync + 'static,
-{
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let conns = Arc::new(AtomicUsize::new(0));
-    let (c2, answer) = (conns.clone(), Arc::new(answer));
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            c2.fetch_add(1, Ordering::SeqCst);
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                while let Some(h) = read_head(&mut s).await {
-                    match answer(&h) {
-                        Some(bytes) => {
-                            if s.write_all(&bytes).await.is_err() {
-                                return;
-                            }
-                        }
-                        None => return,
-                    }
-                }
-            });
-        }
-    });
-    (addr, conns)
-}
-
-/// A raw backend whose `answer(request_head)` gives the bytes to write and whether to close
-/// the connection after them. Counts requests.
-pub async fn scripted_backend<F>(answer: F) -> (SocketAddr, Arc<AtomicUsize>)
-where
-    F: Fn(&str) -> (Vec<u8>, bool) + Send + Sync + 'static,
-{
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let requests = Arc::new(AtomicUsize::new(0));
-    let (r2, answer) = (requests.clone(), Arc::new(answer));
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            let (answer, r2) = (answer.clone(), r2.clone());
-            tokio::spawn(async move {
-                while let Some(h) = read_head(&mut s).await {
-                    r2.fetch_add(1, Ordering::SeqCst);
-                    let (bytes, close) = answer(&h);
-                    if s.write_all(&bytes).await.is_err() || close {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, requests)
 }
 
 /// A backend that reports each request and answers only when released.
@@ -388,4 +295,80 @@ pub async fn gated_backend() -> (
         }
     });
     (addr, rx, release)
+}
+
+/// A raw backend: `answer(request_head, index_on_its_connection)` gives the bytes to write
+/// and whether to close the connection after them. Counts connections and requests.
+pub async fn scripted_backend<F>(answer: F) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>)
+where
+    F: Fn(&str, usize) -> (Vec<u8>, bool) + Send + Sync + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let conns = Arc::new(AtomicUsize::new(0));
+    let requests = Arc::new(AtomicUsize::new(0));
+    let (c2, r2, answer) = (conns.clone(), requests.clone(), Arc::new(answer));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            c2.fetch_add(1, Ordering::SeqCst);
+            let (answer, r2) = (answer.clone(), r2.clone());
+            tokio::spawn(async move {
+                let mut index = 0;
+                while let Some(h) = read_head(&mut s).await {
+                    r2.fetch_add(1, Ordering::SeqCst);
+                    let (bytes, close) = answer(&h, index);
+                    index += 1;
+                    if s.write_all(&bytes).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, conns, requests)
+}
+
+/// A raw backend: for each request on each connection, `answer(request_head)` gives the
+/// bytes to write back (None closes the connection). Counts connections.
+pub async fn raw_backend<F>(answer: F) -> (SocketAddr, Arc<AtomicUsize>)
+where
+    F: Fn(&str) -> Option<Vec<u8>> + Send + Sync + 'static,
+{
+    let (addr, conns, _) = scripted_backend(move |h, _| match answer(h) {
+        Some(bytes) => (bytes, false),
+        None => (Vec::new(), true),
+    })
+    .await;
+    (addr, conns)
+}
+
+/// Request heads exactly as a backend received them (bytes on the wire).
+pub type Heads = Arc<parking_lot::Mutex<Vec<String>>>;
+
+/// A backend that records each request head and answers 200 `ok` with keep-alive; with
+/// `once`, only the first request on each connection is answered and the next closes it.
+/// Bodies are not expected.
+pub async fn recording_backend_with(once: bool) -> (SocketAddr, Heads) {
+    let seen: Heads = Arc::default();
+    let s2 = seen.clone();
+    let (addr, _, _) = scripted_backend(move |h, index| {
+        if once && index > 0 {
+            return (Vec::new(), true);
+        }
+        s2.lock().push(h.to_string());
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+            false,
+        )
+    })
+    .await;
+    (addr, seen)
+}
+
+/// [`recording_backend_with`], answering every request.
+pub async fn recording_backend() -> (SocketAddr, Heads) {
+    recording_backend_with(false).await
 }
