@@ -36,12 +36,9 @@ async fn setup() -> (TestGateway, SocketAddr, Seen) {
     (gw, backend, seen)
 }
 
-/// Sends one raw request (closing the connection after it) and returns the raw answer and
-/// the head the backend received for it, if any.
-async fn exchange(gw: &TestGateway, seen: &Seen, head: &str) -> (String, Option<String>) {
-    let before = seen.lock().len();
-    let answer = raw(gw.addr, head.as_bytes()).await;
-    let got = seen.lock().get(before).cloned();
+/// [`exchange`] with the head as the backend got it in lower case.
+async fn send(gw: &TestGateway, seen: &Seen, head: &str) -> (String, Option<String>) {
+    let (answer, got) = exchange(gw.addr, seen, head).await;
     (answer, got.map(|h| h.to_ascii_lowercase()))
 }
 
@@ -57,7 +54,7 @@ fn header_lines<'a>(head: &'a str, name: &str) -> Vec<&'a str> {
 #[tokio::test]
 async fn connection_cannot_remove_the_headers_the_gateway_sets() {
     let (gw, _, seen) = setup().await;
-    let (a, got) = exchange(
+    let (a, got) = send(
         &gw,
         &seen,
         "GET /test/x?apikey=t1 HTTP/1.1\r\nHost: api\r\nConnection: close, x-consumer, x-forwarded-for, x-forwarded-host, x-forwarded-proto\r\n\r\n",
@@ -80,7 +77,7 @@ async fn connection_cannot_remove_the_headers_the_gateway_sets() {
     assert!(header_lines(&got, "connection").is_empty(), "{got}");
 
     // `Connection: host` on a preserve_host route: Host still reaches the backend.
-    let (a, got) = exchange(
+    let (a, got) = send(
         &gw,
         &seen,
         "GET /kept/x HTTP/1.1\r\nHost: api.example\r\nX-API-Key: t1\r\nConnection: host, close\r\n\r\n",
@@ -95,7 +92,7 @@ async fn connection_cannot_remove_the_headers_the_gateway_sets() {
 async fn consumer_header_spelled_with_underscores_never_reaches_the_backend() {
     let (gw, _, seen) = setup().await;
     for path in ["/test/x?apikey=t1", "/open/x"] {
-        let (a, got) = exchange(
+        let (a, got) = send(
             &gw,
             &seen,
             &format!("GET {path} HTTP/1.1\r\nHost: api\r\nX_Consumer: admin\r\nx_forwarded_for: 6.6.6.6\r\nX_API_Key: t9\r\nConnection: close\r\n\r\n"),
@@ -112,7 +109,7 @@ async fn consumer_header_spelled_with_underscores_never_reaches_the_backend() {
 #[tokio::test]
 async fn consumer_header_is_removed_on_routes_without_auth() {
     let (gw, _, seen) = setup().await;
-    let (a, got) = exchange(
+    let (a, got) = send(
         &gw,
         &seen,
         "GET /open/x HTTP/1.1\r\nHost: api\r\nX-Consumer: consumer-1\r\nConnection: close\r\n\r\n",
@@ -134,13 +131,13 @@ async fn a_second_key_is_never_forwarded_and_two_different_keys_are_refused() {
         "GET /test/x HTTP/1.1\r\nHost: api\r\nX-API-Key: t1\r\nX-API-Key: t9\r\nConnection: close\r\n\r\n",
     ];
     for req in refused {
-        let (a, got) = exchange(&gw, &seen, req).await;
+        let (a, got) = send(&gw, &seen, req).await;
         assert_eq!(status_of(&a), 400, "{req}\n{a}");
         assert!(a.contains("more than one API key"), "{a}");
         assert!(got.is_none(), "{req} reached the backend");
     }
     // The same key in every place it may be: authenticated, and removed from all of them.
-    let (a, got) = exchange(
+    let (a, got) = send(
         &gw,
         &seen,
         "GET /test/x?a=1&apikey=t1&%61pikey=t1&b=2 HTTP/1.1\r\nHost: api\r\nX-API-Key: t1\r\nConnection: close\r\n\r\n",
@@ -155,7 +152,7 @@ async fn a_second_key_is_never_forwarded_and_two_different_keys_are_refused() {
 #[tokio::test]
 async fn forwarded_headers_from_an_untrusted_client_are_replaced() {
     let (gw, _, seen) = setup().await;
-    let (a, got) = exchange(
+    let (a, got) = send(
         &gw,
         &seen,
         "GET /open/x HTTP/1.1\r\nHost: api\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Host: evil\r\nX-Forwarded-Proto: https\r\nForwarded: for=6.6.6.6\r\nConnection: close\r\n\r\n",
@@ -189,7 +186,7 @@ async fn forwarded_headers_from_a_trusted_proxy_are_kept_and_appended_to() {
         "{address: \"127.0.0.1:0\", trusted_proxies: [127.0.0.0/8]}",
     );
     let gw = TestGateway::start(&cfg, SystemClock::new()).await;
-    let (a, got) = exchange(
+    let (a, got) = send(
         &gw,
         &seen,
         "GET /open/x HTTP/1.1\r\nHost: api\r\nX-Forwarded-For: 203.0.113.7\r\nX-Forwarded-Host: shop.example\r\nX-Forwarded-Proto: https\r\nConnection: close\r\n\r\n",

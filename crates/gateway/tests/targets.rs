@@ -39,9 +39,7 @@ async fn setup() -> (TestGateway, Seen) {
 }
 
 async fn send(gw: &TestGateway, seen: &Seen, head: &str) -> (u16, Option<String>) {
-    let before = seen.lock().len();
-    let answer = raw(gw.addr, head.as_bytes()).await;
-    let got = seen.lock().get(before).cloned();
+    let (answer, got) = exchange(gw.addr, seen, head).await;
     (status_of(&answer), got)
 }
 

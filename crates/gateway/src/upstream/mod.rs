@@ -49,22 +49,22 @@ struct Target {
 }
 
 impl Target {
-    /// A connection for the lean client: an idle one, or a new one under the cap (the wait
-    /// at the cap is bounded by the connect timeout). The bool tells whether it was reused.
-    async fn raw_conn(&self, up: &Upstream) -> Result<(h1::H1Conn, bool), Refusal> {
-        let slot = self
-            .cap
-            .slot(
-                || self.raw.checkout(),
-                || self.pool.evict_one(),
-                up.cfg.connect_timeout,
-            )
-            .await;
-        match slot {
+    /// A connection: an idle one from `checkout`, or a new one from `connect` under the cap
+    /// (the wait at the cap is bounded by the connect timeout; at the cap, `evict` closes an
+    /// idle connection of the other client). The bool tells whether it was reused.
+    async fn conn<T, F>(
+        &self,
+        up: &Upstream,
+        checkout: impl Fn() -> Option<T>,
+        evict: impl Fn() -> bool,
+        connect: impl FnOnce(tokio::sync::OwnedSemaphorePermit) -> F,
+    ) -> Result<(T, bool), Refusal>
+    where
+        F: Future<Output = Result<T, ConnectError>>,
+    {
+        match self.cap.slot(checkout, evict, up.cfg.connect_timeout).await {
             Some(Slot::Idle(c)) => Ok((c, true)),
-            Some(Slot::New(permit)) => self
-                .raw
-                .connect(permit)
+            Some(Slot::New(permit)) => connect(permit)
                 .await
                 .map(|c| (c, false))
                 .map_err(|e| connect_refusal(up, &e)),
@@ -72,29 +72,29 @@ impl Target {
         }
     }
 
-    /// A connection for hyper's client, likewise.
+    /// A connection for the lean client.
+    async fn raw_conn(&self, up: &Upstream) -> Result<(h1::H1Conn, bool), Refusal> {
+        self.conn(
+            up,
+            || self.raw.checkout(),
+            || self.pool.evict_one(),
+            |p| self.raw.connect(p),
+        )
+        .await
+    }
+
+    /// A connection for hyper's client.
     async fn hyper_conn(
         &self,
         up: &Upstream,
     ) -> Result<(hyper::client::conn::http1::SendRequest<UpBody>, bool), Refusal> {
-        let slot = self
-            .cap
-            .slot(
-                || self.pool.checkout(),
-                || self.raw.evict_one(),
-                up.cfg.connect_timeout,
-            )
-            .await;
-        match slot {
-            Some(Slot::Idle(c)) => Ok((c, true)),
-            Some(Slot::New(permit)) => self
-                .pool
-                .connect(permit)
-                .await
-                .map(|c| (c, false))
-                .map_err(|e| connect_refusal(up, &e)),
-            None => Err(Refusal::UpstreamBusy),
-        }
+        self.conn(
+            up,
+            || self.pool.checkout(),
+            || self.raw.evict_one(),
+            |p| self.pool.connect(p),
+        )
+        .await
     }
 }
 

@@ -372,3 +372,12 @@ pub async fn recording_backend_with(once: bool) -> (SocketAddr, Heads) {
 pub async fn recording_backend() -> (SocketAddr, Heads) {
     recording_backend_with(false).await
 }
+
+/// Sends one raw request (the answer ends when the gateway closes the connection) and
+/// returns the raw answer and the head the recording backend received for it, if any.
+pub async fn exchange(addr: SocketAddr, seen: &Heads, head: &str) -> (String, Option<String>) {
+    let before = seen.lock().len();
+    let answer = raw(addr, head.as_bytes()).await;
+    let got = seen.lock().get(before).cloned();
+    (answer, got)
+}
