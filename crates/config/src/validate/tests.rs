@@ -1,0 +1,177 @@
+//! Tests of the config validation.
+
+use crate::from_yaml;
+
+const GOOD: &str = r#"
+listeners: [{address: "127.0.0.1:8080"}]
+upstreams:
+  backend: {targets: ["127.0.0.1:1337"]}
+plans:
+  gold: {limits: [{requests: 10, per: 1s}, {requests: 100, per: 100s, name: slow}]}
+consumers:
+  - {name: alice, keys: [k1], plan: gold}
+routes:
+  - path_prefix: /test/
+    upstream: backend
+    auth: {query: [apikey]}
+    allow: {plans: [gold]}
+"#;
+
+#[test]
+fn accepts_a_good_config() {
+    let c = from_yaml(GOOD).expect("valid");
+    assert_eq!(c.plans[0].limits[0].name, "10-per-1s");
+    assert_eq!(c.plans[0].limits[1].name, "slow");
+    assert_eq!(c.routes[0].upstream, 0);
+}
+
+#[test]
+fn reports_every_problem_with_its_place() {
+    let bad = r#"
+listeners: [{address: "nowhere"}]
+upstreams:
+  backend: {targets: ["127.0.0.1"]}
+consumers:
+  - {name: alice, keys: [k1], plan: bronze}
+  - {name: bob, keys: [k1]}
+routes:
+  - {path_prefix: /a/, upstream: backend}
+  - {path_prefix: b, upstream: orders, methods: [GET, "B@D"]}
+  - {path: /c, upstream: backend, allow: {consumers: [carol]}}
+"#;
+    let err = from_yaml(bad).expect_err("invalid");
+    let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+    let expect = [
+        "listeners[0].address: \"nowhere\" is not an ip:port address",
+        "upstreams.backend.targets[0]: \"127.0.0.1\" is not a host:port target",
+        "consumers[0].plan: unknown plan \"bronze\"",
+        "consumers[1].keys[0]: this key is already used by consumers[0]",
+        "routes[1].path_prefix: \"b\" must start with '/'",
+        "routes[1].upstream: unknown upstream \"orders\"",
+        "routes[1].methods[1]: \"B@D\" is not an HTTP method",
+        "routes[2].allow: needs `auth` on the route",
+        "routes[2].allow.consumers[0]: unknown consumer \"carol\"",
+    ];
+    for e in expect {
+        assert!(
+            text.iter().any(|t| t.starts_with(e)),
+            "missing {e:?} in {text:#?}"
+        );
+    }
+}
+
+#[test]
+fn unknown_fields_are_rejected_with_their_path() {
+    let bad = GOOD.replace("upstream: backend", "upstream: backend\n    upstrem: x");
+    let err = from_yaml(&bad).expect_err("invalid");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("routes[0].upstrem: unknown setting `upstrem`"),
+        "{text}"
+    );
+    assert!(text.contains("(line 12, column 14)"), "{text}");
+}
+
+#[test]
+fn parse_level_problems_are_all_reported_with_line_and_column() {
+    let bad = r#"
+listeners: [{address: "127.0.0.1:8080", max_headers: many}]
+upstreams:
+  backend: {targets: ["127.0.0.1:1337"], connect_timeout: 1.5s, pool_max_idle: -3}
+plans:
+  gold: {limits: [{requests: lots, per: 1s}]}
+consumers:
+  - {name: alice, keys: [k1], plan: gold, colour: blue}
+routes:
+  - {path_prefix: /test/, upstream: nowhere}
+"#;
+    let err = from_yaml(bad).expect_err("invalid");
+    let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+    let expect = [
+            "listeners[0].max_headers: must be a whole number ≥ 0 (found string \"many\") (line 2, column 54)",
+            "upstreams.backend.connect_timeout: duration \"1.5s\" must be a whole number with a unit; write 1500ms",
+            "upstreams.backend.pool_max_idle: must be a whole number ≥ 0",
+            "plans.gold.limits[0].requests: must be a whole number ≥ 0",
+            "consumers[0].colour: unknown setting `colour`",
+            "routes[0].upstream: unknown upstream \"nowhere\" (line 10, column 37)",
+        ];
+    for e in expect {
+        assert!(
+            text.iter().any(|t| t.starts_with(e)),
+            "missing {e:?} in {text:#?}"
+        );
+    }
+    assert!(
+        !text
+            .iter()
+            .any(|t| t.contains("u64") || t.contains("usize")),
+        "{text:#?}"
+    );
+    assert_eq!(text.len(), expect.len(), "{text:#?}");
+}
+
+#[test]
+fn admin_may_not_clash_with_a_listener_nor_listen_everywhere_without_a_token() {
+    let clash = format!("{GOOD}admin: {{address: \"0.0.0.0:8080\"}}\n");
+    let err = from_yaml(&clash).expect_err("invalid");
+    let text = err.to_string();
+    assert!(
+        text.contains("admin.address: 0.0.0.0:8080 clashes with listeners[0]"),
+        "{text}"
+    );
+    assert!(text.contains("set `admin.token_file`"), "{text}");
+    let missing =
+        format!("{GOOD}admin: {{address: \"0.0.0.0:9901\", token_file: /nonexistent/t}}\n");
+    let err = from_yaml(&missing).expect_err("invalid");
+    assert!(
+        err.to_string()
+            .contains("admin.token_file: cannot read /nonexistent/t"),
+        "{err}"
+    );
+    let ok = format!("{GOOD}admin: {{address: \"127.0.0.1:9901\"}}\n");
+    assert!(from_yaml(&ok).is_ok());
+}
+
+#[test]
+fn trusted_proxies_are_address_blocks() {
+    let cfg = GOOD.replace(
+        "address: \"127.0.0.1:8080\"",
+        "address: \"127.0.0.1:8080\", trusted_proxies: [10.0.0.0/8, \"::1\"]",
+    );
+    let c = from_yaml(&cfg).expect("valid");
+    let t = &c.listeners[0].trusted_proxies;
+    assert!(t[0].contains("10.1.2.3".parse().expect("ip")));
+    assert!(!t[0].contains("11.1.2.3".parse().expect("ip")));
+    assert!(t[1].contains("::1".parse().expect("ip")));
+    let bad = GOOD.replace(
+        "address: \"127.0.0.1:8080\"",
+        "address: \"127.0.0.1:8080\", trusted_proxies: [10.0.0.0/33]",
+    );
+    let err = from_yaml(&bad).expect_err("invalid");
+    assert!(
+        err.to_string().contains("listeners[0].trusted_proxies[0]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn limit_windows_are_bounded() {
+    let bad = GOOD.replace("per: 100s", "per: 31d");
+    let err = from_yaml(&bad).expect_err("invalid");
+    assert!(
+        err.to_string()
+            .contains("plans.gold.limits[1].per: must be between 1s and 30d"),
+        "{err}"
+    );
+}
+
+#[test]
+fn routes_sort_most_specific_first() {
+    let cfg = GOOD.replace(
+            "routes:",
+            "routes:\n  - {path_prefix: /, upstream: backend}\n  - {path: /test/exact, upstream: backend}\n  - {path_prefix: /test/longer/, upstream: backend}",
+        );
+    let c = from_yaml(&cfg).expect("valid");
+    let names: Vec<&str> = c.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["/test/exact", "/test/longer/", "/test/", "/"]);
+}

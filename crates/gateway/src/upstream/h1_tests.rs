@@ -1,0 +1,99 @@
+//! Tests of the lean client's parsing and encoding.
+
+use super::*;
+
+fn parse(raw: &str, method: Method) -> Parsed {
+    parse_head(&BytesMut::from(raw), &method)
+        .expect("valid")
+        .expect("complete")
+}
+
+#[test]
+fn framing_and_keep_alive() {
+    let (h, len, f, ka) = parse(
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+        Method::GET,
+    );
+    assert_eq!((h.status, len, ka), (StatusCode::OK, 38, true));
+    assert!(matches!(f, Framing::Length(5)));
+    let (_, _, f, ka) = parse(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        Method::GET,
+    );
+    assert!(matches!(f, Framing::Chunked) && ka);
+    let (_, _, f, ka) = parse("HTTP/1.0 200 OK\r\n\r\n", Method::GET);
+    assert!(matches!(f, Framing::UntilClose) && !ka);
+    let (_, _, f, ka) = parse(
+        "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+        Method::GET,
+    );
+    assert!(matches!(f, Framing::Length(0)) && ka);
+    let (_, _, f, _) = parse("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", Method::HEAD);
+    assert!(matches!(f, Framing::Empty));
+    let (_, _, _, ka) = parse(
+        "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+        Method::GET,
+    );
+    assert!(!ka);
+    assert!(parse_head(
+        &BytesMut::from("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
+        &Method::GET
+    )
+    .is_err());
+    assert!(parse_head(&BytesMut::from("garbage\r\n\r\n"), &Method::GET).is_err());
+    for bad in ["+5", "5 5", "5,5", "-1", "", "0x5", "99999999999999999999"] {
+        let raw = format!("HTTP/1.1 200 OK\r\nContent-Length: {bad}\r\n\r\n");
+        assert!(
+            parse_head(&BytesMut::from(raw.as_str()), &Method::GET).is_err(),
+            "{bad:?}"
+        );
+    }
+    let (h, _, f, ka) = parse(
+        "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+        Method::GET,
+    );
+    assert!(
+        matches!(f, Framing::Chunked) && !ka,
+        "both framings: chunked, then close"
+    );
+    assert!(
+        h.headers.contains_key("content-length"),
+        "dropped on the way out"
+    );
+    assert!(
+        parse_head(&BytesMut::from("HTTP/1.1 200 OK\r\nContent-"), &Method::GET)
+            .expect("ok")
+            .is_none()
+    );
+}
+
+#[test]
+fn chunk_sizes_are_strict() {
+    assert_eq!(parse_chunk_size(b"1a"), Some(26));
+    assert_eq!(parse_chunk_size(b"1a;ext=1"), Some(26));
+    assert_eq!(parse_chunk_size(b"1a ;ext"), Some(26));
+    for bad in [
+        &b"+1a"[..],
+        b" 1a",
+        b"1a x",
+        b"",
+        b"0x1a",
+        b"11111111111111111",
+    ] {
+        assert_eq!(
+            parse_chunk_size(bad),
+            None,
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
+
+#[test]
+fn encodes_heads() {
+    let mut h = HeaderMap::new();
+    h.insert("host", HeaderValue::from_static("b:1"));
+    let mut out = Vec::new();
+    encode_head(&Method::GET, "/a?b=1", &h, &mut out);
+    assert_eq!(out, b"GET /a?b=1 HTTP/1.1\r\nhost: b:1\r\n\r\n");
+}
