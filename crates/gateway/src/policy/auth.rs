@@ -89,14 +89,24 @@ fn strip_params(parts: &mut Parts, names: &[String]) {
     let path = parts.uri.path();
     let mut pq = String::with_capacity(path.len() + 1 + query.len());
     pq.push_str(path);
-    let mut sep = '?';
-    for pair in query.split(['&', ';']) {
+    let mut first = true;
+    let mut sep = '&';
+    let mut rest = query;
+    // Each piece with the separator that came before it; kept pieces keep theirs.
+    loop {
+        let end = rest.find(['&', ';']).unwrap_or(rest.len());
+        let pair = &rest[..end];
         let k = pair.split_once('=').map_or(pair, |(k, _)| k);
         if !is_credential(k, names) {
-            pq.push(sep);
+            pq.push(if first { '?' } else { sep });
             pq.push_str(pair);
-            sep = '&';
+            first = false;
         }
+        if end == rest.len() {
+            break;
+        }
+        sep = char::from(rest.as_bytes()[end]);
+        rest = &rest[end + 1..];
     }
     // Made of pieces of a valid URI, so it parses; if it somehow does not, keep the path alone.
     let fallback = path.to_string();
@@ -158,5 +168,20 @@ mod tests {
         assert_eq!(percent_decode("k%2B1"), "k+1");
         assert_eq!(percent_decode("bad%zz"), "bad%zz");
         assert_eq!(percent_decode("end%4"), "end%4");
+    }
+
+    #[test]
+    fn stripping_keeps_the_other_pieces_and_their_separators() {
+        let names = vec!["apikey".to_string()];
+        for (q, want) in [
+            ("/p?q=a;b&apikey=t1", "/p?q=a;b"),
+            ("/p?apikey=t1;x=1&y=2", "/p?x=1&y=2"),
+            ("/p?x=1&%61pikey=t1;y=2", "/p?x=1;y=2"),
+            ("/p?apikey=t1", "/p"),
+        ] {
+            let (mut parts, _) = http::Request::get(q).body(()).expect("req").into_parts();
+            strip_params(&mut parts, &names);
+            assert_eq!(parts.uri.to_string(), want, "{q}");
+        }
     }
 }

@@ -284,10 +284,12 @@ pub async fn forward(
     };
 
     let mut last = Refusal::Upstream("no target");
+    let mut last_target = None;
     let mut req: Option<Request<UpBody>> = None;
     let mut tries = Tries::new(up);
     while tries.next() {
         let Some((_, target)) = up.pick() else { break };
+        last_target = Some(target);
         let mut r = match req.take() {
             Some(r) => r,
             None => {
@@ -375,7 +377,7 @@ pub async fn forward(
             }
         }
     }
-    if let Some((_, t)) = up.pick() {
+    if let Some(t) = last_target {
         log_failure(up, hop.route, t, &last);
     }
     Err(last)
@@ -416,6 +418,12 @@ async fn await_head<F: Future>(
 
 /// Logs a 502, 503 or 504 at info, at most once a second per upstream.
 fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: &Refusal) {
+    if !matches!(
+        refusal,
+        Refusal::Upstream(_) | Refusal::UpstreamTimeout | Refusal::UpstreamBusy
+    ) {
+        return;
+    }
     let now = crate::clock::coarse_secs();
     let last = up.last_logged.load(Ordering::Relaxed);
     if now != last
@@ -481,6 +489,7 @@ async fn forward_lean(
     hop: &Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
     let mut last = Refusal::Upstream("no target");
+    let mut last_target = None;
     let mut head = Vec::with_capacity(512);
     let mut encoded_for: Option<usize> = None;
     let mut fresh_failures = 0;
@@ -489,6 +498,7 @@ async fn forward_lean(
         let Some((key, target)) = up.pick() else {
             break;
         };
+        last_target = Some(target);
         if encoded_for != Some(key) {
             if !hop.preserve_host {
                 headers.insert(header::HOST, target.host.clone());
@@ -543,7 +553,7 @@ async fn forward_lean(
             }
         }
     }
-    if let Some((_, t)) = up.pick() {
+    if let Some(t) = last_target {
         log_failure(up, hop.route, t, &last);
     }
     Err(last)
