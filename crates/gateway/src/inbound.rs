@@ -93,13 +93,14 @@ fn check_host(parts: &mut Parts) -> Result<(), Refusal> {
                 ));
             }
         }
+        (_, None) if parts.version == Version::HTTP_11 => {
+            return Err(Refusal::BadRequest("HTTP/1.1 request without Host header"));
+        }
         (Some(auth), None) => {
+            // HTTP/1.0 may name its host in the target alone.
             let v = http::HeaderValue::from_str(auth.as_str())
                 .map_err(|_| Refusal::BadRequest("invalid request target"))?;
             parts.headers.insert(header::HOST, v);
-        }
-        (None, None) if parts.version == Version::HTTP_11 => {
-            return Err(Refusal::BadRequest("HTTP/1.1 request without Host header"));
         }
         _ => {}
     }

@@ -149,6 +149,7 @@ async fn host_must_be_single_present_and_agree_with_the_target() {
         "GET /x HTTP/1.1\r\nConnection: close\r\n\r\n",
         "GET http://api/x HTTP/1.1\r\nHost: secret.example.com\r\n\r\n",
         "GET http://secret.example.com/x HTTP/1.1\r\nHost: api\r\n\r\n",
+        "GET http://secret.example.com/x HTTP/1.1\r\n\r\n",
     ];
     for req in bad {
         let (status, got) = send(&gw, &seen, req).await;
@@ -163,7 +164,14 @@ async fn host_must_be_single_present_and_agree_with_the_target() {
     )
     .await;
     assert_eq!(status, 401);
-    // HTTP/1.0 may leave Host out.
+    // HTTP/1.0 may name its host in the target alone, or leave it out.
+    let (status, _) = send(
+        &gw,
+        &seen,
+        "GET http://secret.example.com/x HTTP/1.0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 401, "routed by the target's host");
     let (status, got) = send(&gw, &seen, "GET /x HTTP/1.0\r\n\r\n").await;
     assert_eq!(status, 200);
     let got = got.expect("forwarded");
