@@ -31,6 +31,44 @@ pub struct FileConfig {
     pub cluster: Option<Cluster>,
     /// The admin listener: usage per consumer, metrics.
     pub admin: Option<Admin>,
+    /// The response cache all routes share (routes opt in with their own `cache:`).
+    pub cache: Option<Cache>,
+}
+
+/// The shared response store.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cache {
+    /// Bodies, headers and keys together; the least valuable entries go when it is full.
+    pub max_size: Option<Size>,
+    /// Larger responses stream through uncached.
+    pub max_object_size: Option<Size>,
+}
+
+/// Which query parameters form a cache key: `all`, `none`, or a list of names.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum KeyQuery {
+    /// `all` or `none`.
+    Word(String),
+    /// These parameters only.
+    Names(Vec<String>),
+}
+
+/// A route's caching.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteCache {
+    /// Freshness of a cacheable response without Cache-Control or Expires (0s: not stored).
+    pub default_ttl: Option<Dur>,
+    /// One entry for every consumer allowed on the route (default: one per consumer).
+    #[serde(default)]
+    pub shared: bool,
+    /// Query parameters that form the key (default `all`).
+    pub key_query: Option<KeyQuery>,
+    /// Request headers that also form the key.
+    #[serde(default)]
+    pub key_headers: Vec<String>,
 }
 
 /// Shared limits through Redis.
@@ -154,6 +192,8 @@ pub struct Route {
     pub limits: Vec<Limit>,
     /// CORS: preflights answered here, headers added to responses.
     pub cors: Option<Cors>,
+    /// Store this route's responses in the shared cache.
+    pub cache: Option<RouteCache>,
 }
 
 /// Where to find the API key and what to do with it.

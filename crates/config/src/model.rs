@@ -24,6 +24,41 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// The admin listener, if configured.
     pub admin: Option<AdminConfig>,
+    /// The shared response store.
+    pub cache: CacheConfig,
+}
+
+/// The shared response store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Bytes of bodies, headers and keys kept at most.
+    pub max_size: u64,
+    /// Largest response stored, bytes.
+    pub max_object_size: u64,
+}
+
+/// Which query parameters form a cache key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyQuery {
+    /// The whole query (credentials removed).
+    All,
+    /// None: one entry per path.
+    None,
+    /// These parameters only, in the request's order.
+    Only(Vec<String>),
+}
+
+/// A route's caching.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteCacheConfig {
+    /// Freshness of a cacheable response that states none; zero: such responses are not stored.
+    pub default_ttl: Duration,
+    /// One entry for every consumer allowed on the route.
+    pub shared: bool,
+    /// Query parameters in the key.
+    pub key_query: KeyQuery,
+    /// Request headers in the key.
+    pub key_headers: Vec<HeaderName>,
 }
 
 /// The admin listener.
@@ -212,6 +247,8 @@ pub struct RouteConfig {
     pub limits: Vec<LimitConfig>,
     /// CORS, if enabled.
     pub cors: Option<CorsConfig>,
+    /// Caching, if the route's responses may be stored.
+    pub cache: Option<RouteCacheConfig>,
 }
 
 /// Where the key comes from.

@@ -1,8 +1,10 @@
-//! The admin listener: `GET /usage/{consumer}`, `GET /metrics`, `GET /healthz`.
+//! The admin listener: `GET /usage/{consumer}`, `GET /metrics`, `GET /healthz`, `GET /cache`
+//! and `POST /cache/purge`.
 //! With `admin.token_file`, every endpoint but `/healthz` asks for `Authorization: Bearer
 //! TOKEN`. It has its own connection cap, head timeout and idle limit, so it never takes
 //! connections from the proxy listeners.
 
+use crate::cache::Purge;
 use crate::gateway::Gateway;
 use crate::listener::{accept_capped, AcceptErrors};
 use crate::usage::{usage, UsageError};
@@ -63,6 +65,19 @@ async fn handle(
         );
         return r;
     }
+    if req.uri().path() == "/cache/purge" {
+        if req.method() != Method::POST {
+            let mut r = answer(
+                StatusCode::METHOD_NOT_ALLOWED,
+                JSON,
+                r#"{"status":405,"error":"method not allowed"}"#,
+            );
+            r.headers_mut()
+                .insert(http::header::ALLOW, HeaderValue::from_static("POST"));
+            return r;
+        }
+        return purge(gw, req).await;
+    }
     if req.method() != Method::GET {
         return answer(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -73,6 +88,11 @@ async fn handle(
     let path = req.uri().path();
     if path == "/healthz" {
         return answer(StatusCode::OK, JSON, r#"{"status":"ok"}"#);
+    }
+    if path == "/cache" {
+        let (entries, bytes) = gw.cache().store.usage();
+        let body = serde_json::json!({"entries": entries, "bytes": bytes});
+        return answer(StatusCode::OK, JSON, body.to_string());
     }
     if path == "/metrics" {
         let text = gw.metrics_text();
@@ -102,6 +122,51 @@ async fn handle(
         StatusCode::NOT_FOUND,
         JSON,
         r#"{"status":404,"error":"no such admin endpoint"}"#,
+    )
+}
+
+/// `POST /cache/purge` with a JSON body: `{"url": "http://host/path?q"}` (or a path for
+/// every host), `{"prefix": "/path/"}`, `{"tag": "surrogate-key"}` or `{"all": true}`.
+async fn purge(gw: &Gateway, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    const JSON: &str = "application/json";
+    let bad = |why: &str| {
+        answer(
+            StatusCode::BAD_REQUEST,
+            JSON,
+            serde_json::json!({"status": 400, "error": why}).to_string(),
+        )
+    };
+    let body = match http_body_util::BodyExt::collect(http_body_util::Limited::new(
+        req.into_body(),
+        64 * 1024,
+    ))
+    .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return bad("the body must be JSON of at most 64KiB"),
+    };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return bad(
+            "the body must be JSON: {\"url\": …}, {\"prefix\": …}, {\"tag\": …} or {\"all\": true}",
+        );
+    };
+    let text = |k: &str| v.get(k).and_then(|s| s.as_str()).map(str::to_string);
+    let what = if v.get("all").and_then(|b| b.as_bool()) == Some(true) {
+        Purge::All
+    } else if let Some(u) = text("url") {
+        Purge::Url(u)
+    } else if let Some(p) = text("prefix") {
+        Purge::Prefix(p)
+    } else if let Some(t) = text("tag") {
+        Purge::Tag(t)
+    } else {
+        return bad("name what to purge: url, prefix, tag, or all: true");
+    };
+    let n = gw.cache().purge(what);
+    answer(
+        StatusCode::OK,
+        JSON,
+        serde_json::json!({"purged": n}).to_string(),
     )
 }
 

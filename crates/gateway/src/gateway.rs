@@ -1,5 +1,6 @@
 //! The gateway: the pinned-snapshot request path, and reloads that swap the snapshot.
 
+use crate::cache::{self, Ask, Cache};
 use crate::clock::Clock;
 use crate::cluster::{spawn_syncer, Cluster};
 use crate::inbound;
@@ -12,13 +13,14 @@ use crate::snapshot::{Registry, Snapshot};
 use crate::upstream::{self, Hop};
 use arc_swap::ArcSwap;
 use http::HeaderValue;
-use http::{Request, Response};
+use http::{Method, Request, Response};
 use http_body_util::Either;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tollgate_config::{Config, ConfigError, ListenerConfig, PathMatch};
 
@@ -67,9 +69,58 @@ impl ConnInfo {
     }
 }
 
+/// The cache's way upstream: the route's upstream and the hop's settings, owned, so that a
+/// background refresh can use them after the request has been answered.
+struct UpFetch {
+    upstream: Arc<upstream::Upstream>,
+    peer_ip: HeaderValue,
+    trusted: bool,
+    strip_prefix: Option<String>,
+    preserve_host: bool,
+    max_body: u64,
+    body_timeout: Duration,
+    route: String,
+}
+
+impl UpFetch {
+    fn new(route: &crate::snapshot::Route, conn: &ConnInfo, strip_prefix: Option<&str>) -> Self {
+        UpFetch {
+            upstream: route.upstream.clone(),
+            peer_ip: conn.peer_ip.clone(),
+            trusted: conn.trusted,
+            strip_prefix: strip_prefix.map(str::to_string),
+            preserve_host: route.cfg.preserve_host,
+            max_body: conn.listener.max_body_bytes,
+            body_timeout: conn.listener.body_timeout,
+            route: route.cfg.name.clone(),
+        }
+    }
+}
+
+impl cache::Fetch for UpFetch {
+    async fn fetch(
+        &self,
+        parts: http::request::Parts,
+    ) -> Result<Response<upstream::PooledBody>, Refusal> {
+        let hop = Hop {
+            peer_ip: &self.peer_ip,
+            trusted: self.trusted,
+            strip_prefix: self.strip_prefix.as_deref(),
+            preserve_host: self.preserve_host,
+            max_body: self.max_body,
+            body_timeout: self.body_timeout,
+            stream_body: false,
+            route: &self.route,
+        };
+        upstream::fetch(&self.upstream, parts, hop).await
+    }
+}
+
 /// A running gateway's state: the current snapshot and what outlives it.
 pub struct Gateway {
     snapshot: ArcSwap<Snapshot>,
+    /// The response cache; outlives reloads.
+    cache: Arc<Cache>,
     /// Fingerprint of the file content the running config came from.
     running: AtomicU64,
     registry: Registry,
@@ -100,8 +151,13 @@ impl Gateway {
             generation: 1,
             last_error: None,
         });
+        let cache = Cache::new(
+            snapshot.config.cache.max_size,
+            snapshot.config.cache.max_object_size,
+        );
         Arc::new(Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
+            cache,
             running: AtomicU64::new(0),
             registry,
             clock,
@@ -126,8 +182,16 @@ impl Gateway {
     /// The `/metrics` text.
     pub fn metrics_text(&self) -> String {
         let reloads = self.status.borrow().generation.saturating_sub(1);
-        self.metrics
-            .render(reloads, self.cluster().map(|c| c.as_ref()))
+        self.metrics.render(
+            reloads,
+            self.cluster().map(|c| c.as_ref()),
+            &self.cache.store,
+        )
+    }
+
+    /// The response cache.
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.cache
     }
 
     /// The cluster link, when limits are shared.
@@ -141,6 +205,9 @@ impl Gateway {
         let old = self.snapshot.load();
         if old.config.listeners != config.listeners {
             tracing::warn!("listener changes take effect at the next restart");
+        }
+        if old.config.cache != config.cache {
+            tracing::warn!("cache size changes take effect at the next restart");
         }
         if old.config.cluster != config.cluster {
             tracing::warn!("cluster changes take effect at the next restart");
@@ -258,8 +325,34 @@ impl Gateway {
                 stream_body: !route.cfg.request_buffering,
                 route: &route.cfg.name,
             };
-            let resp = upstream::forward(&route.upstream, parts, body, hop).await?;
-            let mut resp = resp.map(Either::Left);
+            let Some(cc) = &route.cfg.cache else {
+                let resp = upstream::forward(&route.upstream, parts, body, hop).await?;
+                let mut resp = resp.map(Either::Left);
+                policy::decorate(route, &admitted, resp.headers_mut());
+                return Ok(resp);
+            };
+            let ask = Ask {
+                cfg: cc,
+                route: &route.cfg.name,
+                consumer: admitted.consumer.map(|c| snap.consumers[c].name.as_str()),
+                credentials: route.cfg.auth.as_ref().map_or(&[], |a| a.query.as_slice()),
+                wait: route.upstream.cfg.response_timeout,
+                now_ns: self.clock.now_nanos(),
+                wall: SystemTime::UNIX_EPOCH + Duration::from_nanos(self.clock.wall_nanos()),
+            };
+            let mut resp =
+                if matches!(parts.method, Method::GET | Method::HEAD) && body.is_end_stream() {
+                    let fetch = Arc::new(UpFetch::new(route, conn, strip_prefix));
+                    self.cache.serve(ask, parts, fetch).await?
+                } else {
+                    let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));
+                    let resp = upstream::forward(&route.upstream, parts, body, hop).await?;
+                    let ok = resp.status().is_success() || resp.status().is_redirection();
+                    if let (Some(sent), true) = (sent, ok) {
+                        self.cache.invalidate(&ask, &sent, resp.headers());
+                    }
+                    resp.map(Either::Left)
+                };
             policy::decorate(route, &admitted, resp.headers_mut());
             Ok(resp)
         }

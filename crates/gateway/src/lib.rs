@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cache;
 pub mod clock;
 pub mod cluster;
 pub mod echo;

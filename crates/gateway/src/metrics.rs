@@ -1,6 +1,7 @@
 //! Counters for `/metrics`, in the Prometheus text format. The request path only does an
 //! atomic add; the text is made when scraped.
 
+use crate::cache::store::Store;
 use crate::cluster::Cluster;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +32,7 @@ impl Metrics {
     }
 
     /// The exposition text. `reloads` is the number of configs applied since start-up.
-    pub fn render(&self, reloads: u64, cluster: Option<&Cluster>) -> String {
+    pub fn render(&self, reloads: u64, cluster: Option<&Cluster>, cache: &Store) -> String {
         let mut o = String::new();
         o.push_str("# HELP tollgate_responses_total Responses sent, by status code.\n");
         o.push_str("# TYPE tollgate_responses_total counter\n");
@@ -57,9 +58,75 @@ impl Metrics {
             "Configs rejected by reloads (the old config kept serving).",
             errors,
         );
+        let (entries, bytes) = cache.usage();
+        let cm = &cache.metrics;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (kind, name, help, v) in [
+            (
+                "gauge",
+                "tollgate_cache_entries",
+                "Responses stored.",
+                entries,
+            ),
+            (
+                "gauge",
+                "tollgate_cache_bytes",
+                "Bytes the stored responses take.",
+                bytes,
+            ),
+            (
+                "counter",
+                "tollgate_cache_hits_total",
+                "Answered from the cache.",
+                load(&cm.hits),
+            ),
+            (
+                "counter",
+                "tollgate_cache_misses_total",
+                "Went upstream for want of a usable entry.",
+                load(&cm.misses),
+            ),
+            (
+                "counter",
+                "tollgate_cache_stale_total",
+                "Answered stale (while revalidating, or the upstream failed).",
+                load(&cm.stale),
+            ),
+            (
+                "counter",
+                "tollgate_cache_revalidated_total",
+                "Stale entries renewed by a 304.",
+                load(&cm.revalidated),
+            ),
+            (
+                "counter",
+                "tollgate_cache_coalesced_total",
+                "Answered from another request's fetch of the same key.",
+                load(&cm.coalesced),
+            ),
+            (
+                "counter",
+                "tollgate_cache_stored_total",
+                "Responses stored.",
+                load(&cm.stored),
+            ),
+            (
+                "counter",
+                "tollgate_cache_evictions_total",
+                "Entries evicted to make room.",
+                load(&cm.evictions),
+            ),
+            (
+                "counter",
+                "tollgate_cache_purged_total",
+                "Entries removed by purges and unsafe methods.",
+                load(&cm.purged),
+            ),
+        ] {
+            metric(kind, name, help, v);
+        }
         if let Some(c) = cluster {
             let m = &c.metrics;
-            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
             for (kind, name, help, v) in [
                 (
                     "gauge",

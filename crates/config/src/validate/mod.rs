@@ -92,10 +92,13 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
         .as_ref()
         .and_then(|a| admin(a, &listeners, base, &mut p));
 
+    let cache = cache(raw.cache.as_ref(), &mut p);
+
     if !p.0.is_empty() {
         return Err(ConfigError::Invalid(p.0));
     }
     Ok(Config {
+        cache,
         server,
         listeners,
         upstreams,
@@ -161,6 +164,24 @@ fn cluster(c: &file::Cluster, p: &mut Problems) -> ClusterConfig {
         on_redis_down,
         max_overadmission,
         key_prefix,
+    }
+}
+
+fn cache(c: Option<&file::Cache>, p: &mut Problems) -> CacheConfig {
+    let max_size = c.and_then(|c| c.max_size).map_or(256 << 20, |s| s.0);
+    let max_object_size = c.and_then(|c| c.max_object_size).map_or(1 << 20, |s| s.0);
+    if max_object_size > max_size {
+        p.add(
+            "cache.max_object_size",
+            "must not be larger than cache.max_size",
+        );
+    }
+    if max_object_size > u64::from(u32::MAX) {
+        p.add("cache.max_object_size", "must be at most 4GiB");
+    }
+    CacheConfig {
+        max_size,
+        max_object_size,
     }
 }
 

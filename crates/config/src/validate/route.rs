@@ -208,6 +208,28 @@ pub(super) fn route(
         }
     });
 
+    let cache = r.cache.as_ref().map(|c| {
+        let key_query = match &c.key_query {
+            None => KeyQuery::All,
+            Some(file::KeyQuery::Word(w)) if w == "all" => KeyQuery::All,
+            Some(file::KeyQuery::Word(w)) if w == "none" => KeyQuery::None,
+            Some(file::KeyQuery::Word(w)) => {
+                p.add(
+                    format!("{at}.cache.key_query"),
+                    format!("{w:?} must be `all`, `none` or a list of parameter names"),
+                );
+                KeyQuery::All
+            }
+            Some(file::KeyQuery::Names(n)) => KeyQuery::Only(n.clone()),
+        };
+        RouteCacheConfig {
+            default_ttl: c.default_ttl.map_or(std::time::Duration::ZERO, |d| d.0),
+            shared: c.shared,
+            key_query,
+            key_headers: header_names(&c.key_headers, &format!("{at}.cache.key_headers"), p),
+        }
+    });
+
     let name = r.name.clone().unwrap_or_else(|| {
         let host = r.host.as_deref().unwrap_or("");
         format!("{host}{s}")
@@ -226,5 +248,6 @@ pub(super) fn route(
         allow,
         limits,
         cors,
+        cache,
     })
 }

@@ -18,7 +18,7 @@ mod pool;
 
 pub use body::{ClientFault, UpBody, BUFFER};
 pub use dial::ConnectError;
-pub use pool::{BodyError, PooledBody};
+pub use pool::{BodyError, Collector, PooledBody};
 
 use crate::response::Refusal;
 use body::{BodyWatch, Received};
@@ -236,13 +236,9 @@ fn classify(e: &hyper::Error) -> Failure {
     Failure::Other
 }
 
-/// Sends the request to `up` and returns its response head with the body streaming.
-pub async fn forward(
-    up: &Upstream,
-    parts: Parts,
-    body: Incoming,
-    hop: Hop<'_>,
-) -> Result<Response<PooledBody>, Refusal> {
+/// The request's method, target and headers rewritten for the hop. Rewritten once; only
+/// `Host` changes from one target to the next.
+fn for_hop(parts: Parts, hop: &Hop<'_>) -> (Method, PathAndQuery, http::HeaderMap) {
     let Parts {
         method,
         uri,
@@ -250,11 +246,31 @@ pub async fn forward(
         ..
     } = parts;
     let pq = path_and_query(&uri, hop.strip_prefix);
-    // Rewritten once; only `Host` changes from one target to the next.
     headers::rewrite_request(&mut headers, hop.peer_ip, hop.trusted);
     if !hop.preserve_host {
         headers.remove(header::HOST);
     }
+    (method, pq, headers)
+}
+
+/// Sends a request without a body (GET or HEAD, for the cache) on the lean client.
+pub async fn fetch(
+    up: &Upstream,
+    parts: Parts,
+    hop: Hop<'_>,
+) -> Result<Response<PooledBody>, Refusal> {
+    let (method, pq, headers) = for_hop(parts, &hop);
+    forward_lean(up, &method, &pq, headers, &hop).await
+}
+
+/// Sends the request to `up` and returns its response head with the body streaming.
+pub async fn forward(
+    up: &Upstream,
+    parts: Parts,
+    body: Incoming,
+    hop: Hop<'_>,
+) -> Result<Response<PooledBody>, Refusal> {
+    let (method, pq, mut headers) = for_hop(parts, &hop);
 
     if body.is_end_stream()
         && matches!(

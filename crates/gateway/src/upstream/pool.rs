@@ -98,6 +98,8 @@ impl Pool {
 /// the end. Dropped early, the connection is closed instead (its state is unknown).
 pub struct PooledBody {
     inner: Inner,
+    /// Takes a copy of the body as it streams (for the cache).
+    collect: Option<Box<Collector>>,
     /// Longest wait for the next piece of the body (`read_timeout`).
     read_timeout: Duration,
     /// Armed while the body waits on the upstream.
@@ -112,6 +114,53 @@ enum Inner {
     },
     /// From the lean client.
     Raw(H1Body),
+}
+
+/// Gathers a body as it streams, up to a limit, and hands the whole of it over at the end.
+pub struct Collector {
+    chunks: Vec<Bytes>,
+    len: u64,
+    limit: u64,
+    done: Option<Box<dyn FnOnce(Bytes) + Send>>,
+}
+
+impl Collector {
+    /// A collector of at most `limit` bytes that calls `done` with the whole body.
+    pub fn new(limit: u64, done: impl FnOnce(Bytes) + Send + 'static) -> Collector {
+        Collector {
+            chunks: Vec::new(),
+            len: 0,
+            limit,
+            done: Some(Box::new(done)),
+        }
+    }
+
+    /// Takes a piece; false once the body is larger than the limit.
+    fn push(&mut self, b: &Bytes) -> bool {
+        self.len += b.len() as u64;
+        if self.len > self.limit {
+            return false;
+        }
+        self.chunks.push(b.clone());
+        true
+    }
+
+    fn finish(mut self) {
+        let body = match self.chunks.len() {
+            0 => Bytes::new(),
+            1 => self.chunks.pop().unwrap_or_default(),
+            _ => {
+                let mut all = Vec::with_capacity(self.len as usize);
+                for c in &self.chunks {
+                    all.extend_from_slice(c);
+                }
+                Bytes::from(all)
+            }
+        };
+        if let Some(done) = self.done.take() {
+            done(body);
+        }
+    }
 }
 
 /// Error of a response body from upstream.
@@ -133,6 +182,7 @@ impl PooledBody {
             },
             read_timeout,
             stall: None,
+            collect: None,
         }
     }
 
@@ -141,6 +191,17 @@ impl PooledBody {
             inner: Inner::Raw(body),
             read_timeout,
             stall: None,
+            collect: None,
+        }
+    }
+
+    /// Hands a copy of the whole body to `c` once it has streamed to its end; a body that
+    /// breaks off or outgrows the collector's limit is never handed over.
+    pub fn collect_into(&mut self, c: Collector) {
+        if self.is_end_stream() {
+            c.finish();
+        } else {
+            self.collect = Some(Box::new(c));
         }
     }
 
@@ -204,6 +265,29 @@ impl Body for PooledBody {
                 if let Some(s) = this.stall.as_mut() {
                     s.as_mut()
                         .reset(tokio::time::Instant::now() + this.read_timeout);
+                }
+                if this.collect.is_some() {
+                    match &ready {
+                        Poll::Ready(Some(Ok(frame))) => {
+                            let fits = match (frame.data_ref(), this.collect.as_mut()) {
+                                (Some(d), Some(c)) => c.push(d),
+                                _ => true,
+                            };
+                            if !fits {
+                                this.collect = None;
+                            } else if this.is_end_stream() {
+                                if let Some(c) = this.collect.take() {
+                                    c.finish();
+                                }
+                            }
+                        }
+                        Poll::Ready(None) => {
+                            if let Some(c) = this.collect.take() {
+                                c.finish();
+                            }
+                        }
+                        _ => this.collect = None,
+                    }
                 }
                 ready
             }

@@ -319,6 +319,17 @@ where
                 let mut index = 0;
                 while let Some(h) = read_head(&mut s).await {
                     r2.fetch_add(1, Ordering::SeqCst);
+                    // Read (and drop) a Content-Length body, so the next head starts clean.
+                    let len = h
+                        .to_ascii_lowercase()
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0u8; len];
+                    if s.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
                     let (bytes, close) = answer(&h, index);
                     index += 1;
                     if s.write_all(&bytes).await.is_err() || close {

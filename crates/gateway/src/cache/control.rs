@@ -1,0 +1,276 @@
+//! RFC 9111 for a shared cache: `Cache-Control` directives, whether a response may be
+//! stored, how long it stays fresh, and its age. A malformed `Cache-Control` makes a
+//! response "not cacheable", never an error.
+
+use http::header::{self, HeaderMap};
+use http::{Method, StatusCode};
+use std::time::{Duration, SystemTime};
+
+/// The directives of one `Cache-Control` (all its header lines together).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Directives {
+    /// `no-store`.
+    pub no_store: bool,
+    /// `no-cache` (with or without field names): revalidate before every use.
+    pub no_cache: bool,
+    /// `private`: not for a shared cache.
+    pub private: bool,
+    /// `public`.
+    pub public: bool,
+    /// `must-revalidate`, `proxy-revalidate` or `s-maxage`: never served stale.
+    pub must_revalidate: bool,
+    /// `max-age`, seconds.
+    pub max_age: Option<u64>,
+    /// `s-maxage`, seconds (for shared caches, over `max-age`).
+    pub s_maxage: Option<u64>,
+    /// `stale-while-revalidate`, seconds (RFC 5861).
+    pub stale_while_revalidate: Option<u64>,
+    /// `stale-if-error`, seconds (RFC 5861).
+    pub stale_if_error: Option<u64>,
+    /// Something in it could not be read: the response is not cacheable.
+    pub malformed: bool,
+}
+
+fn seconds(v: Option<&str>) -> Option<u64> {
+    let v = v?.trim_matches('"');
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // Larger than any sensible lifetime: RFC 9111 §1.2.2 says to take 2^31.
+    Some(v.parse::<u64>().unwrap_or(1 << 31).min(1 << 31))
+}
+
+/// Reads every `Cache-Control` line of `headers`.
+pub fn directives(headers: &HeaderMap) -> Directives {
+    let mut d = Directives::default();
+    for line in headers.get_all(header::CACHE_CONTROL) {
+        let Ok(line) = line.to_str() else {
+            d.malformed = true;
+            continue;
+        };
+        for item in line.split(',') {
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            let (name, value) = match item.split_once('=') {
+                Some((n, v)) => (n.trim(), Some(v.trim())),
+                None => (item, None),
+            };
+            let timed =
+                |d: &mut Directives, slot: fn(&mut Directives) -> &mut Option<u64>| match seconds(
+                    value,
+                ) {
+                    Some(s) => *slot(d) = Some(s),
+                    None => d.malformed = true,
+                };
+            match name.to_ascii_lowercase().as_str() {
+                "no-store" => d.no_store = true,
+                "no-cache" => d.no_cache = true,
+                "private" => d.private = true,
+                "public" => d.public = true,
+                "must-revalidate" | "proxy-revalidate" => d.must_revalidate = true,
+                "max-age" => timed(&mut d, |d| &mut d.max_age),
+                "s-maxage" => {
+                    timed(&mut d, |d| &mut d.s_maxage);
+                    d.must_revalidate = true;
+                }
+                "stale-while-revalidate" => timed(&mut d, |d| &mut d.stale_while_revalidate),
+                "stale-if-error" => timed(&mut d, |d| &mut d.stale_if_error),
+                _ => {}
+            }
+        }
+    }
+    d
+}
+
+/// Statuses a cache may give a heuristic (default) lifetime (RFC 9110 §15.1).
+fn heuristic(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+    )
+}
+
+fn date(headers: &HeaderMap, name: header::HeaderName) -> Option<SystemTime> {
+    let v = headers.get(name)?.to_str().ok()?;
+    httpdate::parse_http_date(v).ok()
+}
+
+/// What a stored response needs to know of its freshness.
+#[derive(Debug, Clone, Copy)]
+pub struct Freshness {
+    /// How long it is fresh after it left the origin.
+    pub lifetime: Duration,
+    /// Its age when it arrived (`Age`, and `Date` against the arrival time).
+    pub initial_age: Duration,
+    /// Never served stale, never served without revalidation past its lifetime.
+    pub must_revalidate: bool,
+    /// Revalidated before every use.
+    pub no_cache: bool,
+    /// Served stale while one refresh runs in the background, this long past its lifetime.
+    pub stale_while_revalidate: Duration,
+    /// Served stale when the upstream fails, this long past its lifetime.
+    pub stale_if_error: Duration,
+}
+
+/// Whether a response to `method` may be stored by a shared cache, and for how long it is
+/// fresh. `authorized`: the request went upstream with `Authorization` (RFC 9111 §3.5).
+/// `default_ttl` applies to heuristically cacheable statuses that state no lifetime.
+pub fn storable(
+    method: &Method,
+    status: StatusCode,
+    req: &HeaderMap,
+    resp: &HeaderMap,
+    authorized: bool,
+    default_ttl: Duration,
+    arrived: SystemTime,
+) -> Option<Freshness> {
+    if *method != Method::GET
+        || status.is_informational()
+        || status == StatusCode::PARTIAL_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return None;
+    }
+    let d = directives(resp);
+    if d.malformed || d.no_store || d.private || directives(req).no_store {
+        return None;
+    }
+    if resp.get_all(header::VARY).iter().any(|v| {
+        v.to_str()
+            .map_or(true, |v| v.split(',').any(|n| n.trim() == "*"))
+    }) {
+        return None;
+    }
+    if authorized && !(d.must_revalidate || d.public || d.s_maxage.is_some()) {
+        return None;
+    }
+    let date_v = date(resp, header::DATE);
+    let explicit = d
+        .s_maxage
+        .or(d.max_age)
+        .map(Duration::from_secs)
+        .or_else(|| {
+            resp.get(header::EXPIRES)?;
+            // An Expires that cannot be read means already expired (RFC 9111 §5.3).
+            let expires = date(resp, header::EXPIRES).unwrap_or(SystemTime::UNIX_EPOCH);
+            Some(
+                expires
+                    .duration_since(date_v.unwrap_or(arrived))
+                    .unwrap_or(Duration::ZERO),
+            )
+        });
+    let lifetime = match explicit {
+        Some(l) => l,
+        None if heuristic(status) || d.public => default_ttl,
+        None => return None,
+    };
+    let validators = resp.contains_key(header::ETAG) || resp.contains_key(header::LAST_MODIFIED);
+    if lifetime.is_zero() && !validators {
+        // Stale at once and nothing to revalidate with: no use keeping it.
+        return None;
+    }
+    let age = resp
+        .get(header::AGE)
+        .and_then(|v| seconds(v.to_str().ok()))
+        .map_or(Duration::ZERO, Duration::from_secs);
+    let apparent = date_v
+        .and_then(|d| arrived.duration_since(d).ok())
+        .unwrap_or(Duration::ZERO);
+    Some(Freshness {
+        lifetime,
+        initial_age: age.max(apparent),
+        must_revalidate: d.must_revalidate,
+        no_cache: d.no_cache,
+        stale_while_revalidate: Duration::from_secs(d.stale_while_revalidate.unwrap_or(0)),
+        stale_if_error: Duration::from_secs(d.stale_if_error.unwrap_or(0)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn resp(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_str(v).expect("value"));
+        }
+        h
+    }
+
+    fn fresh_for(status: u16, pairs: &[(&'static str, &str)], authorized: bool) -> Option<u64> {
+        storable(
+            &Method::GET,
+            StatusCode::from_u16(status).expect("status"),
+            &HeaderMap::new(),
+            &resp(pairs),
+            authorized,
+            Duration::from_secs(120),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000),
+        )
+        .map(|f| f.lifetime.as_secs())
+    }
+
+    #[test]
+    fn lifetimes_follow_rfc_9111() {
+        assert_eq!(fresh_for(200, &[], false), Some(120), "default ttl");
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=60")], false),
+            Some(60)
+        );
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=60, s-maxage=30")], false),
+            Some(30)
+        );
+        assert_eq!(
+            fresh_for(
+                200,
+                &[
+                    ("date", "Sun, 09 Sep 2001 01:46:40 GMT"),
+                    ("expires", "Sun, 09 Sep 2001 01:47:40 GMT")
+                ],
+                false
+            ),
+            Some(60)
+        );
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "no-store")], false),
+            None
+        );
+        assert_eq!(fresh_for(200, &[("cache-control", "private")], false), None);
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=abc")], false),
+            None
+        );
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=60")], true),
+            None
+        );
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=60, public")], true),
+            Some(60)
+        );
+        assert_eq!(fresh_for(200, &[("vary", "*")], false), None);
+        assert_eq!(fresh_for(302, &[], false), None, "no heuristic for 302");
+        assert_eq!(
+            fresh_for(302, &[("cache-control", "max-age=5")], false),
+            Some(5)
+        );
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=0")], false),
+            None
+        );
+        assert_eq!(
+            fresh_for(
+                200,
+                &[("cache-control", "max-age=0"), ("etag", "\"a\"")],
+                false
+            ),
+            Some(0),
+            "kept to revalidate"
+        );
+    }
+}

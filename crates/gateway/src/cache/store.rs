@@ -1,0 +1,228 @@
+//! The store: stored responses by key, bounded in bytes, the least valuable evicted first
+//! (moka: TinyLFU admission, LRU eviction). A key is the URI key (route, host, path and the
+//! query parameters the route keys on) and the variant (the consumer unless the route is
+//! shared, the route's key headers, and the request headers the response `Vary`s on).
+
+use super::control::Freshness;
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A stored response.
+#[derive(Debug)]
+pub struct Entry {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers as stored (no hop-by-hop, no `Age`).
+    pub headers: HeaderMap,
+    /// The whole body.
+    pub body: Bytes,
+    /// Lifetime and the rules for serving it stale.
+    pub fresh: Freshness,
+    /// Gateway clock (nanoseconds) when it arrived or was last revalidated.
+    pub stored_ns: u64,
+    /// The request's host (lower case, no port): what purges by URL match.
+    pub host: String,
+    /// Path and the keyed query: what purges by URL and prefix match.
+    pub path: String,
+    /// Surrogate keys (`Surrogate-Key`, `Cache-Tag`): what purges by tag match.
+    pub tags: Vec<String>,
+}
+
+impl Entry {
+    /// Its current age (RFC 9111 §4.2.3).
+    pub fn age(&self, now_ns: u64) -> Duration {
+        self.fresh.initial_age + Duration::from_nanos(now_ns.saturating_sub(self.stored_ns))
+    }
+
+    /// Seconds of freshness left (negative once stale).
+    pub fn ttl(&self, now_ns: u64) -> i64 {
+        let age = self.age(now_ns).as_secs_f64();
+        (self.fresh.lifetime.as_secs_f64() - age).floor() as i64
+    }
+
+    /// Whether it may be served without asking the upstream.
+    pub fn is_fresh(&self, now_ns: u64) -> bool {
+        !self.fresh.no_cache && self.age(now_ns) < self.fresh.lifetime
+    }
+
+    /// Whether it may be served stale for this long past its lifetime.
+    pub fn stale_within(&self, now_ns: u64, window: Duration) -> bool {
+        !self.fresh.must_revalidate
+            && !self.fresh.no_cache
+            && self.age(now_ns) < self.fresh.lifetime + window
+    }
+
+    /// Bytes it takes in the store.
+    fn weight(&self, key: &str) -> u32 {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 32)
+            .sum();
+        let n = key.len() + self.host.len() + self.path.len() + headers + self.body.len() + 256;
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+}
+
+/// The request headers that form a key, by name.
+pub type Varies = Arc<[HeaderName]>;
+
+/// Counters of the store for `/metrics`.
+#[derive(Debug, Default)]
+pub struct CacheMetrics {
+    /// Served from the store without asking the upstream.
+    pub hits: AtomicU64,
+    /// Went upstream: nothing stored, or nothing usable.
+    pub misses: AtomicU64,
+    /// Served stale (while revalidating, or because the upstream failed).
+    pub stale: AtomicU64,
+    /// Stale entries revalidated by a 304.
+    pub revalidated: AtomicU64,
+    /// Waited for another request's answer to the same key and were served from it.
+    pub coalesced: AtomicU64,
+    /// Responses stored.
+    pub stored: AtomicU64,
+    /// Entries evicted to make room.
+    pub evictions: AtomicU64,
+    /// Entries removed by purges and unsafe methods.
+    pub purged: AtomicU64,
+}
+
+/// The store shared by every route; outlives reloads.
+pub struct Store {
+    entries: moka::sync::Cache<String, Arc<Entry>>,
+    /// URI key → the request headers its responses vary on (the latest stored response's).
+    varies: moka::sync::Cache<String, Varies>,
+    /// Largest response stored.
+    pub max_object: u64,
+    /// Counters.
+    pub metrics: Arc<CacheMetrics>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("entries", &self.entries.entry_count())
+            .finish()
+    }
+}
+
+impl Store {
+    /// A store of at most `max_size` bytes, keeping responses up to `max_object` bytes.
+    pub fn new(max_size: u64, max_object: u64) -> Store {
+        let metrics = Arc::new(CacheMetrics::default());
+        let m = metrics.clone();
+        let entries = moka::sync::Cache::builder()
+            .max_capacity(max_size)
+            .weigher(|k: &String, v: &Arc<Entry>| v.weight(k))
+            .support_invalidation_closures()
+            .eviction_listener(move |_, _, cause| {
+                if cause == moka::notification::RemovalCause::Size {
+                    m.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+            .build();
+        let varies = moka::sync::Cache::builder()
+            .max_capacity(1 << 20)
+            .support_invalidation_closures()
+            .build();
+        Store {
+            entries,
+            varies,
+            max_object,
+            metrics,
+        }
+    }
+
+    /// The headers responses under `uri` vary on; `None` when nothing is stored for it.
+    pub fn varies(&self, uri: &str) -> Option<Varies> {
+        self.varies.get(uri)
+    }
+
+    /// The entry under `key`.
+    pub fn get(&self, key: &str) -> Option<Arc<Entry>> {
+        self.entries.get(key)
+    }
+
+    /// Stores `entry` under `key`, noting what `uri`'s responses vary on.
+    pub fn put(&self, uri: String, varies: Varies, key: String, entry: Entry) {
+        self.varies.insert(uri, varies);
+        self.entries.insert(key, Arc::new(entry));
+        self.metrics.stored.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Removes every variant stored under `uri`.
+    pub fn invalidate_uri(&self, uri: &str) {
+        if self.varies.get(uri).is_none() {
+            return;
+        }
+        self.varies.invalidate(uri);
+        let prefix = format!("{uri}\u{0}");
+        self.purge_where(move |k, _| k.starts_with(&prefix));
+    }
+
+    /// Removes the entries `pred` picks; returns how many there were.
+    pub fn purge_where(
+        &self,
+        pred: impl Fn(&String, &Arc<Entry>) -> bool + Send + Sync + 'static,
+    ) -> u64 {
+        // Writes not yet applied by moka's housekeeping are not seen by `iter`.
+        self.entries.run_pending_tasks();
+        let n = self.entries.iter().filter(|(k, v)| pred(k, v)).count() as u64;
+        if n > 0 {
+            let _ = self.entries.invalidate_entries_if(pred);
+            self.metrics.purged.fetch_add(n, Ordering::Relaxed);
+        }
+        n
+    }
+
+    /// Removes everything; returns how many entries there were.
+    pub fn purge_all(&self) -> u64 {
+        self.entries.run_pending_tasks();
+        let n = self.entries.entry_count();
+        self.entries.invalidate_all();
+        self.varies.invalidate_all();
+        self.metrics.purged.fetch_add(n, Ordering::Relaxed);
+        n
+    }
+
+    /// Entries and bytes held (after pending evictions have run).
+    pub fn usage(&self) -> (u64, u64) {
+        self.entries.run_pending_tasks();
+        (self.entries.entry_count(), self.entries.weighted_size())
+    }
+}
+
+/// The value of request header `name` for a key: the values of all its lines, joined.
+pub fn header_for_key(req: &HeaderMap, name: &HeaderName, out: &mut String) {
+    let mut first = true;
+    for v in req.get_all(name) {
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        out.push_str(&String::from_utf8_lossy(v.as_bytes()));
+    }
+}
+
+/// The surrogate keys a response names.
+pub fn tags(resp: &HeaderMap) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in ["surrogate-key", "cache-tag"] {
+        for v in resp.get_all(name) {
+            let v: &HeaderValue = v;
+            if let Ok(s) = v.to_str() {
+                out.extend(
+                    s.split([' ', ','])
+                        .filter(|t| !t.is_empty())
+                        .map(str::to_string),
+                );
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,512 @@
+//! The response cache: RFC 9111 storage and freshness, Vary, consumers kept apart,
+//! revalidation, RFC 5861, coalescing, invalidation, purges, eviction, reloads.
+
+mod common;
+
+use common::*;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_gateway::ManualClock;
+
+/// What the backend answers for a request head: status line, headers and body by path.
+fn answer(head: &str, n: usize, failing: bool) -> (Vec<u8>, bool) {
+    let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case(name)
+                    .then(|| v.trim().to_string())
+            })
+            .unwrap_or_default()
+    };
+    let ok = |extra: &str, body: String| {
+        let bytes = format!(
+            "HTTP/1.1 200 OK\r\n{extra}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        (bytes.into_bytes(), false)
+    };
+    if head.starts_with("POST") || head.starts_with("DELETE") {
+        let loc = if path.starts_with("/moved") {
+            "Location: /fresh\r\n"
+        } else {
+            ""
+        };
+        return ok(loc, "done".into());
+    }
+    let p = path.split('?').next().unwrap_or("/");
+    match p {
+        "/fresh" | "/a/x" | "/a/y" => ok("Cache-Control: max-age=60\r\n", format!("n={n}")),
+        "/plain" => ok("", format!("n={n}")),
+        "/nostore" => ok("Cache-Control: no-store\r\n", format!("n={n}")),
+        "/private" => ok("Cache-Control: private, max-age=60\r\n", format!("n={n}")),
+        "/malformed" => ok("Cache-Control: max-age=soon\r\n", format!("n={n}")),
+        "/cookie" => ok(
+            "Cache-Control: max-age=60\r\nSet-Cookie: s=1\r\n",
+            format!("n={n}"),
+        ),
+        "/vary" => ok(
+            "Cache-Control: max-age=60\r\nVary: Accept-Language\r\n",
+            format!("n={n} lang={}", header("accept-language")),
+        ),
+        "/star" => ok("Cache-Control: max-age=60\r\nVary: *\r\n", format!("n={n}")),
+        "/by-consumer" => ok(
+            "Cache-Control: max-age=60\r\nVary: X-Consumer\r\n",
+            format!("n={n} for={}", header("x-consumer")),
+        ),
+        "/tagged" => ok(
+            "Cache-Control: max-age=60\r\nSurrogate-Key: t1 t2\r\n",
+            format!("n={n}"),
+        ),
+        "/etag" => {
+            if header("if-none-match") == "\"v1\"" {
+                let r = "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=1\r\nX-Refreshed: yes\r\n\r\n";
+                return (r.as_bytes().to_vec(), false);
+            }
+            ok(
+                "Cache-Control: max-age=1\r\nETag: \"v1\"\r\n",
+                format!("n={n}"),
+            )
+        }
+        "/swr" => ok(
+            "Cache-Control: max-age=1, stale-while-revalidate=30\r\n",
+            format!("n={n}"),
+        ),
+        "/sie" | "/mustrev" if failing => {
+            let r = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nfail";
+            (r.as_bytes().to_vec(), false)
+        }
+        "/sie" => ok(
+            "Cache-Control: max-age=1, stale-if-error=60\r\n",
+            format!("n={n}"),
+        ),
+        "/mustrev" => ok(
+            "Cache-Control: max-age=1, must-revalidate, stale-if-error=60\r\n",
+            format!("n={n}"),
+        ),
+        "/big" => ok("Cache-Control: max-age=60\r\n", "x".repeat(40_000)),
+        "/broken" => {
+            let r =
+                "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 10\r\n\r\nhello";
+            (r.as_bytes().to_vec(), true)
+        }
+        _ => ok(
+            "Cache-Control: max-age=60\r\n",
+            format!("n={n} path={path}"),
+        ),
+    }
+}
+
+struct Setup {
+    gw: TestGateway,
+    clock: Arc<ManualClock>,
+    requests: Arc<AtomicUsize>,
+    failing: Arc<AtomicBool>,
+    c: TestClient,
+}
+
+fn config(backend: std::net::SocketAddr, shared: bool, extra: &str) -> String {
+    yaml(
+        backend,
+        &format!(
+            r#"
+cache: {{max_size: 200KiB, max_object_size: 32KiB}}
+plans:
+  small: {{limits: [{{requests: 1000, per: 1s}}]}}
+consumers:
+  - {{name: alice, keys: [ka], plan: small}}
+  - {{name: bob, keys: [kb], plan: small}}
+routes:
+  - name: api
+    path_prefix: /
+    upstream: backend
+    auth: {{header: [X-API-Key]}}
+    cache: {{default_ttl: 10s, shared: {shared}}}
+{extra}"#
+        ),
+    )
+}
+
+async fn setup_with(shared: bool, extra: &str) -> Setup {
+    let failing = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicUsize::new(0));
+    let (f2, c2) = (failing.clone(), count.clone());
+    let (backend, _, requests) = scripted_backend(move |h, _| {
+        let n = c2.fetch_add(1, Ordering::SeqCst) + 1;
+        answer(h, n, f2.load(Ordering::SeqCst))
+    })
+    .await;
+    let (gw, clock) = TestGateway::with_manual_clock(&config(backend, shared, extra)).await;
+    Setup {
+        gw,
+        clock,
+        requests,
+        failing,
+        c: TestClient::default(),
+    }
+}
+
+async fn setup() -> Setup {
+    setup_with(false, "").await
+}
+
+impl Setup {
+    async fn get_as(&self, key: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut h = vec![("X-API-Key", key)];
+        h.extend_from_slice(headers);
+        self.c
+            .request(http::Method::GET, &self.gw.url(path), &h, "")
+            .await
+    }
+
+    async fn get(&self, path: &str) -> Answer {
+        self.get_as("ka", path, &[]).await
+    }
+
+    fn upstream(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+#[tokio::test]
+async fn a_fresh_response_is_served_from_the_cache_until_it_goes_stale() {
+    let s = setup().await;
+    let a = s.get("/fresh").await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "n=1"));
+    assert_eq!(a.header("cache-status"), "tollgate; fwd=uri-miss; stored");
+    s.clock.advance(Duration::from_secs(20));
+    let b = s.get("/fresh").await;
+    assert_eq!(b.body, "n=1");
+    assert_eq!(b.header("cache-status"), "tollgate; hit; ttl=40");
+    assert_eq!(b.header("age"), "20");
+    assert!(
+        b.header("ratelimit").starts_with("\"1000-per-1s\""),
+        "{:?}",
+        b.headers
+    );
+    assert_eq!(s.upstream(), 1);
+    s.clock.advance(Duration::from_secs(41));
+    let c = s.get("/fresh").await;
+    assert_eq!(c.body, "n=2", "stale: fetched again");
+    assert_eq!(s.upstream(), 2);
+}
+
+#[tokio::test]
+async fn default_ttl_applies_only_when_the_response_states_no_lifetime() {
+    let s = setup().await;
+    assert_eq!(s.get("/plain").await.body, "n=1");
+    s.clock.advance(Duration::from_secs(9));
+    assert_eq!(s.get("/plain").await.body, "n=1");
+    s.clock.advance(Duration::from_secs(2));
+    assert_eq!(s.get("/plain").await.body, "n=2");
+}
+
+#[tokio::test]
+async fn what_a_shared_cache_must_not_store_is_never_served_from_it() {
+    let s = setup_with(true, "").await;
+    for path in ["/nostore", "/private", "/malformed", "/cookie", "/star"] {
+        let before = s.upstream();
+        s.get(path).await;
+        let again = s.get(path).await;
+        assert_eq!(s.upstream(), before + 2, "{path} was served from the cache");
+        assert!(!again.header("cache-status").contains("stored"), "{path}");
+    }
+    // A request that went upstream with Authorization (RFC 9111 §3.5).
+    let before = s.upstream();
+    for _ in 0..2 {
+        s.get_as("ka", "/authz", &[("Authorization", "Basic eDp5")])
+            .await;
+    }
+    assert_eq!(s.upstream(), before + 2);
+}
+
+#[tokio::test]
+async fn vary_keeps_variants_apart() {
+    let s = setup().await;
+    let en = [("Accept-Language", "en")];
+    let fr = [("Accept-Language", "fr")];
+    assert_eq!(s.get_as("ka", "/vary", &en).await.body, "n=1 lang=en");
+    let b = s.get_as("ka", "/vary", &fr).await;
+    assert_eq!(b.body, "n=2 lang=fr");
+    assert_eq!(b.header("cache-status"), "tollgate; fwd=vary-miss; stored");
+    assert_eq!(s.get_as("ka", "/vary", &en).await.body, "n=1 lang=en");
+    assert_eq!(s.get_as("ka", "/vary", &fr).await.body, "n=2 lang=fr");
+    assert_eq!(s.upstream(), 2);
+}
+
+#[tokio::test]
+async fn each_consumer_has_its_own_entries_unless_the_route_shares_them() {
+    let s = setup().await;
+    assert_eq!(s.get_as("ka", "/fresh", &[]).await.body, "n=1");
+    assert_eq!(s.get_as("kb", "/fresh", &[]).await.body, "n=2");
+    assert_eq!(s.get_as("ka", "/fresh", &[]).await.body, "n=1");
+    assert_eq!(s.get_as("kb", "/fresh", &[]).await.body, "n=2");
+
+    let s = setup_with(true, "").await;
+    assert_eq!(s.get_as("ka", "/fresh", &[]).await.body, "n=1");
+    assert_eq!(s.get_as("kb", "/fresh", &[]).await.body, "n=1", "shared");
+    // A response that varies by consumer stays each consumer's own.
+    assert_eq!(
+        s.get_as("ka", "/by-consumer", &[]).await.body,
+        "n=2 for=alice"
+    );
+    assert_eq!(
+        s.get_as("kb", "/by-consumer", &[]).await.body,
+        "n=3 for=bob"
+    );
+    assert_eq!(
+        s.get_as("ka", "/by-consumer", &[]).await.body,
+        "n=2 for=alice"
+    );
+    // The key is no part of a stored key: a consumer's second key finds its entries.
+}
+
+#[tokio::test]
+async fn head_is_served_from_a_stored_get_and_conditional_requests_get_304() {
+    let s = setup().await;
+    s.get("/etag").await;
+    let h =
+        s.c.request(
+            http::Method::HEAD,
+            &s.gw.url("/etag"),
+            &[("X-API-Key", "ka")],
+            "",
+        )
+        .await;
+    assert_eq!((h.status.as_u16(), h.body.as_str()), (200, ""));
+    assert_eq!(h.header("content-length"), "3");
+    assert!(h.header("cache-status").contains("hit"));
+    let c = s
+        .get_as("ka", "/etag", &[("If-None-Match", "\"v1\"")])
+        .await;
+    assert_eq!(c.status.as_u16(), 304);
+    assert_eq!(c.header("etag"), "\"v1\"");
+    assert_eq!(s.upstream(), 1);
+}
+
+#[tokio::test]
+async fn a_stale_entry_with_a_validator_is_revalidated_and_refreshed_by_304() {
+    let s = setup().await;
+    assert_eq!(s.get("/etag").await.body, "n=1");
+    s.clock.advance(Duration::from_secs(2));
+    let a = s.get("/etag").await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "n=1"));
+    assert_eq!(
+        a.header("cache-status"),
+        "tollgate; fwd=stale; fwd-status=304"
+    );
+    assert_eq!(
+        a.header("x-refreshed"),
+        "yes",
+        "headers updated from the 304"
+    );
+    // Fresh again for the 304's max-age.
+    assert_eq!(
+        s.get("/etag").await.header("cache-status"),
+        "tollgate; hit; ttl=1"
+    );
+    assert_eq!(s.upstream(), 2);
+}
+
+#[tokio::test]
+async fn unsafe_methods_invalidate_the_uri_and_its_location() {
+    let s = setup().await;
+    assert_eq!(s.get("/fresh").await.body, "n=1");
+    let p =
+        s.c.request(
+            http::Method::POST,
+            &s.gw.url("/fresh"),
+            &[("X-API-Key", "kb")],
+            "x",
+        )
+        .await;
+    assert_eq!(p.status.as_u16(), 200);
+    assert_eq!(
+        s.get("/fresh").await.body,
+        "n=3",
+        "invalidated for every consumer"
+    );
+    // A POST elsewhere whose Location names /fresh.
+    let p =
+        s.c.request(
+            http::Method::POST,
+            &s.gw.url("/moved"),
+            &[("X-API-Key", "ka")],
+            "x",
+        )
+        .await;
+    assert_eq!(p.status.as_u16(), 200);
+    assert_eq!(s.get("/fresh").await.body, "n=5");
+}
+
+#[tokio::test]
+async fn stale_while_revalidate_serves_stale_and_refreshes_once_in_the_background() {
+    let s = setup().await;
+    assert_eq!(s.get("/swr").await.body, "n=1");
+    s.clock.advance(Duration::from_secs(5));
+    let a = s.get("/swr").await;
+    assert_eq!(a.body, "n=1", "stale, at once");
+    assert_eq!(a.header("cache-status"), "tollgate; hit; ttl=-4");
+    let stored = &s.gw.gw.cache().store.metrics.stored;
+    bounded("background refresh stored", async {
+        while stored.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(s.get("/swr").await.body, "n=2");
+    assert_eq!(s.upstream(), 2);
+}
+
+#[tokio::test]
+async fn stale_if_error_serves_stale_when_the_upstream_fails_unless_it_must_revalidate() {
+    let s = setup().await;
+    assert_eq!(s.get("/sie").await.body, "n=1");
+    assert_eq!(s.get("/mustrev").await.body, "n=2");
+    s.clock.advance(Duration::from_secs(5));
+    s.failing.store(true, Ordering::SeqCst);
+    let a = s.get("/sie").await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "n=1"));
+    assert_eq!(
+        a.header("cache-status"),
+        "tollgate; fwd=stale; fwd-status=500"
+    );
+    let b = s.get("/mustrev").await;
+    assert_eq!(b.status.as_u16(), 500, "must-revalidate: never stale");
+}
+
+#[tokio::test]
+async fn concurrent_misses_for_one_key_reach_the_backend_once() {
+    let (backend, mut arrived, release) = gated_backend().await;
+    let cfg = config(backend, true, "");
+    let (gw, _clock) = TestGateway::with_manual_clock(&cfg).await;
+    let c = TestClient::default();
+    let mut calls = Vec::new();
+    for _ in 0..200 {
+        let (c, url) = (c.clone(), gw.url("/cold"));
+        calls.push(tokio::spawn(async move {
+            c.request(http::Method::GET, &url, &[("X-API-Key", "ka")], "")
+                .await
+        }));
+    }
+    bounded("first request upstream", arrived.recv()).await;
+    release.notify_one();
+    let mut collapsed = 0;
+    for call in calls {
+        let a = bounded("answer", call).await.expect("join");
+        assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "late"));
+        collapsed += usize::from(a.header("cache-status").contains("collapsed"));
+    }
+    assert!(
+        arrived.try_recv().is_err(),
+        "a second request reached the backend"
+    );
+    assert!(collapsed > 0);
+}
+
+#[tokio::test]
+async fn a_response_that_breaks_off_or_is_too_large_is_not_stored() {
+    let s = setup().await;
+    for path in ["/broken", "/big"] {
+        let before = s.upstream();
+        for _ in 0..2 {
+            // The gateway closes the connection of a body cut short: read it raw.
+            let req = format!(
+                "GET {path} HTTP/1.1\r\nHost: a\r\nX-API-Key: ka\r\nConnection: close\r\n\r\n"
+            );
+            raw(s.gw.addr, req.as_bytes()).await;
+        }
+        assert_eq!(s.upstream(), before + 2, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn a_full_cache_evicts_instead_of_growing() {
+    let s = setup().await;
+    let store = &s.gw.gw.cache().store;
+    for i in 0..60 {
+        let path = format!("/item/{i}?pad={}", "p".repeat(3000));
+        assert_eq!(s.get(&path).await.status.as_u16(), 200);
+    }
+    let (_, bytes) = store.usage();
+    assert!(bytes <= 200 * 1024, "{bytes} bytes held over max_size");
+    assert!(store.metrics.evictions.load(Ordering::SeqCst) > 0);
+}
+
+#[tokio::test]
+async fn a_reload_keeps_the_entries_of_routes_that_remain() {
+    let s = setup().await;
+    assert_eq!(s.get("/fresh").await.body, "n=1");
+    let backend = s.gw.gw.snapshot().config.upstreams[0].targets[0].clone();
+    let cfg = config(
+        backend.parse().expect("addr"),
+        false,
+        "  - {name: other, path: /other, upstream: backend}\n",
+    );
+    s.gw.apply(&cfg);
+    assert_eq!(s.gw.gw.reloads().borrow().generation, 2);
+    assert_eq!(s.get("/fresh").await.body, "n=1");
+}
+
+#[tokio::test]
+async fn hits_count_against_the_consumers_limits() {
+    let s = setup_with(false, "").await;
+    let cfg = s.gw.gw.snapshot().config.clone();
+    let mut cfg = cfg;
+    cfg.plans[0].limits[0].requests = 2;
+    s.gw.gw.apply(cfg);
+    assert_eq!(s.get("/fresh").await.status.as_u16(), 200);
+    assert_eq!(s.get("/fresh").await.status.as_u16(), 200);
+    assert_eq!(
+        s.get("/fresh").await.status.as_u16(),
+        429,
+        "a hit is a call"
+    );
+    assert_eq!(s.upstream(), 1);
+}
+
+#[tokio::test]
+async fn purges_by_url_prefix_tag_and_everything() {
+    let s = setup().await;
+    let admin_cfg = tollgate_config::AdminConfig {
+        address: "127.0.0.1:0".parse().expect("addr"),
+        token: None,
+        max_connections: 4,
+        header_timeout: Duration::from_secs(5),
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let admin = l.local_addr().expect("addr");
+    tokio::spawn(tollgate_gateway::admin::serve(
+        s.gw.gw.clone(),
+        l,
+        admin_cfg,
+    ));
+    let purge = |json: &'static str| async move {
+        let req = format!(
+            "POST /cache/purge HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{json}",
+            json.len()
+        );
+        raw(admin, req.as_bytes()).await
+    };
+    for p in ["/fresh", "/a/x", "/a/y", "/tagged", "/other"] {
+        s.get(p).await;
+    }
+    let stored = s.upstream();
+    let host = s.gw.addr.ip().to_string();
+    let url = format!("{{\"url\": \"http://{host}/fresh\"}}");
+    let url: &'static str = Box::leak(url.into_boxed_str());
+    assert!(purge(url).await.contains("\"purged\":1"));
+    assert!(purge(r#"{"prefix": "/a/"}"#).await.contains("\"purged\":2"));
+    assert!(purge(r#"{"tag": "t2"}"#).await.contains("\"purged\":1"));
+    for p in ["/fresh", "/a/x", "/a/y", "/tagged", "/other"] {
+        s.get(p).await;
+    }
+    assert_eq!(s.upstream(), stored + 4, "only /other was left");
+    assert!(purge(r#"{"all": true}"#).await.contains("\"purged\":5"));
+    assert!(purge(r#"{"nothing": 1}"#).await.starts_with("HTTP/1.1 400"));
+}
