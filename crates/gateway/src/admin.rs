@@ -90,8 +90,22 @@ async fn handle(
         return answer(StatusCode::OK, JSON, r#"{"status":"ok"}"#);
     }
     if path == "/cache" {
-        let (entries, bytes) = gw.cache().store.usage();
-        let body = serde_json::json!({"entries": entries, "bytes": bytes});
+        let store = &gw.cache().store;
+        let (entries, bytes) = store.usage();
+        let m = &store.metrics;
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let body = serde_json::json!({
+            "entries": entries,
+            "bytes": bytes,
+            "hits": n(&m.hits),
+            "misses": n(&m.misses),
+            "stale": n(&m.stale),
+            "revalidated": n(&m.revalidated),
+            "coalesced": n(&m.coalesced),
+            "stored": n(&m.stored),
+            "evictions": n(&m.evictions),
+            "purged": n(&m.purged),
+        });
         return answer(StatusCode::OK, JSON, body.to_string());
     }
     if path == "/metrics" {

@@ -117,7 +117,7 @@ cache: {{max_size: 200KiB, max_object_size: 32KiB}}
 plans:
   small: {{limits: [{{requests: 1000, per: 1s}}]}}
 consumers:
-  - {{name: alice, keys: [ka], plan: small}}
+  - {{name: alice, keys: [ka, ka2], plan: small}}
   - {{name: bob, keys: [kb], plan: small}}
 routes:
   - name: api
@@ -244,6 +244,8 @@ async fn each_consumer_has_its_own_entries_unless_the_route_shares_them() {
     assert_eq!(s.get_as("kb", "/fresh", &[]).await.body, "n=2");
     assert_eq!(s.get_as("ka", "/fresh", &[]).await.body, "n=1");
     assert_eq!(s.get_as("kb", "/fresh", &[]).await.body, "n=2");
+    // Keys are no part of a stored key: the consumer's other key finds its entries.
+    assert_eq!(s.get_as("ka2", "/fresh", &[]).await.body, "n=1");
 
     let s = setup_with(true, "").await;
     assert_eq!(s.get_as("ka", "/fresh", &[]).await.body, "n=1");
@@ -507,6 +509,12 @@ async fn purges_by_url_prefix_tag_and_everything() {
         s.get(p).await;
     }
     assert_eq!(s.upstream(), stored + 4, "only /other was left");
+    let stats = raw(
+        admin,
+        b"GET /cache HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(stats.contains("\"entries\":5"), "{stats}");
     assert!(purge(r#"{"all": true}"#).await.contains("\"purged\":5"));
     assert!(purge(r#"{"nothing": 1}"#).await.starts_with("HTTP/1.1 400"));
 }
