@@ -2,8 +2,10 @@
 """Two builds of tollgate side by side: CPU per request and requests/s, interleaved.
 
     python3 bench/ab.py A_BINARY B_BINARY [--rounds 5] [--scenarios 1,6] [--duration 5]
+    python3 bench/ab.py BIN BIN --a-config X.yaml --b-config Y.yaml --scenarios 1
 
-For judging a change that touches every request (an allocator, a buffer size): each round
+For judging a change that touches every request (an allocator, a buffer size), or the price
+of a feature (the same binary on two configs, each serving the scenario's URL): each round
 runs every scenario on A then B (the order alternates between rounds), with the pinning of
 bench/seed.py (gateway on CPU 1; echo backend and load generator on CPU 0). The echo
 backend and the load generator are target/release/tollgate for both, so only the gateway
@@ -30,6 +32,8 @@ def main():
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--a-config", help="config for A instead of the scenario's")
+    ap.add_argument("--b-config", help="config for B instead of the scenario's")
     args = ap.parse_args()
     tools = seed.BIN
     builds = {"A": Path(args.a).resolve(), "B": Path(args.b).resolve()}
@@ -43,8 +47,15 @@ def main():
     wait_port(seed.BACKEND, backend)
     original_start = seed.start_gateway
 
-    def start_with(binary):
+    configs = {"A": args.a_config, "B": args.b_config}
+
+    def start_with(binary, config):
         def start(system, scenario, tmp):
+            if config:
+                proc = subprocess.Popen(["taskset", "-c", seed.GW_CPU, str(binary), "run", "--config", config],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                wait_port(seed.GATEWAY, proc)
+                return proc
             seed.BIN = binary
             try:
                 return original_start(system, scenario, tmp)
@@ -58,14 +69,15 @@ def main():
                 order = ["A", "B"] if rnd % 2 == 0 else ["B", "A"]
                 for s in scenarios:
                     for k in order:
-                        seed.start_gateway = start_with(builds[k])
+                        seed.start_gateway = start_with(builds[k], configs[k])
                         r = seed.one_run("tollgate", s, args, tmp)
                         results[(s, k)].append(r)
                         print(f"round {rnd + 1} scenario {s} {k}: {r['rps']:.0f} req/s, "
                               f"{r['cpu_us']:.2f} µs CPU/req", file=sys.stderr)
     finally:
         stop(backend)
-    print(f"A = {builds['A']}\nB = {builds['B']}\n{args.rounds} interleaved rounds, medians\n")
+    print(f"A = {builds['A']} {configs['A'] or ''}\nB = {builds['B']} {configs['B'] or ''}\n"
+          f"{args.rounds} interleaved rounds, medians\n")
     print("| scenario | A µs/req | B µs/req | B/A CPU | A req/s | B req/s | B/A req/s |")
     print("|---|---|---|---|---|---|---|")
     for s in scenarios:
