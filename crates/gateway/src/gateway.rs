@@ -75,24 +75,24 @@ struct UpFetch {
     upstream: Arc<upstream::Upstream>,
     peer_ip: HeaderValue,
     trusted: bool,
-    strip_prefix: Option<String>,
+    strip_prefix: Option<Arc<str>>,
     preserve_host: bool,
     max_body: u64,
     body_timeout: Duration,
-    route: String,
+    route: Arc<str>,
 }
 
 impl UpFetch {
-    fn new(route: &crate::snapshot::Route, conn: &ConnInfo, strip_prefix: Option<&str>) -> Self {
+    fn new(route: &crate::snapshot::Route, conn: &ConnInfo) -> Self {
         UpFetch {
             upstream: route.upstream.clone(),
             peer_ip: conn.peer_ip.clone(),
             trusted: conn.trusted,
-            strip_prefix: strip_prefix.map(str::to_string),
+            strip_prefix: route.strip.clone(),
             preserve_host: route.cfg.preserve_host,
             max_body: conn.listener.max_body_bytes,
             body_timeout: conn.listener.body_timeout,
-            route: route.cfg.name.clone(),
+            route: route.name.clone(),
         }
     }
 }
@@ -342,7 +342,7 @@ impl Gateway {
             };
             let mut resp =
                 if matches!(parts.method, Method::GET | Method::HEAD) && body.is_end_stream() {
-                    let fetch = Arc::new(UpFetch::new(route, conn, strip_prefix));
+                    let fetch = Arc::new(UpFetch::new(route, conn));
                     self.cache.serve(ask, parts, fetch).await?
                 } else {
                     let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));

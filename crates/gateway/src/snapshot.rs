@@ -122,6 +122,10 @@ pub struct LimitInfo {
 pub struct Route {
     /// The validated route.
     pub cfg: RouteConfig,
+    /// Its name, shared cheaply (the cache's background work keeps it).
+    pub name: Arc<str>,
+    /// The prefix removed before forwarding, if the route strips one.
+    pub strip: Option<Arc<str>>,
     /// Its upstream.
     pub upstream: Arc<Upstream>,
     /// `allowed[consumer]`: may this consumer call the route.
@@ -231,7 +235,13 @@ impl Snapshot {
                     let list: Vec<&str> = m.iter().map(|m| m.as_str()).collect();
                     HeaderValue::from_str(&list.join(", ")).ok()
                 });
+                let strip = match (&r.path, r.strip_prefix) {
+                    (tollgate_config::PathMatch::Prefix(p), true) => Some(Arc::from(p.as_str())),
+                    _ => None,
+                };
                 Route {
+                    name: Arc::from(r.name.as_str()),
+                    strip,
                     cfg: r.clone(),
                     upstream,
                     allowed,

@@ -518,3 +518,39 @@ async fn purges_by_url_prefix_tag_and_everything() {
     assert!(purge(r#"{"all": true}"#).await.contains("\"purged\":5"));
     assert!(purge(r#"{"nothing": 1}"#).await.starts_with("HTTP/1.1 400"));
 }
+
+#[tokio::test]
+async fn after_an_answer_that_could_not_be_stored_requests_do_not_wait_for_one_another() {
+    // The gated backend states no lifetime and default_ttl is 0s: nothing is stored.
+    let (backend, mut arrived, release) = gated_backend().await;
+    let cfg = config(backend, true, "").replace("default_ttl: 10s", "default_ttl: 0s");
+    let (gw, _clock) = TestGateway::with_manual_clock(&cfg).await;
+    let c = TestClient::default();
+    let get = |c: TestClient, url: String| {
+        tokio::spawn(async move {
+            c.request(http::Method::GET, &url, &[("X-API-Key", "ka")], "")
+                .await
+        })
+    };
+    let first = get(c.clone(), gw.url("/x"));
+    bounded("first upstream", arrived.recv()).await;
+    release.notify_one();
+    let a = bounded("first", first).await.expect("join");
+    assert_eq!(a.header("cache-status"), "tollgate; fwd=uri-miss");
+    // Both are upstream at once: neither waits for the other's answer.
+    let (x, y) = (get(c.clone(), gw.url("/x")), get(c.clone(), gw.url("/x")));
+    bounded("second upstream", arrived.recv()).await;
+    bounded(
+        "third upstream, not queued behind the second",
+        arrived.recv(),
+    )
+    .await;
+    release.notify_one();
+    release.notify_one();
+    for call in [x, y] {
+        assert_eq!(
+            bounded("answer", call).await.expect("join").status.as_u16(),
+            200
+        );
+    }
+}

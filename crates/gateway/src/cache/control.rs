@@ -146,21 +146,18 @@ pub fn storable(
     if authorized && !(d.must_revalidate || d.public || d.s_maxage.is_some()) {
         return None;
     }
-    let date_v = date(resp, header::DATE);
-    let explicit = d
-        .s_maxage
-        .or(d.max_age)
-        .map(Duration::from_secs)
-        .or_else(|| {
-            resp.get(header::EXPIRES)?;
+    let explicit = d.s_maxage.or(d.max_age).map(Duration::from_secs);
+    // `Date` is read only when it matters: for `Expires`, and for the age of what is kept.
+    let explicit = match explicit {
+        Some(l) => Some(l),
+        None if resp.contains_key(header::EXPIRES) => {
             // An Expires that cannot be read means already expired (RFC 9111 §5.3).
             let expires = date(resp, header::EXPIRES).unwrap_or(SystemTime::UNIX_EPOCH);
-            Some(
-                expires
-                    .duration_since(date_v.unwrap_or(arrived))
-                    .unwrap_or(Duration::ZERO),
-            )
-        });
+            let from = date(resp, header::DATE).unwrap_or(arrived);
+            Some(expires.duration_since(from).unwrap_or(Duration::ZERO))
+        }
+        None => None,
+    };
     let lifetime = match explicit {
         Some(l) => l,
         None if heuristic(status) || d.public => default_ttl,
@@ -175,7 +172,7 @@ pub fn storable(
         .get(header::AGE)
         .and_then(|v| seconds(v.to_str().ok()))
         .map_or(Duration::ZERO, Duration::from_secs);
-    let apparent = date_v
+    let apparent = date(resp, header::DATE)
         .and_then(|d| arrived.duration_since(d).ok())
         .unwrap_or(Duration::ZERO);
     Some(Freshness {

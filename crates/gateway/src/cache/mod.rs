@@ -97,20 +97,52 @@ pub fn is_unsafe(m: &Method) -> bool {
     )
 }
 
-fn host_of(parts: &Parts) -> String {
-    parts
+/// Appends the request's host, lower case, without port and trailing dot.
+fn host_into(parts: &Parts, out: &mut String) {
+    let host = parts
         .headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
-        .map(|h| crate::inbound::host_only(h).to_ascii_lowercase())
-        .unwrap_or_default()
+        .map_or("", crate::inbound::host_only);
+    out.extend(host.chars().map(|c| c.to_ascii_lowercase()));
+}
+
+/// Appends what [`variant_key`] adds to a URI key.
+fn variant_into(ask: &Ask<'_>, varies: &[HeaderName], req: &HeaderMap, k: &mut String) {
+    k.push('\u{0}');
+    if !ask.cfg.shared {
+        k.push_str(ask.consumer.unwrap_or(""));
+    }
+    for name in varies {
+        k.push('\u{0}');
+        store::header_for_key(req, name, k);
+    }
+}
+
+fn host_of(parts: &Parts) -> String {
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map_or("", crate::inbound::host_only);
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        host.to_ascii_lowercase()
+    } else {
+        host.to_string()
+    }
 }
 
 /// Path + the query parameters the route keys on (credentials left out).
 fn url_of(path: &str, query: Option<&str>, ask: &Ask<'_>) -> String {
     let mut url = String::with_capacity(path.len() + 32);
+    url_into(path, query, ask, &mut url);
+    url
+}
+
+/// Appends [`url_of`].
+fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut String) {
     url.push_str(path);
-    let Some(q) = query else { return url };
+    let Some(q) = query else { return };
     let mut sep = '?';
     for pair in q.split('&') {
         let name = pair.split_once('=').map_or(pair, |(n, _)| n);
@@ -125,7 +157,6 @@ fn url_of(path: &str, query: Option<&str>, ask: &Ask<'_>) -> String {
             sep = '&';
         }
     }
-    url
 }
 
 /// The key of everything stored for one URI of one route and host.
@@ -137,14 +168,7 @@ fn uri_key(route: &str, host: &str, url: &str) -> String {
 fn variant_key(uri: &str, ask: &Ask<'_>, varies: &[HeaderName], req: &HeaderMap) -> String {
     let mut k = String::with_capacity(uri.len() + 64);
     k.push_str(uri);
-    k.push('\u{0}');
-    if !ask.cfg.shared {
-        k.push_str(ask.consumer.unwrap_or(""));
-    }
-    for name in varies {
-        k.push('\u{0}');
-        store::header_for_key(req, name, &mut k);
-    }
+    variant_into(ask, varies, req, &mut k);
     k
 }
 
@@ -224,10 +248,9 @@ fn answer(e: &Entry, req: &Parts, now_ns: u64, status: String) -> Response<Body>
     r
 }
 
-fn with_status(mut r: Response<Body>, status: &str) -> Response<Body> {
-    if let Ok(v) = HeaderValue::from_str(status) {
-        r.headers_mut().insert(CACHE_STATUS, v);
-    }
+fn with_status(mut r: Response<Body>, status: &'static str) -> Response<Body> {
+    r.headers_mut()
+        .insert(CACHE_STATUS, HeaderValue::from_static(status));
     r
 }
 
@@ -263,7 +286,23 @@ impl Miss {
             Miss::Other => "miss",
         }
     }
+
+    /// The `Cache-Status` of the upstream's answer, stored or not.
+    fn status(self, stored: bool) -> &'static str {
+        match (self, stored) {
+            (Miss::Uri, true) => "tollgate; fwd=uri-miss; stored",
+            (Miss::Uri, false) => "tollgate; fwd=uri-miss",
+            (Miss::Vary, true) => "tollgate; fwd=vary-miss; stored",
+            (Miss::Vary, false) => "tollgate; fwd=vary-miss",
+            (Miss::Other, true) => "tollgate; fwd=miss; stored",
+            (Miss::Other, false) => "tollgate; fwd=miss",
+        }
+    }
 }
+
+/// The `Cache-Status` of a stale entry's replacement, stored or not.
+const STALE_STORED: &str = "tollgate; fwd=stale; stored";
+const STALE_PASSED: &str = "tollgate; fwd=stale";
 
 impl Cache {
     /// A cache of at most `max_size` bytes keeping responses up to `max_object` bytes.
@@ -290,9 +329,8 @@ impl Cache {
             let same_host = u.host().is_none_or(|h| h.eq_ignore_ascii_case(&host));
             if same_host && u.path().starts_with('/') {
                 let target = url_of(u.path(), u.query(), ask);
-                let host = host.clone();
                 self.store
-                    .purge_where(move |_, e| e.path == target && e.host == host);
+                    .invalidate_uri(&uri_key(ask.route, &host, &target));
             }
         }
     }
@@ -304,20 +342,32 @@ impl Cache {
         parts: Parts,
         up: Arc<F>,
     ) -> Result<Response<Body>, Refusal> {
-        let host = host_of(&parts);
-        let url = url_of(parts.uri.path(), parts.uri.query(), &ask);
-        let uri = uri_key(ask.route, &host, &url);
+        // One string: the URI key (route, host, path and keyed query), then the variant
+        // without varying headers. The URI key and the URL are slices of it.
+        let mut plain = String::with_capacity(128);
+        plain.push_str(ask.route);
+        plain.push('\u{0}');
+        host_into(&parts, &mut plain);
+        plain.push('\u{0}');
+        let url_start = plain.len();
+        url_into(parts.uri.path(), parts.uri.query(), &ask, &mut plain);
+        let uri_len = plain.len();
+        variant_into(&ask, &ask.cfg.key_headers, &parts.headers, &mut plain);
+        let uri = &plain[..uri_len];
+        let url = &plain[url_start..uri_len];
         let m = &self.store.metrics;
         let mut collapsed = false;
         loop {
-            let found = self.store.varies(&uri).map(|v| {
-                let key = variant_key(&uri, &ask, &v, &parts.headers);
-                (self.store.get(&key), v.is_empty())
-            });
-            let (entry, miss) = match found {
-                None => (None, Miss::Uri),
-                Some((None, plain)) => (None, if plain { Miss::Other } else { Miss::Vary }),
-                Some((Some(e), _)) => (Some(e), Miss::Other),
+            // The key without varying headers first: most responses vary on nothing.
+            let (entry, miss) = match self.store.get(&plain) {
+                Some(e) => (Some(e), Miss::Other),
+                None => match self.store.varies(uri) {
+                    Some(v) => {
+                        let key = variant_key(uri, &ask, &v, &parts.headers);
+                        (self.store.get(&key), Miss::Vary)
+                    }
+                    None => (None, Miss::Uri),
+                },
             };
             if let Some(e) = entry {
                 let now = ask.now_ns;
@@ -333,30 +383,32 @@ impl Cache {
                 }
                 if e.stale_within(now, e.fresh.stale_while_revalidate) {
                     m.stale.fetch_add(1, Ordering::Relaxed);
-                    self.refresh_in_background(&ask, &uri, &url, &parts, &e, up);
+                    self.refresh_in_background(&ask, uri, url, &parts, &e, up);
                     let status = format!("tollgate; hit; ttl={}", e.ttl(now));
                     return Ok(answer(&e, &parts, now, status));
                 }
-                return self.revalidate(&ask, &uri, &url, parts, e, up).await;
+                return self.revalidate(&ask, uri, url, parts, e, up).await;
             }
             // A miss: wait for a request already on its way upstream for this key, once.
-            let flight = format!(
-                "{uri}\u{0}{}",
-                if ask.cfg.shared {
-                    ""
-                } else {
-                    ask.consumer.unwrap_or("")
-                }
-            );
+            let flight = plain.as_str();
             if parts.method == Method::HEAD {
                 m.misses.fetch_add(1, Ordering::Relaxed);
                 let resp = up.fetch(parts).await?;
                 return Ok(with_status(
                     resp.map(http_body_util::Either::Left),
-                    &format!("tollgate; fwd={}", miss.as_str()),
+                    miss.status(false),
                 ));
             }
-            let waiting = self.inflight.lock().get(&flight).cloned();
+            if self.store.is_uncacheable(flight) {
+                // Its last answer could not be stored: no waiting for one another.
+                m.misses.fetch_add(1, Ordering::Relaxed);
+                let resp = up.fetch(parts).await?;
+                return Ok(with_status(
+                    resp.map(http_body_util::Either::Left),
+                    miss.status(false),
+                ));
+            }
+            let waiting = self.inflight.lock().get(flight).cloned();
             match waiting {
                 Some(mut rx) if !collapsed => {
                     let _ = tokio::time::timeout(ask.wait, rx.changed()).await;
@@ -365,11 +417,28 @@ impl Cache {
                 }
                 _ => {}
             }
-            let leader = self.lead(flight);
+            let leader = self.lead(flight.to_string());
             m.misses.fetch_add(1, Ordering::Relaxed);
             let sent = copy_parts(&parts);
             let resp = up.fetch(parts).await?;
-            return Ok(self.store_on_the_way(&ask, uri, url, &sent, resp, leader, miss.as_str()));
+            let resp = self.store_on_the_way(
+                &ask,
+                uri.to_string(),
+                url.to_string(),
+                &sent,
+                resp,
+                leader,
+                miss.status(true),
+                miss.status(false),
+            );
+            if !resp
+                .headers()
+                .get(CACHE_STATUS)
+                .is_some_and(|v| v.as_bytes().ends_with(b"stored"))
+            {
+                self.store.mark_uncacheable(flight.to_string());
+            }
+            return Ok(resp);
         }
     }
 
@@ -422,7 +491,8 @@ impl Cache {
         sent: &Parts,
         mut resp: Response<PooledBody>,
         leader: Option<Leader>,
-        fwd: &str,
+        stored_status: &'static str,
+        passed_status: &'static str,
     ) -> Response<Body> {
         match self.storable(ask, sent, &resp) {
             Some(fresh) => {
@@ -454,17 +524,11 @@ impl Cache {
                     drop(leader);
                 });
                 resp.body_mut().collect_into(collector);
-                with_status(
-                    resp.map(http_body_util::Either::Left),
-                    &format!("tollgate; fwd={fwd}; stored"),
-                )
+                with_status(resp.map(http_body_util::Either::Left), stored_status)
             }
             None => {
                 drop(leader);
-                with_status(
-                    resp.map(http_body_util::Either::Left),
-                    &format!("tollgate; fwd={fwd}"),
-                )
+                with_status(resp.map(http_body_util::Either::Left), passed_status)
             }
         }
     }
@@ -595,7 +659,7 @@ impl Cache {
                 if parts.method == Method::HEAD {
                     return Ok(with_status(
                         resp.map(http_body_util::Either::Left),
-                        "tollgate; fwd=stale",
+                        STALE_PASSED,
                     ));
                 }
                 Ok(self.store_on_the_way(
@@ -605,7 +669,8 @@ impl Cache {
                     &sent,
                     resp,
                     None,
-                    "stale",
+                    STALE_STORED,
+                    STALE_PASSED,
                 ))
             }
             Err(refusal) if stale_ok => {
@@ -669,7 +734,16 @@ impl Cache {
                 }
                 return;
             }
-            let resp = cache.store_on_the_way(&ask, uri, url, &sent, resp, Some(leader), "stale");
+            let resp = cache.store_on_the_way(
+                &ask,
+                uri,
+                url,
+                &sent,
+                resp,
+                Some(leader),
+                STALE_STORED,
+                STALE_PASSED,
+            );
             // Nobody reads this answer: read it here so that its copy is stored.
             let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
         });

@@ -7,7 +7,8 @@ use super::control::Freshness;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
-use std::sync::atomic::{AtomicU64, Ordering};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,6 +69,21 @@ impl Entry {
     }
 }
 
+/// What is stored for one URI: what its responses vary on (empty: nothing), and the keys
+/// of its variants, so that invalidating the URI touches those alone.
+#[derive(Debug, Default)]
+pub struct UriInfo {
+    varies: Mutex<Option<Varies>>,
+    keys: Mutex<Vec<String>>,
+}
+
+/// Most variant keys remembered per URI (past it, the oldest are forgotten, and then only
+/// eviction removes those variants).
+const MAX_VARIANTS: usize = 4096;
+
+/// foldhash: moka's default SipHash costs more than the rest of a lookup.
+type Hasher = foldhash::fast::RandomState;
+
 /// The request headers that form a key, by name.
 pub type Varies = Arc<[HeaderName]>;
 
@@ -94,9 +110,14 @@ pub struct CacheMetrics {
 
 /// The store shared by every route; outlives reloads.
 pub struct Store {
-    entries: moka::sync::Cache<String, Arc<Entry>>,
-    /// URI key → the request headers its responses vary on (the latest stored response's).
-    varies: moka::sync::Cache<String, Varies>,
+    entries: moka::sync::Cache<String, Arc<Entry>, Hasher>,
+    /// URI key → what its responses vary on and the keys of its stored variants.
+    uris: moka::sync::Cache<String, Arc<UriInfo>, Hasher>,
+    /// Whether a response that varies was ever stored: until then no lookup needs `varies`.
+    any_vary: AtomicBool,
+    /// Keys whose last answer could not be stored: requests for them do not wait for one
+    /// another (Varnish's hit-for-miss), for two minutes.
+    uncacheable: moka::sync::Cache<String, (), Hasher>,
     /// Largest response stored.
     pub max_object: u64,
     /// Counters.
@@ -125,22 +146,41 @@ impl Store {
                     m.evictions.fetch_add(1, Ordering::Relaxed);
                 }
             })
-            .build();
-        let varies = moka::sync::Cache::builder()
+            .build_with_hasher(Hasher::default());
+        let uris = moka::sync::Cache::builder()
             .max_capacity(1 << 20)
-            .support_invalidation_closures()
-            .build();
+            .build_with_hasher(Hasher::default());
+        let uncacheable = moka::sync::Cache::builder()
+            .max_capacity(1 << 16)
+            .time_to_live(Duration::from_secs(120))
+            .build_with_hasher(Hasher::default());
         Store {
             entries,
-            varies,
+            uris,
+            any_vary: AtomicBool::new(false),
+            uncacheable,
             max_object,
             metrics,
         }
     }
 
-    /// The headers responses under `uri` vary on; `None` when nothing is stored for it.
+    /// The headers responses under `uri` vary on, when a response that varies was stored
+    /// for it. Costs nothing until some stored response varies.
     pub fn varies(&self, uri: &str) -> Option<Varies> {
-        self.varies.get(uri)
+        if !self.any_vary.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.uris.get(uri)?.varies.lock().clone()
+    }
+
+    /// Notes that the last answer for `flight` could not be stored.
+    pub fn mark_uncacheable(&self, flight: String) {
+        self.uncacheable.insert(flight, ());
+    }
+
+    /// Whether the last answer for `flight` could not be stored (within two minutes).
+    pub fn is_uncacheable(&self, flight: &str) -> bool {
+        self.uncacheable.contains_key(flight)
     }
 
     /// The entry under `key`.
@@ -148,21 +188,41 @@ impl Store {
         self.entries.get(key)
     }
 
-    /// Stores `entry` under `key`, noting what `uri`'s responses vary on.
+    /// Stores `entry` under `key`, noting it and what it varies on (if anything) under `uri`.
     pub fn put(&self, uri: String, varies: Varies, key: String, entry: Entry) {
-        self.varies.insert(uri, varies);
+        let info = self.uris.get_with(uri, || Arc::new(UriInfo::default()));
+        if varies.is_empty() {
+            *info.varies.lock() = None;
+        } else {
+            self.any_vary.store(true, Ordering::Relaxed);
+            *info.varies.lock() = Some(varies);
+        }
+        {
+            let mut keys = info.keys.lock();
+            if !keys.contains(&key) {
+                if keys.len() >= MAX_VARIANTS {
+                    keys.remove(0);
+                }
+                keys.push(key.clone());
+            }
+        }
         self.entries.insert(key, Arc::new(entry));
         self.metrics.stored.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Removes every variant stored under `uri`.
     pub fn invalidate_uri(&self, uri: &str) {
-        if self.varies.get(uri).is_none() {
+        let Some(info) = self.uris.remove(uri) else {
             return;
+        };
+        let keys = std::mem::take(&mut *info.keys.lock());
+        let mut n = 0;
+        for k in keys {
+            if self.entries.remove(&k).is_some() {
+                n += 1;
+            }
         }
-        self.varies.invalidate(uri);
-        let prefix = format!("{uri}\u{0}");
-        self.purge_where(move |k, _| k.starts_with(&prefix));
+        self.metrics.purged.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Removes the entries `pred` picks; returns how many there were.
@@ -185,7 +245,7 @@ impl Store {
         self.entries.run_pending_tasks();
         let n = self.entries.entry_count();
         self.entries.invalidate_all();
-        self.varies.invalidate_all();
+        self.uris.invalidate_all();
         self.metrics.purged.fetch_add(n, Ordering::Relaxed);
         n
     }

@@ -182,7 +182,8 @@ fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parsed>, H1Error
     let mut keep_alive = version == Version::HTTP_11;
     let mut framing = Framing::UntilClose;
     let (mut has_length, mut has_te) = (false, false);
-    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    // Room for what the gateway adds (RateLimit, Cache-Status, CORS) without a rehash.
+    let mut headers = HeaderMap::with_capacity(resp.headers.len() + 6);
     for h in resp.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| H1Error::Malformed)?;
         let value = HeaderValue::from_bytes(h.value).map_err(|_| H1Error::Malformed)?;
