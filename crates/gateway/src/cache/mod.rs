@@ -89,11 +89,13 @@ pub trait Fetch: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Response<PooledBody>, Refusal>> + Send;
 }
 
-/// Whether the method's success invalidates what is stored for its URI (RFC 9111 §4.4).
+/// Whether the method's success invalidates what is stored for its URI (RFC 9111 §4.4):
+/// POST, PUT, DELETE and PATCH. Other methods (a client's `PURGE` among them) never touch
+/// the cache: purging is an admin action.
 pub fn is_unsafe(m: &Method) -> bool {
-    !matches!(
+    matches!(
         *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+        Method::POST | Method::PUT | Method::DELETE | Method::PATCH
     )
 }
 
