@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
-use tollgate_config::{Config, ConfigError, ListenerConfig, PathMatch};
+use tollgate_config::{Config, ConfigError, ListenerConfig};
 
 /// Where reloads stand: a new generation after each applied config, and the last failure.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -311,14 +311,10 @@ impl Gateway {
                 Verdict::Answer(r) => return Ok(*r),
                 Verdict::Forward(a) => a,
             };
-            let strip_prefix = match (&route.cfg.path, route.cfg.strip_prefix) {
-                (PathMatch::Prefix(p), true) => Some(p.as_str()),
-                _ => None,
-            };
             let hop = Hop {
                 peer_ip: &conn.peer_ip,
                 trusted: conn.trusted,
-                strip_prefix,
+                strip_prefix: route.strip.as_deref(),
                 preserve_host: route.cfg.preserve_host,
                 max_body: conn.listener.max_body_bytes,
                 body_timeout: conn.listener.body_timeout,

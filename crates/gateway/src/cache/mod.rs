@@ -121,17 +121,11 @@ fn variant_into(ask: &Ask<'_>, varies: &[HeaderName], req: &HeaderMap, k: &mut S
     }
 }
 
+/// The request's host, lower case, without port and trailing dot.
 fn host_of(parts: &Parts) -> String {
-    let host = parts
-        .headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map_or("", crate::inbound::host_only);
-    if host.bytes().any(|b| b.is_ascii_uppercase()) {
-        host.to_ascii_lowercase()
-    } else {
-        host.to_string()
-    }
+    let mut host = String::new();
+    host_into(parts, &mut host);
+    host
 }
 
 /// Path + the query parameters the route keys on (credentials left out).
