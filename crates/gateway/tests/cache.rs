@@ -561,3 +561,18 @@ async fn after_an_answer_that_could_not_be_stored_requests_do_not_wait_for_one_a
         );
     }
 }
+
+#[tokio::test]
+async fn after_an_answer_that_could_not_be_stored_the_next_storable_one_is_stored() {
+    let s = setup().await;
+    s.failing.store(true, Ordering::SeqCst);
+    assert_eq!(s.get("/sie").await.status.as_u16(), 500, "not stored");
+    s.failing.store(false, Ordering::SeqCst);
+    let a = s.get("/sie").await;
+    assert_eq!(a.header("cache-status"), "tollgate; fwd=uri-miss; stored");
+    assert_eq!(
+        s.get("/sie").await.header("cache-status"),
+        "tollgate; hit; ttl=1"
+    );
+    assert_eq!(s.upstream(), 2);
+}

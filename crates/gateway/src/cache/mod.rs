@@ -395,16 +395,13 @@ impl Cache {
                     miss.status(false),
                 ));
             }
-            if self.store.is_uncacheable(flight) {
-                // Its last answer could not be stored: no waiting for one another.
-                m.misses.fetch_add(1, Ordering::Relaxed);
-                let resp = up.fetch(parts).await?;
-                return Ok(with_status(
-                    resp.map(http_body_util::Either::Left),
-                    miss.status(false),
-                ));
-            }
-            let waiting = self.inflight.lock().get(flight).cloned();
+            // Its last answer could not be stored: no waiting for one another (hit-for-miss).
+            let uncacheable = self.store.is_uncacheable(flight);
+            let waiting = if uncacheable {
+                None
+            } else {
+                self.inflight.lock().get(flight).cloned()
+            };
             match waiting {
                 Some(mut rx) if !collapsed => {
                     let _ = tokio::time::timeout(ask.wait, rx.changed()).await;
@@ -413,7 +410,11 @@ impl Cache {
                 }
                 _ => {}
             }
-            let leader = self.lead(flight.to_string());
+            let leader = if uncacheable {
+                None
+            } else {
+                self.lead(flight.to_string())
+            };
             m.misses.fetch_add(1, Ordering::Relaxed);
             let sent = copy_parts(&parts);
             let resp = up.fetch(parts).await?;
@@ -427,12 +428,14 @@ impl Cache {
                 miss.status(true),
                 miss.status(false),
             );
-            if !resp
+            let stored = resp
                 .headers()
                 .get(CACHE_STATUS)
-                .is_some_and(|v| v.as_bytes().ends_with(b"stored"))
-            {
-                self.store.mark_uncacheable(flight.to_string());
+                .is_some_and(|v| v.as_bytes().ends_with(b"stored"));
+            match (stored, uncacheable) {
+                (false, _) => self.store.mark_uncacheable(flight.to_string()),
+                (true, true) => self.store.clear_uncacheable(flight),
+                (true, false) => {}
             }
             return Ok(resp);
         }

@@ -178,6 +178,11 @@ impl Store {
         self.uncacheable.insert(flight, ());
     }
 
+    /// Forgets that an answer for `flight` could not be stored.
+    pub fn clear_uncacheable(&self, flight: &str) {
+        self.uncacheable.invalidate(flight);
+    }
+
     /// Whether the last answer for `flight` could not be stored (within two minutes).
     pub fn is_uncacheable(&self, flight: &str) -> bool {
         self.uncacheable.contains_key(flight)
