@@ -563,16 +563,20 @@ async fn after_an_answer_that_could_not_be_stored_requests_do_not_wait_for_one_a
 }
 
 #[tokio::test]
-async fn after_an_answer_that_could_not_be_stored_the_next_storable_one_is_stored() {
+async fn after_an_answer_that_could_not_be_stored_caching_resumes_within_five_seconds() {
     let s = setup().await;
     s.failing.store(true, Ordering::SeqCst);
     assert_eq!(s.get("/sie").await.status.as_u16(), 500, "not stored");
     s.failing.store(false, Ordering::SeqCst);
+    // For five seconds such a key goes straight upstream; then it is stored again.
+    let pass = s.get("/sie").await;
+    assert_eq!(pass.header("cache-status"), "tollgate; fwd=uri-miss");
+    s.clock.advance(Duration::from_secs(6));
     let a = s.get("/sie").await;
     assert_eq!(a.header("cache-status"), "tollgate; fwd=uri-miss; stored");
     assert_eq!(
         s.get("/sie").await.header("cache-status"),
         "tollgate; hit; ttl=1"
     );
-    assert_eq!(s.upstream(), 2);
+    assert_eq!(s.upstream(), 3);
 }

@@ -395,13 +395,16 @@ impl Cache {
                     miss.status(false),
                 ));
             }
-            // Its last answer could not be stored: no waiting for one another (hit-for-miss).
-            let uncacheable = self.store.is_uncacheable(flight);
-            let waiting = if uncacheable {
-                None
-            } else {
-                self.inflight.lock().get(flight).cloned()
-            };
+            if self.store.is_uncacheable(flight, ask.now_ns) {
+                // Its last answer could not be stored: straight upstream, no waiting.
+                m.misses.fetch_add(1, Ordering::Relaxed);
+                let resp = up.fetch(parts).await?;
+                return Ok(with_status(
+                    resp.map(http_body_util::Either::Left),
+                    miss.status(false),
+                ));
+            }
+            let waiting = self.inflight.lock().get(flight).cloned();
             match waiting {
                 Some(mut rx) if !collapsed => {
                     let _ = tokio::time::timeout(ask.wait, rx.changed()).await;
@@ -410,11 +413,7 @@ impl Cache {
                 }
                 _ => {}
             }
-            let leader = if uncacheable {
-                None
-            } else {
-                self.lead(flight.to_string())
-            };
+            let leader = self.lead(flight.to_string());
             m.misses.fetch_add(1, Ordering::Relaxed);
             let sent = copy_parts(&parts);
             let resp = up.fetch(parts).await?;
@@ -432,10 +431,8 @@ impl Cache {
                 .headers()
                 .get(CACHE_STATUS)
                 .is_some_and(|v| v.as_bytes().ends_with(b"stored"));
-            match (stored, uncacheable) {
-                (false, _) => self.store.mark_uncacheable(flight.to_string()),
-                (true, true) => self.store.clear_uncacheable(flight),
-                (true, false) => {}
+            if !stored {
+                self.store.mark_uncacheable(flight.to_string(), ask.now_ns);
             }
             return Ok(resp);
         }

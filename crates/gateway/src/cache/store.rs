@@ -81,6 +81,10 @@ pub struct UriInfo {
 /// eviction removes those variants).
 const MAX_VARIANTS: usize = 4096;
 
+/// How long requests for a key whose answer could not be stored go straight upstream
+/// (Varnish's hit-for-pass, kept short so that caching resumes soon after, say, one 500).
+pub const UNCACHEABLE_FOR: Duration = Duration::from_secs(5);
+
 /// foldhash: moka's default SipHash costs more than the rest of a lookup.
 type Hasher = foldhash::fast::RandomState;
 
@@ -115,9 +119,9 @@ pub struct Store {
     uris: moka::sync::Cache<String, Arc<UriInfo>, Hasher>,
     /// Whether a response that varies was ever stored: until then no lookup needs `varies`.
     any_vary: AtomicBool,
-    /// Keys whose last answer could not be stored: requests for them do not wait for one
-    /// another (Varnish's hit-for-miss), for two minutes.
-    uncacheable: moka::sync::Cache<String, (), Hasher>,
+    /// Keys whose last answer could not be stored, with the gateway clock (ns) until which
+    /// requests for them go straight upstream, neither waiting for one another nor storing.
+    uncacheable: moka::sync::Cache<String, u64, Hasher>,
     /// Largest response stored.
     pub max_object: u64,
     /// Counters.
@@ -152,7 +156,6 @@ impl Store {
             .build_with_hasher(Hasher::default());
         let uncacheable = moka::sync::Cache::builder()
             .max_capacity(1 << 16)
-            .time_to_live(Duration::from_secs(120))
             .build_with_hasher(Hasher::default());
         Store {
             entries,
@@ -173,19 +176,17 @@ impl Store {
         self.uris.get(uri)?.varies.lock().clone()
     }
 
-    /// Notes that the last answer for `flight` could not be stored.
-    pub fn mark_uncacheable(&self, flight: String) {
-        self.uncacheable.insert(flight, ());
+    /// Notes at `now_ns` that the last answer for `flight` could not be stored.
+    pub fn mark_uncacheable(&self, flight: String, now_ns: u64) {
+        let until = now_ns.saturating_add(UNCACHEABLE_FOR.as_nanos() as u64);
+        self.uncacheable.insert(flight, until);
     }
 
-    /// Forgets that an answer for `flight` could not be stored.
-    pub fn clear_uncacheable(&self, flight: &str) {
-        self.uncacheable.invalidate(flight);
-    }
-
-    /// Whether the last answer for `flight` could not be stored (within two minutes).
-    pub fn is_uncacheable(&self, flight: &str) -> bool {
-        self.uncacheable.contains_key(flight)
+    /// Whether an answer for `flight` could not be stored within [`UNCACHEABLE_FOR`].
+    pub fn is_uncacheable(&self, flight: &str, now_ns: u64) -> bool {
+        self.uncacheable
+            .get(flight)
+            .is_some_and(|until| until > now_ns)
     }
 
     /// The entry under `key`.
