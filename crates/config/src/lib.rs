@@ -27,9 +27,12 @@ pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
 /// Parses and validates a config from YAML text, reading relative file names from `base`.
 /// Every problem is reported, parse-level ones included, each with its place in the file.
 pub fn from_yaml_in(text: &str, base: &Path) -> Result<Config, ConfigError> {
-    let positions = parse::Positions::of(text);
-    let parsed = parse::file_types(text)
-        .map_err(|ps| ConfigError::Invalid(ps.into_iter().map(|p| positions.place(p)).collect()))?;
+    // Positions take a second parse of the text: only for a file with problems.
+    let placed = |ps: Vec<Problem>| {
+        let positions = parse::Positions::of(text);
+        ConfigError::Invalid(ps.into_iter().map(|p| positions.place(p)).collect())
+    };
+    let parsed = parse::file_types(text).map_err(placed)?;
     let mut problems: Vec<Problem> = parsed.problems;
     let covered = parsed.covered;
     let under = |path: &str| {
@@ -50,9 +53,7 @@ pub fn from_yaml_in(text: &str, base: &Path) -> Result<Config, ConfigError> {
         }
         Err(e) => return Err(e),
     }
-    Err(ConfigError::Invalid(
-        problems.into_iter().map(|p| positions.place(p)).collect(),
-    ))
+    Err(placed(problems))
 }
 
 /// Reads, parses and validates a config file.

@@ -185,7 +185,7 @@ enum Read {
 }
 
 fn read(v: &Value) -> Read {
-    match serde_path_to_error::deserialize::<_, FileConfig>(v.clone()) {
+    match serde_path_to_error::deserialize::<_, FileConfig>(v) {
         Ok(c) => Read::Fits(Box::new(c)),
         Err(e) => Read::Misfit {
             at: steps(e.path()),
