@@ -61,6 +61,30 @@ impl Settle {
     }
 }
 
+/// What a look at the file's metadata tells: identity, size and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stat {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl Stat {
+    fn of(m: &std::fs::Metadata) -> Stat {
+        Stat {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        }
+    }
+
+    fn file(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+}
+
 /// Watches `path` and reloads `gw` when a change has settled. The task ends when aborted.
 pub fn watch_file(
     gw: Arc<Gateway>,
@@ -72,6 +96,9 @@ pub fn watch_file(
         let mut state = Settle::new(settle);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The content is read only when the file's metadata moved; otherwise its last
+        // fingerprint stands, and the settle time runs on.
+        let mut last: Option<(Stat, u64)> = None;
         loop {
             tick.tick().await;
             if !gw.snapshot().config.server.watch_config {
@@ -80,16 +107,22 @@ pub fn watch_file(
             let Ok(meta) = tokio::fs::metadata(&path).await else {
                 continue;
             };
-            let Ok(bytes) = tokio::fs::read(&path).await else {
-                continue;
+            let stat = Stat::of(&meta);
+            let (fp, mut bytes) = match last {
+                Some((s, fp)) if s == stat => (fp, None),
+                _ => match tokio::fs::read(&path).await {
+                    Ok(b) => (fingerprint(&b), Some(b)),
+                    Err(_) => continue,
+                },
             };
-            let file = (meta.dev(), meta.ino());
-            if state.observe(
-                file,
-                fingerprint(&bytes),
-                gw.running_fingerprint(),
-                Instant::now(),
-            ) {
+            last = Some((stat, fp));
+            if !state.observe(stat.file(), fp, gw.running_fingerprint(), Instant::now()) {
+                continue;
+            }
+            if bytes.is_none() {
+                bytes = tokio::fs::read(&path).await.ok();
+            }
+            if let Some(bytes) = bytes {
                 tracing::info!(path = %path.display(), "config file changed");
                 let _ = gw.reload_bytes(&path, &bytes);
             }
