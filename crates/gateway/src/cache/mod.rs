@@ -417,7 +417,7 @@ impl Cache {
             m.misses.fetch_add(1, Ordering::Relaxed);
             let sent = copy_parts(&parts);
             let resp = up.fetch(parts).await?;
-            let resp = self.store_on_the_way(
+            let (resp, stored) = self.store_on_the_way(
                 &ask,
                 uri.to_string(),
                 url.to_string(),
@@ -427,10 +427,6 @@ impl Cache {
                 miss.status(true),
                 miss.status(false),
             );
-            let stored = resp
-                .headers()
-                .get(CACHE_STATUS)
-                .is_some_and(|v| v.as_bytes().ends_with(b"stored"));
             if !stored {
                 self.store.mark_uncacheable(flight.to_string(), ask.now_ns);
             }
@@ -489,7 +485,7 @@ impl Cache {
         leader: Option<Leader>,
         stored_status: &'static str,
         passed_status: &'static str,
-    ) -> Response<Body> {
+    ) -> (Response<Body>, bool) {
         match self.storable(ask, sent, &resp) {
             Some(fresh) => {
                 let varies = varies_of(ask.cfg, resp.headers());
@@ -520,11 +516,13 @@ impl Cache {
                     drop(leader);
                 });
                 resp.body_mut().collect_into(collector);
-                with_status(resp.map(http_body_util::Either::Left), stored_status)
+                let r = with_status(resp.map(http_body_util::Either::Left), stored_status);
+                (r, true)
             }
             None => {
                 drop(leader);
-                with_status(resp.map(http_body_util::Either::Left), passed_status)
+                let r = with_status(resp.map(http_body_util::Either::Left), passed_status);
+                (r, false)
             }
         }
     }
@@ -658,16 +656,18 @@ impl Cache {
                         STALE_PASSED,
                     ));
                 }
-                Ok(self.store_on_the_way(
-                    ask,
-                    uri.to_string(),
-                    url.to_string(),
-                    &sent,
-                    resp,
-                    None,
-                    STALE_STORED,
-                    STALE_PASSED,
-                ))
+                Ok(self
+                    .store_on_the_way(
+                        ask,
+                        uri.to_string(),
+                        url.to_string(),
+                        &sent,
+                        resp,
+                        None,
+                        STALE_STORED,
+                        STALE_PASSED,
+                    )
+                    .0)
             }
             Err(refusal) if stale_ok => {
                 m.stale.fetch_add(1, Ordering::Relaxed);
@@ -730,7 +730,7 @@ impl Cache {
                 }
                 return;
             }
-            let resp = cache.store_on_the_way(
+            let (resp, _) = cache.store_on_the_way(
                 &ask,
                 uri,
                 url,

@@ -144,7 +144,6 @@ impl Store {
         let entries = moka::sync::Cache::builder()
             .max_capacity(max_size)
             .weigher(|k: &String, v: &Arc<Entry>| v.weight(k))
-            .support_invalidation_closures()
             .eviction_listener(move |_, _, cause| {
                 if cause == moka::notification::RemovalCause::Size {
                     m.evictions.fetch_add(1, Ordering::Relaxed);
@@ -232,17 +231,20 @@ impl Store {
     }
 
     /// Removes the entries `pred` picks; returns how many there were.
-    pub fn purge_where(
-        &self,
-        pred: impl Fn(&String, &Arc<Entry>) -> bool + Send + Sync + 'static,
-    ) -> u64 {
+    pub fn purge_where(&self, pred: impl Fn(&String, &Arc<Entry>) -> bool) -> u64 {
         // Writes not yet applied by moka's housekeeping are not seen by `iter`.
         self.entries.run_pending_tasks();
-        let n = self.entries.iter().filter(|(k, v)| pred(k, v)).count() as u64;
-        if n > 0 {
-            let _ = self.entries.invalidate_entries_if(pred);
-            self.metrics.purged.fetch_add(n, Ordering::Relaxed);
+        let keys: Vec<Arc<String>> = self
+            .entries
+            .iter()
+            .filter(|(k, v)| pred(k, v))
+            .map(|(k, _)| k)
+            .collect();
+        for k in &keys {
+            self.entries.invalidate(k.as_str());
         }
+        let n = keys.len() as u64;
+        self.metrics.purged.fetch_add(n, Ordering::Relaxed);
         n
     }
 
