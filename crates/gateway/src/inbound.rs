@@ -70,39 +70,43 @@ impl Owned {
 
 fn check_host(parts: &mut Parts) -> Result<(), Refusal> {
     let mut hosts = parts.headers.get_all(header::HOST).iter();
-    let first = hosts.next().cloned();
+    let first = hosts.next();
     if hosts.next().is_some() {
         return Err(Refusal::BadRequest("more than one Host header"));
     }
-    if let Some(h) = &first {
-        let s = h
-            .to_str()
-            .map_err(|_| Refusal::BadRequest("invalid Host header"))?;
-        if s.contains(['@', '/', '\\', ' ']) {
-            return Err(Refusal::BadRequest("invalid Host header"));
-        }
-    }
-    match (parts.uri.authority(), &first) {
-        (Some(auth), Some(h)) => {
-            let same = h
+    let host = match first {
+        Some(h) => {
+            let s = h
                 .to_str()
-                .is_ok_and(|h| host_only(h).eq_ignore_ascii_case(host_only(auth.as_str())));
-            if !same {
+                .map_err(|_| Refusal::BadRequest("invalid Host header"))?;
+            if s.contains(['@', '/', '\\', ' ']) {
+                return Err(Refusal::BadRequest("invalid Host header"));
+            }
+            Some(s)
+        }
+        None => None,
+    };
+    let from_target = match (parts.uri.authority(), host) {
+        (Some(auth), Some(h)) => {
+            if !host_only(h).eq_ignore_ascii_case(host_only(auth.as_str())) {
                 return Err(Refusal::BadRequest(
                     "request target and Host header name different hosts",
                 ));
             }
+            None
         }
         (_, None) if parts.version == Version::HTTP_11 => {
             return Err(Refusal::BadRequest("HTTP/1.1 request without Host header"));
         }
-        (Some(auth), None) => {
-            // HTTP/1.0 may name its host in the target alone.
-            let v = http::HeaderValue::from_str(auth.as_str())
-                .map_err(|_| Refusal::BadRequest("invalid request target"))?;
-            parts.headers.insert(header::HOST, v);
-        }
-        _ => {}
+        // HTTP/1.0 may name its host in the target alone.
+        (Some(auth), None) => Some(
+            http::HeaderValue::from_str(auth.as_str())
+                .map_err(|_| Refusal::BadRequest("invalid request target"))?,
+        ),
+        (None, _) => None,
+    };
+    if let Some(v) = from_target {
+        parts.headers.insert(header::HOST, v);
     }
     Ok(())
 }
