@@ -208,3 +208,15 @@ async fn forwarded_headers_from_a_trusted_proxy_are_kept_and_appended_to() {
         ["x-forwarded-proto: https"]
     );
 }
+
+#[tokio::test]
+async fn a_second_key_in_bracket_form_is_a_second_key() {
+    // PHP and Rails read `apikey[]` and `apikey[0]` as the parameter `apikey`.
+    let (gw, _, seen) = setup().await;
+    for q in ["apikey=t1&apikey[]=t9", "apikey=t1&apikey%5B0%5D=t9"] {
+        let req = format!("GET /test/x?{q} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n");
+        let (a, got) = send(&gw, &seen, &req).await;
+        assert_eq!(status_of(&a), 400, "{q}\n{a}");
+        assert!(got.is_none(), "{q} reached the backend");
+    }
+}

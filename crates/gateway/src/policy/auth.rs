@@ -73,11 +73,13 @@ fn params(query: &str) -> impl Iterator<Item = (&str, &str)> {
         .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
 }
 
-/// Whether a raw parameter name is one of `names`, once percent-decoded and ignoring ASCII
-/// case (some backends read names either way).
+/// Whether a raw parameter name is one of `names`, once percent-decoded, ignoring ASCII
+/// case and an array suffix (`apikey[]`, `apikey[0]`): backends read names in all of these
+/// ways.
 fn is_credential(raw: &str, names: &[String]) -> bool {
-    let name = percent_decode(raw);
-    names.iter().any(|n| n.eq_ignore_ascii_case(&name))
+    let decoded = percent_decode(raw);
+    let name = decoded.split('[').next().unwrap_or("");
+    names.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
 /// Removes every parameter named in `names` from the request's query. The request goes
@@ -162,6 +164,8 @@ mod tests {
         assert!(is_credential("user_key", &names));
         assert!(is_credential("%61pikey", &names));
         assert!(is_credential("APIKEY", &names));
+        assert!(is_credential("apikey[]", &names));
+        assert!(is_credential("apikey%5B0%5D", &names));
         assert!(!is_credential("apikeyx", &names));
         let found: Vec<_> = params("a=1;apikey=2&b").collect();
         assert_eq!(found, [("a", "1"), ("apikey", "2"), ("b", "")]);
