@@ -5,7 +5,7 @@
 //!   name the same host. Routes match it case-insensitively, without port or trailing dot.
 //! - **Path**: percent-encoded unreserved characters decoded, repeated slashes merged;
 //!   dot-segments, encoded `/` `\` and NUL, raw `\` and broken escapes refused (400). The
-//!   normalized path is the one forwarded.
+//!   normalized path is the one forwarded. Routes match it without `;` segment parameters.
 //! - **Headers**: hop-by-hop headers removed first (a `Connection` header may not name a
 //!   header the gateway sets); every client header that spells a name the gateway owns (the
 //!   consumer header, `X-Forwarded-*`, credential headers) with `_` for `-` is removed, and
@@ -17,6 +17,7 @@ use http::header::{self, HeaderMap, HeaderName};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use http::Version;
+use std::borrow::Cow;
 
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
@@ -119,6 +120,23 @@ pub fn host_only(raw: &str) -> &str {
         _ => raw,
     };
     h.strip_suffix('.').unwrap_or(h)
+}
+
+/// The path routes are matched against: without `;` segment parameters (`/admin;x=1/y` is
+/// `/admin/y`), as Tomcat, Jetty and Spring resolve it before they route. The request is
+/// forwarded with its parameters.
+pub fn routing_path(path: &str) -> Cow<'_, str> {
+    if !path.contains(';') {
+        return Cow::Borrowed(path);
+    }
+    let mut out = String::with_capacity(path.len());
+    for (i, seg) in path.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(seg.split(';').next().unwrap_or(""));
+    }
+    Cow::Owned(out)
 }
 
 fn is_unreserved(b: u8) -> bool {
@@ -300,6 +318,13 @@ mod tests {
         ] {
             assert_eq!(norm(bad), Err(()), "{bad}");
         }
+    }
+
+    #[test]
+    fn routes_see_paths_without_segment_parameters() {
+        assert_eq!(routing_path("/admin;x=1/y;v=2"), "/admin/y");
+        assert_eq!(routing_path("/admin;/y"), "/admin/y");
+        assert!(matches!(routing_path("/plain/path"), Cow::Borrowed(_)));
     }
 
     #[test]

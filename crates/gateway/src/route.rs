@@ -1,6 +1,6 @@
 //! Route selection: host and path (and method) → the route, from the pinned snapshot.
 
-use crate::inbound::host_only;
+use crate::inbound::{host_only, routing_path};
 use crate::policy::method;
 use crate::response::Refusal;
 use crate::snapshot::{Route, Snapshot};
@@ -51,7 +51,8 @@ fn matches(route: &Route, host: Option<&str>, path: &str) -> bool {
 /// takes the method, the answer is 405 with the methods they take.
 pub fn find<'s>(snap: &'s Snapshot, parts: &Parts, preflight: bool) -> Result<&'s Route, Refusal> {
     let host = host(parts);
-    let path = parts.uri.path();
+    let path = routing_path(parts.uri.path());
+    let path = path.as_ref();
     let mut path_matched = false;
     for route in &snap.routes {
         if !matches(route, host, path) {

@@ -177,3 +177,19 @@ async fn host_must_be_single_present_and_agree_with_the_target() {
     let got = got.expect("forwarded");
     assert!(got.starts_with("GET /x HTTP/1.1\r\n"), "{got}");
 }
+
+#[tokio::test]
+async fn segment_parameters_do_not_bypass_a_keyed_route() {
+    // Tomcat, Jetty and Spring drop `;params` from segments before they route.
+    let (gw, seen) = setup().await;
+    for path in ["/admin;x=1/x", "/admin;/x"] {
+        let (status, got) = send(
+            &gw,
+            &seen,
+            &format!("GET {path} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert_eq!(status, 401, "{path} must meet the keyed /admin/ route");
+        assert!(got.is_none(), "{path} reached the backend");
+    }
+}
