@@ -390,7 +390,8 @@ async fn stale_if_error_serves_stale_when_the_upstream_fails_unless_it_must_reva
 #[tokio::test]
 async fn concurrent_misses_for_one_key_reach_the_backend_once() {
     let (backend, mut arrived, release) = gated_backend().await;
-    let cfg = config(backend, true, "");
+    // Waiters wait at most the upstream's response timeout: long, for a busy machine.
+    let cfg = config(backend, true, "").replace("response_timeout: 2s", "response_timeout: 20s");
     let (gw, _clock) = TestGateway::with_manual_clock(&cfg).await;
     let c = TestClient::default();
     let mut calls = Vec::new();

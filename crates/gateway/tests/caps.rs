@@ -91,7 +91,7 @@ async fn response_timeout_counts_from_the_end_of_the_request_body() {
     let (backend, _) = inspect_backend().await;
     let cfg = with_listener(
         yaml(backend, OPEN)
-            .replace("response_timeout: 2s", "response_timeout: 400ms")
+            .replace("response_timeout: 2s", "response_timeout: 1s")
             .replace(
                 "upstream: backend}",
                 "upstream: backend, request_buffering: false}",
@@ -105,12 +105,13 @@ async fn response_timeout_counts_from_the_end_of_the_request_body() {
     )
     .await
     .expect("write");
-    // A slow client: four pieces over about 800 ms, twice the response timeout.
+    // A slow client: four pieces over about 1.6 s, past the response timeout (1 s); the
+    // answer then has the whole timeout, a wide margin on a busy machine.
     for piece in ["one", "two", "six", "ten"] {
         s.write_all(format!("3\r\n{piece}\r\n").as_bytes())
             .await
             .expect("write");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
     }
     s.write_all(b"0\r\n\r\n").await.expect("write");
     let mut out = String::new();
@@ -156,27 +157,42 @@ async fn a_listener_at_max_connections_leaves_new_ones_waiting_until_one_closes(
 #[tokio::test]
 async fn an_upstream_at_max_connections_queues_then_answers_503() {
     let (backend, mut arrived, release) = gated_backend().await;
-    let cfg = yaml(backend, OPEN).replace(
-        "response_timeout: 2s",
-        "response_timeout: 10s\n    max_connections: 1\n    connect_timeout: 300ms",
-    );
-    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
+    let cap = |wait: &str| {
+        yaml(backend, OPEN).replace(
+            "response_timeout: 2s",
+            &format!("response_timeout: 10s\n    max_connections: 1\n    connect_timeout: {wait}"),
+        )
+    };
     let c = TestClient::default();
-    let url = gw.url("/x");
-    let held = tokio::spawn({
-        let (c, url) = (c.clone(), url.clone());
-        async move { c.get(&url).await }
-    });
-    bounded("first request upstream", arrived.recv()).await;
+    let get = |url: String| {
+        let c = c.clone();
+        tokio::spawn(async move { c.get(&url).await })
+    };
+
     // The only connection is busy past the wait: 503.
-    let a = c.get(&url).await;
+    let gw = TestGateway::start(&cap("300ms"), SystemClock::new()).await;
+    let held = get(gw.url("/x"));
+    bounded("first request upstream", arrived.recv()).await;
+    let a = c.get(&gw.url("/x")).await;
     assert_eq!(a.status.as_u16(), 503, "{}", a.body);
     assert_eq!(a.header("retry-after"), "1");
-    // A request that waits while the connection is busy gets it when it comes back.
-    let queued = tokio::spawn({
-        let (c, url) = (c.clone(), url.clone());
-        async move { c.get(&url).await }
-    });
+    release.notify_one();
+    assert_eq!(
+        bounded("held", held).await.expect("join").status.as_u16(),
+        200
+    );
+
+    // A request that waits while the connection is busy gets it when it comes back. The
+    // wait is long here, so that a slow machine cannot turn the queueing into a 503.
+    let gw = TestGateway::start(&cap("20s"), SystemClock::new()).await;
+    let held = get(gw.url("/x"));
+    bounded("first request upstream", arrived.recv()).await;
+    let mut queued = get(gw.url("/x"));
+    let early = tokio::time::timeout(Duration::from_millis(200), &mut queued).await;
+    assert!(
+        early.is_err(),
+        "answered while the only connection was busy"
+    );
     release.notify_one();
     assert_eq!(
         bounded("held", held).await.expect("join").status.as_u16(),

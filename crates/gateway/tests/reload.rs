@@ -109,11 +109,11 @@ async fn a_changed_file_is_reloaded() {
         gw.gw.clone(),
         path.clone(),
         Duration::from_millis(20),
-        Duration::from_millis(200),
+        Duration::from_secs(3),
     );
     // A slow editor adds route c: the file is cut after route a (a valid config without
     // route b), then, after a pause longer than a look, written whole. The half must never
-    // be applied.
+    // be applied. The settle time (3 s) leaves a busy machine ample room around the pause.
     let second = format!("{first}  - {{name: c, path_prefix: /c/, upstream: backend}}\n");
     let half = &second[..second.find("  - {name: b").expect("route b")];
     std::fs::write(&path, half).expect("write");

@@ -231,12 +231,10 @@ pub async fn read_head(s: &mut TcpStream) -> Option<String> {
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// Reads one request head and its `Content-Length` body from a raw socket.
-/// Returns false on EOF before a full request.
-pub async fn read_request(s: &mut TcpStream) -> bool {
-    let Some(head) = read_head(s).await else {
-        return false;
-    };
+/// Reads one request head and (drops) its `Content-Length` body from a raw socket; the
+/// head, or None on EOF before a full request.
+pub async fn read_request_head(s: &mut TcpStream) -> Option<String> {
+    let head = read_head(s).await?;
     let len = head
         .to_ascii_lowercase()
         .lines()
@@ -244,7 +242,14 @@ pub async fn read_request(s: &mut TcpStream) -> bool {
         .and_then(|v| v.trim().parse::<usize>().ok())
         .unwrap_or(0);
     let mut body = vec![0u8; len];
-    s.read_exact(&mut body).await.is_ok()
+    s.read_exact(&mut body).await.ok()?;
+    Some(head)
+}
+
+/// Reads one request head and its `Content-Length` body from a raw socket.
+/// Returns false on EOF before a full request.
+pub async fn read_request(s: &mut TcpStream) -> bool {
+    read_request_head(s).await.is_some()
 }
 
 /// A free loopback port with nothing listening on it.
@@ -317,19 +322,9 @@ where
             let (answer, r2) = (answer.clone(), r2.clone());
             tokio::spawn(async move {
                 let mut index = 0;
-                while let Some(h) = read_head(&mut s).await {
+                // Bodies are read (and dropped), so the next head starts clean.
+                while let Some(h) = read_request_head(&mut s).await {
                     r2.fetch_add(1, Ordering::SeqCst);
-                    // Read (and drop) a Content-Length body, so the next head starts clean.
-                    let len = h
-                        .to_ascii_lowercase()
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse::<usize>().ok())
-                        .unwrap_or(0);
-                    let mut body = vec![0u8; len];
-                    if s.read_exact(&mut body).await.is_err() {
-                        return;
-                    }
                     let (bytes, close) = answer(&h, index);
                     index += 1;
                     if s.write_all(&bytes).await.is_err() || close {
