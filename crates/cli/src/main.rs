@@ -59,6 +59,10 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Show the request history of this long ago to now (e.g. 24h, 7d) instead of
+        /// the limits: counts per route and status class, from the usage history.
+        #[arg(long, value_name = "DURATION")]
+        history: Option<String>,
     },
     /// Measure an HTTP endpoint: closed loop, or open loop at a fixed rate (--rate).
     Bench(bench::BenchArgs),
@@ -81,7 +85,14 @@ fn main() -> ExitCode {
             config,
             consumer,
             json,
+            history: None,
         } => usage::run(&config, &consumer, json),
+        Command::Usage {
+            config,
+            consumer,
+            json,
+            history: Some(h),
+        } => usage::history(&config, &consumer, &h, json),
     }
 }
 

@@ -62,13 +62,19 @@ pub fn run(path: &Path) -> ExitCode {
         Ok(r) => r,
         Err(c) => return c,
     };
-    rt.block_on(serve(cfg, Some((path, text.as_bytes())), None))
+    rt.block_on(serve(cfg, Some(path), text.as_bytes(), None))
 }
 
-/// Serves `cfg` until SIGTERM or SIGINT; `banner` is printed once every listener is bound.
-async fn serve(cfg: Config, file: Option<(&Path, &[u8])>, banner: Option<String>) -> ExitCode {
-    let path = file.map(|(p, _)| p);
+/// Serves `cfg` (read from `text`, from the file at `path` if any) until SIGTERM or
+/// SIGINT; `banner` is printed once every listener is bound.
+async fn serve(
+    cfg: Config,
+    path: Option<&Path>,
+    text: &[u8],
+    banner: Option<String>,
+) -> ExitCode {
     let drain = cfg.server.drain_timeout;
+    let analytics_required = cfg.analytics.as_ref().is_some_and(|a| a.required);
     let bound = match tollgate_gateway::bind(&cfg.listeners).await {
         Ok(b) => b,
         Err(e) => {
@@ -78,12 +84,20 @@ async fn serve(cfg: Config, file: Option<(&Path, &[u8])>, banner: Option<String>
     };
     let admin = cfg.admin.clone();
     let gw = Gateway::new(cfg, SystemClock::new());
+    if let (true, Some(e)) = (analytics_required, gw.analytics_error()) {
+        tracing::error!("{e}; not starting, since `analytics.required` is true");
+        return ExitCode::FAILURE;
+    }
+    gw.loaded_from(text);
+    if let Some(p) = path {
+        gw.set_source(p);
+    }
     if let Some(admin) = admin {
         let addr = admin.address;
         match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
                 tracing::info!(
-                    "admin endpoints on http://{addr} (/usage/CONSUMER, /metrics, /healthz)"
+                    "admin endpoints and dashboard on http://{addr}/ (/status, /metrics, /usage/CONSUMER, /analytics, /config, POST /reload, /healthz)"
                 );
                 tokio::spawn(tollgate_gateway::admin::serve(gw.clone(), l, admin));
             }
@@ -102,8 +116,7 @@ async fn serve(cfg: Config, file: Option<(&Path, &[u8])>, banner: Option<String>
     }
     // The watcher runs whatever the first config says: a reload may turn watching on or
     // off (`server.watch_config`), and the watcher follows the running config.
-    let watcher = file.map(|(p, loaded)| {
-        gw.loaded_from(loaded);
+    let watcher = path.map(|p| {
         watch_file(
             gw.clone(),
             p.to_path_buf(),
@@ -127,14 +140,19 @@ async fn serve(cfg: Config, file: Option<(&Path, &[u8])>, banner: Option<String>
     ExitCode::SUCCESS
 }
 
-/// Reloads on SIGHUP; returns on SIGTERM or SIGINT.
+/// Reloads on SIGHUP, reopens the access log on SIGUSR1; returns on SIGTERM or SIGINT.
 async fn wait_for_stop(gw: &Gateway, path: Option<&Path>) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
     loop {
         tokio::select! {
+            _ = usr1.recv() => {
+                tracing::info!("SIGUSR1: reopening the access log");
+                gw.reopen_logs();
+            }
             _ = hup.recv() => match path {
                 Some(p) => {
                     tracing::info!("SIGHUP: reloading {}", p.display());
@@ -207,6 +225,6 @@ pub fn demo() -> ExitCode {
              \x20 for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{{http_code}}\\n' 'http://127.0.0.1:8080/api/hello?apikey=demo-key'; done  # ... 429\n\
              Stop with Ctrl-C."
         );
-        serve(cfg, None, Some(banner)).await
+        serve(cfg, None, DEMO_CONFIG.as_bytes(), Some(banner)).await
     })
 }

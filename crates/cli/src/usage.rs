@@ -1,11 +1,12 @@
-//! `tollgate usage --config FILE CONSUMER`.
+//! `tollgate usage --config FILE CONSUMER [--history 24h]`.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use std::path::Path;
 use std::process::ExitCode;
-use tollgate_config::Config;
+use tollgate_config::{AdminConfig, Config};
+use tollgate_gateway::observe::analytics::{self, Query, Row, Step};
 use tollgate_gateway::cluster::Cluster;
 use tollgate_gateway::limiter::Now;
 use tollgate_gateway::snapshot::{Registry, Snapshot};
@@ -51,23 +52,8 @@ pub fn run(path: &Path, consumer: &str, json: bool) -> ExitCode {
     }
 }
 
-async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String> {
-    if let Some(c) = cfg.cluster.clone() {
-        // Shared limits: read the counters in Redis directly, no node needed.
-        let cluster = Cluster::new(c);
-        let registry = Registry::new(Some(cluster.clone()));
-        let snap = Snapshot::build(cfg, &registry);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        let u = usage(&snap, Some(&cluster), consumer, Now { mono: 0, wall: now })
-            .await
-            .map_err(|e| e.to_string())?;
-        return serde_json::to_value(u).map_err(|e| e.to_string());
-    }
-    let Some(admin_cfg) = cfg.admin else {
-        return Err("this config keeps its counters in the running node; add `admin: {address: 127.0.0.1:9901}` to it and ask that node".into());
-    };
+/// GET `path` on the node's admin endpoint, with the token when one is set.
+async fn admin_get(admin_cfg: &AdminConfig, path: &str) -> Result<serde_json::Value, String> {
     let admin = admin_cfg.address;
     let stream = tokio::net::TcpStream::connect(admin).await.map_err(|e| {
         format!("cannot reach the admin endpoint at {admin}: {e} (is the node running?)")
@@ -77,8 +63,7 @@ async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String>
             .await
             .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let mut req =
-        http::Request::get(format!("/usage/{consumer}")).header("host", admin.to_string());
+    let mut req = http::Request::get(path).header("host", admin.to_string());
     if let Some(t) = &admin_cfg.token {
         req = req.header("authorization", format!("Bearer {t}"));
     }
@@ -99,6 +84,26 @@ async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String>
             .to_string());
     }
     Ok(value)
+}
+
+async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String> {
+    if let Some(c) = cfg.cluster.clone() {
+        // Shared limits: read the counters in Redis directly, no node needed.
+        let cluster = Cluster::new(c);
+        let registry = Registry::new(Some(cluster.clone()));
+        let snap = Snapshot::build(cfg, &registry);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let u = usage(&snap, Some(&cluster), consumer, Now { mono: 0, wall: now })
+            .await
+            .map_err(|e| e.to_string())?;
+        return serde_json::to_value(u).map_err(|e| e.to_string());
+    }
+    let Some(admin_cfg) = cfg.admin else {
+        return Err("this config keeps its counters in the running node; add `admin: {address: 127.0.0.1:9901}` to it and ask that node".into());
+    };
+    admin_get(&admin_cfg, &format!("/usage/{consumer}")).await
 }
 
 fn print_table(v: &serde_json::Value) {
@@ -122,4 +127,165 @@ fn print_table(v: &serde_json::Value) {
             l.name, l.scope, l.used, l.requests, l.window_seconds, l.remaining
         );
     }
+}
+
+/// `tollgate usage CONSUMER --history DURATION`: the consumer's requests per route and
+/// status class over that time, from Redis (cluster), the node's admin endpoint, or the
+/// analytics database file, in that order of preference.
+pub fn history(path: &Path, consumer: &str, ago: &str, json: bool) -> ExitCode {
+    let Ok(d) = humantime::parse_duration(ago) else {
+        eprintln!("tollgate usage: --history {ago:?}: give a duration such as 90m, 24h or 7d");
+        return ExitCode::FAILURE;
+    };
+    let cfg = match tollgate_config::from_path(path) {
+        Ok(c) => c,
+        Err(e) => {
+            for p in e.problems() {
+                eprintln!("{}: {p}", path.display());
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let from = now.saturating_sub(d.as_secs());
+    let q = Query {
+        consumer: Some(consumer.to_string()),
+        route: None,
+        from,
+        to: now + 1,
+        step: Step::for_range(now + 1 - from),
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(read_history(&cfg, &q)) {
+        Ok((rows, source)) => {
+            if json {
+                let v = serde_json::json!({
+                    "consumer": consumer, "source": source, "step": q.step.name(),
+                    "from": q.from / q.step.secs() * q.step.secs(), "to": q.to, "rows": rows,
+                });
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                print_history(consumer, &q, source, &rows);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tollgate usage: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn read_history(cfg: &Config, q: &Query) -> Result<(Vec<Row>, &'static str), String> {
+    if let Some(c) = &cfg.cluster {
+        let rows = analytics::query_redis(c, q)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok((rows, "cluster (Redis)"));
+    }
+    let mut tried = None;
+    if let Some(admin) = &cfg.admin {
+        let path = format!(
+            "/analytics?consumer={}&from={}&to={}&step={}",
+            encode(q.consumer.as_deref().unwrap_or("")),
+            q.from,
+            q.to,
+            q.step.name()
+        );
+        match admin_get(admin, &path).await {
+            Ok(v) => {
+                let rows: Vec<Row> = serde_json::from_value(v["rows"].clone())
+                    .map_err(|e| format!("unexpected answer from the admin endpoint: {e}"))?;
+                return Ok((rows, "the running node"));
+            }
+            Err(e) => tried = Some(e),
+        }
+    }
+    match &cfg.analytics {
+        Some(a) => analytics::query_file(&a.path, q)
+            .map(|rows| (rows, "the analytics database"))
+            .map_err(|e| e.to_string()),
+        None => Err(tried.unwrap_or_else(|| {
+            "this config keeps no usage history; add `analytics: {path: …}` to it".into()
+        })),
+    }
+}
+
+/// Percent-encodes a query value.
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn print_history(consumer: &str, q: &Query, source: &str, rows: &[Row]) {
+    println!(
+        "{consumer}: requests per {} from {}, from {source}",
+        q.step.name(),
+        humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(q.from)
+        )
+    );
+    if rows.is_empty() {
+        println!("  no requests in that time");
+        return;
+    }
+    println!(
+        "  {:<20} {:<20} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "time (UTC)", "route", "2xx", "3xx", "4xx", "5xx", "total"
+    );
+    // One line per bucket and route.
+    let mut lines: std::collections::BTreeMap<(u64, &str), [u64; 5]> = Default::default();
+    for r in rows {
+        let digit = r.status.as_bytes().first().and_then(|c| c.checked_sub(b'0'));
+        let class = usize::from(digit.unwrap_or(5)).clamp(1, 5) - 1;
+        lines.entry((r.ts, &r.route)).or_default()[class] += r.count;
+    }
+    let mut total = [0u64; 5];
+    for ((ts, route), c) in &lines {
+        let time = humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(*ts),
+        )
+        .to_string();
+        println!(
+            "  {:<20} {:<20} {:>8} {:>8} {:>8} {:>8} {:>9}",
+            time.trim_end_matches('Z').replace('T', " "),
+            route,
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c.iter().sum::<u64>()
+        );
+        for (t, n) in total.iter_mut().zip(c) {
+            *t += n;
+        }
+    }
+    println!(
+        "  {:<20} {:<20} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "total",
+        "",
+        total[1],
+        total[2],
+        total[3],
+        total[4],
+        total.iter().sum::<u64>()
+    );
 }

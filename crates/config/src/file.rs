@@ -33,6 +33,44 @@ pub struct FileConfig {
     pub admin: Option<Admin>,
     /// The response cache all routes share (routes opt in with their own `cache:`).
     pub cache: Option<Cache>,
+    /// One JSON line per request, to a file or stdout.
+    pub access_log: Option<AccessLog>,
+    /// Usage history per consumer, route and status class, kept on the node.
+    pub analytics: Option<Analytics>,
+    /// What `/metrics` breaks down.
+    pub metrics: Option<Metrics>,
+}
+
+/// The access log.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLog {
+    /// A file (appended to, reopened on `SIGUSR1`), or `stdout`.
+    pub path: String,
+    /// Lines held for the writer before new ones are dropped (default 65536).
+    pub buffer: Option<usize>,
+}
+
+/// Usage history.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Analytics {
+    /// The SQLite database file.
+    pub path: String,
+    /// How long counts are kept (default 30d).
+    pub retention: Option<Dur>,
+    /// Refuse to start when the database cannot be opened (default: start without analytics).
+    #[serde(default)]
+    pub required: bool,
+}
+
+/// `/metrics` options.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metrics {
+    /// Count requests per consumer too (one series per consumer).
+    #[serde(default)]
+    pub per_consumer: bool,
 }
 
 /// The shared response store.
@@ -133,6 +171,9 @@ pub struct Listener {
     /// Addresses (`10.0.0.0/8`, `127.0.0.1`) of proxies whose `X-Forwarded-*` headers are kept.
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// Keep the client's `X-Request-Id` (default: only from `trusted_proxies`; others get a new one).
+    #[serde(default)]
+    pub trust_request_id: bool,
 }
 
 /// A backend: one or more targets, used round-robin over a keep-alive pool.

@@ -26,6 +26,48 @@ pub struct Config {
     pub admin: Option<AdminConfig>,
     /// The shared response store.
     pub cache: CacheConfig,
+    /// The access log, if on.
+    pub access_log: Option<AccessLogConfig>,
+    /// Usage history, if kept.
+    pub analytics: Option<AnalyticsConfig>,
+    /// `/metrics` options.
+    pub metrics: MetricsConfig,
+}
+
+/// Where access log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogTarget {
+    /// Standard output.
+    Stdout,
+    /// A file, appended to.
+    File(std::path::PathBuf),
+}
+
+/// The access log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLogConfig {
+    /// Where lines go.
+    pub target: LogTarget,
+    /// Lines queued for the writer at most; beyond, lines are dropped and counted.
+    pub buffer: usize,
+}
+
+/// Usage history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnalyticsConfig {
+    /// SQLite database file.
+    pub path: std::path::PathBuf,
+    /// How long counts are kept.
+    pub retention: Duration,
+    /// Refuse to start without it.
+    pub required: bool,
+}
+
+/// `/metrics` options.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// One request counter series per consumer.
+    pub per_consumer: bool,
 }
 
 /// The shared response store.
@@ -60,6 +102,9 @@ pub struct RouteCacheConfig {
     /// Request headers in the key.
     pub key_headers: Vec<HeaderName>,
 }
+
+/// The environment variable that may hold the admin token when no `token_file` is set.
+pub const ADMIN_TOKEN_ENV: &str = "TOLLGATE_ADMIN_TOKEN";
 
 /// The admin listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +171,8 @@ pub struct ListenerConfig {
     pub max_connections: usize,
     /// Proxies whose `X-Forwarded-*` headers are kept (appended to, for `-For`).
     pub trusted_proxies: Vec<IpNet>,
+    /// Keep every client's `X-Request-Id` (trusted proxies' are always kept).
+    pub trust_request_id: bool,
 }
 
 /// An address block: `10.0.0.0/8`, `::1/128`.

@@ -5,22 +5,26 @@ use crate::clock::Clock;
 use crate::cluster::{spawn_syncer, Cluster};
 use crate::inbound;
 use crate::limiter::Now;
-use crate::metrics::Metrics;
+use crate::observe::access_log::{AccessLog, Logged, Record};
+use crate::observe::analytics::{self, Analytics};
+use crate::observe::metrics::Metrics;
+use crate::observe::request_id::{self, X_REQUEST_ID};
+use crate::observe::Trace;
 use crate::policy::{self, cors, Verdict};
 use crate::response::{refuse, Body, Refusal};
 use crate::route;
 use crate::snapshot::{Registry, Snapshot};
 use crate::upstream::{self, Hop};
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use http::HeaderValue;
 use http::{Method, Request, Response};
 use http_body_util::Either;
 use hyper::body::{Body as _, Incoming};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 use tollgate_config::{Config, ConfigError, ListenerConfig};
 
@@ -80,6 +84,7 @@ struct UpFetch {
     max_body: u64,
     body_timeout: Duration,
     route: Arc<str>,
+    stats: Arc<crate::observe::metrics::RouteStats>,
 }
 
 impl UpFetch {
@@ -93,6 +98,7 @@ impl UpFetch {
             max_body: conn.listener.max_body_bytes,
             body_timeout: conn.listener.body_timeout,
             route: route.name.clone(),
+            stats: route.stats.clone(),
         }
     }
 }
@@ -111,8 +117,12 @@ impl cache::Fetch for UpFetch {
             body_timeout: self.body_timeout,
             stream_body: false,
             route: &self.route,
+            note_target: false,
         };
-        upstream::fetch(&self.upstream, parts, hop).await
+        let t = Instant::now();
+        let r = upstream::fetch(&self.upstream, parts, hop).await;
+        self.stats.upstream(t.elapsed().as_secs_f64());
+        r
     }
 }
 
@@ -126,7 +136,15 @@ pub struct Gateway {
     registry: Registry,
     clock: Arc<dyn Clock>,
     status: watch::Sender<ReloadStatus>,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
+    access_log: ArcSwapOption<AccessLog>,
+    analytics: Option<Arc<Analytics>>,
+    analytics_error: Option<String>,
+    started: Instant,
+    /// The config file reloads read, when the config came from one.
+    source: parking_lot::Mutex<Option<PathBuf>>,
+    /// The text of the running config, for `/config`.
+    running_text: parking_lot::Mutex<Option<Arc<[u8]>>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -140,12 +158,32 @@ impl Gateway {
     /// With `cluster:` in the config, limits are shared through Redis and the syncer task
     /// starts (this must run inside a tokio runtime).
     pub fn new(config: Config, clock: Arc<dyn Clock>) -> Arc<Self> {
+        let metrics = Arc::new(Metrics::new());
         let cluster = config.cluster.clone().map(|c| {
             let cluster = Cluster::new(c);
             spawn_syncer(cluster.clone(), clock.clone());
+            metrics.watch_cluster(cluster.clone());
             cluster
         });
-        let registry = Registry::new(cluster);
+        let registry = Registry::with_metrics(cluster, metrics.clone());
+        let access_log = config
+            .access_log
+            .as_ref()
+            .map(|c| AccessLog::start(c, metrics.clone()));
+        let (analytics, analytics_error) = match &config.analytics {
+            None => (None, None),
+            Some(a) => match Analytics::open(a, config.cluster.as_ref(), metrics.clone()) {
+                Ok(an) => {
+                    let c = clock.clone();
+                    analytics::spawn_flusher(&an, move || c.wall_nanos() / 1_000_000_000);
+                    (Some(an), None)
+                }
+                Err(e) => {
+                    tracing::error!("{e}; serving without usage history");
+                    (None, Some(e.to_string()))
+                }
+            },
+        };
         let snapshot = Snapshot::build(config, &registry);
         let (status, _) = watch::channel(ReloadStatus {
             generation: 1,
@@ -155,6 +193,7 @@ impl Gateway {
             snapshot.config.cache.max_size,
             snapshot.config.cache.max_object_size,
         );
+        metrics.watch_cache(cache.clone());
         Arc::new(Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
             cache,
@@ -162,8 +201,61 @@ impl Gateway {
             registry,
             clock,
             status,
-            metrics: Metrics::default(),
+            metrics,
+            access_log: ArcSwapOption::new(access_log),
+            analytics,
+            analytics_error,
+            started: Instant::now(),
+            source: parking_lot::Mutex::new(None),
+            running_text: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The usage history, when kept.
+    pub fn analytics(&self) -> Option<&Arc<Analytics>> {
+        self.analytics.as_ref()
+    }
+
+    /// Why the usage history could not be opened at start, if it could not.
+    pub fn analytics_error(&self) -> Option<&str> {
+        self.analytics_error.as_deref()
+    }
+
+    /// Time since the gateway started.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Wall-clock seconds since the epoch, on the gateway's clock.
+    pub fn wall_secs(&self) -> u64 {
+        self.clock.wall_nanos() / 1_000_000_000
+    }
+
+    /// Reopens the access log file (`SIGUSR1`).
+    pub fn reopen_logs(&self) {
+        if let Some(l) = self.access_log.load_full() {
+            l.reopen();
+        }
+    }
+
+    /// The config file reloads read (`POST /reload`), when the config came from one.
+    pub fn source(&self) -> Option<PathBuf> {
+        self.source.lock().clone()
+    }
+
+    /// The text of the running config, when it came from a file.
+    pub fn running_text(&self) -> Option<Arc<[u8]>> {
+        self.running_text.lock().clone()
+    }
+
+    /// Where reloads stand now.
+    pub fn reload_status(&self) -> ReloadStatus {
+        self.status.borrow().clone()
     }
 
     /// The current snapshot.
@@ -181,12 +273,7 @@ impl Gateway {
 
     /// The `/metrics` text.
     pub fn metrics_text(&self) -> String {
-        let reloads = self.status.borrow().generation.saturating_sub(1);
-        self.metrics.render(
-            reloads,
-            self.cluster().map(|c| c.as_ref()),
-            &self.cache.store,
-        )
+        self.metrics.render()
     }
 
     /// The response cache.
@@ -212,6 +299,17 @@ impl Gateway {
         if old.config.cluster != config.cluster {
             tracing::warn!("cluster changes take effect at the next restart");
         }
+        if old.config.analytics != config.analytics {
+            tracing::warn!("analytics changes take effect at the next restart");
+        }
+        if old.config.access_log != config.access_log {
+            self.access_log.store(
+                config
+                    .access_log
+                    .as_ref()
+                    .map(|c| AccessLog::start(c, self.metrics.clone())),
+            );
+        }
         if old.config.admin != config.admin {
             tracing::warn!(
                 "admin changes (address, token, limits) take effect at the next restart"
@@ -219,6 +317,7 @@ impl Gateway {
         }
         let snapshot = Snapshot::build(config, &self.registry);
         self.snapshot.store(Arc::new(snapshot));
+        self.metrics.reloads.inc();
         self.status.send_modify(|s| {
             s.generation += 1;
             s.last_error = None;
@@ -229,6 +328,12 @@ impl Gateway {
     /// never applied again.
     pub fn loaded_from(&self, bytes: &[u8]) {
         self.running.store(fingerprint(bytes), Ordering::Relaxed);
+        *self.running_text.lock() = Some(Arc::from(bytes));
+    }
+
+    /// Records the file the config came from, for `POST /reload`.
+    pub fn set_source(&self, path: &Path) {
+        *self.source.lock() = Some(path.to_path_buf());
     }
 
     /// The fingerprint of the content the running config was read from (0 when unknown).
@@ -274,9 +379,7 @@ impl Gateway {
                 Ok(())
             }
             Err(e) => {
-                self.metrics
-                    .reload_errors
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.metrics.reload_errors.inc();
                 for p in e.problems() {
                     tracing::error!(path = %path.display(), "config rejected, old config keeps serving: {p}");
                 }
@@ -292,25 +395,39 @@ impl Gateway {
         self.status.subscribe()
     }
 
-    /// Handles one request on the snapshot current when it arrived.
-    pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
-        let snap = self.snapshot.load_full();
+    /// Handles one request on `snap`, noting what it did in `trace`.
+    async fn handle<'s>(
+        &self,
+        snap: &'s Snapshot,
+        req: Request<Incoming>,
+        conn: &ConnInfo,
+        trace: &mut Trace<'s>,
+    ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
-        if let Err(r) = inbound::prepare(&snap, &mut parts) {
-            return refuse(r);
+        if let Err(r) = inbound::prepare(snap, &mut parts) {
+            return refused(trace, r);
         }
+        parts
+            .headers
+            .insert(X_REQUEST_ID, trace.request_id.clone());
         let preflight = cors::is_preflight(&parts);
-        let route = match route::find(&snap, &parts, preflight) {
+        let route = match route::find(snap, &parts, preflight) {
             Ok(r) => r,
-            Err(r) => return refuse(r),
+            Err(r) => return refused(trace, r),
         };
+        trace.route = Some(route);
         let origin = policy::cors_origin(route, &parts);
+        let note_target = self.access_log.load().is_some();
 
         let result: Result<Response<Body>, Refusal> = async {
-            let admitted = match policy::run(&snap, route, &mut parts, self.clock.as_ref())? {
-                Verdict::Answer(r) => return Ok(*r),
-                Verdict::Forward(a) => a,
+            let admitted = match policy::run(snap, route, &mut parts, self.clock.as_ref()) {
+                Ok(Verdict::Answer(r)) => return Ok(*r),
+                Ok(Verdict::Forward(a)) => a,
+                Err(r) => {
+                    return Err(r);
+                }
             };
+            trace.consumer = admitted.consumer;
             let hop = Hop {
                 peer_ip: &conn.peer_ip,
                 trusted: conn.trusted,
@@ -320,29 +437,39 @@ impl Gateway {
                 body_timeout: conn.listener.body_timeout,
                 stream_body: !route.cfg.request_buffering,
                 route: &route.cfg.name,
+                note_target,
             };
             let Some(cc) = &route.cfg.cache else {
-                let resp = upstream::forward(&route.upstream, parts, body, hop).await?;
-                let mut resp = resp.map(Either::Left);
+                let t = Instant::now();
+                let resp = upstream::forward(&route.upstream, parts, body, hop).await;
+                upstream_time(trace, route, t);
+                let mut resp = resp?.map(Either::Left);
                 policy::decorate(route, &admitted, resp.headers_mut());
                 return Ok(resp);
             };
             let ask = Ask {
                 cfg: cc,
                 route: &route.cfg.name,
-                consumer: admitted.consumer.map(|c| snap.consumers[c].name.as_str()),
+                consumer: admitted.consumer.map(|c| &*snap.consumers[c].name),
                 credentials: route.cfg.auth.as_ref().map_or(&[], |a| a.query.as_slice()),
                 wait: route.upstream.cfg.response_timeout,
                 now_ns: self.clock.now_nanos(),
                 wall: SystemTime::UNIX_EPOCH + Duration::from_nanos(self.clock.wall_nanos()),
             };
+            let t = Instant::now();
             let mut resp =
                 if matches!(parts.method, Method::GET | Method::HEAD) && body.is_end_stream() {
                     let fetch = Arc::new(UpFetch::new(route, conn));
-                    self.cache.serve(ask, parts, fetch).await?
+                    let resp = self.cache.serve(ask, parts, fetch).await?;
+                    if cache::went_upstream(&resp) {
+                        trace.upstream_ns = Some(nanos(t));
+                    }
+                    resp
                 } else {
                     let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));
-                    let resp = upstream::forward(&route.upstream, parts, body, hop).await?;
+                    let resp = upstream::forward(&route.upstream, parts, body, hop).await;
+                    upstream_time(trace, route, t);
+                    let resp = resp?;
                     let ok = resp.status().is_success() || resp.status().is_redirection();
                     if let (Some(sent), true) = (sent, ok) {
                         self.cache.invalidate(&ask, &sent, resp.headers());
@@ -354,17 +481,108 @@ impl Gateway {
         }
         .await;
 
-        let mut resp = result.unwrap_or_else(refuse);
+        let mut resp = result.unwrap_or_else(|r| refused(trace, r));
         if let (Some(origin), Some(c), false) = (origin, &route.cfg.cors, preflight) {
             cors::decorate(c, origin, resp.headers_mut());
         }
         resp
     }
 
-    /// Handles one request and counts its answer for `/metrics`.
-    pub async fn serve(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
-        let resp = self.handle(req, conn).await;
-        self.metrics.response(resp.status().as_u16());
-        resp
+    /// Handles one request on the snapshot current when it arrived: gives it an id, counts
+    /// it in the metrics and the usage history, and logs it once its body has been sent.
+    pub async fn serve(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Logged> {
+        let snap = self.snapshot.load_full();
+        let id = request_id::pick(
+            req.headers(),
+            conn.trusted || conn.listener.trust_request_id,
+        );
+        let mut trace = Trace::new(id);
+        let method = req.method().clone();
+        let log = self.access_log.load_full();
+        let logged = log.as_ref().map(|_| {
+            let bytes_in = req
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .or_else(|| (!req.headers().contains_key(http::header::TRANSFER_ENCODING)).then_some(0));
+            (req.uri().clone(), bytes_in, self.clock.wall_nanos())
+        });
+        let mut resp = self.handle(&snap, req, conn, &mut trace).await;
+        resp.headers_mut()
+            .insert(X_REQUEST_ID, trace.request_id.clone());
+        let status = resp.status().as_u16();
+        self.metrics.response(status);
+        let stats = trace
+            .route
+            .map_or(self.metrics.unrouted(), |r| &r.stats);
+        stats.record(&method, status, trace.start.elapsed().as_secs_f64());
+        if let Some(reason) = trace.refusal {
+            self.metrics.refusal(reason);
+        }
+        let consumer = trace.consumer.map(|c| &snap.consumers[c].name);
+        if snap.config.metrics.per_consumer {
+            if let Some(c) = consumer {
+                self.metrics.consumer(c, status);
+            }
+        }
+        if let Some(a) = &self.analytics {
+            let none = &snap.anonymous;
+            a.count(
+                self.clock.wall_nanos() / 1_000_000_000,
+                consumer.unwrap_or(none),
+                trace.route.map_or(none, |r| &r.name),
+                status,
+            );
+        }
+        let pending = match (log, logged) {
+            (Some(log), Some((uri, bytes_in, wall_ns))) => {
+                let rec = Record {
+                    wall_ns,
+                    request_id: trace.request_id.clone(),
+                    client: conn.peer_ip.clone(),
+                    method,
+                    uri,
+                    redact: snap.credential_params.clone(),
+                    route: trace.route.map(|r| r.name.clone()),
+                    consumer: consumer.cloned(),
+                    status,
+                    bytes_in,
+                    bytes_out: 0,
+                    duration: Duration::ZERO,
+                    upstream_ns: trace.upstream_ns,
+                    target: resp
+                        .extensions()
+                        .get::<upstream::AnsweredBy>()
+                        .map(|t| t.0.clone()),
+                    refusal: trace.refusal,
+                    limit: trace.limit.take(),
+                    cache: resp.headers().get(cache::CACHE_STATUS).cloned(),
+                };
+                Some((Box::new(rec), trace.start, log))
+            }
+            _ => None,
+        };
+        resp.map(|b| Logged::new(b, pending))
     }
+}
+
+/// Notes a refusal in the trace and makes its answer.
+fn refused(trace: &mut Trace<'_>, r: Refusal) -> Response<Body> {
+    trace.refusal = Some(r.reason());
+    if let Refusal::RateLimited { limit, .. } = &r {
+        trace.limit = Some(limit.clone());
+    }
+    refuse(r, &trace.request_id)
+}
+
+fn nanos(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Notes the wait for an upstream's answer in the trace and the route's histogram.
+fn upstream_time(trace: &mut Trace<'_>, route: &crate::snapshot::Route, since: Instant) {
+    let ns = nanos(since);
+    trace.upstream_ns = Some(ns);
+    route.stats.upstream(ns as f64 / 1e9);
 }

@@ -13,7 +13,7 @@ pub mod gateway;
 pub mod inbound;
 pub mod limiter;
 pub mod listener;
-pub mod metrics;
+pub mod observe;
 pub mod policy;
 pub mod response;
 pub mod route;

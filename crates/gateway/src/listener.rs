@@ -186,18 +186,22 @@ async fn accept_loop(
             _ = stop.changed() => return,
             conn = accept_capped(&sock, &cap, &mut errors) => conn,
         };
-        let gw = gw.clone();
         let info = Arc::new(ConnInfo::new(peer, cfg.clone()));
+        let g = gw.clone();
         let svc = service_fn(move |req| {
-            let gw = gw.clone();
+            let gw = g.clone();
             let info = info.clone();
             async move { Ok::<_, Infallible>(gw.serve(req, &info).await) }
         });
         let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
+        let metrics = gw.metrics().clone();
+        metrics.connections_total.inc();
+        metrics.connections_open.inc();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, "connection ended: {e}");
             }
+            metrics.connections_open.dec();
             drop(permit);
         });
     }

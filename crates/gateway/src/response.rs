@@ -1,5 +1,5 @@
 //! Every answer tollgate gives itself: [`Refusal`] lists them, [`refuse`] maps each to its
-//! status, headers and small JSON body, in this one place.
+//! status, headers and small JSON body (with the request id), in this one place.
 
 use crate::upstream::PooledBody;
 use bytes::Bytes;
@@ -55,7 +55,7 @@ pub enum Refusal {
     #[error("rate limit {limit:?} exceeded")]
     RateLimited {
         /// Name of the limit that refused.
-        limit: String,
+        limit: std::sync::Arc<str>,
         /// Time until a request would pass.
         retry_after: Duration,
         /// `RateLimit-Policy` value listing all of the consumer's limits.
@@ -83,8 +83,34 @@ pub enum Refusal {
     RequestTimeout,
 }
 
-fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
-    let mut r = Response::new(full(body));
+impl Refusal {
+    /// The reason as a metric label (one of [`crate::observe::metrics::REASONS`]).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::BadRequest(_) => "bad_request",
+            Refusal::NoRoute => "no_route",
+            Refusal::MethodNotAllowed { .. } => "method_not_allowed",
+            Refusal::MissingKey => "missing_key",
+            Refusal::UnknownKey => "unknown_key",
+            Refusal::AmbiguousKey => "ambiguous_key",
+            Refusal::Forbidden => "forbidden",
+            Refusal::OriginNotAllowed => "origin_not_allowed",
+            Refusal::RateLimited { .. } => "rate_limited",
+            Refusal::LimitStoreDown => "limit_store_down",
+            Refusal::PayloadTooLarge => "payload_too_large",
+            Refusal::Upstream(_) => "upstream_error",
+            Refusal::UpstreamTimeout => "upstream_timeout",
+            Refusal::UpstreamBusy => "upstream_busy",
+            Refusal::RequestTimeout => "request_timeout",
+        }
+    }
+}
+
+/// A JSON answer: `fields` (the members of the object, without braces) and the request id.
+fn json(status: StatusCode, fields: &str, request_id: &HeaderValue) -> Response<Body> {
+    // Request ids are validated to need no JSON escaping.
+    let id = std::str::from_utf8(request_id.as_bytes()).unwrap_or("");
+    let mut r = Response::new(full(format!(r#"{{{fields},"request_id":"{id}"}}"#)));
     *r.status_mut() = status;
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -102,44 +128,51 @@ pub fn secs_up(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// Maps a refusal to its answer. The JSON bodies are static where nothing varies, so an
-/// answer at the edge costs no allocation for its body.
-pub fn refuse(refusal: Refusal) -> Response<Body> {
+/// Maps a refusal to its answer: status, headers, and a small JSON body that names the
+/// request id.
+pub fn refuse(refusal: Refusal, request_id: &HeaderValue) -> Response<Body> {
     let close = || HeaderValue::from_static("close");
+    let json = |status, fields: &str| json(status, fields, request_id);
     match refusal {
         Refusal::BadRequest(why) => with(
             json(
                 StatusCode::BAD_REQUEST,
-                format!(r#"{{"status":400,"error":"{why}"}}"#),
+                &format!(r#""status":400,"error":"{why}""#),
             ),
             CONNECTION,
             close(),
         ),
         Refusal::NoRoute => json(
             StatusCode::NOT_FOUND,
-            r#"{"status":404,"error":"no route matches this request"}"#,
+            r#""status":404,"error":"no route matches this request""#,
         ),
         Refusal::MethodNotAllowed { allow } => with(
             json(
                 StatusCode::METHOD_NOT_ALLOWED,
-                r#"{"status":405,"error":"method not allowed"}"#,
+                r#""status":405,"error":"method not allowed""#,
             ),
             ALLOW,
             allow.unwrap_or_else(|| HeaderValue::from_static("")),
         ),
-        Refusal::MissingKey => unauthorized(r#"{"status":401,"error":"missing API key"}"#),
-        Refusal::UnknownKey => unauthorized(r#"{"status":401,"error":"unknown API key"}"#),
+        Refusal::MissingKey => unauthorized(json(
+            StatusCode::UNAUTHORIZED,
+            r#""status":401,"error":"missing API key""#,
+        )),
+        Refusal::UnknownKey => unauthorized(json(
+            StatusCode::UNAUTHORIZED,
+            r#""status":401,"error":"unknown API key""#,
+        )),
         Refusal::AmbiguousKey => json(
             StatusCode::BAD_REQUEST,
-            r#"{"status":400,"error":"more than one API key"}"#,
+            r#""status":400,"error":"more than one API key""#,
         ),
         Refusal::Forbidden => json(
             StatusCode::FORBIDDEN,
-            r#"{"status":403,"error":"consumer not allowed on this route"}"#,
+            r#""status":403,"error":"consumer not allowed on this route""#,
         ),
         Refusal::OriginNotAllowed => json(
             StatusCode::FORBIDDEN,
-            r#"{"status":403,"error":"CORS origin not allowed"}"#,
+            r#""status":403,"error":"CORS origin not allowed""#,
         ),
         Refusal::RateLimited {
             limit,
@@ -149,11 +182,11 @@ pub fn refuse(refusal: Refusal) -> Response<Body> {
         } => {
             let secs = secs_up(retry_after);
             // Limit names are validated to hold no quotes or backslashes.
-            let body = format!(
-                r#"{{"status":429,"error":"rate limit exceeded","limit":"{limit}","retry_after":{secs}}}"#
+            let fields = format!(
+                r#""status":429,"error":"rate limit exceeded","limit":"{limit}","retry_after":{secs}"#
             );
             let mut r = with(
-                json(StatusCode::TOO_MANY_REQUESTS, body),
+                json(StatusCode::TOO_MANY_REQUESTS, &fields),
                 RETRY_AFTER,
                 HeaderValue::from(secs),
             );
@@ -165,7 +198,7 @@ pub fn refuse(refusal: Refusal) -> Response<Body> {
         Refusal::LimitStoreDown => with(
             json(
                 StatusCode::SERVICE_UNAVAILABLE,
-                r#"{"status":503,"error":"rate limit store unavailable"}"#,
+                r#""status":503,"error":"rate limit store unavailable""#,
             ),
             RETRY_AFTER,
             HeaderValue::from_static("1"),
@@ -173,23 +206,23 @@ pub fn refuse(refusal: Refusal) -> Response<Body> {
         Refusal::PayloadTooLarge => with(
             json(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                r#"{"status":413,"error":"request body too large"}"#,
+                r#""status":413,"error":"request body too large""#,
             ),
             CONNECTION,
             close(),
         ),
         Refusal::Upstream(why) => json(
             StatusCode::BAD_GATEWAY,
-            format!(r#"{{"status":502,"error":"bad gateway","detail":"{why}"}}"#),
+            &format!(r#""status":502,"error":"bad gateway","detail":"{why}""#),
         ),
         Refusal::UpstreamTimeout => json(
             StatusCode::GATEWAY_TIMEOUT,
-            r#"{"status":504,"error":"upstream timeout"}"#,
+            r#""status":504,"error":"upstream timeout""#,
         ),
         Refusal::UpstreamBusy => with(
             json(
                 StatusCode::SERVICE_UNAVAILABLE,
-                r#"{"status":503,"error":"upstream busy"}"#,
+                r#""status":503,"error":"upstream busy""#,
             ),
             RETRY_AFTER,
             HeaderValue::from_static("1"),
@@ -197,7 +230,7 @@ pub fn refuse(refusal: Refusal) -> Response<Body> {
         Refusal::RequestTimeout => with(
             json(
                 StatusCode::REQUEST_TIMEOUT,
-                r#"{"status":408,"error":"request body timeout"}"#,
+                r#""status":408,"error":"request body timeout""#,
             ),
             CONNECTION,
             close(),
@@ -205,10 +238,6 @@ pub fn refuse(refusal: Refusal) -> Response<Body> {
     }
 }
 
-fn unauthorized(body: &'static str) -> Response<Body> {
-    with(
-        json(StatusCode::UNAUTHORIZED, body),
-        WWW_AUTHENTICATE,
-        HeaderValue::from_static("ApiKey"),
-    )
+fn unauthorized(r: Response<Body>) -> Response<Body> {
+    with(r, WWW_AUTHENTICATE, HeaderValue::from_static("ApiKey"))
 }

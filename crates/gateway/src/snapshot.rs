@@ -5,6 +5,8 @@
 use crate::cluster::Cluster;
 use crate::inbound::Owned;
 use crate::limiter::LimitCell;
+use crate::observe::metrics::{Metrics, RouteStats};
+use prometheus_client::metrics::counter::Counter;
 use crate::upstream::Upstream;
 use http::HeaderValue;
 use parking_lot::Mutex;
@@ -28,6 +30,7 @@ pub struct Registry {
     upstreams: Mutex<HashMap<UpstreamConfig, Weak<Upstream>>>,
     next_id: AtomicU64,
     cluster: Option<Arc<Cluster>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Registry {
@@ -37,6 +40,20 @@ impl Registry {
             cluster,
             ..Registry::default()
         }
+    }
+
+    /// A registry counting into `metrics`.
+    pub fn with_metrics(cluster: Option<Arc<Cluster>>, metrics: Arc<Metrics>) -> Self {
+        Registry {
+            cluster,
+            metrics,
+            ..Registry::default()
+        }
+    }
+
+    /// The metrics the snapshots count into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The cluster link, if limits are shared.
@@ -72,7 +89,11 @@ impl Registry {
         if let Some(u) = ups.get(cfg).and_then(Weak::upgrade) {
             return u;
         }
-        let u = Arc::new(Upstream::new(cfg.clone()));
+        let u = Arc::new(Upstream::new(
+            cfg.clone(),
+            self.metrics.upstream(&cfg.name),
+        ));
+        self.metrics.watch_upstream(&u);
         ups.insert(cfg.clone(), Arc::downgrade(&u));
         u
     }
@@ -88,7 +109,7 @@ impl Registry {
 #[derive(Debug)]
 pub struct Consumer {
     /// Name.
-    pub name: String,
+    pub name: Arc<str>,
     /// The name as a header value, for the consumer header.
     pub header_value: HeaderValue,
 }
@@ -115,6 +136,10 @@ pub struct LimitInfo {
     pub scope: String,
     /// `"name";r=`: the start of its `RateLimit` value.
     pub ratelimit_prefix: String,
+    /// The name, shared cheaply with the access log.
+    pub label: Arc<str>,
+    /// Its refusals, for `/metrics`.
+    pub refused: Counter,
 }
 
 /// A route compiled for the request path.
@@ -134,6 +159,8 @@ pub struct Route {
     pub limits: Vec<LimitSet>,
     /// `Allow` header value for 405 answers.
     pub allow_header: Option<HeaderValue>,
+    /// Its counters in `/metrics`, kept across reloads.
+    pub stats: Arc<RouteStats>,
 }
 
 /// Everything a request reads, pinned for its whole life.
@@ -150,6 +177,10 @@ pub struct Snapshot {
     /// API key → consumer index. foldhash with a random seed: fast, and keys chosen by
     /// clients cannot be aimed at one bucket without knowing the seed.
     pub keys: HashMap<String, usize, foldhash::fast::RandomState>,
+    /// Every query parameter any route reads a key from, removed from logged URLs.
+    pub credential_params: Arc<[String]>,
+    /// `-`: the consumer or route of requests that had none, in the usage history.
+    pub anonymous: Arc<str>,
 }
 
 impl Snapshot {
@@ -159,7 +190,7 @@ impl Snapshot {
             .consumers
             .iter()
             .map(|c| Consumer {
-                name: c.name.clone(),
+                name: Arc::from(c.name.as_str()),
                 // Validation guarantees printable ASCII.
                 header_value: HeaderValue::from_str(&c.name)
                     .unwrap_or_else(|_| HeaderValue::from_static("invalid")),
@@ -227,7 +258,7 @@ impl Snapshot {
                                     format!("route:{}", r.name),
                                 ));
                             }
-                            limit_set(all)
+                            limit_set(all, &registry.metrics)
                         })
                         .collect()
                 };
@@ -247,12 +278,23 @@ impl Snapshot {
                     allowed,
                     limits,
                     allow_header,
+                    stats: registry.metrics.route(&r.name),
                 }
             })
             .collect();
         registry.prune();
         let owned = owned_names(&config);
+        let mut params: Vec<String> = Vec::new();
+        for r in &config.routes {
+            for q in r.auth.iter().flat_map(|a| a.query.iter()) {
+                if !params.iter().any(|p| p.eq_ignore_ascii_case(q)) {
+                    params.push(q.clone());
+                }
+            }
+        }
         Snapshot {
+            credential_params: params.into(),
+            anonymous: Arc::from(crate::observe::analytics::NONE),
             config,
             routes,
             consumers,
@@ -303,7 +345,7 @@ fn owned_names(config: &Config) -> Owned {
     owned
 }
 
-fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>, String)>) -> LimitSet {
+fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>, String)>, metrics: &Metrics) -> LimitSet {
     all.sort_by_key(|(_, c, _)| c.id);
     let policy = (!all.is_empty())
         .then(|| {
@@ -320,6 +362,8 @@ fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>, String)>) -> LimitSet {
         .into_iter()
         .map(|(l, cell, scope)| {
             let info = LimitInfo {
+                label: Arc::from(l.name.as_str()),
+                refused: metrics.limit(&l.name),
                 ratelimit_prefix: format!("\"{}\";r=", l.name),
                 window_secs: l.window.as_secs(),
                 name: l.name,

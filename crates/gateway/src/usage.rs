@@ -56,7 +56,7 @@ pub async fn usage(
     let index = snap
         .consumers
         .iter()
-        .position(|c| c.name == consumer)
+        .position(|c| *c.name == *consumer)
         .ok_or_else(|| UsageError::UnknownConsumer(consumer.to_string()))?;
     let mut seen = HashSet::new();
     let mut limits = Vec::new();

@@ -93,12 +93,20 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
         .and_then(|a| admin(a, &listeners, base, &mut p));
 
     let cache = cache(raw.cache.as_ref(), &mut p);
+    let access_log = raw.access_log.as_ref().map(|a| access_log(a, base, &mut p));
+    let analytics = raw.analytics.as_ref().map(|a| analytics(a, base, &mut p));
+    let metrics = MetricsConfig {
+        per_consumer: raw.metrics.as_ref().is_some_and(|m| m.per_consumer),
+    };
 
     if !p.0.is_empty() {
         return Err(ConfigError::Invalid(p.0));
     }
     Ok(Config {
         cache,
+        access_log,
+        analytics,
+        metrics,
         server,
         listeners,
         upstreams,
@@ -185,6 +193,37 @@ fn cache(c: Option<&file::Cache>, p: &mut Problems) -> CacheConfig {
     }
 }
 
+fn access_log(a: &file::AccessLog, base: &Path, p: &mut Problems) -> AccessLogConfig {
+    let target = match a.path.trim() {
+        "stdout" | "-" => LogTarget::Stdout,
+        "" => {
+            p.add("access_log.path", "name a file, or `stdout`");
+            LogTarget::Stdout
+        }
+        f => LogTarget::File(base.join(f)),
+    };
+    let buffer = a.buffer.unwrap_or(65_536);
+    if !(1..=1 << 24).contains(&buffer) {
+        p.add("access_log.buffer", "must be between 1 and 16777216 lines");
+    }
+    AccessLogConfig { target, buffer }
+}
+
+fn analytics(a: &file::Analytics, base: &Path, p: &mut Problems) -> AnalyticsConfig {
+    if a.path.trim().is_empty() {
+        p.add("analytics.path", "name the database file");
+    }
+    let retention = a.retention.map_or(Duration::from_secs(30 * 86_400), |d| d.0);
+    if retention < Duration::from_secs(3600) || retention > Duration::from_secs(3660 * 86_400) {
+        p.add("analytics.retention", "must be between 1h and 10 years");
+    }
+    AnalyticsConfig {
+        path: base.join(a.path.trim()),
+        retention,
+        required: a.required,
+    }
+}
+
 fn admin(
     a: &file::Admin,
     listeners: &[ListenerConfig],
@@ -236,10 +275,22 @@ fn admin(
             }
         }
     });
-    if address.ip().is_unspecified() && a.token_file.is_none() {
+    let token = token.or_else(|| {
+        let t = std::env::var(ADMIN_TOKEN_ENV).ok()?;
+        let t = t.trim();
+        if t.is_empty() || !t.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+            p.add(
+                "admin",
+                format!("{ADMIN_TOKEN_ENV} must hold one token of printable ASCII"),
+            );
+            return None;
+        }
+        Some(t.to_string())
+    });
+    if !address.ip().is_loopback() && token.is_none() && a.token_file.is_none() {
         p.add(
             "admin.address",
-            format!("{address} listens on every interface: set `admin.token_file` (or listen on 127.0.0.1)"),
+            format!("{address} is reachable from other machines: set `admin.token_file` (or {ADMIN_TOKEN_ENV}), or listen on 127.0.0.1"),
         );
     }
     let max_connections = a.max_connections.unwrap_or(64);
@@ -321,6 +372,7 @@ fn listeners(raw: &[file::Listener], p: &mut Problems) -> Vec<ListenerConfig> {
             body_timeout,
             max_connections,
             trusted_proxies,
+            trust_request_id: l.trust_request_id,
         });
     }
     out

@@ -89,6 +89,16 @@ pub trait Fetch: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Response<PooledBody>, Refusal>> + Send;
 }
 
+/// Whether this request's answer came from the upstream just now (a miss, a pass, or a
+/// stale entry revalidated in line), by its `Cache-Status`; coalesced answers did not.
+pub fn went_upstream<B>(resp: &http::Response<B>) -> bool {
+    resp.headers().get(CACHE_STATUS).is_some_and(|v| {
+        let v = v.as_bytes();
+        let has = |n: &[u8]| v.windows(n.len()).any(|w| w == n);
+        has(b"fwd=") && !has(b"collapsed")
+    })
+}
+
 /// Whether the method's success invalidates what is stored for its URI (RFC 9111 §4.4):
 /// POST, PUT, DELETE and PATCH. Other methods (a client's `PURGE` among them) never touch
 /// the cache: purging is an admin action.

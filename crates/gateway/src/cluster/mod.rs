@@ -106,6 +106,11 @@ impl Cluster {
         self.rounds.subscribe()
     }
 
+    /// The round trip of the last sync round with Redis, in microseconds (a smoothed value).
+    pub fn last_round_micros(&self) -> u64 {
+        self.rtt_us.load(Ordering::Relaxed)
+    }
+
     /// Sync rounds so far, failed ones included.
     pub fn rounds_done(&self) -> u64 {
         *self.rounds.borrow()

@@ -89,6 +89,18 @@ fn strip_params(parts: &mut Parts, names: &[String]) {
         return;
     };
     let path = parts.uri.path();
+    let pq = without_credentials(path, query, names);
+    // Made of pieces of a valid URI, so it parses; if it somehow does not, keep the path alone.
+    let fallback = path.to_string();
+    parts.uri = PathAndQuery::try_from(pq)
+        .or_else(|_| PathAndQuery::try_from(fallback))
+        .map(http::Uri::from)
+        .unwrap_or_default();
+}
+
+/// `path?query` without the parameters named in `names` (matched as [`authenticate`]
+/// matches them); the other pieces keep their separators.
+pub fn without_credentials(path: &str, query: &str, names: &[String]) -> String {
     let mut pq = String::with_capacity(path.len() + 1 + query.len());
     pq.push_str(path);
     let mut first = true;
@@ -110,12 +122,7 @@ fn strip_params(parts: &mut Parts, names: &[String]) {
         sep = char::from(rest.as_bytes()[end]);
         rest = &rest[end + 1..];
     }
-    // Made of pieces of a valid URI, so it parses; if it somehow does not, keep the path alone.
-    let fallback = path.to_string();
-    parts.uri = PathAndQuery::try_from(pq)
-        .or_else(|_| PathAndQuery::try_from(fallback))
-        .map(http::Uri::from)
-        .unwrap_or_default();
+    pq
 }
 
 /// Decodes `%XX` escapes and `+` (as space); invalid escapes are kept as written.

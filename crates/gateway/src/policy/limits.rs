@@ -38,7 +38,11 @@ pub fn check(
     };
     limiter::check(&set.cells, now).map_err(|r| match r {
         Refused::Limit(s) => Refusal::RateLimited {
-            limit: set.info[s.index].name.clone(),
+            limit: {
+                let info = &set.info[s.index];
+                info.refused.inc();
+                info.label.clone()
+            },
             retry_after: s.reset,
             policy: set.policy.clone(),
             ratelimit: ratelimit_value(&set.info[s.index].ratelimit_prefix, 0, s.reset),

@@ -10,6 +10,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 #[derive(Debug)]
 pub struct Cap {
     permits: Arc<Semaphore>,
+    max: usize,
     /// Signalled when a connection goes back to an idle list.
     pub(crate) returned: Notify,
 }
@@ -27,8 +28,14 @@ impl Cap {
     pub fn new(max: usize) -> Arc<Cap> {
         Arc::new(Cap {
             permits: Arc::new(Semaphore::new(max)),
+            max,
             returned: Notify::new(),
         })
+    }
+
+    /// Connections open now (each holds a permit).
+    pub fn open(&self) -> usize {
+        self.max.saturating_sub(self.permits.available_permits())
     }
 
     /// An idle connection from `checkout`, or room for a new one, waiting at most `wait`.

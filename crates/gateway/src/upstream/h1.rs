@@ -480,6 +480,11 @@ impl RawPool {
         self.cap.returned.notify_one();
     }
 
+    /// Idle connections waiting now.
+    pub fn idle_len(&self) -> usize {
+        self.idle.len()
+    }
+
     /// Closes the connection idle the longest; whether there was one.
     pub fn evict_one(&self) -> bool {
         self.idle.evict_one()

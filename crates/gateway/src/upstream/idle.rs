@@ -34,6 +34,11 @@ impl<T: Send + 'static> IdleList<T> {
         None
     }
 
+    /// Connections waiting in the list now.
+    pub fn len(&self) -> usize {
+        self.idle.lock().len()
+    }
+
     /// Keeps a connection for reuse, unless the list is full.
     pub fn checkin(&self, conn: T) {
         let mut idle = self.idle.lock();

@@ -20,6 +20,7 @@ pub use body::{ClientFault, UpBody, BUFFER};
 pub use dial::ConnectError;
 pub use pool::{BodyError, Collector, PooledBody};
 
+use crate::observe::metrics::UpstreamStats;
 use crate::response::Refusal;
 use body::{BodyWatch, Received};
 use bytes::Bytes;
@@ -38,6 +39,8 @@ use std::time::Duration;
 use tollgate_config::UpstreamConfig;
 
 struct Target {
+    /// `host:port`, for logs and metrics.
+    name: Arc<str>,
     /// `Host` header value for requests to this target.
     host: HeaderValue,
     /// hyper's client connections, for requests with a body.
@@ -106,7 +109,14 @@ pub struct Upstream {
     next: AtomicUsize,
     /// Second of the last failure logged, so that failures log once a second at most.
     last_logged: AtomicU64,
+    /// Failure and retry counters for `/metrics`.
+    stats: UpstreamStats,
 }
+
+/// The target that answered a request, noted in the response's extensions when asked
+/// (for the access log).
+#[derive(Debug, Clone)]
+pub struct AnsweredBy(pub Arc<str>);
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -117,14 +127,15 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    /// Pools for `cfg`'s targets (validated as `host:port`).
-    pub fn new(cfg: UpstreamConfig) -> Self {
+    /// Pools for `cfg`'s targets (validated as `host:port`), counting into `stats`.
+    pub fn new(cfg: UpstreamConfig, stats: UpstreamStats) -> Self {
         let targets = cfg
             .targets
             .iter()
             .filter_map(|t| {
                 let cap = Cap::new(cfg.max_connections);
                 Some(Target {
+                    name: Arc::from(t.as_str()),
                     host: HeaderValue::from_str(t).ok()?,
                     pool: Pool::new(
                         t,
@@ -149,7 +160,22 @@ impl Upstream {
             targets,
             next: AtomicUsize::new(0),
             last_logged: AtomicU64::new(0),
+            stats,
         }
+    }
+
+    /// Per target: its name, connections open, and idle connections in the pools.
+    pub fn pool_figures(&self) -> Vec<(String, usize, usize)> {
+        self.targets
+            .iter()
+            .map(|t| {
+                (
+                    t.name.to_string(),
+                    t.cap.open(),
+                    t.pool.idle_len() + t.raw.idle_len(),
+                )
+            })
+            .collect()
     }
 
     /// The next target, round-robin, with its index.
@@ -180,6 +206,8 @@ pub struct Hop<'a> {
     pub stream_body: bool,
     /// The route's name, for logs.
     pub route: &'a str,
+    /// Note the target that answered in the response's extensions ([`AnsweredBy`]).
+    pub note_target: bool,
 }
 
 fn is_idempotent(m: &Method) -> bool {
@@ -304,6 +332,9 @@ pub async fn forward(
     let mut req: Option<Request<UpBody>> = None;
     let mut tries = Tries::new(up);
     while tries.next() {
+        if tries.retried() {
+            up.stats.retries.inc();
+        }
         let Some((_, target)) = up.pick() else { break };
         last_target = Some(target);
         let mut r = match req.take() {
@@ -324,7 +355,10 @@ pub async fn forward(
 
         let (mut tx, reused) = match target.hyper_conn(up).await {
             Ok(c) => c,
-            Err(Refusal::UpstreamBusy) => return Err(Refusal::UpstreamBusy),
+            Err(Refusal::UpstreamBusy) => {
+                log_failure(up, hop.route, target, &Refusal::UpstreamBusy);
+                return Err(Refusal::UpstreamBusy);
+            }
             Err(e) => {
                 last = e;
                 // Nothing was sent: the request can go to the next target.
@@ -366,6 +400,9 @@ pub async fn forward(
                 let stale_length = headers::rewrite_response(resp.headers_mut());
                 let pool = (!stale_length).then(|| target.pool.clone());
                 let read_timeout = up.cfg.read_timeout;
+                if hop.note_target {
+                    resp.extensions_mut().insert(AnsweredBy(target.name.clone()));
+                }
                 return Ok(resp.map(|b| PooledBody::new(b, tx, pool, read_timeout)));
             }
             Ok(Err(e)) => e,
@@ -432,14 +469,14 @@ async fn await_head<F: Future>(
         .map_err(|_| Refusal::UpstreamTimeout)
 }
 
-/// Logs a 502, 503 or 504 at info, at most once a second per upstream.
+/// Counts a 502, 503 or 504, and logs it at info at most once a second per upstream.
 fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: &Refusal) {
-    if !matches!(
-        refusal,
-        Refusal::Upstream(_) | Refusal::UpstreamTimeout | Refusal::UpstreamBusy
-    ) {
-        return;
-    }
+    match refusal {
+        Refusal::Upstream(_) => up.stats.errors.inc(),
+        Refusal::UpstreamTimeout => up.stats.timeouts.inc(),
+        Refusal::UpstreamBusy => up.stats.busy.inc(),
+        _ => return,
+    };
     let now = crate::clock::coarse_secs();
     let last = up.last_logged.load(Ordering::Relaxed);
     if now != last
@@ -460,6 +497,7 @@ fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: &Refusal) {
 struct Tries {
     new: usize,
     total: usize,
+    started: usize,
 }
 
 impl Tries {
@@ -468,6 +506,7 @@ impl Tries {
         Tries {
             new,
             total: new + 16,
+            started: new + 16,
         }
     }
 
@@ -480,6 +519,11 @@ impl Tries {
         true
     }
 
+    /// Whether the try just counted is not the first.
+    fn retried(&self) -> bool {
+        self.started - self.total > 1
+    }
+
     /// A new connection was opened, or failed to open.
     fn spend_new(&mut self) {
         self.new = self.new.saturating_sub(1);
@@ -487,6 +531,7 @@ impl Tries {
 }
 
 fn connect_refusal(up: &Upstream, e: &ConnectError) -> Refusal {
+    up.stats.connect_errors.inc();
     tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
     match e {
         ConnectError::Timeout => Refusal::UpstreamTimeout,
@@ -511,6 +556,9 @@ async fn forward_lean(
     let mut fresh_failures = 0;
     let mut tries = Tries::new(up);
     while tries.next() {
+        if tries.retried() {
+            up.stats.retries.inc();
+        }
         let Some((key, target)) = up.pick() else {
             break;
         };
@@ -548,6 +596,9 @@ async fn forward_lean(
                 *resp.status_mut() = h.status;
                 *resp.headers_mut() = h.headers;
                 headers::rewrite_response(resp.headers_mut());
+                if hop.note_target {
+                    resp.extensions_mut().insert(AnsweredBy(target.name.clone()));
+                }
                 return Ok(resp);
             }
             Ok(Err(h1::H1Error::Closed(e))) => {

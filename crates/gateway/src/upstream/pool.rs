@@ -69,6 +69,11 @@ impl Pool {
         }
     }
 
+    /// Idle connections waiting now.
+    pub fn idle_len(&self) -> usize {
+        self.idle.len()
+    }
+
     /// Closes the connection idle the longest; whether there was one.
     pub fn evict_one(&self) -> bool {
         self.idle.evict_one()

@@ -1,0 +1,470 @@
+//! The admin endpoints' answers, each a small JSON document.
+
+use super::{error, json, Answer};
+use crate::cache::Purge;
+use crate::gateway::Gateway;
+use crate::observe::analytics::{Query, Step, MAX_BUCKETS};
+use crate::usage::{usage as consumer_usage, UsageError};
+use http::{Request, StatusCode};
+use hyper::body::Incoming;
+use serde_json::{json as j, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// `GET /status`: version, uptime, config generation and the last reload error.
+pub fn status(gw: &Gateway) -> Answer {
+    let r = gw.reload_status();
+    let snap = gw.snapshot();
+    let cluster = gw.cluster().map(|c| {
+        j!({
+            "redis_up": c.is_up(),
+            "nodes": c.nodes(),
+            "sync_rounds": c.rounds_done(),
+        })
+    });
+    let analytics = match (snap.config.analytics.as_ref(), gw.analytics()) {
+        (None, _) => j!({"enabled": false}),
+        (Some(a), Some(an)) => {
+            j!({"enabled": true, "path": a.path.display().to_string(), "source": an.source()})
+        }
+        (Some(a), None) => j!({
+            "enabled": false,
+            "path": a.path.display().to_string(),
+            "error": gw.analytics_error(),
+        }),
+    };
+    let access_log = snap.config.access_log.as_ref().map(|a| match &a.target {
+        tollgate_config::LogTarget::Stdout => "stdout".to_string(),
+        tollgate_config::LogTarget::File(p) => p.display().to_string(),
+    });
+    json(
+        StatusCode::OK,
+        &j!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_seconds": gw.uptime().as_secs(),
+            "config": {
+                "generation": r.generation,
+                "last_reload_error": r.last_error,
+                "file": gw.source().map(|p| p.display().to_string()),
+            },
+            "routes": snap.routes.len(),
+            "consumers": snap.consumers.len(),
+            "cluster": cluster,
+            "analytics": analytics,
+            "access_log": access_log,
+        }),
+    )
+}
+
+/// Replaces what must not leave the node: API keys, and the password in a Redis URL.
+fn redact(v: &mut Value) {
+    if let Some(consumers) = v.get_mut("consumers").and_then(Value::as_array_mut) {
+        for c in consumers {
+            if let Some(keys) = c.get_mut("keys").and_then(Value::as_array_mut) {
+                for k in keys {
+                    *k = Value::from("<redacted>");
+                }
+            }
+        }
+    }
+    if let Some(url) = v.pointer_mut("/cluster/redis") {
+        if let Some(s) = url.as_str() {
+            if let (Some(scheme), Some(at)) = (s.find("://"), s.rfind('@')) {
+                if at > scheme {
+                    *url = Value::from(format!("{}<redacted>{}", &s[..scheme + 3], &s[at..]));
+                }
+            }
+        }
+    }
+}
+
+/// `GET /config`: the running config file as JSON, keys redacted.
+pub fn config(gw: &Gateway) -> Answer {
+    let Some(text) = gw.running_text() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "the running config was not read from text",
+        );
+    };
+    let parsed: Result<Value, _> = serde_yaml_ng::from_slice(&text);
+    match parsed {
+        Ok(mut v) => {
+            redact(&mut v);
+            let r = gw.reload_status();
+            json(
+                StatusCode::OK,
+                &j!({
+                    "generation": r.generation,
+                    "file": gw.source().map(|p| p.display().to_string()),
+                    "config": v,
+                }),
+            )
+        }
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("the running config cannot be shown: {e}"),
+        ),
+    }
+}
+
+/// `POST /reload`: reads the config file again, as `SIGHUP` does.
+pub async fn reload(gw: &Arc<Gateway>) -> Answer {
+    let Some(path) = gw.source() else {
+        return error(
+            StatusCode::CONFLICT,
+            "the running config did not come from a file; there is nothing to reload",
+        );
+    };
+    let before = gw.reload_status().generation;
+    let g = gw.clone();
+    let p = path.clone();
+    let done = tokio::task::spawn_blocking(move || g.reload_file(&p)).await;
+    let after = gw.reload_status().generation;
+    match done {
+        Ok(Ok(())) => json(
+            StatusCode::OK,
+            &j!({
+                "reloaded": after != before,
+                "generation": after,
+                "file": path.display().to_string(),
+            }),
+        ),
+        Ok(Err(e)) => json(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &j!({
+                "status": 422,
+                "error": "config rejected; the old config keeps serving",
+                "problems": e.problems().iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "generation": after,
+            }),
+        ),
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the reload did not finish"),
+    }
+}
+
+/// `GET /cache`: the cache's figures.
+pub fn cache(gw: &Gateway) -> Answer {
+    let store = &gw.cache().store;
+    let (entries, bytes) = store.usage();
+    let m = &store.metrics;
+    let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    json(
+        StatusCode::OK,
+        &j!({
+            "entries": entries,
+            "bytes": bytes,
+            "hits": n(&m.hits),
+            "misses": n(&m.misses),
+            "stale": n(&m.stale),
+            "revalidated": n(&m.revalidated),
+            "coalesced": n(&m.coalesced),
+            "stored": n(&m.stored),
+            "evictions": n(&m.evictions),
+            "purged": n(&m.purged),
+        }),
+    )
+}
+
+/// `POST /cache/purge` with a JSON body: `{"url": "http://host/path?q"}` (or a path for
+/// every host), `{"prefix": "/path/"}`, `{"tag": "surrogate-key"}` or `{"all": true}`.
+pub async fn purge(gw: &Gateway, req: Request<Incoming>) -> Answer {
+    let bad = |why: &str| error(StatusCode::BAD_REQUEST, why);
+    let body = match http_body_util::BodyExt::collect(http_body_util::Limited::new(
+        req.into_body(),
+        64 * 1024,
+    ))
+    .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return bad("the body must be JSON of at most 64KiB"),
+    };
+    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+        return bad(
+            "the body must be JSON: {\"url\": …}, {\"prefix\": …}, {\"tag\": …} or {\"all\": true}",
+        );
+    };
+    let text = |k: &str| v.get(k).and_then(|s| s.as_str()).map(str::to_string);
+    let what = if v.get("all").and_then(|b| b.as_bool()) == Some(true) {
+        Purge::All
+    } else if let Some(u) = text("url") {
+        Purge::Url(u)
+    } else if let Some(p) = text("prefix") {
+        Purge::Prefix(p)
+    } else if let Some(t) = text("tag") {
+        Purge::Tag(t)
+    } else {
+        return bad("name what to purge: url, prefix, tag, or all: true");
+    };
+    let n = gw.cache().purge(what);
+    json(StatusCode::OK, &j!({"purged": n}))
+}
+
+/// `GET /usage/{consumer}`: the consumer's standing in each of its limits.
+pub async fn usage(gw: &Gateway, name: &str) -> Answer {
+    let snap = gw.snapshot();
+    match consumer_usage(&snap, gw.cluster().map(|c| c.as_ref()), name, gw.now()).await {
+        Ok(u) => json(StatusCode::OK, &serde_json::to_value(&u).unwrap_or_default()),
+        Err(UsageError::UnknownConsumer(_)) => error(StatusCode::NOT_FOUND, "no such consumer"),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
+}
+
+/// A time given as unix seconds, RFC 3339, or a duration before `now` (`24h`, `-24h`).
+fn parse_time(s: &str, now: u64) -> Option<u64> {
+    if let Ok(n) = s.parse::<u64>() {
+        return Some(n);
+    }
+    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        return t
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs());
+    }
+    let d = humantime::parse_duration(s.strip_prefix('-').unwrap_or(s)).ok()?;
+    Some(now.saturating_sub(d.as_secs()))
+}
+
+/// Reads `consumer`, `route`, `from`, `to` and `step` from a query string.
+pub fn parse_query(q: Option<&str>, now: u64) -> Result<Query, String> {
+    let mut consumer = None;
+    let mut route = None;
+    let mut from = None;
+    let mut to = None;
+    let mut step = None;
+    for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        match k {
+            "consumer" if !v.is_empty() => consumer = Some(v),
+            "route" if !v.is_empty() => route = Some(v),
+            "consumer" | "route" => {}
+            "from" => {
+                from = Some(parse_time(&v, now).ok_or(format!(
+                    "from={v:?}: give unix seconds, an RFC 3339 time, or a duration ago like 24h"
+                ))?)
+            }
+            "to" => {
+                to = Some(parse_time(&v, now).ok_or(format!(
+                    "to={v:?}: give unix seconds, an RFC 3339 time, or a duration ago like 1h"
+                ))?)
+            }
+            "step" => {
+                step = Some(
+                    Step::parse(&v)
+                        .ok_or(format!("step={v:?}: must be 1m, 1h or 1d"))?,
+                )
+            }
+            other => {
+                return Err(format!(
+                    "unknown parameter {other:?}; use consumer, route, from, to, step"
+                ))
+            }
+        }
+    }
+    let to = to.unwrap_or(now + 1);
+    let from = from.unwrap_or(to.saturating_sub(86_400));
+    if from >= to {
+        return Err("from must be before to".into());
+    }
+    let step = step.unwrap_or_else(|| Step::for_range(to - from));
+    if (to - from).div_ceil(step.secs()) > MAX_BUCKETS {
+        return Err(format!(
+            "that range holds more than {MAX_BUCKETS} buckets of {}; use a larger step or a shorter range",
+            step.name()
+        ));
+    }
+    Ok(Query {
+        consumer,
+        route,
+        from,
+        to,
+        step,
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                        i += 3;
+                    }
+                    _ => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `GET /analytics?consumer=&route=&from=&to=&step=`: counts per bucket, consumer, route
+/// and status class.
+pub async fn analytics(gw: &Gateway, q: Option<&str>) -> Answer {
+    let now = gw.wall_secs();
+    let query = match parse_query(q, now) {
+        Ok(q) => q,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+    };
+    let Some(an) = gw.analytics() else {
+        return match gw.analytics_error() {
+            Some(e) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("usage history is off: {e}"),
+            ),
+            None => error(
+                StatusCode::NOT_FOUND,
+                "usage history is not configured; add `analytics: {path: …}` to the config",
+            ),
+        };
+    };
+    match an.query(&query, now).await {
+        Ok(rows) => {
+            let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+            for r in &rows {
+                *totals.entry(r.status.clone()).or_default() += r.count;
+            }
+            json(
+                StatusCode::OK,
+                &j!({
+                    "source": an.source(),
+                    "step": query.step.name(),
+                    "from": query.from / query.step.secs() * query.step.secs(),
+                    "to": query.to,
+                    "consumer": query.consumer,
+                    "route": query.route,
+                    "totals": totals,
+                    "rows": rows,
+                }),
+            )
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
+}
+
+/// `GET /top`: for the dashboard, the busiest consumers of the last 15 minutes (from the
+/// usage history) and the consumers closest to one of their limits on this node.
+pub async fn top(gw: &Gateway) -> Answer {
+    let now = gw.wall_secs();
+    let mut consumers: Vec<(String, u64)> = Vec::new();
+    let history = gw.analytics().is_some();
+    if let Some(an) = gw.analytics() {
+        let q = Query {
+            consumer: None,
+            route: None,
+            from: now.saturating_sub(15 * 60),
+            to: now + 1,
+            step: Step::Minute,
+        };
+        if let Ok(rows) = an.query(&q, now).await {
+            let mut by: BTreeMap<String, u64> = BTreeMap::new();
+            for r in rows.iter().filter(|r| r.consumer != "-") {
+                *by.entry(r.consumer.clone()).or_default() += r.count;
+            }
+            consumers = by.into_iter().collect();
+            consumers.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            consumers.truncate(10);
+        }
+    }
+    let snap = gw.snapshot();
+    let t = gw.now();
+    let mut quota: Vec<Value> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    // Bounded work: the first 10,000 consumers' local counters.
+    for (i, c) in snap.consumers.iter().enumerate().take(10_000) {
+        let mut best: Option<(f64, &str, u64, u64)> = None;
+        for route in &snap.routes {
+            let Some(set) = route.limits.get(i) else {
+                continue;
+            };
+            for (cell, info) in set.cells.iter().zip(&set.info) {
+                if cell.shared.is_some() || !seen.insert(cell.id) || cell.requests == 0 {
+                    continue;
+                }
+                let used = cell.used(t);
+                let share = used as f64 / cell.requests as f64;
+                if best.is_none_or(|b| share > b.0) {
+                    best = Some((share, &info.name, used, cell.requests));
+                }
+            }
+        }
+        if let Some((share, limit, used, requests)) = best {
+            if used > 0 {
+                quota.push(j!({
+                    "consumer": &*c.name, "limit": limit, "used": used,
+                    "requests": requests, "share": share,
+                }));
+            }
+        }
+    }
+    quota.sort_by(|a, b| {
+        let s = |v: &Value| v["share"].as_f64().unwrap_or(0.0);
+        s(b).total_cmp(&s(a))
+    });
+    quota.truncate(10);
+    json(
+        StatusCode::OK,
+        &j!({
+            "history": history,
+            "consumers": consumers.iter().map(|(c, n)| j!({"consumer": c, "requests": n})).collect::<Vec<_>>(),
+            "closest_to_quota": quota,
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn analytics_queries_are_checked() {
+        let now = 1_800_000_000;
+        let q = parse_query(Some("consumer=c%201&step=1h&from=48h"), now).expect("ok");
+        assert_eq!(q.consumer.as_deref(), Some("c 1"));
+        assert_eq!(q.step, Step::Hour);
+        assert_eq!(q.from, now - 48 * 3600);
+        let q = parse_query(None, now).expect("defaults");
+        assert_eq!((q.to - q.from, q.step), (86_400 + 1, Step::Hour));
+        for bad in [
+            "step=5m",
+            "from=yesterday",
+            "from=10&to=5",
+            "bogus=1",
+            "from=0&step=1m",
+        ] {
+            assert!(parse_query(Some(bad), now).is_err(), "{bad}");
+        }
+        let q = parse_query(Some("from=2027-01-15T00:00:00Z&to=2027-01-16T00:00:00Z"), now)
+            .expect("rfc3339");
+        assert_eq!(q.to - q.from, 86_400);
+    }
+
+    #[test]
+    fn redacts_keys_and_redis_passwords() {
+        let mut v = j!({
+            "consumers": [{"name": "a", "keys": ["k1", "k2"]}],
+            "cluster": {"redis": "redis://:hunter2@10.0.0.1:6379/0"},
+        });
+        redact(&mut v);
+        let s = v.to_string();
+        assert!(!s.contains("k1") && !s.contains("hunter2"), "{s}");
+        assert!(s.contains("10.0.0.1:6379"), "{s}");
+    }
+}

@@ -1,0 +1,147 @@
+//! The admin listener: health, status, metrics, usage, analytics, config, reload, cache
+//! purge and the dashboard.
+//!
+//! Every endpoint but `/healthz` and the dashboard page (`/`, which holds no data and asks
+//! for the token itself) requires `Authorization: Bearer TOKEN` when a token is set
+//! (`admin.token_file` or `TOLLGATE_ADMIN_TOKEN`), compared in constant time; a wrong or
+//! missing token gets 401 with no detail. The listener has its own connection cap, head
+//! timeout and idle limit, so it never takes connections from the proxy listeners.
+
+mod api;
+
+use crate::gateway::Gateway;
+use crate::listener::{accept_capped, AcceptErrors};
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tollgate_config::AdminConfig;
+
+/// The dashboard: one self-contained page, no external scripts or fonts.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+const JSON: &str = "application/json";
+
+type Answer = Response<Full<Bytes>>;
+
+fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    r
+}
+
+/// A JSON answer.
+fn json(status: StatusCode, v: &serde_json::Value) -> Answer {
+    answer(status, JSON, v.to_string())
+}
+
+/// A JSON error: `{"status": N, "error": why}`.
+fn error(status: StatusCode, why: &str) -> Answer {
+    json(
+        status,
+        &serde_json::json!({"status": status.as_u16(), "error": why}),
+    )
+}
+
+/// Compares in time that does not depend on where the first difference is.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn authorized(req: &Request<Incoming>, token: Option<&str>) -> bool {
+    let Some(token) = token else { return true };
+    req.headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .is_some_and(|got| same_secret(got, token.as_bytes()))
+}
+
+fn method_not_allowed(allow: &'static str) -> Answer {
+    let mut r = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+    r.headers_mut()
+        .insert(http::header::ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+async fn handle(gw: &Arc<Gateway>, req: Request<Incoming>, token: Option<&str>) -> Answer {
+    let path = req.uri().path().to_string();
+    let open = path == "/healthz" || path == "/";
+    if !open && !authorized(&req, token) {
+        let mut r = error(StatusCode::UNAUTHORIZED, "admin token required");
+        r.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer"),
+        );
+        return r;
+    }
+    let post_only = matches!(path.as_str(), "/cache/purge" | "/reload");
+    match (post_only, req.method()) {
+        (true, &Method::POST) => {}
+        (true, _) => return method_not_allowed("POST"),
+        (false, &Method::GET | &Method::HEAD) => {}
+        (false, _) => return method_not_allowed("GET, HEAD"),
+    }
+    match path.as_str() {
+        "/healthz" => answer(StatusCode::OK, JSON, r#"{"status":"ok"}"#),
+        "/" => answer(StatusCode::OK, "text/html; charset=utf-8", DASHBOARD),
+        "/metrics" => answer(
+            StatusCode::OK,
+            crate::observe::metrics::CONTENT_TYPE,
+            gw.metrics_text(),
+        ),
+        "/status" => api::status(gw),
+        "/config" => api::config(gw),
+        "/reload" => api::reload(gw).await,
+        "/cache" => api::cache(gw),
+        "/cache/purge" => api::purge(gw, req).await,
+        "/analytics" => api::analytics(gw, req.uri().query()).await,
+        "/top" => api::top(gw).await,
+        p => match p.strip_prefix("/usage/") {
+            Some(name) => api::usage(gw, name).await,
+            None => error(StatusCode::NOT_FOUND, "no such admin endpoint"),
+        },
+    }
+}
+
+/// Serves the admin endpoints on `listener` until the task is dropped.
+pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, cfg: AdminConfig) {
+    let cap = Arc::new(Semaphore::new(cfg.max_connections));
+    let token: Option<Arc<str>> = cfg.token.map(Arc::from);
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(cfg.header_timeout);
+    let mut errors = AcceptErrors::default();
+    loop {
+        let (stream, _, permit) = accept_capped(&listener, &cap, &mut errors).await;
+        let gw = gw.clone();
+        let token = token.clone();
+        let conn = builder.serve_connection(
+            TokioIo::new(stream),
+            service_fn(move |req| {
+                let gw = gw.clone();
+                let token = token.clone();
+                async move { Ok::<_, Infallible>(handle(&gw, req, token.as_deref()).await) }
+            }),
+        );
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+}

@@ -1,0 +1,355 @@
+//! The access log: one JSON object per line per request, written by a thread of its own.
+//!
+//! The request path only fills a [`Record`] and pushes it onto a bounded queue; the writer
+//! formats and writes. When the queue is full, the line is dropped and counted
+//! (`tollgate_access_log_dropped_total`): a slow disk never slows requests. A line is
+//! queued when the response body has been sent (or abandoned), so it carries the bytes
+//! sent and the whole duration. `SIGUSR1` reopens the file, for logrotate.
+
+use crate::observe::metrics::Metrics;
+use crate::response::Body;
+use bytes::Bytes;
+use http::{HeaderValue, Method, Uri};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use serde::Serialize;
+use std::io::Write;
+use std::pin::Pin;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+use tollgate_config::{AccessLogConfig, LogTarget};
+
+/// What one request did, as the access log writes it.
+#[derive(Debug)]
+pub struct Record {
+    /// When the request arrived (wall clock, nanoseconds since the epoch).
+    pub wall_ns: u64,
+    /// `X-Request-Id`.
+    pub request_id: HeaderValue,
+    /// The client's address.
+    pub client: HeaderValue,
+    /// Method.
+    pub method: Method,
+    /// The target as the client sent it; credentials are removed when written.
+    pub uri: Uri,
+    /// Query parameters that carry keys, removed from the logged target.
+    pub redact: Arc<[String]>,
+    /// The route taken.
+    pub route: Option<Arc<str>>,
+    /// The authenticated consumer.
+    pub consumer: Option<Arc<str>>,
+    /// Response status.
+    pub status: u16,
+    /// Request body bytes declared by `Content-Length` (none when chunked).
+    pub bytes_in: Option<u64>,
+    /// Response body bytes sent.
+    pub bytes_out: u64,
+    /// From the request head to the end of the response body.
+    pub duration: Duration,
+    /// Time waiting for the upstream's response head.
+    pub upstream_ns: Option<u64>,
+    /// The upstream target that answered.
+    pub target: Option<Arc<str>>,
+    /// Why the gateway answered itself.
+    pub refusal: Option<&'static str>,
+    /// The limit that refused.
+    pub limit: Option<Arc<str>>,
+    /// `Cache-Status`, on routes with a cache.
+    pub cache: Option<HeaderValue>,
+}
+
+enum Msg {
+    Line(Box<Record>),
+    Reopen,
+}
+
+/// The handle requests log through.
+#[derive(Debug)]
+pub struct AccessLog {
+    tx: SyncSender<Msg>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Msg")
+    }
+}
+
+impl AccessLog {
+    /// Starts the writer thread for `cfg`. A file that cannot be opened is reported (once)
+    /// and its lines are dropped and counted until a reopen succeeds.
+    pub fn start(cfg: &AccessLogConfig, metrics: Arc<Metrics>) -> Arc<AccessLog> {
+        let (tx, rx) = sync_channel(cfg.buffer);
+        let target = cfg.target.clone();
+        let m = metrics.clone();
+        let spawned = std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || Writer::new(target, m).run(rx));
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the access log writer: {e}; lines will be dropped");
+        }
+        Arc::new(AccessLog { tx, metrics })
+    }
+
+    /// Queues a line; drops and counts it when the writer is behind.
+    pub fn log(&self, rec: Box<Record>) {
+        match self.tx.try_send(Msg::Line(rec)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.metrics.log_dropped.inc();
+            }
+        }
+    }
+
+    /// Asks the writer to reopen its file (`SIGUSR1`).
+    pub fn reopen(&self) {
+        // A full queue means the writer is busy; it reopens once it has caught up.
+        let _ = self.tx.send(Msg::Reopen);
+    }
+}
+
+/// The writer thread's state.
+struct Writer {
+    target: LogTarget,
+    out: Option<Box<dyn Write + Send>>,
+    metrics: Arc<Metrics>,
+    /// A failure was reported and nothing has succeeded since: stay quiet.
+    failing: bool,
+    line: Vec<u8>,
+}
+
+impl Writer {
+    fn new(target: LogTarget, metrics: Arc<Metrics>) -> Self {
+        let mut w = Writer {
+            target,
+            out: None,
+            metrics,
+            failing: false,
+            line: Vec::with_capacity(512),
+        };
+        w.open();
+        w
+    }
+
+    fn open(&mut self) {
+        let out: std::io::Result<Box<dyn Write + Send>> = match &self.target {
+            LogTarget::Stdout => Ok(Box::new(std::io::BufWriter::with_capacity(
+                64 * 1024,
+                std::io::stdout(),
+            ))),
+            LogTarget::File(p) => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map(|f| Box::new(std::io::BufWriter::with_capacity(64 * 1024, f)) as _),
+        };
+        match out {
+            Ok(o) => {
+                self.out = Some(o);
+                if std::mem::take(&mut self.failing) {
+                    tracing::info!(path = %self.path(), "access log writable again");
+                }
+            }
+            Err(e) => {
+                self.out = None;
+                self.failed(&e);
+            }
+        }
+    }
+
+    fn path(&self) -> String {
+        match &self.target {
+            LogTarget::Stdout => "stdout".into(),
+            LogTarget::File(p) => p.display().to_string(),
+        }
+    }
+
+    fn failed(&mut self, e: &std::io::Error) {
+        self.metrics.log_errors.inc();
+        if !self.failing {
+            self.failing = true;
+            tracing::error!(path = %self.path(), "access log cannot be written: {e}; lines are dropped (counted in tollgate_access_log_dropped_total) until it can");
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Msg>) {
+        while let Ok(msg) = rx.recv() {
+            self.handle(msg);
+            while let Ok(msg) = rx.try_recv() {
+                self.handle(msg);
+            }
+            self.flush();
+        }
+        self.flush();
+    }
+
+    fn flush(&mut self) {
+        if let Some(o) = self.out.as_mut() {
+            if let Err(e) = o.flush() {
+                self.failed(&e);
+            }
+        }
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Reopen => {
+                self.flush();
+                if matches!(self.target, LogTarget::File(_)) {
+                    self.open();
+                    tracing::info!(path = %self.path(), "access log reopened");
+                }
+            }
+            Msg::Line(rec) => {
+                self.line.clear();
+                write_line(&rec, &mut self.line);
+                let Some(o) = self.out.as_mut() else {
+                    self.metrics.log_dropped.inc();
+                    return;
+                };
+                match o.write_all(&self.line) {
+                    Ok(()) => {
+                        self.metrics.log_lines.inc();
+                        if self.failing {
+                            self.failing = false;
+                            tracing::info!(path = %self.path(), "access log writable again");
+                        }
+                    }
+                    Err(e) => {
+                        self.metrics.log_dropped.inc();
+                        self.failed(&e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Line<'a> {
+    time: String,
+    request_id: &'a str,
+    client: &'a str,
+    method: &'a str,
+    path: &'a str,
+    route: Option<&'a str>,
+    consumer: Option<&'a str>,
+    status: u16,
+    bytes_in: Option<u64>,
+    bytes_out: u64,
+    duration_ms: f64,
+    upstream_ms: Option<f64>,
+    upstream_target: Option<&'a str>,
+    refusal: Option<&'a str>,
+    limit: Option<&'a str>,
+    cache: Option<&'a str>,
+}
+
+/// The logged target: path and query, without any parameter that carries a key.
+pub fn logged_target(uri: &Uri, redact: &[String]) -> String {
+    let path = uri.path();
+    match uri.query() {
+        None => path.to_string(),
+        Some(q) => crate::policy::auth::without_credentials(path, q, redact),
+    }
+}
+
+fn text(v: &HeaderValue) -> &str {
+    std::str::from_utf8(v.as_bytes()).unwrap_or("")
+}
+
+fn ms(ns: u64) -> f64 {
+    (ns as f64 / 1_000.0).round() / 1_000.0
+}
+
+fn write_line(rec: &Record, out: &mut Vec<u8>) {
+    let time = SystemTime::UNIX_EPOCH + Duration::from_nanos(rec.wall_ns);
+    let target = logged_target(&rec.uri, &rec.redact);
+    let line = Line {
+        time: humantime::format_rfc3339_millis(time).to_string(),
+        request_id: text(&rec.request_id),
+        client: text(&rec.client),
+        method: rec.method.as_str(),
+        path: &target,
+        route: rec.route.as_deref(),
+        consumer: rec.consumer.as_deref(),
+        status: rec.status,
+        bytes_in: rec.bytes_in,
+        bytes_out: rec.bytes_out,
+        duration_ms: ms(u64::try_from(rec.duration.as_nanos()).unwrap_or(u64::MAX)),
+        upstream_ms: rec.upstream_ns.map(ms),
+        upstream_target: rec.target.as_deref(),
+        refusal: rec.refusal,
+        limit: rec.limit.as_deref(),
+        cache: rec.cache.as_ref().map(text),
+    };
+    if serde_json::to_writer(&mut *out, &line).is_ok() {
+        out.push(b'\n');
+    }
+}
+
+/// A response body that queues its request's access log line once it has been sent (or
+/// dropped unfinished), counting the bytes on the way. Without a record it only passes
+/// frames through.
+pub struct Logged {
+    inner: Body,
+    pending: Option<(Box<Record>, Instant, Arc<AccessLog>)>,
+}
+
+impl Logged {
+    /// `body`, logging `rec` at its end when given.
+    pub fn new(inner: Body, pending: Option<(Box<Record>, Instant, Arc<AccessLog>)>) -> Self {
+        Logged { inner, pending }
+    }
+
+    fn finish(&mut self) {
+        if let Some((mut rec, start, log)) = self.pending.take() {
+            rec.duration = start.elapsed();
+            log.log(rec);
+        }
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl HttpBody for Logged {
+    type Data = Bytes;
+    type Error = <Body as HttpBody>::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if this.pending.is_some() {
+            match &polled {
+                Poll::Ready(Some(Ok(f))) => {
+                    if let (Some(d), Some((rec, _, _))) = (f.data_ref(), this.pending.as_mut()) {
+                        rec.bytes_out += d.len() as u64;
+                    }
+                    if this.inner.is_end_stream() {
+                        this.finish();
+                    }
+                }
+                Poll::Ready(_) => this.finish(),
+                Poll::Pending => {}
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,567 @@
+//! Usage history: requests per consumer × route × status class in 1-minute buckets, rolled
+//! up to hours and days, kept in SQLite on the node (and, with `cluster:`, added into Redis
+//! so any node answers for the whole cluster).
+//!
+//! The request path adds one to a counter in a small per-thread-group map; a task moves
+//! the counts into the database in one transaction every [`FLUSH_EVERY`]. Minute buckets
+//! are kept for the retention or 7 days, whichever is shorter; hours and days for the
+//! whole retention.
+
+use crate::observe::metrics::Metrics;
+use parking_lot::Mutex;
+use rusqlite::{params, Connection, OpenFlags};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_config::{AnalyticsConfig, ClusterConfig};
+
+/// How often counts are moved into the database.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
+/// Minute buckets are kept at most this long.
+const MINUTES_KEPT: u64 = 7 * 86_400;
+/// A query may ask for at most this many buckets.
+pub const MAX_BUCKETS: u64 = 10_000;
+/// The consumer or route of requests that had none.
+pub const NONE: &str = "-";
+
+/// Why the history cannot be kept or read.
+#[derive(Debug, thiserror::Error)]
+pub enum AnalyticsError {
+    /// The database could not be opened or written.
+    #[error("analytics database {path}: {source}")]
+    Db {
+        /// The file.
+        path: String,
+        /// What SQLite said.
+        source: rusqlite::Error,
+    },
+    /// Redis could not be asked.
+    #[error("analytics in Redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Bucket sizes, seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// One minute.
+    Minute,
+    /// One hour.
+    Hour,
+    /// One day.
+    Day,
+}
+
+impl Step {
+    /// Seconds per bucket.
+    pub fn secs(self) -> u64 {
+        match self {
+            Step::Minute => 60,
+            Step::Hour => 3600,
+            Step::Day => 86_400,
+        }
+    }
+
+    /// `1m`, `1h`, `1d`.
+    pub fn parse(s: &str) -> Option<Step> {
+        match s {
+            "1m" => Some(Step::Minute),
+            "1h" => Some(Step::Hour),
+            "1d" => Some(Step::Day),
+            _ => None,
+        }
+    }
+
+    /// `1m`, `1h`, `1d`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Minute => "1m",
+            Step::Hour => "1h",
+            Step::Day => "1d",
+        }
+    }
+
+    /// The step that fits a range: minutes up to 6 hours, hours up to 14 days, then days.
+    pub fn for_range(secs: u64) -> Step {
+        if secs <= 6 * 3600 {
+            Step::Minute
+        } else if secs <= 14 * 86_400 {
+            Step::Hour
+        } else {
+            Step::Day
+        }
+    }
+}
+
+/// What to read.
+#[derive(Debug, Clone)]
+pub struct Query {
+    /// Only this consumer.
+    pub consumer: Option<String>,
+    /// Only this route.
+    pub route: Option<String>,
+    /// Start, unix seconds (inclusive, rounded down to the step).
+    pub from: u64,
+    /// End, unix seconds (exclusive).
+    pub to: u64,
+    /// Bucket size.
+    pub step: Step,
+}
+
+/// One bucket of one consumer on one route with one status class.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Row {
+    /// Bucket start, unix seconds.
+    pub ts: u64,
+    /// Consumer (`-` for requests without one).
+    pub consumer: String,
+    /// Route (`-` for requests no route took).
+    pub route: String,
+    /// `2xx` and so on.
+    pub status: String,
+    /// Requests.
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    minute: u64,
+    /// Address of the consumer's name (kept alive by the slot), so the hot path hashes
+    /// integers and clones nothing.
+    consumer: usize,
+    route: usize,
+    class: u8,
+}
+
+#[derive(Debug)]
+struct Slot {
+    n: u64,
+    consumer: Arc<str>,
+    route: Arc<str>,
+}
+
+type Shard = Mutex<HashMap<Key, Slot, foldhash::fast::RandomState>>;
+
+/// The node's usage history.
+pub struct Analytics {
+    shards: Vec<Shard>,
+    db: Mutex<Connection>,
+    path: PathBuf,
+    retention: Duration,
+    redis: Option<RedisLink>,
+    metrics: Arc<Metrics>,
+    last_prune: Mutex<u64>,
+}
+
+impl std::fmt::Debug for Analytics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Analytics")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+const SCHEMA: &str = "
+PRAGMA journal_mode = WAL;
+PRAGMA synchronous = NORMAL;
+CREATE TABLE IF NOT EXISTS usage (
+    step INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    consumer TEXT NOT NULL,
+    route TEXT NOT NULL,
+    class INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (step, ts, consumer, route, class)
+) WITHOUT ROWID;
+";
+
+fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> AnalyticsError + '_ {
+    move |source| AnalyticsError::Db {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Opens (creating if needed) the database at `path` and checks it can be read and written.
+fn open_db(path: &Path) -> Result<Connection, AnalyticsError> {
+    let c = Connection::open(path).map_err(db_err(path))?;
+    c.busy_timeout(Duration::from_millis(500))
+        .map_err(db_err(path))?;
+    c.execute_batch(SCHEMA).map_err(db_err(path))?;
+    c.query_row("PRAGMA quick_check", [], |r| r.get::<_, String>(0))
+        .map_err(db_err(path))
+        .and_then(|ok| {
+            if ok == "ok" {
+                Ok(())
+            } else {
+                Err(AnalyticsError::Db {
+                    path: path.display().to_string(),
+                    source: rusqlite::Error::InvalidQuery,
+                })
+            }
+        })?;
+    Ok(c)
+}
+
+impl Analytics {
+    /// Opens the database named by `cfg`. Errors name the file; the caller decides whether
+    /// to go on without history (`analytics.required: false`).
+    pub fn open(
+        cfg: &AnalyticsConfig,
+        cluster: Option<&ClusterConfig>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Analytics>, AnalyticsError> {
+        let db = open_db(&cfg.path)?;
+        let shards = (0..8)
+            .map(|_| Mutex::new(HashMap::with_hasher(Default::default())))
+            .collect();
+        Ok(Arc::new(Analytics {
+            shards,
+            db: Mutex::new(db),
+            path: cfg.path.clone(),
+            retention: cfg.retention,
+            redis: cluster.map(RedisLink::new),
+            metrics,
+            last_prune: Mutex::new(0),
+        }))
+    }
+
+    /// Counts one request at `wall_secs`. Takes one of several locks, chosen by thread, so
+    /// that threads rarely meet.
+    pub fn count(&self, wall_secs: u64, consumer: &Arc<str>, route: &Arc<str>, status: u16) {
+        let key = Key {
+            minute: wall_secs / 60,
+            consumer: Arc::as_ptr(consumer).cast::<u8>() as usize,
+            route: Arc::as_ptr(route).cast::<u8>() as usize,
+            class: u8::try_from((status / 100).clamp(1, 5)).unwrap_or(5),
+        };
+        let shard = &self.shards[shard_index() % self.shards.len()];
+        shard
+            .lock()
+            .entry(key)
+            .or_insert_with(|| Slot {
+                n: 0,
+                consumer: consumer.clone(),
+                route: route.clone(),
+            })
+            .n += 1;
+    }
+
+    /// Moves the counts so far into the database (and Redis), in one transaction. Returns
+    /// how many (minute, consumer, route, class) counts were written.
+    pub async fn flush(self: &Arc<Self>, now_secs: u64) -> usize {
+        let mut merged: HashMap<(u64, Arc<str>, Arc<str>, u8), u64> = HashMap::new();
+        for s in &self.shards {
+            let taken = std::mem::take(&mut *s.lock());
+            for (k, v) in taken {
+                *merged
+                    .entry((k.minute, v.consumer, v.route, k.class))
+                    .or_default() += v.n;
+            }
+        }
+        let rows: Vec<(u64, Arc<str>, Arc<str>, u8, u64)> = merged
+            .into_iter()
+            .map(|((m, c, r, class), n)| (m * 60, c, r, class, n))
+            .collect();
+        let n = rows.len();
+        if let (Some(r), false) = (&self.redis, rows.is_empty()) {
+            let ttl = self.retention.as_secs();
+            if let Err(e) = r.add(&rows, ttl).await {
+                self.metrics.analytics_errors.inc();
+                tracing::warn!("usage history: cannot add the batch into Redis: {e}");
+            }
+        }
+        // SQLite blocks: off the async workers.
+        let me = self.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            if !rows.is_empty() {
+                if let Err(e) = me.write(&rows) {
+                    me.metrics.analytics_errors.inc();
+                    tracing::warn!("usage history: {e}; this batch is lost");
+                }
+            }
+            me.prune(now_secs);
+        })
+        .await;
+        if done.is_err() {
+            self.metrics.analytics_errors.inc();
+        }
+        n
+    }
+
+    fn write(&self, rows: &[(u64, Arc<str>, Arc<str>, u8, u64)]) -> Result<(), AnalyticsError> {
+        let err = db_err(&self.path);
+        let mut db = self.db.lock();
+        let tx = db.transaction().map_err(&err)?;
+        {
+            let mut up = tx
+                .prepare_cached(
+                    "INSERT INTO usage (step, ts, consumer, route, class, count) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (step, ts, consumer, route, class) DO UPDATE SET count = count + excluded.count",
+                )
+                .map_err(&err)?;
+            for (ts, c, r, class, n) in rows {
+                for step in [Step::Minute, Step::Hour, Step::Day] {
+                    let s = step.secs();
+                    up.execute(params![
+                        s as i64,
+                        (ts / s * s) as i64,
+                        &**c,
+                        &**r,
+                        *class,
+                        *n as i64
+                    ])
+                    .map_err(&err)?;
+                }
+            }
+        }
+        tx.commit().map_err(&err)
+    }
+
+    /// Forgets buckets past their keeping time, at most once an hour.
+    fn prune(&self, now_secs: u64) {
+        {
+            let mut last = self.last_prune.lock();
+            if now_secs < *last + 3600 {
+                return;
+            }
+            *last = now_secs;
+        }
+        let keep = self.retention.as_secs();
+        let minutes = keep.min(MINUTES_KEPT);
+        let db = self.db.lock();
+        let r = db.execute(
+            "DELETE FROM usage WHERE (step = 60 AND ts < ?1) OR (step > 60 AND ts < ?2)",
+            params![
+                now_secs.saturating_sub(minutes) as i64,
+                now_secs.saturating_sub(keep) as i64
+            ],
+        );
+        if let Err(e) = r {
+            self.metrics.analytics_errors.inc();
+            tracing::warn!(path = %self.path.display(), "usage history: cannot prune: {e}");
+        }
+    }
+
+    /// Reads the history: from Redis (the whole cluster) when shared, else this node's
+    /// database. Counts not yet flushed are flushed first.
+    pub async fn query(
+        self: &Arc<Self>,
+        q: &Query,
+        now_secs: u64,
+    ) -> Result<Vec<Row>, AnalyticsError> {
+        self.flush(now_secs).await;
+        if let Some(r) = &self.redis {
+            return r.query(q).await;
+        }
+        let me = self.clone();
+        let q = q.clone();
+        tokio::task::spawn_blocking(move || query_db(&me.db.lock(), &me.path, &q))
+            .await
+            .unwrap_or_else(|_| Ok(Vec::new()))
+    }
+
+    /// Where the history is read from, for answers: `cluster` or `node`.
+    pub fn source(&self) -> &'static str {
+        if self.redis.is_some() {
+            "cluster"
+        } else {
+            "node"
+        }
+    }
+}
+
+/// Reads the cluster's history from Redis directly (the CLI).
+pub async fn query_redis(cfg: &ClusterConfig, q: &Query) -> Result<Vec<Row>, AnalyticsError> {
+    RedisLink::new(cfg).query(q).await
+}
+
+/// Reads rows from a database file directly (the CLI, with no node running).
+pub fn query_file(path: &Path, q: &Query) -> Result<Vec<Row>, AnalyticsError> {
+    let c = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(db_err(path))?;
+    query_db(&c, path, q)
+}
+
+fn query_db(db: &Connection, path: &Path, q: &Query) -> Result<Vec<Row>, AnalyticsError> {
+    let err = db_err(path);
+    let s = q.step.secs();
+    let mut stmt = db
+        .prepare_cached(
+            "SELECT ts, consumer, route, class, count FROM usage
+             WHERE step = ?1 AND ts >= ?2 AND ts < ?3
+               AND (?4 IS NULL OR consumer = ?4) AND (?5 IS NULL OR route = ?5)
+             ORDER BY ts, consumer, route, class",
+        )
+        .map_err(&err)?;
+    let rows = stmt
+        .query_map(
+            params![
+                s as i64,
+                (q.from / s * s) as i64,
+                q.to as i64,
+                q.consumer,
+                q.route
+            ],
+            |r| {
+                let class: u8 = r.get(3)?;
+                Ok(Row {
+                    ts: u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
+                    consumer: r.get(1)?,
+                    route: r.get(2)?,
+                    status: class_name(class),
+                    count: u64::try_from(r.get::<_, i64>(4)?).unwrap_or(0),
+                })
+            },
+        )
+        .map_err(&err)?;
+    rows.collect::<Result<Vec<_>, _>>().map_err(err)
+}
+
+fn class_name(class: u8) -> String {
+    format!("{class}xx")
+}
+
+/// A shard per worker thread, more or less: threads are spread by a hash of their id.
+fn shard_index() -> usize {
+    thread_local! {
+        static SHARD: usize = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(0);
+            usize::try_from(h.finish() % 64).unwrap_or(0)
+        };
+    }
+    SHARD.with(|s| *s)
+}
+
+/// The cluster's copy of the history: one hash per bucket, `consumer\troute\tclass` → count.
+struct RedisLink {
+    url: String,
+    prefix: String,
+    conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+}
+
+impl RedisLink {
+    fn new(c: &ClusterConfig) -> Self {
+        RedisLink {
+            url: c.redis.clone(),
+            prefix: c.key_prefix.clone(),
+            conn: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    fn key(&self, step: Step, ts: u64) -> String {
+        format!("{}:usage:{}:{ts}", self.prefix, step.name())
+    }
+
+    async fn conn(&self) -> Result<redis::aio::MultiplexedConnection, redis::RedisError> {
+        let mut guard = self.conn.lock().await;
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
+        }
+        let client = redis::Client::open(self.url.as_str())?;
+        let c = tokio::time::timeout(
+            Duration::from_secs(2),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
+        .map_err(|_| {
+            redis::RedisError::from((redis::ErrorKind::Io, "connect timed out"))
+        })??;
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn add(
+        &self,
+        rows: &[(u64, Arc<str>, Arc<str>, u8, u64)],
+        ttl: u64,
+    ) -> Result<(), redis::RedisError> {
+        let mut conn = self.conn().await?;
+        let mut pipe = redis::pipe();
+        for (ts, c, r, class, n) in rows {
+            for step in [Step::Minute, Step::Hour, Step::Day] {
+                let s = step.secs();
+                let key = self.key(step, ts / s * s);
+                let keep = if step == Step::Minute {
+                    ttl.min(MINUTES_KEPT)
+                } else {
+                    ttl
+                };
+                pipe.cmd("HINCRBY")
+                    .arg(&key)
+                    .arg(format!("{c}\t{r}\t{class}"))
+                    .arg(*n)
+                    .ignore();
+                pipe.cmd("EXPIRE").arg(&key).arg(keep + s).ignore();
+            }
+        }
+        let r: Result<(), _> = pipe.query_async(&mut conn).await;
+        if r.is_err() {
+            *self.conn.lock().await = None;
+        }
+        r
+    }
+
+    async fn query(&self, q: &Query) -> Result<Vec<Row>, AnalyticsError> {
+        let mut conn = self.conn().await?;
+        let s = q.step.secs();
+        let buckets: Vec<u64> = (q.from / s..q.to.div_ceil(s))
+            .map(|b| b * s)
+            .filter(|ts| *ts < q.to)
+            .collect();
+        let mut pipe = redis::pipe();
+        for ts in &buckets {
+            pipe.cmd("HGETALL").arg(self.key(q.step, *ts));
+        }
+        let all: Vec<HashMap<String, u64>> = match pipe.query_async(&mut conn).await {
+            Ok(v) => v,
+            Err(e) => {
+                *self.conn.lock().await = None;
+                return Err(e.into());
+            }
+        };
+        let mut rows = Vec::new();
+        for (ts, fields) in buckets.iter().zip(all) {
+            let mut part: Vec<Row> = fields
+                .into_iter()
+                .filter_map(|(f, count)| {
+                    let mut it = f.splitn(3, '\t');
+                    let (c, r, class) = (it.next()?, it.next()?, it.next()?);
+                    let wanted = q.consumer.as_deref().is_none_or(|w| w == c)
+                        && q.route.as_deref().is_none_or(|w| w == r);
+                    wanted.then(|| Row {
+                        ts: *ts,
+                        consumer: c.to_string(),
+                        route: r.to_string(),
+                        status: class_name(class.parse().unwrap_or(0)),
+                        count,
+                    })
+                })
+                .collect();
+            part.sort_by(|a, b| (&a.consumer, &a.route, &a.status).cmp(&(&b.consumer, &b.route, &b.status)));
+            rows.extend(part);
+        }
+        Ok(rows)
+    }
+}
+
+/// Moves counts into the database every [`FLUSH_EVERY`] until `analytics` is dropped
+/// elsewhere; `now` gives wall seconds.
+pub fn spawn_flusher(
+    analytics: &Arc<Analytics>,
+    now: impl Fn() -> u64 + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(analytics);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(FLUSH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(a) = weak.upgrade() else { return };
+            a.flush(now()).await;
+        }
+    })
+}

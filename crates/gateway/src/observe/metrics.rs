@@ -1,0 +1,667 @@
+//! `/metrics`: Prometheus counters, gauges and histograms through `prometheus-client`.
+//!
+//! The request path touches handles resolved ahead of time (a route's counters live in its
+//! [`RouteStats`], a limit's refusal counter in the snapshot), so a request costs a few
+//! atomic adds and two histogram observations, never a label lookup. Figures owned by other
+//! parts (the cache, the cluster link, upstream pools) are read when scraped. Every label
+//! comes from the config (route, upstream, limit and, only with `metrics.per_consumer`,
+//! consumer names) or a fixed list, so the number of series is bounded by the config.
+
+use crate::cache::Cache;
+use crate::cluster::Cluster;
+use crate::observe::CLASSES;
+use crate::upstream::Upstream;
+use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+
+/// The content type of the exposition text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Methods with a series of their own; the rest count as `other`.
+const METHODS: [&str; 8] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "other",
+];
+
+fn method_index(m: &http::Method) -> usize {
+    METHODS
+        .iter()
+        .position(|n| *n == m.as_str())
+        .unwrap_or(METHODS.len() - 1)
+}
+
+/// Latency buckets, seconds: 250 µs to 10 s.
+fn latency() -> Histogram {
+    Histogram::new([
+        0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        10.0,
+    ])
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    method: &'static str,
+    class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabel {
+    limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConsumerLabels {
+    consumer: String,
+    class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabel {
+    upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    upstream: String,
+    kind: &'static str,
+}
+
+/// One route's counters and histograms, kept across reloads by route name.
+#[derive(Debug)]
+pub struct RouteStats {
+    /// The route's name ("" for requests no route took).
+    pub name: Arc<str>,
+    requests: [[OnceLock<Counter>; 5]; METHODS.len()],
+    family: Family<RequestLabels, Counter>,
+    duration: Histogram,
+    upstream: Histogram,
+}
+
+impl RouteStats {
+    /// Counts a response: by method and status class, and its time to the response head.
+    pub fn record(&self, method: &http::Method, status: u16, secs: f64) {
+        let m = method_index(method);
+        let c = super::class_index(status);
+        self.requests[m][c]
+            .get_or_init(|| {
+                self.family
+                    .get_or_create(&RequestLabels {
+                        route: self.name.to_string(),
+                        method: METHODS[m],
+                        class: CLASSES[c],
+                    })
+                    .clone()
+            })
+            .inc();
+        self.duration.observe(secs);
+    }
+
+    /// Records the wait for an upstream's response head.
+    pub fn upstream(&self, secs: f64) {
+        self.upstream.observe(secs);
+    }
+}
+
+/// One upstream's failure counters, kept across reloads by upstream name.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamStats {
+    /// Connections that could not be opened.
+    pub connect_errors: Counter,
+    /// Requests sent again, on another connection or target.
+    pub retries: Counter,
+    /// Requests answered 504 for want of an answer in time.
+    pub timeouts: Counter,
+    /// Requests answered 502 (reset, closed or malformed answers, no target reachable).
+    pub errors: Counter,
+    /// Requests answered 503 because every allowed connection was busy.
+    pub busy: Counter,
+}
+
+/// Every reason the gateway answers a request itself, as metric labels.
+pub const REASONS: [&str; 15] = [
+    "bad_request",
+    "no_route",
+    "method_not_allowed",
+    "missing_key",
+    "unknown_key",
+    "ambiguous_key",
+    "forbidden",
+    "origin_not_allowed",
+    "rate_limited",
+    "limit_store_down",
+    "payload_too_large",
+    "upstream_error",
+    "upstream_timeout",
+    "upstream_busy",
+    "request_timeout",
+];
+
+/// Process-wide metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    codes: Arc<Codes>,
+    requests: Family<RequestLabels, Counter>,
+    duration: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    upstream_duration: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    refusals: Vec<Counter>,
+    limit_refusals: Family<LimitLabel, Counter>,
+    per_consumer: Family<ConsumerLabels, Counter>,
+    failures: Family<FailureLabels, Counter>,
+    connect_errors: Family<UpstreamLabel, Counter>,
+    retries: Family<UpstreamLabel, Counter>,
+    /// Client connections open now.
+    pub connections_open: Gauge,
+    /// Client connections accepted.
+    pub connections_total: Counter,
+    /// Configs applied by reloads.
+    pub reloads: Counter,
+    /// Configs rejected by reloads.
+    pub reload_errors: Counter,
+    /// Access log lines written.
+    pub log_lines: Counter,
+    /// Access log lines dropped because the writer could not keep up or could not write.
+    pub log_dropped: Counter,
+    /// Access log write or open failures.
+    pub log_errors: Counter,
+    /// Usage-history batches that could not be stored.
+    pub analytics_errors: Counter,
+    routes: Mutex<HashMap<String, Arc<RouteStats>>>,
+    upstreams: Mutex<HashMap<String, UpstreamStats>>,
+    unrouted: Arc<RouteStats>,
+    live: Arc<Live>,
+}
+
+/// Responses by status code, and what is read from other parts when scraped.
+#[derive(Debug)]
+struct Codes(Vec<AtomicU64>);
+
+/// Parts whose figures are read at scrape time.
+#[derive(Debug, Default)]
+struct Live {
+    cache: OnceLock<Arc<Cache>>,
+    cluster: OnceLock<Arc<Cluster>>,
+    upstreams: Mutex<Vec<Weak<Upstream>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Empty metrics, registered under the `tollgate_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tollgate");
+        let codes = Arc::new(Codes((0..600).map(|_| AtomicU64::new(0)).collect()));
+        let live = Arc::new(Live::default());
+        registry.register_collector(Box::new(Scraped {
+            codes: codes.clone(),
+            live: live.clone(),
+        }));
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests answered, by route, method and status class.",
+            requests.clone(),
+        );
+        let duration: Family<RouteLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency);
+        registry.register(
+            "request_duration_seconds",
+            "Time from the request head to the response head, by route.",
+            duration.clone(),
+        );
+        let upstream_duration: Family<RouteLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency);
+        registry.register(
+            "upstream_duration_seconds",
+            "Time waiting for the upstream's response head, by route.",
+            upstream_duration.clone(),
+        );
+        let by_reason = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "refusals",
+            "Requests the gateway answered itself, by reason.",
+            by_reason.clone(),
+        );
+        let refusals = REASONS
+            .iter()
+            .map(|r| by_reason.get_or_create(&ReasonLabel { reason: r }).clone())
+            .collect();
+        let limit_refusals = Family::<LimitLabel, Counter>::default();
+        registry.register(
+            "limit_refusals",
+            "Requests refused with 429, by the limit that refused.",
+            limit_refusals.clone(),
+        );
+        let per_consumer = Family::<ConsumerLabels, Counter>::default();
+        registry.register(
+            "consumer_requests",
+            "Requests by consumer and status class (with metrics.per_consumer).",
+            per_consumer.clone(),
+        );
+        let failures = Family::<FailureLabels, Counter>::default();
+        registry.register(
+            "upstream_failures",
+            "Requests that got no usable answer from the upstream (kind: error 502, timeout 504, busy 503).",
+            failures.clone(),
+        );
+        let connect_errors = Family::<UpstreamLabel, Counter>::default();
+        registry.register(
+            "upstream_connect_errors",
+            "Upstream connections that could not be opened.",
+            connect_errors.clone(),
+        );
+        let retries = Family::<UpstreamLabel, Counter>::default();
+        registry.register(
+            "upstream_retries",
+            "Requests sent again on another connection or target.",
+            retries.clone(),
+        );
+        let connections_open = Gauge::default();
+        registry.register(
+            "client_connections",
+            "Client connections open now.",
+            connections_open.clone(),
+        );
+        let connections_total = Counter::default();
+        registry.register(
+            "client_connections_accepted",
+            "Client connections accepted.",
+            connections_total.clone(),
+        );
+        let reloads = Counter::default();
+        registry.register(
+            "config_reloads",
+            "Configs applied by reloads.",
+            reloads.clone(),
+        );
+        let reload_errors = Counter::default();
+        registry.register(
+            "config_reload_errors",
+            "Configs rejected by reloads (the old config kept serving).",
+            reload_errors.clone(),
+        );
+        let log_lines = Counter::default();
+        registry.register(
+            "access_log_lines",
+            "Access log lines written.",
+            log_lines.clone(),
+        );
+        let log_dropped = Counter::default();
+        registry.register(
+            "access_log_dropped",
+            "Access log lines dropped: the writer fell behind or could not write.",
+            log_dropped.clone(),
+        );
+        let log_errors = Counter::default();
+        registry.register(
+            "access_log_errors",
+            "Access log files that could not be opened or written.",
+            log_errors.clone(),
+        );
+        let analytics_errors = Counter::default();
+        registry.register(
+            "analytics_errors",
+            "Usage-history batches that could not be stored.",
+            analytics_errors.clone(),
+        );
+        let unrouted = Arc::new(route_stats("", &requests, &duration, &upstream_duration));
+        Metrics {
+            registry,
+            codes,
+            requests,
+            duration,
+            upstream_duration,
+            refusals,
+            limit_refusals,
+            per_consumer,
+            failures,
+            connect_errors,
+            retries,
+            connections_open,
+            connections_total,
+            reloads,
+            reload_errors,
+            log_lines,
+            log_dropped,
+            log_errors,
+            analytics_errors,
+            routes: Mutex::new(HashMap::new()),
+            upstreams: Mutex::new(HashMap::new()),
+            unrouted,
+            live,
+        }
+    }
+
+    /// Reads the cache's figures when scraped.
+    pub fn watch_cache(&self, cache: Arc<Cache>) {
+        let _ = self.live.cache.set(cache);
+    }
+
+    /// Reads the cluster link's figures when scraped.
+    pub fn watch_cluster(&self, cluster: Arc<Cluster>) {
+        let _ = self.live.cluster.set(cluster);
+    }
+
+    /// Reads an upstream's pool sizes when scraped, while it is in use.
+    pub fn watch_upstream(&self, up: &Arc<Upstream>) {
+        let mut ups = self.live.upstreams.lock();
+        ups.retain(|w| w.strong_count() > 0);
+        ups.push(Arc::downgrade(up));
+    }
+
+    /// Counts a response by status code.
+    pub fn response(&self, status: u16) {
+        if let Some(c) = self.codes.0.get(usize::from(status)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The counters of the route named `name`, the same across reloads.
+    pub fn route(&self, name: &str) -> Arc<RouteStats> {
+        self.routes
+            .lock()
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                Arc::new(route_stats(
+                    name,
+                    &self.requests,
+                    &self.duration,
+                    &self.upstream_duration,
+                ))
+            })
+            .clone()
+    }
+
+    /// The counters of requests no route took (404, and 400 before routing).
+    pub fn unrouted(&self) -> &Arc<RouteStats> {
+        &self.unrouted
+    }
+
+    /// The failure counters of the upstream named `name`.
+    pub fn upstream(&self, name: &str) -> UpstreamStats {
+        self.upstreams
+            .lock()
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                let l = UpstreamLabel {
+                    upstream: name.to_string(),
+                };
+                let kind = |k| {
+                    self.failures
+                        .get_or_create(&FailureLabels {
+                            upstream: name.to_string(),
+                            kind: k,
+                        })
+                        .clone()
+                };
+                UpstreamStats {
+                    connect_errors: self.connect_errors.get_or_create(&l).clone(),
+                    retries: self.retries.get_or_create(&l).clone(),
+                    timeouts: kind("timeout"),
+                    errors: kind("error"),
+                    busy: kind("busy"),
+                }
+            })
+            .clone()
+    }
+
+    /// The refusal counter of a limit, by name.
+    pub fn limit(&self, name: &str) -> Counter {
+        self.limit_refusals
+            .get_or_create(&LimitLabel {
+                limit: name.to_string(),
+            })
+            .clone()
+    }
+
+    /// Counts a refusal by reason (one of [`REASONS`]).
+    pub fn refusal(&self, reason: &str) {
+        if let Some(i) = REASONS.iter().position(|r| *r == reason) {
+            self.refusals[i].inc();
+        }
+    }
+
+    /// Counts a request of `consumer` (only with `metrics.per_consumer`).
+    pub fn consumer(&self, consumer: &str, status: u16) {
+        self.per_consumer
+            .get_or_create(&ConsumerLabels {
+                consumer: consumer.to_string(),
+                class: CLASSES[super::class_index(status)],
+            })
+            .inc();
+    }
+
+    /// The exposition text (OpenMetrics, which Prometheus reads).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+            out.push_str("# EOF\n");
+        }
+        out
+    }
+}
+
+fn route_stats(
+    name: &str,
+    requests: &Family<RequestLabels, Counter>,
+    duration: &Family<RouteLabel, Histogram, fn() -> Histogram>,
+    upstream: &Family<RouteLabel, Histogram, fn() -> Histogram>,
+) -> RouteStats {
+    let label = RouteLabel {
+        route: name.to_string(),
+    };
+    RouteStats {
+        name: Arc::from(name),
+        requests: Default::default(),
+        family: requests.clone(),
+        duration: duration.get_or_create(&label).clone(),
+        upstream: upstream.get_or_create(&label).clone(),
+    }
+}
+
+/// Encodes what is read at scrape time.
+#[derive(Debug)]
+struct Scraped {
+    codes: Arc<Codes>,
+    live: Arc<Live>,
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let v = i64::try_from(v).unwrap_or(i64::MAX);
+    ConstGauge::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabel {
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabels {
+    upstream: String,
+    target: String,
+}
+
+impl Collector for Scraped {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        {
+            let mut m = e.encode_descriptor(
+                "responses",
+                "Responses sent, by status code.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (code, c) in self.codes.0.iter().enumerate() {
+                let n = c.load(Ordering::Relaxed);
+                if n > 0 {
+                    let l = CodeLabel {
+                        code: u16::try_from(code).unwrap_or(0),
+                    };
+                    ConstCounter::new(n).encode(m.encode_family(&l)?)?;
+                }
+            }
+        }
+        let ups: Vec<Arc<Upstream>> = self
+            .live
+            .upstreams
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for (name, help, idle) in [
+            (
+                "upstream_connections",
+                "Upstream connections open now, by target.",
+                false,
+            ),
+            (
+                "upstream_idle_connections",
+                "Kept-alive upstream connections waiting in the pool, by target.",
+                true,
+            ),
+        ] {
+            let mut m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            let mut seen = std::collections::HashSet::new();
+            for up in &ups {
+                for (target, open, idle_n) in up.pool_figures() {
+                    let l = TargetLabels {
+                        upstream: up.cfg.name.clone(),
+                        target,
+                    };
+                    if seen.insert(l.clone()) {
+                        let v = if idle { idle_n } else { open };
+                        ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX))
+                            .encode(m.encode_family(&l)?)?;
+                    }
+                }
+            }
+        }
+        if let Some(cache) = self.live.cache.get() {
+            let store = &cache.store;
+            let (entries, bytes) = store.usage();
+            let cm = &store.metrics;
+            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            gauge(&mut e, "cache_entries", "Responses stored.", entries)?;
+            gauge(
+                &mut e,
+                "cache_bytes",
+                "Bytes the stored responses take.",
+                bytes,
+            )?;
+            for (name, help, v) in [
+                ("cache_hits", "Answered from the cache.", &cm.hits),
+                (
+                    "cache_misses",
+                    "Went upstream for want of a usable entry.",
+                    &cm.misses,
+                ),
+                (
+                    "cache_stale",
+                    "Answered stale (while revalidating, or the upstream failed).",
+                    &cm.stale,
+                ),
+                (
+                    "cache_revalidated",
+                    "Stale entries renewed by a 304.",
+                    &cm.revalidated,
+                ),
+                (
+                    "cache_coalesced",
+                    "Answered from another request's fetch of the same key.",
+                    &cm.coalesced,
+                ),
+                ("cache_stored", "Responses stored.", &cm.stored),
+                (
+                    "cache_evictions",
+                    "Entries evicted to make room.",
+                    &cm.evictions,
+                ),
+                (
+                    "cache_purged",
+                    "Entries removed by purges and unsafe methods.",
+                    &cm.purged,
+                ),
+            ] {
+                counter(&mut e, name, help, load(v))?;
+            }
+        }
+        if let Some(c) = self.live.cluster.get() {
+            let m = &c.metrics;
+            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            gauge(
+                &mut e,
+                "cluster_redis_up",
+                "Whether the last exchange with Redis succeeded.",
+                u64::from(c.is_up()),
+            )?;
+            gauge(
+                &mut e,
+                "cluster_nodes",
+                "Live nodes sharing the limits.",
+                c.nodes(),
+            )?;
+            gauge(
+                &mut e,
+                "cluster_sync_latency_microseconds",
+                "Duration of the last successful sync round with Redis.",
+                c.last_round_micros(),
+            )?;
+            counter(
+                &mut e,
+                "cluster_rounds",
+                "Sync rounds with Redis, failed ones included.",
+                c.rounds_done(),
+            )?;
+            for (name, help, v) in [
+                (
+                    "cluster_redis_errors",
+                    "Failed rounds and connection attempts.",
+                    &m.errors,
+                ),
+                ("cluster_granted", "Tokens granted to this node.", &m.granted),
+                (
+                    "cluster_overadmitted",
+                    "Requests admitted on credit that Redis could not grant.",
+                    &m.overadmitted,
+                ),
+                (
+                    "cluster_fail_open_admitted",
+                    "Requests admitted while Redis was unreachable.",
+                    &m.fail_open_admitted,
+                ),
+            ] {
+                counter(&mut e, name, help, load(v))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,68 @@
+//! `X-Request-Id`: kept from a client the listener trusts, otherwise made here (128 random
+//! bits as 32 hex digits), sent upstream, returned to the client and written in every log
+//! line and refusal body.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// The header name.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// A new id: 128 bits from a per-thread generator seeded at random, so making one takes
+/// no lock and no system call.
+pub fn generate() -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let n = fastrand::u128(..);
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = HEX[usize::try_from((n >> (124 - 4 * i)) & 0xf).unwrap_or(0)];
+    }
+    HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// Whether a client's id may be kept: 1 to 200 visible ASCII characters, none that would
+/// need escaping in JSON.
+pub fn acceptable(v: &HeaderValue) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty() && b.len() <= 200 && b.iter().all(|&c| (0x21..0x7f).contains(&c) && c != b'"' && c != b'\\')
+}
+
+/// The request's id: the client's when `trusted` and acceptable, else a new one.
+pub fn pick(headers: &HeaderMap, trusted: bool) -> HeaderValue {
+    if trusted {
+        let mut all = headers.get_all(&X_REQUEST_ID).iter();
+        if let (Some(v), None) = (all.next(), all.next()) {
+            if acceptable(v) {
+                return v.clone();
+            }
+        }
+    }
+    generate()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_hex_and_distinct() {
+        let a = generate();
+        let b = generate();
+        assert_eq!(a.len(), 32);
+        assert!(a.as_bytes().iter().all(u8::is_ascii_hexdigit));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn keeps_only_a_trusted_clean_single_id() {
+        let mut h = HeaderMap::new();
+        h.insert(X_REQUEST_ID, HeaderValue::from_static("abc-123"));
+        assert_eq!(pick(&h, true), "abc-123");
+        assert_ne!(pick(&h, false), "abc-123");
+        h.insert(X_REQUEST_ID, HeaderValue::from_static("a\"b"));
+        assert_ne!(pick(&h, true), "a\"b");
+        h.insert(X_REQUEST_ID, HeaderValue::from_static("one"));
+        h.append(X_REQUEST_ID, HeaderValue::from_static("two"));
+        let got = pick(&h, true);
+        assert!(got != "one" && got != "two");
+    }
+}
