@@ -223,6 +223,7 @@ pub fn demo() -> ExitCode {
              \x20 curl -i 'http://127.0.0.1:8080/api/hello?apikey=nope'          # 401, unknown key\n\
              \x20 curl -i -X DELETE 'http://127.0.0.1:8080/api/hello?apikey=demo-key' # 405\n\
              \x20 for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{{http_code}}\\n' 'http://127.0.0.1:8080/api/hello?apikey=demo-key'; done  # ... 429\n\
+             Dashboard, metrics and status: http://127.0.0.1:9901/ (also /metrics, /status, /usage/demo)\n\
              Stop with Ctrl-C."
         );
         serve(cfg, None, DEMO_CONFIG.as_bytes(), Some(banner)).await

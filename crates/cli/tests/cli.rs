@@ -170,7 +170,27 @@ fn config(backend: SocketAddr, route: &str) -> String {
     )
 }
 
-fn echo_backend() -> (SocketAddr, Child) {
+/// The echo backend's process, ended when dropped (also when a test fails).
+struct Echo(Child);
+
+impl Echo {
+    fn kill(&mut self) -> std::io::Result<()> {
+        self.0.kill()
+    }
+
+    fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.0.wait()
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn echo_backend() -> (SocketAddr, Echo) {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
@@ -178,6 +198,7 @@ fn echo_backend() -> (SocketAddr, Child) {
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let child = Command::new(BIN)
         .args(["echo", "--listen", &addr.to_string()])
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn echo");
@@ -189,7 +210,7 @@ fn echo_backend() -> (SocketAddr, Child) {
         );
         std::thread::yield_now();
     }
-    (addr, child)
+    (addr, Echo(child))
 }
 
 #[test]

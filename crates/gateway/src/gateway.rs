@@ -236,6 +236,12 @@ impl Gateway {
         self.clock.wall_nanos() / 1_000_000_000
     }
 
+    /// Waits until the access log lines of requests answered so far are written (at most
+    /// `wait`; blocking). False when there is no access log or the wait ran out.
+    pub fn sync_logs(&self, wait: Duration) -> bool {
+        self.access_log.load_full().is_some_and(|l| l.sync(wait))
+    }
+
     /// Reopens the access log file (`SIGUSR1`).
     pub fn reopen_logs(&self) {
         if let Some(l) = self.access_log.load_full() {

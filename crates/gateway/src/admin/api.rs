@@ -441,7 +441,7 @@ mod tests {
         assert_eq!(q.step, Step::Hour);
         assert_eq!(q.from, now - 48 * 3600);
         let q = parse_query(None, now).expect("defaults");
-        assert_eq!((q.to - q.from, q.step), (86_400 + 1, Step::Hour));
+        assert_eq!((q.to - q.from, q.step), (86_400, Step::Hour));
         for bad in [
             "step=5m",
             "from=yesterday",

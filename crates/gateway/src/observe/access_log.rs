@@ -62,6 +62,8 @@ pub struct Record {
 enum Msg {
     Line(Box<Record>),
     Reopen,
+    /// Answered once every line queued before it is written and flushed.
+    Sync(std::sync::mpsc::Sender<()>),
 }
 
 /// The handle requests log through.
@@ -101,6 +103,13 @@ impl AccessLog {
                 self.metrics.log_dropped.inc();
             }
         }
+    }
+
+    /// Waits (at most `wait`) until every line queued so far is written and flushed.
+    /// Returns whether it was.
+    pub fn sync(&self, wait: Duration) -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.tx.send(Msg::Sync(tx)).is_ok() && rx.recv_timeout(wait).is_ok()
     }
 
     /// Asks the writer to reopen its file (`SIGUSR1`).
@@ -195,6 +204,10 @@ impl Writer {
 
     fn handle(&mut self, msg: Msg) {
         match msg {
+            Msg::Sync(done) => {
+                self.flush();
+                let _ = done.send(());
+            }
             Msg::Reopen => {
                 self.flush();
                 if matches!(self.target, LogTarget::File(_)) {

@@ -1,0 +1,428 @@
+//! Observability over loopback: request ids, the access log, `/metrics`, the admin API
+//! and its token, and the usage history.
+
+mod common;
+
+use common::*;
+use http::{Method, StatusCode};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tollgate_config::AdminConfig;
+use tollgate_gateway::{Gateway, ManualClock};
+
+const TOKEN: &str = "s3cret-token";
+
+/// Serves the admin endpoints of `gw` on an ephemeral port, with `token`.
+async fn admin(gw: &Arc<Gateway>, token: Option<&str>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let cfg = AdminConfig {
+        address: addr,
+        token: token.map(str::to_string),
+        max_connections: 8,
+        header_timeout: Duration::from_secs(5),
+    };
+    tokio::spawn(tollgate_gateway::admin::serve(gw.clone(), l, cfg));
+    addr
+}
+
+/// GET or POST on the admin listener with the token.
+async fn admin_call(c: &TestClient, addr: SocketAddr, method: Method, path: &str) -> Answer {
+    let bearer = format!("Bearer {TOKEN}");
+    c.request(
+        method,
+        &format!("http://{addr}{path}"),
+        &[("authorization", &bearer)],
+        "",
+    )
+    .await
+}
+
+fn json(a: &Answer) -> serde_json::Value {
+    serde_json::from_str(&a.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", a.body))
+}
+
+const ROUTES: &str = r#"
+plans:
+  tiny:
+    limits: [{name: two-per-minute, requests: 2, per: 60s}]
+consumers:
+  - {name: alice, keys: [alice-key], plan: tiny}
+  - {name: bob, keys: [bob-key]}
+routes:
+  - name: api
+    path_prefix: /api/
+    upstream: backend
+    auth: {query: [apikey], header: [X-API-Key]}
+  - name: open
+    path_prefix: /open/
+    upstream: backend
+"#;
+
+#[tokio::test]
+async fn request_ids_are_made_returned_sent_upstream_and_named_in_refusals() {
+    let (backend, seen) = recording_backend().await;
+    let gw = TestGateway::start(&yaml(backend, ROUTES), ManualClock::new()).await;
+    let c = TestClient::default();
+
+    let a = c.get(&gw.url("/open/x")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let id = a.header("x-request-id").to_string();
+    assert_eq!(id.len(), 32, "{id}");
+    assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+    let head = seen.lock().last().cloned().expect("upstream saw the request");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains(&format!("x-request-id: {id}")),
+        "{head}"
+    );
+    let b = c.get(&gw.url("/open/x")).await;
+    assert_ne!(b.header("x-request-id"), id, "ids differ per request");
+
+    // An untrusted client's id is replaced.
+    let a = c
+        .request(
+            Method::GET,
+            &gw.url("/open/x"),
+            &[("x-request-id", "client-chosen")],
+            "",
+        )
+        .await;
+    assert_ne!(a.header("x-request-id"), "client-chosen");
+
+    // A refusal names the id in its body.
+    let r = c.get(&gw.url("/api/x?apikey=wrong")).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let body = json(&r);
+    assert_eq!(body["request_id"], r.header("x-request-id"), "{}", r.body);
+    assert_eq!(body["error"], "unknown API key");
+}
+
+#[tokio::test]
+async fn a_listener_that_trusts_request_ids_keeps_them() {
+    let (backend, seen) = recording_backend().await;
+    let cfg = yaml(backend, ROUTES).replace(
+        "listeners: [{address: \"127.0.0.1:0\"}]",
+        "listeners: [{address: \"127.0.0.1:0\", trust_request_id: true}]",
+    );
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let c = TestClient::default();
+    let a = c
+        .request(
+            Method::GET,
+            &gw.url("/open/x"),
+            &[("x-request-id", "edge-7f3a")],
+            "",
+        )
+        .await;
+    assert_eq!(a.header("x-request-id"), "edge-7f3a");
+    let head = seen.lock().last().cloned().expect("seen");
+    assert!(
+        head.to_ascii_lowercase().contains("x-request-id: edge-7f3a"),
+        "{head}"
+    );
+    // One that would need escaping in JSON is replaced even here.
+    let a = c
+        .request(
+            Method::GET,
+            &gw.url("/open/x"),
+            &[("x-request-id", "bad\"id")],
+            "",
+        )
+        .await;
+    assert_eq!(a.header("x-request-id").len(), 32);
+}
+
+fn log_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line ({e}): {l}")))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_access_log_writes_one_json_line_per_request_without_keys() {
+    let dir = tempdir("access-log");
+    let path = dir.join("access.log");
+    let backend = echo_backend().await;
+    let cfg = format!(
+        "{}access_log: {{path: {}}}\n",
+        yaml(backend, ROUTES),
+        path.display()
+    );
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let c = TestClient::default();
+
+    let ok = c.get(&gw.url("/api/items?apikey=alice-key&page=2")).await;
+    assert_eq!(ok.status, StatusCode::OK);
+    let _ = c.get(&gw.url("/api/items?apikey=alice-key")).await;
+    let limited = c.get(&gw.url("/api/items?page=3&apikey=alice-key")).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    let unknown = c.get(&gw.url("/api/items?APIKEY=guessed-key")).await;
+    assert_eq!(unknown.status, StatusCode::UNAUTHORIZED);
+    let nowhere = c.get(&gw.url("/nowhere")).await;
+    assert_eq!(nowhere.status, StatusCode::NOT_FOUND);
+    assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
+
+    let text = std::fs::read_to_string(&path).expect("log file");
+    assert!(!text.contains("alice-key") && !text.contains("guessed-key"), "{text}");
+    let lines = log_lines(&path);
+    assert_eq!(lines.len(), 5, "{text}");
+    let first = &lines[0];
+    assert_eq!(first["request_id"], ok.header("x-request-id"));
+    assert_eq!(first["method"], "GET");
+    assert_eq!(first["path"], "/api/items?page=2");
+    assert_eq!(first["route"], "api");
+    assert_eq!(first["consumer"], "alice");
+    assert_eq!(first["status"], 200);
+    assert_eq!(first["client"], "127.0.0.1");
+    assert_eq!(first["bytes_out"], ok.body.len());
+    assert_eq!(first["upstream_target"], backend.to_string());
+    assert!(first["upstream_ms"].as_f64().is_some(), "{first}");
+    assert!(first["duration_ms"].as_f64().is_some_and(|d| d >= 0.0));
+    assert!(first["time"].as_str().is_some_and(|t| t.ends_with('Z')));
+    assert_eq!(lines[2]["status"], 429);
+    assert_eq!(lines[2]["limit"], "two-per-minute");
+    assert_eq!(lines[2]["refusal"], "rate_limited");
+    assert_eq!(lines[2]["path"], "/api/items?page=3");
+    assert_eq!(lines[2]["upstream_target"], serde_json::Value::Null);
+    assert_eq!(lines[3]["refusal"], "unknown_key");
+    assert_eq!(lines[3]["path"], "/api/items");
+    assert_eq!(lines[3]["consumer"], serde_json::Value::Null);
+    assert_eq!(lines[4]["route"], serde_json::Value::Null);
+    assert_eq!(lines[4]["refusal"], "no_route");
+
+    // logrotate: the file is moved away, the gateway reopens on request (SIGUSR1).
+    let rotated = dir.join("access.log.1");
+    std::fs::rename(&path, &rotated).expect("rotate");
+    gw.gw.reopen_logs();
+    let _ = c.get(&gw.url("/open/after-rotation")).await;
+    assert!(gw.gw.sync_logs(DEADLINE));
+    assert_eq!(log_lines(&rotated).len(), 5);
+    let fresh = log_lines(&path);
+    assert_eq!(fresh.len(), 1);
+    assert_eq!(fresh[0]["path"], "/open/after-rotation");
+}
+
+#[tokio::test]
+async fn an_unwritable_access_log_is_counted_and_never_blocks_requests() {
+    let backend = echo_backend().await;
+    let cfg = format!(
+        "{}access_log: {{path: /nonexistent-dir/tollgate/access.log}}\n",
+        yaml(backend, ROUTES)
+    );
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let c = TestClient::default();
+    for _ in 0..3 {
+        assert_eq!(c.get(&gw.url("/open/x")).await.status, StatusCode::OK);
+    }
+    assert!(gw.gw.sync_logs(DEADLINE));
+    let m = gw.gw.metrics_text();
+    assert!(m.contains("tollgate_access_log_dropped_total 3"), "{m}");
+    assert!(m.contains("tollgate_access_log_errors_total 1"), "{m}");
+}
+
+/// The value of the sample `line_start` (name and labels as written) in `metrics`.
+fn sample(metrics: &str, line_start: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_count_requests_refusals_limits_latency_and_connections() {
+    let backend = echo_backend().await;
+    let gw = TestGateway::start(&yaml(backend, ROUTES), ManualClock::new()).await;
+    let addr = admin(&gw.gw, Some(TOKEN)).await;
+    let c = TestClient::default();
+    for _ in 0..3 {
+        let _ = c.get(&gw.url("/api/x?apikey=alice-key")).await;
+    }
+    let _ = c.get(&gw.url("/api/x")).await;
+    let _ = c
+        .request(Method::POST, &gw.url("/open/x"), &[], "hello")
+        .await;
+    let _ = c.get(&gw.url("/elsewhere")).await;
+
+    let m = admin_call(&c, addr, Method::GET, "/metrics").await;
+    assert_eq!(m.status, StatusCode::OK);
+    assert!(m.header("content-type").starts_with("application/openmetrics-text"));
+    let t = &m.body;
+    let at = |s: &str| sample(t, s).unwrap_or_else(|| panic!("no {s} in\n{t}"));
+    assert_eq!(
+        at(r#"tollgate_requests_total{route="api",method="GET",class="2xx"}"#),
+        2.0
+    );
+    assert_eq!(
+        at(r#"tollgate_requests_total{route="api",method="GET",class="4xx"}"#),
+        2.0
+    );
+    assert_eq!(
+        at(r#"tollgate_requests_total{route="open",method="POST",class="2xx"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"tollgate_requests_total{route="",method="GET",class="4xx"}"#),
+        1.0
+    );
+    assert_eq!(at(r#"tollgate_refusals_total{reason="rate_limited"}"#), 1.0);
+    assert_eq!(at(r#"tollgate_refusals_total{reason="missing_key"}"#), 1.0);
+    assert_eq!(at(r#"tollgate_refusals_total{reason="no_route"}"#), 1.0);
+    assert_eq!(
+        at(r#"tollgate_limit_refusals_total{limit="two-per-minute"}"#),
+        1.0
+    );
+    assert_eq!(
+        at(r#"tollgate_request_duration_seconds_count{route="api"}"#),
+        4.0
+    );
+    assert_eq!(
+        at(r#"tollgate_upstream_duration_seconds_count{route="api"}"#),
+        2.0
+    );
+    assert_eq!(at(r#"tollgate_responses_total{code="429"}"#), 1.0);
+    assert!(at("tollgate_client_connections") >= 1.0);
+    assert!(at("tollgate_client_connections_accepted_total") >= 1.0);
+    assert!(
+        at(&format!(
+            r#"tollgate_upstream_connections{{upstream="backend",target="{backend}"}}"#
+        )) >= 1.0
+    );
+    // No series per consumer unless asked for.
+    assert!(!t.contains("tollgate_consumer_requests_total{"), "{t}");
+    assert!(t.trim_end().ends_with("# EOF"));
+}
+
+#[tokio::test]
+async fn per_consumer_metrics_only_when_configured() {
+    let backend = echo_backend().await;
+    let cfg = format!("{}metrics: {{per_consumer: true}}\n", yaml(backend, ROUTES));
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let c = TestClient::default();
+    let _ = c.get(&gw.url("/api/x?apikey=bob-key")).await;
+    let t = gw.gw.metrics_text();
+    assert_eq!(
+        sample(
+            &t,
+            r#"tollgate_consumer_requests_total{consumer="bob",class="2xx"}"#
+        ),
+        Some(1.0),
+        "{t}"
+    );
+}
+
+#[tokio::test]
+async fn the_admin_api_asks_for_its_token_everywhere_but_health_and_the_page() {
+    let backend = echo_backend().await;
+    let gw = TestGateway::start(&yaml(backend, ROUTES), ManualClock::new()).await;
+    let addr = admin(&gw.gw, Some(TOKEN)).await;
+    let c = TestClient::default();
+    for path in [
+        "/metrics",
+        "/status",
+        "/usage/alice",
+        "/analytics",
+        "/config",
+        "/cache",
+        "/top",
+    ] {
+        let a = c.get(&format!("http://{addr}{path}")).await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(a.body, r#"{"error":"admin token required","status":401}"#);
+        let wrong = c
+            .request(
+                Method::GET,
+                &format!("http://{addr}{path}"),
+                &[("authorization", "Bearer s3cret-tokem")],
+                "",
+            )
+            .await;
+        assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let post = c
+        .request(Method::POST, &format!("http://{addr}/reload"), &[], "")
+        .await;
+    assert_eq!(post.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        c.get(&format!("http://{addr}/healthz")).await.status,
+        StatusCode::OK
+    );
+    let page = c.get(&format!("http://{addr}/")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.header("content-type").starts_with("text/html"));
+    assert!(!page.body.contains("src=\"http"), "no external scripts");
+    let ok = admin_call(&c, addr, Method::GET, "/usage/alice").await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    let bad = admin_call(&c, addr, Method::GET, "/reload").await;
+    assert_eq!(bad.status, StatusCode::METHOD_NOT_ALLOWED);
+    let bad = admin_call(&c, addr, Method::GET, "/analytics?step=5m").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(json(&bad)["error"].as_str().unwrap_or("").contains("1m, 1h or 1d"));
+}
+
+#[tokio::test]
+async fn status_config_and_reload_over_the_admin_api() {
+    let dir = tempdir("admin-reload");
+    let backend = echo_backend().await;
+    let file = dir.join("tollgate.yaml");
+    let first = yaml(backend, ROUTES);
+    std::fs::write(&file, &first).expect("write");
+    let gw = TestGateway::start(&first, ManualClock::new()).await;
+    gw.gw.loaded_from(first.as_bytes());
+    gw.gw.set_source(&file);
+    let addr = admin(&gw.gw, Some(TOKEN)).await;
+    let c = TestClient::default();
+
+    let s = json(&admin_call(&c, addr, Method::GET, "/status").await);
+    assert_eq!(s["config"]["generation"], 1);
+    assert_eq!(s["config"]["last_reload_error"], serde_json::Value::Null);
+    assert_eq!(s["version"], env!("CARGO_PKG_VERSION"));
+    assert!(s["uptime_seconds"].is_u64());
+
+    let cfg = admin_call(&c, addr, Method::GET, "/config").await;
+    assert_eq!(cfg.status, StatusCode::OK);
+    assert!(!cfg.body.contains("alice-key"), "{}", cfg.body);
+    let v = json(&cfg);
+    assert_eq!(v["config"]["consumers"][0]["name"], "alice");
+    assert_eq!(v["config"]["consumers"][0]["keys"][0], "<redacted>");
+
+    // Unchanged file: nothing applied.
+    let r = admin_call(&c, addr, Method::POST, "/reload").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(json(&r)["reloaded"], false);
+
+    // A new route appears after a reload.
+    let second = first.replace("path_prefix: /open/", "path_prefix: /public/");
+    std::fs::write(&file, &second).expect("write");
+    let r = admin_call(&c, addr, Method::POST, "/reload").await;
+    assert_eq!(json(&r)["reloaded"], true, "{}", r.body);
+    assert_eq!(json(&r)["generation"], 2);
+    assert_eq!(c.get(&gw.url("/public/x")).await.status, StatusCode::OK);
+
+    // A bad file is refused with its problems; the running config keeps serving.
+    std::fs::write(&file, second.replace("upstream: backend", "upstream: nowhere")).expect("w");
+    let r = admin_call(&c, addr, Method::POST, "/reload").await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let problems = json(&r)["problems"].to_string();
+    assert!(problems.contains("routes[") && problems.contains("nowhere"), "{problems}");
+    assert_eq!(c.get(&gw.url("/public/x")).await.status, StatusCode::OK);
+    let s = json(&admin_call(&c, addr, Method::GET, "/status").await);
+    assert_eq!(s["config"]["generation"], 2);
+    assert!(s["config"]["last_reload_error"]
+        .as_str()
+        .is_some_and(|e| e.contains("nowhere")));
+    let m = gw.gw.metrics_text();
+    assert_eq!(sample(&m, "tollgate_config_reloads_total"), Some(1.0));
+    assert_eq!(sample(&m, "tollgate_config_reload_errors_total"), Some(1.0));
+}
+
+/// A fresh directory under the system's temp dir for one test.
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tollgate-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
