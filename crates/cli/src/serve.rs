@@ -137,6 +137,7 @@ async fn serve(
     } else {
         tracing::warn!("drain time over; closing the remaining connections");
     }
+    gw.flush_all().await;
     ExitCode::SUCCESS
 }
 

@@ -242,6 +242,17 @@ impl Gateway {
         self.access_log.load_full().is_some_and(|l| l.sync(wait))
     }
 
+    /// Writes out what is still held in memory: usage counts not yet in the database, and
+    /// queued access log lines (on shutdown).
+    pub async fn flush_all(&self) {
+        if let Some(a) = &self.analytics {
+            a.flush(self.wall_secs()).await;
+        }
+        if let Some(l) = self.access_log.load_full() {
+            let _ = tokio::task::spawn_blocking(move || l.sync(Duration::from_secs(5))).await;
+        }
+    }
+
     /// Reopens the access log file (`SIGUSR1`).
     pub fn reopen_logs(&self) {
         if let Some(l) = self.access_log.load_full() {

@@ -130,6 +130,41 @@ fn admin_may_not_clash_with_a_listener_nor_listen_everywhere_without_a_token() {
     );
     let ok = format!("{GOOD}admin: {{address: \"127.0.0.1:9901\"}}\n");
     assert!(from_yaml(&ok).is_ok());
+    // Any address other machines can reach needs a token, not only 0.0.0.0.
+    let private = format!("{GOOD}admin: {{address: \"10.1.2.3:9901\"}}\n");
+    let err = from_yaml(&private).expect_err("invalid");
+    assert!(
+        err.to_string().contains("10.1.2.3:9901 is reachable from other machines"),
+        "{err}"
+    );
+    let v6 = format!("{GOOD}admin: {{address: \"[::1]:9901\"}}\n");
+    assert!(from_yaml(&v6).is_ok());
+}
+
+#[test]
+fn observability_settings_are_checked() {
+    let cfg = format!(
+        "{GOOD}access_log: {{path: stdout}}\nanalytics: {{path: a.db, retention: 7d}}\nmetrics: {{per_consumer: true}}\n"
+    );
+    let c = from_yaml(&cfg).expect("valid");
+    assert_eq!(
+        c.access_log.map(|a| a.target),
+        Some(crate::LogTarget::Stdout)
+    );
+    let a = c.analytics.expect("analytics");
+    assert_eq!(a.retention, std::time::Duration::from_secs(7 * 86_400));
+    assert!(c.metrics.per_consumer);
+    let bad = format!(
+        "{GOOD}access_log: {{path: \"\", buffer: 0}}\nanalytics: {{path: a.db, retention: 10m}}\n"
+    );
+    let text = from_yaml(&bad).expect_err("invalid").to_string();
+    for want in [
+        "access_log.path: name a file",
+        "access_log.buffer: must be between",
+        "analytics.retention: must be between 1h",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
 }
 
 #[test]
