@@ -1,0 +1,183 @@
+//! The admin dashboard in a real headless browser (Debian's `chromium`; `scripts/test`
+//! installs it): the numbers it renders are the numbers `/metrics` gives.
+
+mod common;
+
+use common::*;
+use http::{Method, StatusCode};
+use std::process::Command;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tollgate_config::AdminConfig;
+use tollgate_gateway::ManualClock;
+
+const TOKEN: &str = "dash-token-1";
+
+fn browser() -> &'static str {
+    for b in ["chromium", "chromium-browser", "google-chrome"] {
+        if Command::new(b).arg("--version").output().is_ok() {
+            return b;
+        }
+    }
+    panic!("the dashboard test needs chromium (scripts/test installs it: apt-get install chromium)");
+}
+
+/// Loads `url` in headless chromium, lets its scripts run for a few (virtual) seconds, and
+/// returns the DOM.
+fn render(url: &str) -> String {
+    let profile = std::env::temp_dir().join(format!("tollgate-chromium-{}", std::process::id()));
+    let out = Command::new("timeout")
+        .arg("90")
+        .arg(browser())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--virtual-time-budget=4000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--dump-dom", url])
+        .output()
+        .expect("run chromium");
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The text of the element with `id` in `dom`.
+fn text_of(dom: &str, id: &str) -> String {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the page"));
+    let rest = &dom[at..];
+    let start = rest.find('>').expect("tag end") + 1;
+    let end = rest[start..].find('<').expect("text end");
+    rest[start..start + end].trim().to_string()
+}
+
+/// A number as the page prints it (thin spaces between thousands).
+fn number(s: &str) -> f64 {
+    s.replace([' ', '\u{a0}'], "")
+        .trim_end_matches(" %")
+        .trim_end_matches('%')
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a number: {s:?}"))
+}
+
+/// The sum of every sample of `name` whose labels contain `filter`.
+fn metric(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+                && l.contains(filter)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_what_metrics_says() {
+    let backend = echo_backend().await;
+    let cfg = yaml(
+        backend,
+        r#"
+plans:
+  tiny: {limits: [{name: five-a-minute, requests: 5, per: 60s}]}
+consumers:
+  - {name: alice, keys: [alice-key], plan: tiny}
+routes:
+  - name: api
+    path_prefix: /api/
+    upstream: backend
+    auth: {query: [apikey]}
+  - name: cached
+    path_prefix: /cached/
+    upstream: backend
+    cache: {default_ttl: 60s, shared: true}
+"#,
+    );
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let admin = l.local_addr().expect("addr");
+    tokio::spawn(tollgate_gateway::admin::serve(
+        gw.gw.clone(),
+        l,
+        AdminConfig {
+            address: admin,
+            token: Some(TOKEN.into()),
+            max_connections: 16,
+            header_timeout: Duration::from_secs(10),
+        },
+    ));
+
+    // A little load: passes, refusals of each kind, cache hits and a miss.
+    let c = TestClient::default();
+    for _ in 0..7 {
+        let _ = c.get(&gw.url("/api/x?apikey=alice-key")).await;
+    }
+    for _ in 0..3 {
+        let _ = c.get(&gw.url("/api/x")).await;
+    }
+    for _ in 0..4 {
+        assert_eq!(c.get(&gw.url("/cached/a")).await.status, StatusCode::OK);
+    }
+    let _ = c.get(&gw.url("/nowhere")).await;
+
+    let dom = tokio::task::spawn_blocking(move || {
+        render(&format!("http://{admin}/#token={TOKEN}"))
+    })
+    .await
+    .expect("render");
+    assert!(dom.contains("data-ready=\"1\""), "the page never rendered data:\n{dom}");
+
+    let m = c
+        .request(
+            Method::GET,
+            &format!("http://{admin}/metrics"),
+            &[("authorization", &format!("Bearer {TOKEN}"))],
+            "",
+        )
+        .await
+        .body;
+    let total = metric(&m, "tollgate_requests_total", "");
+    assert_eq!(total, 15.0, "{m}");
+    assert_eq!(number(&text_of(&dom, "total-requests")), total);
+    for class in ["2xx", "4xx"] {
+        assert_eq!(
+            number(&text_of(&dom, &format!("status-{class}"))),
+            metric(&m, "tollgate_requests_total", &format!("class=\"{class}\"")),
+            "{class}"
+        );
+    }
+    let hits = metric(&m, "tollgate_cache_hits_total", "");
+    let misses = metric(&m, "tollgate_cache_misses_total", "");
+    assert_eq!((hits, misses), (3.0, 1.0), "{m}");
+    assert_eq!(number(&text_of(&dom, "cache-hit-ratio")), 75.0);
+    assert_eq!(text_of(&dom, "generation"), "1");
+    assert_eq!(text_of(&dom, "redis"), "not used");
+    // Refusals by limit, as a table row.
+    assert_eq!(
+        metric(&m, "tollgate_limit_refusals_total", "five-a-minute"),
+        2.0
+    );
+    assert!(
+        dom.contains("<td>five-a-minute</td><td class=\"n\">2</td>"),
+        "{dom}"
+    );
+    // Closest to quota: alice used all five.
+    assert!(dom.contains("<td>alice</td><td class=\"n\">five-a-minute</td>"), "{dom}");
+
+    // Without the token the page asks for it and shows no data.
+    let dom = tokio::task::spawn_blocking(move || render(&format!("http://{admin}/")))
+        .await
+        .expect("render");
+    assert!(dom.contains("data-ready=\"0\""));
+    assert!(dom.contains("id=\"login\" style=\"display: flex;\""), "{dom}");
+}
