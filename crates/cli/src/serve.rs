@@ -67,12 +67,7 @@ pub fn run(path: &Path) -> ExitCode {
 
 /// Serves `cfg` (read from `text`, from the file at `path` if any) until SIGTERM or
 /// SIGINT; `banner` is printed once every listener is bound.
-async fn serve(
-    cfg: Config,
-    path: Option<&Path>,
-    text: &[u8],
-    banner: Option<String>,
-) -> ExitCode {
+async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<String>) -> ExitCode {
     let drain = cfg.server.drain_timeout;
     let analytics_required = cfg.analytics.as_ref().is_some_and(|a| a.required);
     let bound = match tollgate_gateway::bind(&cfg.listeners).await {

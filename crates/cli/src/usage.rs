@@ -6,9 +6,9 @@ use hyper_util::rt::TokioIo;
 use std::path::Path;
 use std::process::ExitCode;
 use tollgate_config::{AdminConfig, Config};
-use tollgate_gateway::observe::analytics::{self, Query, Row, Step};
 use tollgate_gateway::cluster::Cluster;
 use tollgate_gateway::limiter::Now;
+use tollgate_gateway::observe::analytics::{self, Query, Row, Step};
 use tollgate_gateway::snapshot::{Registry, Snapshot};
 use tollgate_gateway::usage::{usage, LimitUsage};
 
@@ -254,7 +254,11 @@ fn print_history(consumer: &str, q: &Query, source: &str, rows: &[Row]) {
     // One line per bucket and route.
     let mut lines: std::collections::BTreeMap<(u64, &str), [u64; 5]> = Default::default();
     for r in rows {
-        let digit = r.status.as_bytes().first().and_then(|c| c.checked_sub(b'0'));
+        let digit = r
+            .status
+            .as_bytes()
+            .first()
+            .and_then(|c| c.checked_sub(b'0'));
         let class = usize::from(digit.unwrap_or(5)).clamp(1, 5) - 1;
         lines.entry((r.ts, &r.route)).or_default()[class] += r.count;
     }

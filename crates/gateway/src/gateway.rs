@@ -424,9 +424,7 @@ impl Gateway {
         if let Err(r) = inbound::prepare(snap, &mut parts) {
             return refused(trace, r);
         }
-        parts
-            .headers
-            .insert(X_REQUEST_ID, trace.request_id.clone());
+        parts.headers.insert(X_REQUEST_ID, trace.request_id.clone());
         let preflight = cors::is_preflight(&parts);
         let route = match route::find(snap, &parts, preflight) {
             Ok(r) => r,
@@ -522,7 +520,9 @@ impl Gateway {
                 .get(http::header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse().ok())
-                .or_else(|| (!req.headers().contains_key(http::header::TRANSFER_ENCODING)).then_some(0));
+                .or_else(|| {
+                    (!req.headers().contains_key(http::header::TRANSFER_ENCODING)).then_some(0)
+                });
             (req.uri().clone(), bytes_in, self.clock.wall_nanos())
         });
         let mut resp = self.handle(&snap, req, conn, &mut trace).await;
@@ -530,9 +530,7 @@ impl Gateway {
             .insert(X_REQUEST_ID, trace.request_id.clone());
         let status = resp.status().as_u16();
         self.metrics.response(status);
-        let stats = trace
-            .route
-            .map_or(self.metrics.unrouted(), |r| &r.stats);
+        let stats = trace.route.map_or(self.metrics.unrouted(), |r| &r.stats);
         stats.record(&method, status, trace.start.elapsed().as_secs_f64());
         if let Some(reason) = trace.refusal {
             self.metrics.refusal(reason);

@@ -6,10 +6,10 @@ use crate::cluster::Cluster;
 use crate::inbound::Owned;
 use crate::limiter::LimitCell;
 use crate::observe::metrics::{Metrics, RouteStats};
-use prometheus_client::metrics::counter::Counter;
 use crate::upstream::Upstream;
 use http::HeaderValue;
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -89,10 +89,7 @@ impl Registry {
         if let Some(u) = ups.get(cfg).and_then(Weak::upgrade) {
             return u;
         }
-        let u = Arc::new(Upstream::new(
-            cfg.clone(),
-            self.metrics.upstream(&cfg.name),
-        ));
+        let u = Arc::new(Upstream::new(cfg.clone(), self.metrics.upstream(&cfg.name)));
         self.metrics.watch_upstream(&u);
         ups.insert(cfg.clone(), Arc::downgrade(&u));
         u

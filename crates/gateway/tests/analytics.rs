@@ -135,7 +135,12 @@ async fn counts_land_in_minute_buckets_roll_up_and_survive_a_restart() {
         rows(&v),
         vec![(hour, "alice".into(), "api".into(), "2xx".into(), 4)]
     );
-    let v = analytics(&c, addr, &format!("route=open&step=1d&from={}", minute - 86_400)).await;
+    let v = analytics(
+        &c,
+        addr,
+        &format!("route=open&step=1d&from={}", minute - 86_400),
+    )
+    .await;
     assert_eq!(rows(&v).len(), 1);
     assert_eq!(rows(&v)[0].4, 1);
 

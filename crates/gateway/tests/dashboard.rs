@@ -19,7 +19,9 @@ fn browser() -> &'static str {
             return b;
         }
     }
-    panic!("the dashboard test needs chromium (scripts/test installs it: apt-get install chromium)");
+    panic!(
+        "the dashboard test needs chromium (scripts/test installs it: apt-get install chromium)"
+    );
 }
 
 /// Loads `url` in headless chromium, lets its scripts run for a few (virtual) seconds, and
@@ -130,12 +132,14 @@ routes:
     }
     let _ = c.get(&gw.url("/nowhere")).await;
 
-    let dom = tokio::task::spawn_blocking(move || {
-        render(&format!("http://{admin}/#token={TOKEN}"))
-    })
-    .await
-    .expect("render");
-    assert!(dom.contains("data-ready=\"1\""), "the page never rendered data:\n{dom}");
+    let dom =
+        tokio::task::spawn_blocking(move || render(&format!("http://{admin}/#token={TOKEN}")))
+            .await
+            .expect("render");
+    assert!(
+        dom.contains("data-ready=\"1\""),
+        "the page never rendered data:\n{dom}"
+    );
 
     let m = c
         .request(
@@ -172,12 +176,18 @@ routes:
         "{dom}"
     );
     // Closest to quota: alice used all five.
-    assert!(dom.contains("<td>alice</td><td class=\"n\">five-a-minute</td>"), "{dom}");
+    assert!(
+        dom.contains("<td>alice</td><td class=\"n\">five-a-minute</td>"),
+        "{dom}"
+    );
 
     // Without the token the page asks for it and shows no data.
     let dom = tokio::task::spawn_blocking(move || render(&format!("http://{admin}/")))
         .await
         .expect("render");
     assert!(dom.contains("data-ready=\"0\""));
-    assert!(dom.contains("id=\"login\" style=\"display: flex;\""), "{dom}");
+    assert!(
+        dom.contains("id=\"login\" style=\"display: flex;\""),
+        "{dom}"
+    );
 }

@@ -72,7 +72,11 @@ async fn request_ids_are_made_returned_sent_upstream_and_named_in_refusals() {
     let id = a.header("x-request-id").to_string();
     assert_eq!(id.len(), 32, "{id}");
     assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
-    let head = seen.lock().last().cloned().expect("upstream saw the request");
+    let head = seen
+        .lock()
+        .last()
+        .cloned()
+        .expect("upstream saw the request");
     assert!(
         head.to_ascii_lowercase()
             .contains(&format!("x-request-id: {id}")),
@@ -120,7 +124,8 @@ async fn a_listener_that_trusts_request_ids_keeps_them() {
     assert_eq!(a.header("x-request-id"), "edge-7f3a");
     let head = seen.lock().last().cloned().expect("seen");
     assert!(
-        head.to_ascii_lowercase().contains("x-request-id: edge-7f3a"),
+        head.to_ascii_lowercase()
+            .contains("x-request-id: edge-7f3a"),
         "{head}"
     );
     // One that would need escaping in JSON is replaced even here.
@@ -168,7 +173,10 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
     assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
 
     let text = std::fs::read_to_string(&path).expect("log file");
-    assert!(!text.contains("alice-key") && !text.contains("guessed-key"), "{text}");
+    assert!(
+        !text.contains("alice-key") && !text.contains("guessed-key"),
+        "{text}"
+    );
     let lines = log_lines(&path);
     assert_eq!(lines.len(), 5, "{text}");
     let first = &lines[0];
@@ -249,7 +257,9 @@ async fn metrics_count_requests_refusals_limits_latency_and_connections() {
 
     let m = admin_call(&c, addr, Method::GET, "/metrics").await;
     assert_eq!(m.status, StatusCode::OK);
-    assert!(m.header("content-type").starts_with("application/openmetrics-text"));
+    assert!(m
+        .header("content-type")
+        .starts_with("application/openmetrics-text"));
     let t = &m.body;
     let at = |s: &str| sample(t, s).unwrap_or_else(|| panic!("no {s} in\n{t}"));
     assert_eq!(
@@ -360,7 +370,10 @@ async fn the_admin_api_asks_for_its_token_everywhere_but_health_and_the_page() {
     assert_eq!(bad.status, StatusCode::METHOD_NOT_ALLOWED);
     let bad = admin_call(&c, addr, Method::GET, "/analytics?step=5m").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
-    assert!(json(&bad)["error"].as_str().unwrap_or("").contains("1m, 1h or 1d"));
+    assert!(json(&bad)["error"]
+        .as_str()
+        .unwrap_or("")
+        .contains("1m, 1h or 1d"));
 }
 
 #[tokio::test]
@@ -403,11 +416,18 @@ async fn status_config_and_reload_over_the_admin_api() {
     assert_eq!(c.get(&gw.url("/public/x")).await.status, StatusCode::OK);
 
     // A bad file is refused with its problems; the running config keeps serving.
-    std::fs::write(&file, second.replace("upstream: backend", "upstream: nowhere")).expect("w");
+    std::fs::write(
+        &file,
+        second.replace("upstream: backend", "upstream: nowhere"),
+    )
+    .expect("w");
     let r = admin_call(&c, addr, Method::POST, "/reload").await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
     let problems = json(&r)["problems"].to_string();
-    assert!(problems.contains("routes[") && problems.contains("nowhere"), "{problems}");
+    assert!(
+        problems.contains("routes[") && problems.contains("nowhere"),
+        "{problems}"
+    );
     assert_eq!(c.get(&gw.url("/public/x")).await.status, StatusCode::OK);
     let s = json(&admin_call(&c, addr, Method::GET, "/status").await);
     assert_eq!(s["config"]["generation"], 2);

@@ -213,7 +213,9 @@ fn analytics(a: &file::Analytics, base: &Path, p: &mut Problems) -> AnalyticsCon
     if a.path.trim().is_empty() {
         p.add("analytics.path", "name the database file");
     }
-    let retention = a.retention.map_or(Duration::from_secs(30 * 86_400), |d| d.0);
+    let retention = a
+        .retention
+        .map_or(Duration::from_secs(30 * 86_400), |d| d.0);
     if retention < Duration::from_secs(3600) || retention > Duration::from_secs(3660 * 86_400) {
         p.add("analytics.retention", "must be between 1h and 10 years");
     }

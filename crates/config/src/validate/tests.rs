@@ -134,7 +134,8 @@ fn admin_may_not_clash_with_a_listener_nor_listen_everywhere_without_a_token() {
     let private = format!("{GOOD}admin: {{address: \"10.1.2.3:9901\"}}\n");
     let err = from_yaml(&private).expect_err("invalid");
     assert!(
-        err.to_string().contains("10.1.2.3:9901 is reachable from other machines"),
+        err.to_string()
+            .contains("10.1.2.3:9901 is reachable from other machines"),
         "{err}"
     );
     let v6 = format!("{GOOD}admin: {{address: \"[::1]:9901\"}}\n");

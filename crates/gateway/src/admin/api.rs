@@ -139,7 +139,10 @@ pub async fn reload(gw: &Arc<Gateway>) -> Answer {
                 "generation": after,
             }),
         ),
-        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the reload did not finish"),
+        Err(_) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the reload did not finish",
+        ),
     }
 }
 
@@ -204,7 +207,10 @@ pub async fn purge(gw: &Gateway, req: Request<Incoming>) -> Answer {
 pub async fn usage(gw: &Gateway, name: &str) -> Answer {
     let snap = gw.snapshot();
     match consumer_usage(&snap, gw.cluster().map(|c| c.as_ref()), name, gw.now()).await {
-        Ok(u) => json(StatusCode::OK, &serde_json::to_value(&u).unwrap_or_default()),
+        Ok(u) => json(
+            StatusCode::OK,
+            &serde_json::to_value(&u).unwrap_or_default(),
+        ),
         Err(UsageError::UnknownConsumer(_)) => error(StatusCode::NOT_FOUND, "no such consumer"),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     }
@@ -250,10 +256,7 @@ pub fn parse_query(q: Option<&str>, now: u64) -> Result<Query, String> {
                 ))?)
             }
             "step" => {
-                step = Some(
-                    Step::parse(&v)
-                        .ok_or(format!("step={v:?}: must be 1m, 1h or 1d"))?,
-                )
+                step = Some(Step::parse(&v).ok_or(format!("step={v:?}: must be 1m, 1h or 1d"))?)
             }
             other => {
                 return Err(format!(
@@ -290,18 +293,16 @@ fn percent_decode(s: &str) -> String {
     while i < b.len() {
         let hex = |c: u8| (c as char).to_digit(16);
         match b[i] {
-            b'%' if i + 2 < b.len() => {
-                match (hex(b[i + 1]), hex(b[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
-                        i += 3;
-                    }
-                    _ => {
-                        out.push(b'%');
-                        i += 1;
-                    }
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                    i += 3;
                 }
-            }
+                _ => {
+                    out.push(b'%');
+                    i += 1;
+                }
+            },
             b'+' => {
                 out.push(b' ');
                 i += 1;
@@ -451,8 +452,11 @@ mod tests {
         ] {
             assert!(parse_query(Some(bad), now).is_err(), "{bad}");
         }
-        let q = parse_query(Some("from=2027-01-15T00:00:00Z&to=2027-01-16T00:00:00Z"), now)
-            .expect("rfc3339");
+        let q = parse_query(
+            Some("from=2027-01-15T00:00:00Z&to=2027-01-16T00:00:00Z"),
+            now,
+        )
+        .expect("rfc3339");
         assert_eq!(q.to - q.from, 86_400);
     }
 

@@ -141,6 +141,9 @@ struct Slot {
     route: Arc<str>,
 }
 
+/// One count to store: minute start (unix seconds), consumer, route, status class, requests.
+type Batch = (u64, Arc<str>, Arc<str>, u8, u64);
+
 type Shard = Mutex<HashMap<Key, Slot, foldhash::fast::RandomState>>;
 
 /// The node's usage history.
@@ -260,7 +263,7 @@ impl Analytics {
                     .or_default() += v.n;
             }
         }
-        let rows: Vec<(u64, Arc<str>, Arc<str>, u8, u64)> = merged
+        let rows: Vec<Batch> = merged
             .into_iter()
             .map(|((m, c, r, class), n)| (m * 60, c, r, class, n))
             .collect();
@@ -290,7 +293,7 @@ impl Analytics {
         n
     }
 
-    fn write(&self, rows: &[(u64, Arc<str>, Arc<str>, u8, u64)]) -> Result<(), AnalyticsError> {
+    fn write(&self, rows: &[Batch]) -> Result<(), AnalyticsError> {
         let err = db_err(&self.path);
         let mut db = self.db.lock();
         let tx = db.transaction().map_err(&err)?;
@@ -467,18 +470,12 @@ impl RedisLink {
             client.get_multiplexed_async_connection(),
         )
         .await
-        .map_err(|_| {
-            redis::RedisError::from((redis::ErrorKind::Io, "connect timed out"))
-        })??;
+        .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "connect timed out")))??;
         *guard = Some(c.clone());
         Ok(c)
     }
 
-    async fn add(
-        &self,
-        rows: &[(u64, Arc<str>, Arc<str>, u8, u64)],
-        ttl: u64,
-    ) -> Result<(), redis::RedisError> {
+    async fn add(&self, rows: &[Batch], ttl: u64) -> Result<(), redis::RedisError> {
         let mut conn = self.conn().await?;
         let mut pipe = redis::pipe();
         for (ts, c, r, class, n) in rows {
@@ -541,7 +538,9 @@ impl RedisLink {
                     })
                 })
                 .collect();
-            part.sort_by(|a, b| (&a.consumer, &a.route, &a.status).cmp(&(&b.consumer, &b.route, &b.status)));
+            part.sort_by(|a, b| {
+                (&a.consumer, &a.route, &a.status).cmp(&(&b.consumer, &b.route, &b.status))
+            });
             rows.extend(part);
         }
         Ok(rows)

@@ -647,7 +647,11 @@ impl Collector for Scraped {
                     "Failed rounds and connection attempts.",
                     &m.errors,
                 ),
-                ("cluster_granted", "Tokens granted to this node.", &m.granted),
+                (
+                    "cluster_granted",
+                    "Tokens granted to this node.",
+                    &m.granted,
+                ),
                 (
                     "cluster_overadmitted",
                     "Requests admitted on credit that Redis could not grant.",

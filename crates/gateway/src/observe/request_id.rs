@@ -23,7 +23,10 @@ pub fn generate() -> HeaderValue {
 /// need escaping in JSON.
 pub fn acceptable(v: &HeaderValue) -> bool {
     let b = v.as_bytes();
-    !b.is_empty() && b.len() <= 200 && b.iter().all(|&c| (0x21..0x7f).contains(&c) && c != b'"' && c != b'\\')
+    !b.is_empty()
+        && b.len() <= 200
+        && b.iter()
+            .all(|&c| (0x21..0x7f).contains(&c) && c != b'"' && c != b'\\')
 }
 
 /// The request's id: the client's when `trusted` and acceptable, else a new one.

@@ -401,7 +401,8 @@ pub async fn forward(
                 let pool = (!stale_length).then(|| target.pool.clone());
                 let read_timeout = up.cfg.read_timeout;
                 if hop.note_target {
-                    resp.extensions_mut().insert(AnsweredBy(target.name.clone()));
+                    resp.extensions_mut()
+                        .insert(AnsweredBy(target.name.clone()));
                 }
                 return Ok(resp.map(|b| PooledBody::new(b, tx, pool, read_timeout)));
             }
@@ -597,7 +598,8 @@ async fn forward_lean(
                 *resp.headers_mut() = h.headers;
                 headers::rewrite_response(resp.headers_mut());
                 if hop.note_target {
-                    resp.extensions_mut().insert(AnsweredBy(target.name.clone()));
+                    resp.extensions_mut()
+                        .insert(AnsweredBy(target.name.clone()));
                 }
                 return Ok(resp);
             }
