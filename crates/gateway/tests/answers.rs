@@ -117,15 +117,15 @@ async fn refuses_missing_unknown_and_forbidden_keys() {
     let (gw, c) = setup().await;
     let a = c.get(&gw.url("/test/")).await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(a.body, r#"{"status":401,"error":"missing API key"}"#);
+    assert_eq!(a.refusal(), r#"{"status":401,"error":"missing API key"}"#);
     assert_eq!(a.header("content-type"), "application/json");
     let a = c.get(&gw.url("/test/?apikey=nope")).await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(a.body, r#"{"status":401,"error":"unknown API key"}"#);
+    assert_eq!(a.refusal(), r#"{"status":401,"error":"unknown API key"}"#);
     let a = c.get(&gw.url("/test/?apikey=t9")).await;
     assert_eq!(a.status, StatusCode::FORBIDDEN);
     assert_eq!(
-        a.body,
+        a.refusal(),
         r#"{"status":403,"error":"consumer not allowed on this route"}"#
     );
 }
@@ -136,7 +136,7 @@ async fn answers_404_and_405_with_allow() {
     let a = c.get(&gw.url("/nowhere")).await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
     assert_eq!(
-        a.body,
+        a.refusal(),
         r#"{"status":404,"error":"no route matches this request"}"#
     );
     let a = c
@@ -144,7 +144,10 @@ async fn answers_404_and_405_with_allow() {
         .await;
     assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(a.header("allow"), "GET, HEAD, POST");
-    assert_eq!(a.body, r#"{"status":405,"error":"method not allowed"}"#);
+    assert_eq!(
+        a.refusal(),
+        r#"{"status":405,"error":"method not allowed"}"#
+    );
 }
 
 #[tokio::test]
@@ -361,7 +364,10 @@ async fn oversized_bodies_get_413() {
         .request(Method::POST, &gw.url("/open"), &[], &"x".repeat(2000))
         .await;
     assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(a.body, r#"{"status":413,"error":"request body too large"}"#);
+    assert_eq!(
+        a.refusal(),
+        r#"{"status":413,"error":"request body too large"}"#
+    );
     assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0);
     let a = c
         .request(Method::POST, &gw.url("/open"), &[], &"x".repeat(1000))

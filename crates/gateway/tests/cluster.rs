@@ -240,7 +240,7 @@ async fn fail_closed_answers_503_while_redis_is_down() {
     }
     let a = last.expect("503 once the leased tokens are used");
     assert_eq!(
-        a.body,
+        a.refusal(),
         r#"{"status":503,"error":"rate limit store unavailable"}"#
     );
     assert_eq!(a.header("retry-after"), "1");

@@ -43,7 +43,7 @@ async fn one_per_30s_passes_the_first_and_refuses_the_rest() {
         let a = c.get(&gw.url("/test/?apikey=t1")).await;
         assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(
-            a.body,
+            a.refusal(),
             r#"{"status":429,"error":"rate limit exceeded","limit":"1-per-30s","retry_after":33}"#
         );
         assert_eq!(a.header("retry-after"), "33");

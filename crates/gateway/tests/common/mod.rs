@@ -94,6 +94,18 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// The body of an answer the gateway gave itself, without its `request_id` member,
+    /// after checking that it names the request's `X-Request-Id`.
+    pub fn refusal(&self) -> String {
+        let tail = format!(r#","request_id":"{}"}}"#, self.header("x-request-id"));
+        assert!(
+            self.header("x-request-id").len() >= 8 && self.body.ends_with(&tail),
+            "the body does not name the request id: {}",
+            self.body
+        );
+        format!("{}}}", &self.body[..self.body.len() - tail.len()])
+    }
+
     pub fn header(&self, name: &str) -> &str {
         self.headers
             .get(name)
