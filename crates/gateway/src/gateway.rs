@@ -117,7 +117,7 @@ impl cache::Fetch for UpFetch {
             body_timeout: self.body_timeout,
             stream_body: false,
             route: &self.route,
-            note_target: false,
+            note_target: None,
         };
         let t = Instant::now();
         let r = upstream::fetch(&self.upstream, parts, hop).await;
@@ -419,12 +419,12 @@ impl Gateway {
         req: Request<Incoming>,
         conn: &ConnInfo,
         trace: &mut Trace<'s>,
+        note_target: Option<&upstream::AnsweredBy>,
     ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         if let Err(r) = inbound::prepare(snap, &mut parts) {
             return refused(trace, r);
         }
-        parts.headers.insert(X_REQUEST_ID, trace.request_id.clone());
         let preflight = cors::is_preflight(&parts);
         let route = match route::find(snap, &parts, preflight) {
             Ok(r) => r,
@@ -432,7 +432,6 @@ impl Gateway {
         };
         trace.route = Some(route);
         let origin = policy::cors_origin(route, &parts);
-        let note_target = self.access_log.load().is_some();
 
         let result: Result<Response<Body>, Refusal> = async {
             let admitted = match policy::run(snap, route, &mut parts, self.clock.as_ref()) {
@@ -443,6 +442,7 @@ impl Gateway {
                 }
             };
             trace.consumer = admitted.consumer;
+            parts.headers.insert(X_REQUEST_ID, trace.request_id.clone());
             let hop = Hop {
                 peer_ip: &conn.peer_ip,
                 trusted: conn.trusted,
@@ -525,7 +525,16 @@ impl Gateway {
                 });
             (req.uri().clone(), bytes_in, self.clock.wall_nanos())
         });
-        let mut resp = self.handle(&snap, req, conn, &mut trace).await;
+        let answered = upstream::AnsweredBy::new();
+        let mut resp = self
+            .handle(
+                &snap,
+                req,
+                conn,
+                &mut trace,
+                log.as_ref().map(|_| &answered),
+            )
+            .await;
         resp.headers_mut()
             .insert(X_REQUEST_ID, trace.request_id.clone());
         let status = resp.status().as_u16();
@@ -566,13 +575,13 @@ impl Gateway {
                     bytes_out: 0,
                     duration: Duration::ZERO,
                     upstream_ns: trace.upstream_ns,
-                    target: resp
-                        .extensions()
-                        .get::<upstream::AnsweredBy>()
-                        .map(|t| t.0.clone()),
+                    target: answered.into_inner(),
                     refusal: trace.refusal,
                     limit: trace.limit.take(),
-                    cache: resp.headers().get(cache::CACHE_STATUS).cloned(),
+                    cache: trace
+                        .route
+                        .filter(|r| r.cfg.cache.is_some())
+                        .and_then(|_| resp.headers().get(cache::CACHE_STATUS).cloned()),
                 };
                 Some((Box::new(rec), trace.start, log))
             }

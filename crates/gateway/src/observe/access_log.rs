@@ -1,8 +1,9 @@
 //! The access log: one JSON object per line per request, written by a thread of its own.
 //!
 //! The request path only fills a [`Record`] and pushes it onto a bounded queue; the writer
-//! formats and writes. When the queue is full, the line is dropped and counted
-//! (`tollgate_access_log_dropped_total`): a slow disk never slows requests. A line is
+//! takes the queue every 50 ms, formats and writes. When the queue is full, the line is
+//! dropped and counted (`tollgate_access_log_dropped_total`): a slow disk never slows
+//! requests. A line is
 //! queued when the response body has been sent (or abandoned), so it carries the bytes
 //! sent and the whole duration. `SIGUSR1` reopens the file, for logrotate.
 
@@ -11,10 +12,11 @@ use crate::response::Body;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use parking_lot::Mutex;
 use serde::Serialize;
 use std::io::Write;
 use std::pin::Pin;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
@@ -59,49 +61,85 @@ pub struct Record {
     pub cache: Option<HeaderValue>,
 }
 
-enum Msg {
-    Line(Box<Record>),
-    Reopen,
-    /// Answered once every line queued before it is written and flushed.
-    Sync(std::sync::mpsc::Sender<()>),
+/// What requests hand to the writer, and what the writer is asked to do.
+#[derive(Default)]
+struct Shared {
+    /// Lines waiting for the writer. Requests push under the lock; the writer takes the
+    /// whole batch at once, so each side holds it for a moment.
+    queue: Mutex<Vec<Box<Record>>>,
+    /// `SIGUSR1`: reopen the file.
+    reopen: AtomicBool,
+    /// Callers waiting until everything queued before them is written.
+    syncs: Mutex<Vec<std::sync::mpsc::Sender<()>>>,
+    /// The handle is gone: write what is left and stop.
+    closed: AtomicBool,
 }
 
 /// The handle requests log through.
-#[derive(Debug)]
 pub struct AccessLog {
-    tx: SyncSender<Msg>,
+    shared: Arc<Shared>,
+    writer: Option<std::thread::Thread>,
+    buffer: usize,
     metrics: Arc<Metrics>,
 }
 
-impl std::fmt::Debug for Msg {
+impl std::fmt::Debug for AccessLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Msg")
+        f.debug_struct("AccessLog").finish_non_exhaustive()
     }
 }
+
+/// How often the writer takes the queued lines when nobody hurries it. Waking it for
+/// every line would cost a context switch per request.
+const BATCH_EVERY: Duration = Duration::from_millis(50);
 
 impl AccessLog {
     /// Starts the writer thread for `cfg`. A file that cannot be opened is reported (once)
     /// and its lines are dropped and counted until a reopen succeeds.
     pub fn start(cfg: &AccessLogConfig, metrics: Arc<Metrics>) -> Arc<AccessLog> {
-        let (tx, rx) = sync_channel(cfg.buffer);
+        let shared = Arc::new(Shared::default());
         let target = cfg.target.clone();
         let m = metrics.clone();
+        let sh = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || Writer::new(target, m).run(rx));
-        if let Err(e) = spawned {
-            tracing::error!("cannot start the access log writer: {e}; lines will be dropped");
-        }
-        Arc::new(AccessLog { tx, metrics })
+            .spawn(move || Writer::new(target, m).run(&sh));
+        let writer = match spawned {
+            Ok(h) => Some(h.thread().clone()),
+            Err(e) => {
+                tracing::error!("cannot start the access log writer: {e}; lines will be dropped");
+                None
+            }
+        };
+        Arc::new(AccessLog {
+            shared,
+            writer,
+            buffer: cfg.buffer,
+            metrics,
+        })
     }
 
-    /// Queues a line; drops and counts it when the writer is behind.
+    fn wake(&self) {
+        if let Some(w) = &self.writer {
+            w.unpark();
+        }
+    }
+
+    /// Queues a line; drops and counts it when the writer is `buffer` lines behind.
     pub fn log(&self, rec: Box<Record>) {
-        match self.tx.try_send(Msg::Line(rec)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+        let len = {
+            let mut q = self.shared.queue.lock();
+            if q.len() >= self.buffer || self.writer.is_none() {
+                drop(q);
                 self.metrics.log_dropped.inc();
+                return;
             }
+            q.push(rec);
+            q.len()
+        };
+        // Half full: do not wait for the next round.
+        if len == self.buffer / 2 {
+            self.wake();
         }
     }
 
@@ -109,13 +147,22 @@ impl AccessLog {
     /// Returns whether it was.
     pub fn sync(&self, wait: Duration) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
-        self.tx.send(Msg::Sync(tx)).is_ok() && rx.recv_timeout(wait).is_ok()
+        self.shared.syncs.lock().push(tx);
+        self.wake();
+        rx.recv_timeout(wait).is_ok()
     }
 
     /// Asks the writer to reopen its file (`SIGUSR1`).
     pub fn reopen(&self) {
-        // A full queue means the writer is busy; it reopens once it has caught up.
-        let _ = self.tx.send(Msg::Reopen);
+        self.shared.reopen.store(true, Ordering::Release);
+        self.wake();
+    }
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
+        self.wake();
     }
 }
 
@@ -183,15 +230,32 @@ impl Writer {
         }
     }
 
-    fn run(mut self, rx: Receiver<Msg>) {
-        while let Ok(msg) = rx.recv() {
-            self.handle(msg);
-            while let Ok(msg) = rx.try_recv() {
-                self.handle(msg);
+    fn run(mut self, shared: &Shared) {
+        let mut batch: Vec<Box<Record>> = Vec::new();
+        loop {
+            // Take the waiting callers first: everything queued before they asked is in
+            // the batch taken next.
+            let syncs = std::mem::take(&mut *shared.syncs.lock());
+            if shared.reopen.swap(false, Ordering::AcqRel) {
+                self.flush();
+                if matches!(self.target, LogTarget::File(_)) {
+                    self.open();
+                    tracing::info!(path = %self.path(), "access log reopened");
+                }
+            }
+            std::mem::swap(&mut batch, &mut *shared.queue.lock());
+            for rec in batch.drain(..) {
+                self.write(&rec);
             }
             self.flush();
+            for s in syncs {
+                let _ = s.send(());
+            }
+            if shared.closed.load(Ordering::Acquire) && shared.queue.lock().is_empty() {
+                return;
+            }
+            std::thread::park_timeout(BATCH_EVERY);
         }
-        self.flush();
     }
 
     fn flush(&mut self) {
@@ -202,39 +266,24 @@ impl Writer {
         }
     }
 
-    fn handle(&mut self, msg: Msg) {
-        match msg {
-            Msg::Sync(done) => {
-                self.flush();
-                let _ = done.send(());
-            }
-            Msg::Reopen => {
-                self.flush();
-                if matches!(self.target, LogTarget::File(_)) {
-                    self.open();
-                    tracing::info!(path = %self.path(), "access log reopened");
+    fn write(&mut self, rec: &Record) {
+        self.line.clear();
+        write_line(rec, &mut self.line);
+        let Some(o) = self.out.as_mut() else {
+            self.metrics.log_dropped.inc();
+            return;
+        };
+        match o.write_all(&self.line) {
+            Ok(()) => {
+                self.metrics.log_lines.inc();
+                if self.failing {
+                    self.failing = false;
+                    tracing::info!(path = %self.path(), "access log writable again");
                 }
             }
-            Msg::Line(rec) => {
-                self.line.clear();
-                write_line(&rec, &mut self.line);
-                let Some(o) = self.out.as_mut() else {
-                    self.metrics.log_dropped.inc();
-                    return;
-                };
-                match o.write_all(&self.line) {
-                    Ok(()) => {
-                        self.metrics.log_lines.inc();
-                        if self.failing {
-                            self.failing = false;
-                            tracing::info!(path = %self.path(), "access log writable again");
-                        }
-                    }
-                    Err(e) => {
-                        self.metrics.log_dropped.inc();
-                        self.failed(&e);
-                    }
-                }
+            Err(e) => {
+                self.metrics.log_dropped.inc();
+                self.failed(&e);
             }
         }
     }

@@ -113,10 +113,8 @@ pub struct Upstream {
     stats: UpstreamStats,
 }
 
-/// The target that answered a request, noted in the response's extensions when asked
-/// (for the access log).
-#[derive(Debug, Clone)]
-pub struct AnsweredBy(pub Arc<str>);
+/// Where a request notes the target that answered it (for the access log).
+pub type AnsweredBy = std::sync::OnceLock<Arc<str>>;
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -206,8 +204,8 @@ pub struct Hop<'a> {
     pub stream_body: bool,
     /// The route's name, for logs.
     pub route: &'a str,
-    /// Note the target that answered in the response's extensions ([`AnsweredBy`]).
-    pub note_target: bool,
+    /// Where to note the target that answered, when the access log wants it.
+    pub note_target: Option<&'a AnsweredBy>,
 }
 
 fn is_idempotent(m: &Method) -> bool {
@@ -400,9 +398,8 @@ pub async fn forward(
                 let stale_length = headers::rewrite_response(resp.headers_mut());
                 let pool = (!stale_length).then(|| target.pool.clone());
                 let read_timeout = up.cfg.read_timeout;
-                if hop.note_target {
-                    resp.extensions_mut()
-                        .insert(AnsweredBy(target.name.clone()));
+                if let Some(n) = hop.note_target {
+                    let _ = n.set(target.name.clone());
                 }
                 return Ok(resp.map(|b| PooledBody::new(b, tx, pool, read_timeout)));
             }
@@ -597,9 +594,8 @@ async fn forward_lean(
                 *resp.status_mut() = h.status;
                 *resp.headers_mut() = h.headers;
                 headers::rewrite_response(resp.headers_mut());
-                if hop.note_target {
-                    resp.extensions_mut()
-                        .insert(AnsweredBy(target.name.clone()));
+                if let Some(n) = hop.note_target {
+                    let _ = n.set(target.name.clone());
                 }
                 return Ok(resp);
             }
