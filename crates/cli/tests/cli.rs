@@ -397,3 +397,96 @@ fn bench_reports_errors_by_kind() {
         "{v}"
     );
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// `tollgate usage … --history 1h`, its stdout.
+fn history(file: &Path, json: bool) -> String {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["usage", "--config"])
+        .arg(file)
+        .args(["alice", "--history", "1h"]);
+    if json {
+        cmd.arg("--json");
+    }
+    let out = cmd.output().expect("run usage");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn access_log_reopens_on_sigusr1_and_history_survives_shutdown() {
+    let (backend, _echo) = echo_backend();
+    let dir = temp_dir("observe");
+    let _ = std::fs::remove_file(dir.join("analytics.db"));
+    let log = dir.join("access.log");
+    let _ = std::fs::remove_file(&log);
+    let file = dir.join("tollgate.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "server: {{watch_config: false, drain_timeout: 5s}}\nlisteners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{backend: {{targets: [\"{backend}\"]}}}}\nconsumers: [{{name: alice, keys: [t1]}}]\nroutes:\n  - {{name: a, path_prefix: /a/, upstream: backend, auth: {{}}}}\nadmin: {{address: \"127.0.0.1:{}\"}}\naccess_log: {{path: access.log}}\nanalytics: {{path: analytics.db}}\n",
+            free_port()
+        ),
+    )
+    .expect("write");
+    let mut gw = Gateway::start(&file);
+    for _ in 0..3 {
+        assert_eq!(gw.get("/a/?apikey=t1"), 200);
+    }
+    assert_eq!(gw.get("/a/?apikey=bad"), 401);
+
+    // From the running node's admin endpoint.
+    let table = history(&file, false);
+    assert!(table.contains("alice: requests per 1m"), "{table}");
+    assert!(table.contains("from the running node"), "{table}");
+    let total = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("total"))
+        .unwrap_or_else(|| panic!("no total line: {table}"));
+    let cells: Vec<&str> = total.split_whitespace().collect();
+    assert_eq!(cells, ["total", "3", "0", "0", "0", "3"], "{table}");
+
+    // logrotate moves the file and sends SIGUSR1.
+    let rotated = dir.join("access.log.1");
+    std::fs::rename(&log, &rotated).expect("rotate");
+    gw.signal("-USR1");
+    gw.wait_for("access log reopened");
+    assert_eq!(gw.get("/a/?apikey=t1"), 200);
+    gw.signal("-TERM");
+    gw.wait_for("all connections drained");
+    assert!(gw.child.wait().expect("wait").success());
+
+    let old = std::fs::read_to_string(&rotated).expect("rotated log");
+    assert_eq!(old.lines().count(), 4, "{old}");
+    assert!(
+        !old.contains("apikey=t1") && !old.contains("apikey=bad"),
+        "{old}"
+    );
+    let new = std::fs::read_to_string(&log).expect("reopened log");
+    assert_eq!(new.lines().count(), 1, "{new}");
+    assert!(new.contains("\"consumer\":\"alice\""), "{new}");
+
+    // With the node stopped, from the database file: the last request was written on
+    // shutdown.
+    let json: serde_json::Value = serde_json::from_str(&history(&file, true)).expect("json");
+    assert_eq!(json["source"], "the analytics database");
+    let sum: u64 = json["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|r| r["status"] == "2xx" && r["route"] == "a")
+        .map(|r| r["count"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(sum, 4, "{json}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -236,18 +236,18 @@ impl Writer {
             // Take the waiting callers first: everything queued before they asked is in
             // the batch taken next.
             let syncs = std::mem::take(&mut *shared.syncs.lock());
-            if shared.reopen.swap(false, Ordering::AcqRel) {
-                self.flush();
-                if matches!(self.target, LogTarget::File(_)) {
-                    self.open();
-                    tracing::info!(path = %self.path(), "access log reopened");
-                }
-            }
+            let reopen = shared.reopen.swap(false, Ordering::AcqRel);
             std::mem::swap(&mut batch, &mut *shared.queue.lock());
             for rec in batch.drain(..) {
                 self.write(&rec);
             }
             self.flush();
+            // Lines queued before the reopen was asked for go to the old file, as nginx
+            // does with its buffers: logrotate moved it, and compresses it later.
+            if reopen && matches!(self.target, LogTarget::File(_)) {
+                self.open();
+                tracing::info!(path = %self.path(), "access log reopened");
+            }
             for s in syncs {
                 let _ = s.send(());
             }
