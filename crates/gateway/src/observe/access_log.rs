@@ -66,7 +66,7 @@ pub struct Record {
 struct Shared {
     /// Lines waiting for the writer. Requests push under the lock; the writer takes the
     /// whole batch at once, so each side holds it for a moment.
-    queue: Mutex<Vec<Box<Record>>>,
+    queue: Mutex<Vec<Record>>,
     /// `SIGUSR1`: reopen the file.
     reopen: AtomicBool,
     /// Callers waiting until everything queued before them is written.
@@ -134,7 +134,8 @@ impl AccessLog {
                 self.metrics.log_dropped.inc();
                 return;
             }
-            q.push(rec);
+            // Moved out of its box here, so the box is freed by the thread that made it.
+            q.push(*rec);
             q.len()
         };
         // Half full: do not wait for the next round.
@@ -231,7 +232,7 @@ impl Writer {
     }
 
     fn run(mut self, shared: &Shared) {
-        let mut batch: Vec<Box<Record>> = Vec::new();
+        let mut batch: Vec<Record> = Vec::new();
         loop {
             // Take the waiting callers first: everything queued before they asked is in
             // the batch taken next.
