@@ -523,7 +523,11 @@ impl Gateway {
                 .or_else(|| {
                     (!req.headers().contains_key(http::header::TRANSFER_ENCODING)).then_some(0)
                 });
-            (req.uri().clone(), bytes_in, self.clock.wall_nanos())
+            let target = req.uri().path_and_query().map_or_else(
+                || req.uri().path().to_string(),
+                |pq| pq.as_str().to_string(),
+            );
+            (target, bytes_in, self.clock.wall_nanos())
         });
         let answered = upstream::AnsweredBy::new();
         let mut resp = self

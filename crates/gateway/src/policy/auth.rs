@@ -78,7 +78,11 @@ fn params(query: &str) -> impl Iterator<Item = (&str, &str)> {
 /// ways.
 fn is_credential(raw: &str, names: &[String]) -> bool {
     let decoded = percent_decode(raw);
-    let name = decoded.split('[').next().unwrap_or("");
+    let name = decoded
+        .as_bytes()
+        .iter()
+        .position(|&b| b == b'[')
+        .map_or(&*decoded, |i| &decoded[..i]);
     names.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
@@ -108,7 +112,10 @@ pub fn without_credentials(path: &str, query: &str, names: &[String]) -> String 
     let mut rest = query;
     // Each piece with the separator that came before it; kept pieces keep theirs.
     loop {
-        let end = rest.find(['&', ';']).unwrap_or(rest.len());
+        let end = rest
+            .bytes()
+            .position(|b| b == b'&' || b == b';')
+            .unwrap_or(rest.len());
         let pair = &rest[..end];
         let k = pair.split_once('=').map_or(pair, |(k, _)| k);
         if !is_credential(k, names) {
@@ -127,7 +134,7 @@ pub fn without_credentials(path: &str, query: &str, names: &[String]) -> String 
 
 /// Decodes `%XX` escapes and `+` (as space); invalid escapes are kept as written.
 fn percent_decode(s: &str) -> Cow<'_, str> {
-    if !s.contains(['%', '+']) {
+    if !s.bytes().any(|b| b == b'%' || b == b'+') {
         return Cow::Borrowed(s);
     }
     let b = s.as_bytes();
