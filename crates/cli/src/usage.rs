@@ -12,26 +12,33 @@ use tollgate_gateway::observe::analytics::{self, Query, Row, Step};
 use tollgate_gateway::snapshot::{Registry, Snapshot};
 use tollgate_gateway::usage::{usage, LimitUsage};
 
-/// Runs the command.
-pub fn run(path: &Path, consumer: &str, json: bool) -> ExitCode {
-    let cfg = match tollgate_config::from_path(path) {
-        Ok(c) => c,
-        Err(e) => {
+/// A single-threaded runtime for one command, or `None` (said on stderr).
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| eprintln!("cannot start the async runtime: {e}"))
+        .ok()
+}
+
+/// The validated config at `path`, or `None` (every problem said on stderr).
+fn load(path: &Path) -> Option<Config> {
+    tollgate_config::from_path(path)
+        .map_err(|e| {
             for p in e.problems() {
                 eprintln!("{}: {p}", path.display());
             }
-            return ExitCode::FAILURE;
-        }
+        })
+        .ok()
+}
+
+/// Runs the command.
+pub fn run(path: &Path, consumer: &str, json: bool) -> ExitCode {
+    let Some(cfg) = load(path) else {
+        return ExitCode::FAILURE;
     };
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
     };
     match rt.block_on(fetch(cfg, consumer)) {
         Ok(value) => {
@@ -137,14 +144,8 @@ pub fn history(path: &Path, consumer: &str, ago: &str, json: bool) -> ExitCode {
         eprintln!("tollgate usage: --history {ago:?}: give a duration such as 90m, 24h or 7d");
         return ExitCode::FAILURE;
     };
-    let cfg = match tollgate_config::from_path(path) {
-        Ok(c) => c,
-        Err(e) => {
-            for p in e.problems() {
-                eprintln!("{}: {p}", path.display());
-            }
-            return ExitCode::FAILURE;
-        }
+    let Some(cfg) = load(path) else {
+        return ExitCode::FAILURE;
     };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -157,15 +158,8 @@ pub fn history(path: &Path, consumer: &str, ago: &str, json: bool) -> ExitCode {
         to: now + 1,
         step: Step::for_range(now + 1 - from),
     };
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
     };
     match rt.block_on(read_history(&cfg, &q)) {
         Ok((rows, source)) => {

@@ -240,7 +240,7 @@ pub fn parse_query(q: Option<&str>, now: u64) -> Result<Query, String> {
     let mut step = None;
     for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = percent_decode(v);
+        let v = crate::policy::auth::percent_decode(v).into_owned();
         match k {
             "consumer" if !v.is_empty() => consumer = Some(v),
             "route" if !v.is_empty() => route = Some(v),
@@ -284,36 +284,6 @@ pub fn parse_query(q: Option<&str>, now: u64) -> Result<Query, String> {
         to,
         step,
     })
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match b[i] {
-            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
-                    i += 3;
-                }
-                _ => {
-                    out.push(b'%');
-                    i += 1;
-                }
-            },
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `GET /analytics?consumer=&route=&from=&to=&step=`: counts per bucket, consumer, route

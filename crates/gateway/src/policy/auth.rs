@@ -133,7 +133,7 @@ pub fn without_credentials(path: &str, query: &str, names: &[String]) -> String 
 }
 
 /// Decodes `%XX` escapes and `+` (as space); invalid escapes are kept as written.
-fn percent_decode(s: &str) -> Cow<'_, str> {
+pub fn percent_decode(s: &str) -> Cow<'_, str> {
     if !s.bytes().any(|b| b == b'%' || b == b'+') {
         return Cow::Borrowed(s);
     }
