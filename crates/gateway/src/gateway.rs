@@ -5,6 +5,7 @@ use crate::clock::Clock;
 use crate::cluster::{spawn_syncer, Cluster};
 use crate::inbound;
 use crate::limiter::Now;
+use crate::listener::ConnInfo;
 use crate::observe::access_log::{AccessLog, Logged, Record};
 use crate::observe::analytics::{self, Analytics};
 use crate::observe::metrics::Metrics;
@@ -20,13 +21,12 @@ use http::HeaderValue;
 use http::{Method, Request, Response};
 use http_body_util::Either;
 use hyper::body::{Body as _, Incoming};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
-use tollgate_config::{Config, ConfigError, ListenerConfig};
+use tollgate_config::{Config, ConfigError};
 
 /// Where reloads stand: a new generation after each applied config, and the last failure.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -43,34 +43,6 @@ pub fn fingerprint(bytes: &[u8]) -> u64 {
     let mut h = DefaultHasher::new();
     bytes.hash(&mut h);
     h.finish() | 1
-}
-
-/// What the request path knows of the client connection, computed once per connection.
-#[derive(Debug)]
-pub struct ConnInfo {
-    /// The client's IP as a header value, for `X-Forwarded-For`.
-    pub peer_ip: HeaderValue,
-    /// The client is a proxy the listener trusts with `X-Forwarded-*`.
-    pub trusted: bool,
-    /// The listener's settings.
-    pub listener: Arc<ListenerConfig>,
-}
-
-impl ConnInfo {
-    /// Connection info for a client at `peer` on `listener`.
-    pub fn new(peer: SocketAddr, listener: Arc<ListenerConfig>) -> Self {
-        let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
-            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        let trusted = listener
-            .trusted_proxies
-            .iter()
-            .any(|n| n.contains(peer.ip()));
-        ConnInfo {
-            peer_ip,
-            trusted,
-            listener,
-        }
-    }
 }
 
 /// The cache's way upstream: the route's upstream and the hop's settings, owned, so that a

@@ -23,5 +23,5 @@ pub mod usage;
 pub mod watch;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use gateway::{ConnInfo, Gateway, ReloadStatus};
-pub use listener::{bind, BindError, Server};
+pub use gateway::{Gateway, ReloadStatus};
+pub use listener::{bind, BindError, ConnInfo, Server};

@@ -1,7 +1,8 @@
 //! Listeners: accept, serve HTTP/1.1 with keep-alive and limits on the request head, and
 //! drain in-flight requests on shutdown.
 
-use crate::gateway::{ConnInfo, Gateway};
+use crate::gateway::Gateway;
+use http::HeaderValue;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -15,6 +16,34 @@ use tokio::sync::watch;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tollgate_config::ListenerConfig;
+
+/// What the request path knows of the client connection, computed once per connection.
+#[derive(Debug)]
+pub struct ConnInfo {
+    /// The client's IP as a header value, for `X-Forwarded-For`.
+    pub peer_ip: HeaderValue,
+    /// The client is a proxy the listener trusts with `X-Forwarded-*`.
+    pub trusted: bool,
+    /// The listener's settings.
+    pub listener: Arc<ListenerConfig>,
+}
+
+impl ConnInfo {
+    /// Connection info for a client at `peer` on `listener`.
+    pub fn new(peer: SocketAddr, listener: Arc<ListenerConfig>) -> Self {
+        let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        let trusted = listener
+            .trusted_proxies
+            .iter()
+            .any(|n| n.contains(peer.ip()));
+        ConnInfo {
+            peer_ip,
+            trusted,
+            listener,
+        }
+    }
+}
 
 /// Why the gateway could not start listening.
 #[derive(Debug, thiserror::Error)]

@@ -12,13 +12,11 @@ use crate::cluster::Cluster;
 use crate::observe::CLASSES;
 use crate::upstream::Upstream;
 use parking_lot::Mutex;
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -192,16 +190,16 @@ pub struct Metrics {
     live: Arc<Live>,
 }
 
-/// Responses by status code, and what is read from other parts when scraped.
+/// Responses by status code.
 #[derive(Debug)]
-struct Codes(Vec<AtomicU64>);
+pub(super) struct Codes(pub(super) Vec<AtomicU64>);
 
 /// Parts whose figures are read at scrape time.
 #[derive(Debug, Default)]
-struct Live {
-    cache: OnceLock<Arc<Cache>>,
-    cluster: OnceLock<Arc<Cluster>>,
-    upstreams: Mutex<Vec<Weak<Upstream>>>,
+pub(super) struct Live {
+    pub(super) cache: OnceLock<Arc<Cache>>,
+    pub(super) cluster: OnceLock<Arc<Cluster>>,
+    pub(super) upstreams: Mutex<Vec<Weak<Upstream>>>,
 }
 
 impl Default for Metrics {
@@ -216,7 +214,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("tollgate");
         let codes = Arc::new(Codes((0..600).map(|_| AtomicU64::new(0)).collect()));
         let live = Arc::new(Live::default());
-        registry.register_collector(Box::new(Scraped {
+        registry.register_collector(Box::new(super::scrape::Scraped {
             codes: codes.clone(),
             live: live.clone(),
         }));
@@ -481,191 +479,5 @@ fn route_stats(
         family: requests.clone(),
         duration: duration.get_or_create(&label).clone(),
         upstream: upstream.get_or_create(&label).clone(),
-    }
-}
-
-/// Encodes what is read at scrape time.
-#[derive(Debug)]
-struct Scraped {
-    codes: Arc<Codes>,
-    live: Arc<Live>,
-}
-
-fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
-    ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
-}
-
-fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
-    let v = i64::try_from(v).unwrap_or(i64::MAX);
-    ConstGauge::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CodeLabel {
-    code: u16,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TargetLabels {
-    upstream: String,
-    target: String,
-}
-
-impl Collector for Scraped {
-    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
-        {
-            let mut m = e.encode_descriptor(
-                "responses",
-                "Responses sent, by status code.",
-                None,
-                MetricType::Counter,
-            )?;
-            for (code, c) in self.codes.0.iter().enumerate() {
-                let n = c.load(Ordering::Relaxed);
-                if n > 0 {
-                    let l = CodeLabel {
-                        code: u16::try_from(code).unwrap_or(0),
-                    };
-                    ConstCounter::new(n).encode(m.encode_family(&l)?)?;
-                }
-            }
-        }
-        let ups: Vec<Arc<Upstream>> = self
-            .live
-            .upstreams
-            .lock()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for (name, help, idle) in [
-            (
-                "upstream_connections",
-                "Upstream connections open now, by target.",
-                false,
-            ),
-            (
-                "upstream_idle_connections",
-                "Kept-alive upstream connections waiting in the pool, by target.",
-                true,
-            ),
-        ] {
-            let mut m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            let mut seen = std::collections::HashSet::new();
-            for up in &ups {
-                for (target, open, idle_n) in up.pool_figures() {
-                    let l = TargetLabels {
-                        upstream: up.cfg.name.clone(),
-                        target,
-                    };
-                    if seen.insert(l.clone()) {
-                        let v = if idle { idle_n } else { open };
-                        ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX))
-                            .encode(m.encode_family(&l)?)?;
-                    }
-                }
-            }
-        }
-        if let Some(cache) = self.live.cache.get() {
-            let store = &cache.store;
-            let (entries, bytes) = store.usage();
-            let cm = &store.metrics;
-            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-            gauge(&mut e, "cache_entries", "Responses stored.", entries)?;
-            gauge(
-                &mut e,
-                "cache_bytes",
-                "Bytes the stored responses take.",
-                bytes,
-            )?;
-            for (name, help, v) in [
-                ("cache_hits", "Answered from the cache.", &cm.hits),
-                (
-                    "cache_misses",
-                    "Went upstream for want of a usable entry.",
-                    &cm.misses,
-                ),
-                (
-                    "cache_stale",
-                    "Answered stale (while revalidating, or the upstream failed).",
-                    &cm.stale,
-                ),
-                (
-                    "cache_revalidated",
-                    "Stale entries renewed by a 304.",
-                    &cm.revalidated,
-                ),
-                (
-                    "cache_coalesced",
-                    "Answered from another request's fetch of the same key.",
-                    &cm.coalesced,
-                ),
-                ("cache_stored", "Responses stored.", &cm.stored),
-                (
-                    "cache_evictions",
-                    "Entries evicted to make room.",
-                    &cm.evictions,
-                ),
-                (
-                    "cache_purged",
-                    "Entries removed by purges and unsafe methods.",
-                    &cm.purged,
-                ),
-            ] {
-                counter(&mut e, name, help, load(v))?;
-            }
-        }
-        if let Some(c) = self.live.cluster.get() {
-            let m = &c.metrics;
-            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-            gauge(
-                &mut e,
-                "cluster_redis_up",
-                "Whether the last exchange with Redis succeeded.",
-                u64::from(c.is_up()),
-            )?;
-            gauge(
-                &mut e,
-                "cluster_nodes",
-                "Live nodes sharing the limits.",
-                c.nodes(),
-            )?;
-            gauge(
-                &mut e,
-                "cluster_sync_latency_microseconds",
-                "Duration of the last successful sync round with Redis.",
-                c.last_round_micros(),
-            )?;
-            counter(
-                &mut e,
-                "cluster_rounds",
-                "Sync rounds with Redis, failed ones included.",
-                c.rounds_done(),
-            )?;
-            for (name, help, v) in [
-                (
-                    "cluster_redis_errors",
-                    "Failed rounds and connection attempts.",
-                    &m.errors,
-                ),
-                (
-                    "cluster_granted",
-                    "Tokens granted to this node.",
-                    &m.granted,
-                ),
-                (
-                    "cluster_overadmitted",
-                    "Requests admitted on credit that Redis could not grant.",
-                    &m.overadmitted,
-                ),
-                (
-                    "cluster_fail_open_admitted",
-                    "Requests admitted while Redis was unreachable.",
-                    &m.fail_open_admitted,
-                ),
-            ] {
-                counter(&mut e, name, help, load(v))?;
-            }
-        }
-        Ok(())
     }
 }

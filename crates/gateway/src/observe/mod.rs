@@ -6,6 +6,7 @@ pub mod access_log;
 pub mod analytics;
 pub mod metrics;
 pub mod request_id;
+mod scrape;
 
 use crate::snapshot::Route;
 use http::HeaderValue;
