@@ -207,6 +207,8 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
     let rotated = dir.join("access.log.1");
     std::fs::rename(&path, &rotated).expect("rotate");
     gw.gw.reopen_logs();
+    // Lines queued before the reopen go to the old file; wait until it has happened.
+    assert!(gw.gw.sync_logs(DEADLINE));
     let _ = c.get(&gw.url("/open/after-rotation")).await;
     assert!(gw.gw.sync_logs(DEADLINE));
     assert_eq!(log_lines(&rotated).len(), 5);
