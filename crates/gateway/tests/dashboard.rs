@@ -35,6 +35,7 @@ fn render(url: &str) -> String {
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
+            "--disable-dev-shm-usage",
             "--no-first-run",
             "--virtual-time-budget=4000",
         ])
