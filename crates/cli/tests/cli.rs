@@ -490,3 +490,27 @@ fn access_log_reopens_on_sigusr1_and_history_survives_shutdown() {
     assert_eq!(sum, 4, "{json}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_required_usage_history_that_cannot_be_opened_stops_the_start() {
+    let dir = temp_dir("analytics-required");
+    let db = dir.join("analytics.db");
+    std::fs::write(&db, vec![0x5au8; 8192]).expect("write garbage");
+    let file = dir.join("tollgate.yaml");
+    std::fs::write(
+        &file,
+        "listeners: [{address: \"127.0.0.1:0\"}]\nupstreams: {backend: {targets: [\"127.0.0.1:9\"]}}\nroutes: [{path_prefix: /, upstream: backend}]\nanalytics: {path: analytics.db, required: true}\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&file)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&db.display().to_string()), "{err}");
+    assert!(err.contains("analytics.required"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
