@@ -316,6 +316,7 @@ fn owned_names(config: &Config) -> Owned {
         "x-forwarded-proto",
         "x-forwarded-host",
         "x-real-ip",
+        "x-request-id",
     ] {
         add(n);
     }

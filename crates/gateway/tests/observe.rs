@@ -95,6 +95,19 @@ async fn request_ids_are_made_returned_sent_upstream_and_named_in_refusals() {
         )
         .await;
     assert_ne!(a.header("x-request-id"), "client-chosen");
+    // Nor does an `_` spelling of the name reach the backend, for backends that read `_`
+    // as `-`.
+    let a = c
+        .request(
+            Method::GET,
+            &gw.url("/open/x"),
+            &[("x_request_id", "forged-id")],
+            "",
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let head = seen.lock().last().cloned().expect("seen");
+    assert!(!head.contains("forged-id"), "{head}");
 
     // A refusal names the id in its body.
     let r = c.get(&gw.url("/api/x?apikey=wrong")).await;
