@@ -12,7 +12,7 @@ use crate::observe::metrics::Metrics;
 use crate::observe::request_id::{self, X_REQUEST_ID};
 use crate::observe::Trace;
 use crate::policy::{self, cors, Verdict};
-use crate::response::{refuse, Body, Refusal};
+use crate::response::{refuse, Body, Refusal, REASONS};
 use crate::route;
 use crate::snapshot::{Registry, Snapshot};
 use crate::upstream::{self, Hop};
@@ -552,7 +552,7 @@ impl Gateway {
                     duration: Duration::ZERO,
                     upstream_ns: trace.upstream_ns,
                     target: answered.into_inner(),
-                    refusal: trace.refusal,
+                    refusal: trace.refusal.and_then(|i| REASONS.get(i).copied()),
                     limit: trace.limit.take(),
                     cache: trace
                         .route
@@ -569,7 +569,7 @@ impl Gateway {
 
 /// Notes a refusal in the trace and makes its answer.
 fn refused(trace: &mut Trace<'_>, r: Refusal) -> Response<Body> {
-    trace.refusal = Some(r.reason());
+    trace.refusal = Some(r.reason_index());
     if let Refusal::RateLimited { limit, .. } = &r {
         trace.limit = Some(limit.clone());
     }

@@ -83,25 +83,45 @@ pub enum Refusal {
     RequestTimeout,
 }
 
+/// Every reason the gateway answers a request itself, as labels for metrics and the
+/// access log; [`Refusal::reason_index`] indexes it.
+pub const REASONS: [&str; 15] = [
+    "bad_request",
+    "no_route",
+    "method_not_allowed",
+    "missing_key",
+    "unknown_key",
+    "ambiguous_key",
+    "forbidden",
+    "origin_not_allowed",
+    "rate_limited",
+    "limit_store_down",
+    "payload_too_large",
+    "upstream_error",
+    "upstream_timeout",
+    "upstream_busy",
+    "request_timeout",
+];
+
 impl Refusal {
-    /// The reason as a metric label (one of [`crate::observe::metrics::REASONS`]).
-    pub fn reason(&self) -> &'static str {
+    /// The reason's place in [`REASONS`].
+    pub fn reason_index(&self) -> usize {
         match self {
-            Refusal::BadRequest(_) => "bad_request",
-            Refusal::NoRoute => "no_route",
-            Refusal::MethodNotAllowed { .. } => "method_not_allowed",
-            Refusal::MissingKey => "missing_key",
-            Refusal::UnknownKey => "unknown_key",
-            Refusal::AmbiguousKey => "ambiguous_key",
-            Refusal::Forbidden => "forbidden",
-            Refusal::OriginNotAllowed => "origin_not_allowed",
-            Refusal::RateLimited { .. } => "rate_limited",
-            Refusal::LimitStoreDown => "limit_store_down",
-            Refusal::PayloadTooLarge => "payload_too_large",
-            Refusal::Upstream(_) => "upstream_error",
-            Refusal::UpstreamTimeout => "upstream_timeout",
-            Refusal::UpstreamBusy => "upstream_busy",
-            Refusal::RequestTimeout => "request_timeout",
+            Refusal::BadRequest(_) => 0,
+            Refusal::NoRoute => 1,
+            Refusal::MethodNotAllowed { .. } => 2,
+            Refusal::MissingKey => 3,
+            Refusal::UnknownKey => 4,
+            Refusal::AmbiguousKey => 5,
+            Refusal::Forbidden => 6,
+            Refusal::OriginNotAllowed => 7,
+            Refusal::RateLimited { .. } => 8,
+            Refusal::LimitStoreDown => 9,
+            Refusal::PayloadTooLarge => 10,
+            Refusal::Upstream(_) => 11,
+            Refusal::UpstreamTimeout => 12,
+            Refusal::UpstreamBusy => 13,
+            Refusal::RequestTimeout => 14,
         }
     }
 }

@@ -10,6 +10,7 @@
 use crate::cache::Cache;
 use crate::cluster::Cluster;
 use crate::observe::CLASSES;
+use crate::response::REASONS;
 use crate::upstream::Upstream;
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -134,25 +135,6 @@ pub struct UpstreamStats {
     /// Requests answered 503 because every allowed connection was busy.
     pub busy: Counter,
 }
-
-/// Every reason the gateway answers a request itself, as metric labels.
-pub const REASONS: [&str; 15] = [
-    "bad_request",
-    "no_route",
-    "method_not_allowed",
-    "missing_key",
-    "unknown_key",
-    "ambiguous_key",
-    "forbidden",
-    "origin_not_allowed",
-    "rate_limited",
-    "limit_store_down",
-    "payload_too_large",
-    "upstream_error",
-    "upstream_timeout",
-    "upstream_busy",
-    "request_timeout",
-];
 
 /// Process-wide metrics.
 #[derive(Debug)]
@@ -436,10 +418,10 @@ impl Metrics {
             .clone()
     }
 
-    /// Counts a refusal by reason (one of [`REASONS`]).
-    pub fn refusal(&self, reason: &str) {
-        if let Some(i) = REASONS.iter().position(|r| *r == reason) {
-            self.refusals[i].inc();
+    /// Counts a refusal by reason ([`crate::response::Refusal::reason_index`]).
+    pub fn refusal(&self, reason: usize) {
+        if let Some(c) = self.refusals.get(reason) {
+            c.inc();
         }
     }
 

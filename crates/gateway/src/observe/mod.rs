@@ -25,8 +25,8 @@ pub struct Trace<'s> {
     pub route: Option<&'s Route>,
     /// The consumer, once authenticated, by index in the snapshot.
     pub consumer: Option<usize>,
-    /// Why the gateway answered itself, if it did.
-    pub refusal: Option<&'static str>,
+    /// Why the gateway answered itself, if it did ([`crate::response::REASONS`] index).
+    pub refusal: Option<usize>,
     /// The limit that refused, for a 429.
     pub limit: Option<Arc<str>>,
     /// Time waiting for the upstream's response head, when the request went upstream.
