@@ -90,8 +90,9 @@ pub async fn usage(
     }
     let shared = !keys.is_empty();
     if let (Some(c), true) = (cluster, shared) {
-        let client = redis::Client::open(c.cfg.redis.as_str())?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        let mut conn =
+            crate::cluster::redis_connection(&c.cfg.redis, std::time::Duration::from_secs(2))
+                .await?;
         let mut pipe = redis::pipe();
         for (_, k) in &keys {
             pipe.cmd("GET").arg(k);

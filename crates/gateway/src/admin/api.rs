@@ -70,11 +70,7 @@ fn redact(v: &mut Value) {
     }
     if let Some(url) = v.pointer_mut("/cluster/redis") {
         if let Some(s) = url.as_str() {
-            if let (Some(scheme), Some(at)) = (s.find("://"), s.rfind('@')) {
-                if at > scheme {
-                    *url = Value::from(format!("{}<redacted>{}", &s[..scheme + 3], &s[at..]));
-                }
-            }
+            *url = Value::from(crate::cluster::redacted(s, "<redacted>"));
         }
     }
 }

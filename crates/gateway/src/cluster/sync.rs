@@ -58,7 +58,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                         conn = Some(x);
                         backoff = Duration::from_millis(100);
                         last_heartbeat = None;
-                        tracing::info!(redis = %redacted(&c.cfg.redis), "cluster: connected to Redis; sharing limits");
+                        tracing::info!(redis = %super::redacted(&c.cfg.redis, "***"), "cluster: connected to Redis; sharing limits");
                     }
                     Err(e) => {
                         c.metrics.errors.fetch_add(1, Ordering::Relaxed);
@@ -66,7 +66,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                             || backoff == Duration::from_millis(100)
                         {
                             tracing::warn!(
-                                redis = %redacted(&c.cfg.redis),
+                                redis = %super::redacted(&c.cfg.redis, "***"),
                                 policy = ?c.cfg.on_redis_down,
                                 "cluster: Redis unreachable ({e}); retrying with backoff"
                             );
@@ -105,23 +105,8 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
     })
 }
 
-/// `redis://:secret@host` → `redis://***@host`, for logs.
-fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
-        _ => url.to_string(),
-    }
-}
-
 async fn connect(c: &Cluster) -> Result<(MultiplexedConnection, String), redis::RedisError> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = redis::Client::open(c.cfg.redis.as_str())?;
-    let cfg = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(1)))
-        .set_response_timeout(Some(Duration::from_secs(1)));
-    let mut conn = client
-        .get_multiplexed_async_connection_with_config(&cfg)
-        .await?;
+    let mut conn = super::redis_connection(&c.cfg.redis, Duration::from_secs(1)).await?;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(LEASE)

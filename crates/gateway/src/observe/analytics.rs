@@ -464,13 +464,7 @@ impl RedisLink {
         if let Some(c) = guard.as_ref() {
             return Ok(c.clone());
         }
-        let client = redis::Client::open(self.url.as_str())?;
-        let c = tokio::time::timeout(
-            Duration::from_secs(2),
-            client.get_multiplexed_async_connection(),
-        )
-        .await
-        .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "connect timed out")))??;
+        let c = crate::cluster::redis_connection(&self.url, Duration::from_secs(2)).await?;
         *guard = Some(c.clone());
         Ok(c)
     }
