@@ -7,25 +7,8 @@ use common::redis::RedisServer;
 use common::*;
 use http::{Method, StatusCode};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
-use tollgate_config::AdminConfig;
-use tollgate_gateway::{Clock, Gateway, ManualClock};
-
-/// Serves the admin endpoints of `gw` (no token) on an ephemeral port.
-async fn admin(gw: &Arc<Gateway>) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let cfg = AdminConfig {
-        address: addr,
-        token: None,
-        max_connections: 8,
-        header_timeout: Duration::from_secs(5),
-    };
-    tokio::spawn(tollgate_gateway::admin::serve(gw.clone(), l, cfg));
-    addr
-}
+use tollgate_gateway::{Clock, ManualClock};
 
 async fn analytics(c: &TestClient, addr: SocketAddr, query: &str) -> serde_json::Value {
     let a = c
@@ -56,13 +39,6 @@ fn rows(v: &serde_json::Value) -> Vec<(u64, String, String, String, u64)> {
             )
         })
         .collect()
-}
-
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("tollgate-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
 }
 
 fn routes(extra: &str) -> String {
@@ -98,7 +74,7 @@ async fn counts_land_in_minute_buckets_roll_up_and_survive_a_restart() {
     let start = clock.wall_nanos() / 1_000_000_000;
     let minute = start / 60 * 60;
     let gw = TestGateway::start(&cfg, clock.clone()).await;
-    let addr = admin(&gw.gw).await;
+    let addr = start_admin(&gw.gw, None).await;
     let c = TestClient::default();
 
     for _ in 0..3 {
@@ -147,7 +123,7 @@ async fn counts_land_in_minute_buckets_roll_up_and_survive_a_restart() {
     // A new node on the same file answers with the history so far.
     drop(gw);
     let gw = TestGateway::start(&cfg, clock.clone()).await;
-    let addr = admin(&gw.gw).await;
+    let addr = start_admin(&gw.gw, None).await;
     let _ = c.get(&gw.url("/api/x?apikey=alice-key")).await;
     let v = analytics(
         &c,
@@ -173,7 +149,7 @@ async fn a_corrupt_database_is_reported_and_the_gateway_still_serves() {
     assert!(err.contains(&db.display().to_string()), "{err}");
     let c = TestClient::default();
     assert_eq!(c.get(&gw.url("/open/x")).await.status, StatusCode::OK);
-    let addr = admin(&gw.gw).await;
+    let addr = start_admin(&gw.gw, None).await;
     let a = c.get(&format!("http://{addr}/analytics")).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(a.body.contains("usage history is off"), "{}", a.body);
@@ -183,7 +159,7 @@ async fn a_corrupt_database_is_reported_and_the_gateway_still_serves() {
 async fn without_analytics_the_endpoint_says_how_to_turn_it_on() {
     let backend = echo_backend().await;
     let gw = TestGateway::start(&yaml(backend, &routes("")), ManualClock::new()).await;
-    let addr = admin(&gw.gw).await;
+    let addr = start_admin(&gw.gw, None).await;
     let a = TestClient::default()
         .get(&format!("http://{addr}/analytics"))
         .await;
@@ -218,8 +194,8 @@ async fn in_a_cluster_any_node_answers_for_all_of_them() {
     for _ in 0..3 {
         let _ = c.get(&b.url("/api/x?apikey=alice-key")).await;
     }
-    let a_admin = admin(&a.gw).await;
-    let b_admin = admin(&b.gw).await;
+    let a_admin = start_admin(&a.gw, None).await;
+    let b_admin = start_admin(&b.gw, None).await;
     // Each node flushes its own batch when asked; the answer comes from Redis.
     let _ = analytics(&c, b_admin, "consumer=alice&step=1m").await;
     let v = analytics(&c, a_admin, "consumer=alice&step=1m").await;

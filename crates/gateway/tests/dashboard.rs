@@ -6,9 +6,6 @@ mod common;
 use common::*;
 use http::{Method, StatusCode};
 use std::process::Command;
-use std::time::Duration;
-use tokio::net::TcpListener;
-use tollgate_config::AdminConfig;
 use tollgate_gateway::ManualClock;
 
 const TOKEN: &str = "dash-token-1";
@@ -107,18 +104,7 @@ routes:
 "#,
     );
     let gw = TestGateway::start(&cfg, ManualClock::new()).await;
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let admin = l.local_addr().expect("addr");
-    tokio::spawn(tollgate_gateway::admin::serve(
-        gw.gw.clone(),
-        l,
-        AdminConfig {
-            address: admin,
-            token: Some(TOKEN.into()),
-            max_connections: 16,
-            header_timeout: Duration::from_secs(10),
-        },
-    ));
+    let admin = start_admin(&gw.gw, Some(TOKEN)).await;
 
     // A little load: passes, refusals of each kind, cache hits and a miss.
     let c = TestClient::default();

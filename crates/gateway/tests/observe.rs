@@ -6,27 +6,9 @@ mod common;
 use common::*;
 use http::{Method, StatusCode};
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::net::TcpListener;
-use tollgate_config::AdminConfig;
-use tollgate_gateway::{Gateway, ManualClock};
+use tollgate_gateway::ManualClock;
 
 const TOKEN: &str = "s3cret-token";
-
-/// Serves the admin endpoints of `gw` on an ephemeral port, with `token`.
-async fn admin(gw: &Arc<Gateway>, token: Option<&str>) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let cfg = AdminConfig {
-        address: addr,
-        token: token.map(str::to_string),
-        max_connections: 8,
-        header_timeout: Duration::from_secs(5),
-    };
-    tokio::spawn(tollgate_gateway::admin::serve(gw.clone(), l, cfg));
-    addr
-}
 
 /// GET or POST on the admin listener with the token.
 async fn admin_call(c: &TestClient, addr: SocketAddr, method: Method, path: &str) -> Answer {
@@ -259,7 +241,7 @@ fn sample(metrics: &str, line_start: &str) -> Option<f64> {
 async fn metrics_count_requests_refusals_limits_latency_and_connections() {
     let backend = echo_backend().await;
     let gw = TestGateway::start(&yaml(backend, ROUTES), ManualClock::new()).await;
-    let addr = admin(&gw.gw, Some(TOKEN)).await;
+    let addr = start_admin(&gw.gw, Some(TOKEN)).await;
     let c = TestClient::default();
     for _ in 0..3 {
         let _ = c.get(&gw.url("/api/x?apikey=alice-key")).await;
@@ -343,7 +325,7 @@ async fn per_consumer_metrics_only_when_configured() {
 async fn the_admin_api_asks_for_its_token_everywhere_but_health_and_the_page() {
     let backend = echo_backend().await;
     let gw = TestGateway::start(&yaml(backend, ROUTES), ManualClock::new()).await;
-    let addr = admin(&gw.gw, Some(TOKEN)).await;
+    let addr = start_admin(&gw.gw, Some(TOKEN)).await;
     let c = TestClient::default();
     for path in [
         "/metrics",
@@ -401,7 +383,7 @@ async fn status_config_and_reload_over_the_admin_api() {
     let gw = TestGateway::start(&first, ManualClock::new()).await;
     gw.gw.loaded_from(first.as_bytes());
     gw.gw.set_source(&file);
-    let addr = admin(&gw.gw, Some(TOKEN)).await;
+    let addr = start_admin(&gw.gw, Some(TOKEN)).await;
     let c = TestClient::default();
 
     let s = json(&admin_call(&c, addr, Method::GET, "/status").await);
@@ -452,12 +434,4 @@ async fn status_config_and_reload_over_the_admin_api() {
     let m = gw.gw.metrics_text();
     assert_eq!(sample(&m, "tollgate_config_reloads_total"), Some(1.0));
     assert_eq!(sample(&m, "tollgate_config_reload_errors_total"), Some(1.0));
-}
-
-/// A fresh directory under the system's temp dir for one test.
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("tollgate-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
 }

@@ -399,3 +399,25 @@ pub async fn exchange(addr: SocketAddr, seen: &Heads, head: &str) -> (String, Op
     let got = seen.lock().get(before).cloned();
     (answer, got)
 }
+
+/// Serves the admin endpoints of `gw` on an ephemeral loopback port, with `token` if given.
+pub async fn start_admin(gw: &Arc<Gateway>, token: Option<&str>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let cfg = tollgate_config::AdminConfig {
+        address: addr,
+        token: token.map(str::to_string),
+        max_connections: 16,
+        header_timeout: Duration::from_secs(10),
+    };
+    tokio::spawn(tollgate_gateway::admin::serve(gw.clone(), l, cfg));
+    addr
+}
+
+/// A fresh directory under the system's temp dir for one test.
+pub fn tempdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tollgate-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
