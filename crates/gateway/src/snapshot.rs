@@ -222,6 +222,10 @@ impl Snapshot {
             })
             .collect();
 
+        let mut handles = LimitHandles {
+            metrics: &registry.metrics,
+            seen: HashMap::new(),
+        };
         let routes = config
             .routes
             .iter()
@@ -255,7 +259,7 @@ impl Snapshot {
                                     format!("route:{}", r.name),
                                 ));
                             }
-                            limit_set(all, &registry.metrics)
+                            limit_set(all, &mut handles)
                         })
                         .collect()
                 };
@@ -343,7 +347,28 @@ fn owned_names(config: &Config) -> Owned {
     owned
 }
 
-fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>, String)>, metrics: &Metrics) -> LimitSet {
+/// Each limit name's shared label and refusal counter, looked up once per build rather
+/// than once per consumer.
+struct LimitHandles<'a> {
+    metrics: &'a Metrics,
+    seen: HashMap<String, (Arc<str>, Counter)>,
+}
+
+impl LimitHandles<'_> {
+    fn get(&mut self, name: &str) -> (Arc<str>, Counter) {
+        if let Some(h) = self.seen.get(name) {
+            return h.clone();
+        }
+        let h = (Arc::from(name), self.metrics.limit(name));
+        self.seen.insert(name.to_string(), h.clone());
+        h
+    }
+}
+
+fn limit_set(
+    mut all: Vec<(LimitConfig, Arc<LimitCell>, String)>,
+    handles: &mut LimitHandles<'_>,
+) -> LimitSet {
     all.sort_by_key(|(_, c, _)| c.id);
     let policy = (!all.is_empty())
         .then(|| {
@@ -359,9 +384,10 @@ fn limit_set(mut all: Vec<(LimitConfig, Arc<LimitCell>, String)>, metrics: &Metr
     let (cells, info) = all
         .into_iter()
         .map(|(l, cell, scope)| {
+            let (label, refused) = handles.get(&l.name);
             let info = LimitInfo {
-                label: Arc::from(l.name.as_str()),
-                refused: metrics.limit(&l.name),
+                label,
+                refused,
                 ratelimit_prefix: format!("\"{}\";r=", l.name),
                 window_secs: l.window.as_secs(),
                 name: l.name,
