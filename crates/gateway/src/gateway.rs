@@ -486,6 +486,8 @@ impl Gateway {
         let mut trace = Trace::new(id);
         let method = req.method().clone();
         let log = self.access_log.load_full();
+        // Read once, for the log line and the usage history.
+        let wall_ns = (log.is_some() || self.analytics.is_some()).then(|| self.clock.wall_nanos());
         let logged = log.as_ref().map(|_| {
             let bytes_in = req
                 .headers()
@@ -499,7 +501,7 @@ impl Gateway {
                 || req.uri().path().to_string(),
                 |pq| pq.as_str().to_string(),
             );
-            (target, bytes_in, self.clock.wall_nanos())
+            (target, bytes_in)
         });
         let answered = upstream::AnsweredBy::new();
         let mut resp = self
@@ -526,19 +528,19 @@ impl Gateway {
                 self.metrics.consumer(c, status);
             }
         }
-        if let Some(a) = &self.analytics {
+        if let (Some(a), Some(wall)) = (&self.analytics, wall_ns) {
             let none = &snap.anonymous;
             a.count(
-                self.clock.wall_nanos() / 1_000_000_000,
+                wall / 1_000_000_000,
                 consumer.unwrap_or(none),
                 trace.route.map_or(none, |r| &r.name),
                 status,
             );
         }
         let pending = match (log, logged) {
-            (Some(log), Some((uri, bytes_in, wall_ns))) => {
+            (Some(log), Some((uri, bytes_in))) => {
                 let rec = Record {
-                    wall_ns,
+                    wall_ns: wall_ns.unwrap_or(0),
                     request_id: trace.request_id.clone(),
                     client: conn.peer_ip.clone(),
                     method,
