@@ -24,6 +24,10 @@ pub struct FileConfig {
     /// API consumers and their keys.
     #[serde(default)]
     pub consumers: Vec<Consumer>,
+    /// More consumers, one per line (JSON lines, or CSV for `*.csv`).
+    pub consumers_file: Option<String>,
+    /// Keep limit counters on disk across restarts.
+    pub state: Option<State>,
     /// Plans: named sets of limits that consumers subscribe to.
     #[serde(default)]
     pub plans: BTreeMap<String, Plan>,
@@ -39,6 +43,16 @@ pub struct FileConfig {
     pub analytics: Option<Analytics>,
     /// What `/metrics` breaks down.
     pub metrics: Option<Metrics>,
+}
+
+/// Where limit counters are kept across restarts.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct State {
+    /// The SQLite database file.
+    pub path: String,
+    /// How often counters are written (default 1s).
+    pub flush_interval: Option<Dur>,
 }
 
 /// The access log.
@@ -305,7 +319,11 @@ pub struct Consumer {
     /// Unique name, passed upstream in the consumer header.
     pub name: String,
     /// API keys that identify the consumer.
+    #[serde(default)]
     pub keys: Vec<String>,
+    /// SHA-256 digests (64 hex digits) of more keys, so the file holds no secret.
+    #[serde(default)]
+    pub key_sha256: Vec<String>,
     /// The consumer's plan.
     pub plan: Option<String>,
 }

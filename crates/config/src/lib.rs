@@ -6,6 +6,8 @@
 //! once, each with its place in the file (`routes[2].upstream: unknown upstream "orders"`).
 #![forbid(unsafe_code)]
 
+pub mod consumers;
+mod consumers_file;
 pub mod error;
 pub mod file;
 pub mod model;
@@ -13,6 +15,7 @@ pub mod parse;
 pub mod units;
 mod validate;
 
+pub use consumers::{key_digest, Consumers};
 pub use error::{ConfigError, Problem};
 pub use model::*;
 
@@ -64,4 +67,12 @@ pub fn from_path(path: &Path) -> Result<Config, ConfigError> {
     })?;
     let base = path.parent().filter(|p| !p.as_os_str().is_empty());
     from_yaml_in(&text, base.unwrap_or(Path::new(".")))
+}
+
+/// A fingerprint of file content, to tell a change from the content running.
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish() | 1
 }

@@ -16,8 +16,13 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     /// Routes, sorted most specific first (exact paths, then longer prefixes, hosts before none).
     pub routes: Vec<RouteConfig>,
-    /// Consumers; keys refer to them by index.
-    pub consumers: Vec<ConsumerConfig>,
+    /// Consumers, inline and from `consumers_file`, by index; shared, as a million of
+    /// them are not copied.
+    pub consumers: std::sync::Arc<crate::Consumers>,
+    /// The file consumers were read from, if any.
+    pub consumers_file: Option<ConsumersFile>,
+    /// Where limit counters are kept across restarts, if anywhere.
+    pub state: Option<StateConfig>,
     /// Plans; consumers refer to them by index.
     pub plans: Vec<PlanConfig>,
     /// Shared limits, if configured.
@@ -32,6 +37,24 @@ pub struct Config {
     pub analytics: Option<AnalyticsConfig>,
     /// `/metrics` options.
     pub metrics: MetricsConfig,
+}
+
+/// The file consumers were read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumersFile {
+    /// Its path (relative ones resolved against the config file's folder).
+    pub path: std::path::PathBuf,
+    /// Fingerprint of the content read.
+    pub fingerprint: u64,
+}
+
+/// Limit counters kept on disk so that a restart does not reset them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateConfig {
+    /// SQLite database file.
+    pub path: std::path::PathBuf,
+    /// How often counters are written.
+    pub flush_interval: Duration,
 }
 
 /// Where access log lines go.
@@ -314,7 +337,7 @@ pub struct AuthConfig {
 /// Who may call a route.
 #[derive(Debug, Clone, Default)]
 pub struct AllowConfig {
-    /// Indices into [`Config::consumers`].
+    /// Indices into [`Config::consumers`], sorted.
     pub consumers: Vec<usize>,
     /// Indices into [`Config::plans`].
     pub plans: Vec<usize>,
@@ -346,17 +369,6 @@ pub struct CorsConfig {
     pub max_age: Option<Duration>,
     /// Allow credentials.
     pub credentials: bool,
-}
-
-/// A consumer.
-#[derive(Debug, Clone)]
-pub struct ConsumerConfig {
-    /// Unique name.
-    pub name: String,
-    /// API keys.
-    pub keys: Vec<String>,
-    /// Index into [`Config::plans`].
-    pub plan: Option<usize>,
 }
 
 /// A plan.

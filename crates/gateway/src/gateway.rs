@@ -4,6 +4,8 @@ use crate::cache::{self, Ask, Cache};
 use crate::clock::Clock;
 use crate::cluster::{spawn_syncer, Cluster};
 use crate::inbound;
+use crate::limiter::persist::StateStore;
+use crate::limiter::table::Live;
 use crate::limiter::Now;
 use crate::listener::ConnInfo;
 use crate::observe::access_log::{AccessLog, Logged, Record};
@@ -117,6 +119,26 @@ pub struct Gateway {
     source: parking_lot::Mutex<Option<PathBuf>>,
     /// The text of the running config, for `/config`.
     running_text: parking_lot::Mutex<Option<Arc<[u8]>>>,
+    /// Where limit counters are written, when `state:` is set.
+    state: Option<Arc<StateStore>>,
+}
+
+/// How often limit cells whose windows have all passed are retired.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Retires idle limit cells every [`SWEEP_EVERY`] on a thread of its own, until the gateway
+/// is gone.
+fn spawn_sweeper(gw: std::sync::Weak<Gateway>) {
+    let spawned = std::thread::Builder::new()
+        .name("tollgate-sweep".into())
+        .spawn(move || loop {
+            std::thread::park_timeout(SWEEP_EVERY);
+            let Some(gw) = gw.upgrade() else { return };
+            gw.sweep();
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the limit sweeper thread: {e}; idle counters are kept");
+    }
 }
 
 impl std::fmt::Debug for Gateway {
@@ -137,7 +159,31 @@ impl Gateway {
             metrics.watch_cluster(cluster.clone());
             cluster
         });
-        let registry = Registry::with_metrics(cluster, metrics.clone());
+        let state = match (&config.state, &cluster) {
+            (Some(_), Some(_)) => {
+                tracing::warn!(
+                    "with `cluster:`, limit counters live in Redis; `state.path` is not used"
+                );
+                None
+            }
+            (Some(s), None) => {
+                let (store, saved) = StateStore::open(s, clock.clone());
+                store.spawn_flusher(s.flush_interval);
+                metrics.watch_state(store.stats.clone());
+                Some((store, saved))
+            }
+            (None, _) => None,
+        };
+        let live = Arc::new(Live::new(
+            cluster,
+            state.as_ref().map(|(s, _)| s.queue.clone()),
+        ));
+        metrics.watch_limit_cells(&live);
+        let state = state.map(|(store, saved)| {
+            live.restore(saved);
+            store
+        });
+        let registry = Registry::with_live(live, metrics.clone());
         let access_log = config
             .access_log
             .as_ref()
@@ -166,7 +212,7 @@ impl Gateway {
             snapshot.config.cache.max_object_size,
         );
         metrics.watch_cache(cache.clone());
-        Arc::new(Gateway {
+        let gw = Arc::new(Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
             cache,
             running: AtomicU64::new(0),
@@ -180,7 +226,10 @@ impl Gateway {
             started: Instant::now(),
             source: parking_lot::Mutex::new(None),
             running_text: parking_lot::Mutex::new(None),
-        })
+            state,
+        });
+        spawn_sweeper(Arc::downgrade(&gw));
+        gw
     }
 
     /// The metrics.
@@ -214,9 +263,29 @@ impl Gateway {
         self.access_log.load_full().is_some_and(|l| l.sync(wait))
     }
 
-    /// Writes out what is still held in memory: usage counts not yet in the database, and
-    /// queued access log lines (on shutdown).
+    /// Retires limit cells whose windows have all passed, and clears them from the
+    /// running snapshot. Returns how many cells were retired.
+    pub fn sweep(&self) -> usize {
+        let retired = self.registry.live().sweep(self.now());
+        if retired > 0 {
+            self.snapshot.load().counters.sweep();
+        }
+        retired
+    }
+
+    /// Writes the limit counters not yet in the state file (blocking). Returns how many
+    /// windows were written.
+    pub fn flush_state(&self) -> usize {
+        self.state.as_ref().map_or(0, |s| s.flush())
+    }
+
+    /// Writes out what is still held in memory: limit counters, usage counts not yet in
+    /// the database, and queued access log lines (on shutdown).
     pub async fn flush_all(&self) {
+        if let Some(s) = self.state.clone() {
+            s.stop();
+            let _ = tokio::task::spawn_blocking(move || s.flush()).await;
+        }
         if let Some(a) = &self.analytics {
             a.flush(self.wall_secs()).await;
         }
@@ -287,6 +356,9 @@ impl Gateway {
         }
         if old.config.cluster != config.cluster {
             tracing::warn!("cluster changes take effect at the next restart");
+        }
+        if old.config.state != config.state {
+            tracing::warn!("state changes take effect at the next restart");
         }
         if old.config.analytics != config.analytics {
             tracing::warn!("analytics changes take effect at the next restart");
@@ -437,7 +509,7 @@ impl Gateway {
             let ask = Ask {
                 cfg: cc,
                 route: &route.cfg.name,
-                consumer: admitted.consumer.map(|c| &*snap.consumers[c].name),
+                consumer: admitted.consumer.map(|c| snap.consumer_name(c)),
                 credentials: route.cfg.auth.as_ref().map_or(&[], |a| a.query.as_slice()),
                 wait: route.upstream.cfg.response_timeout,
                 now_ns: self.clock.now_nanos(),
@@ -522,18 +594,21 @@ impl Gateway {
         if let Some(reason) = trace.refusal {
             self.metrics.refusal(reason);
         }
-        let consumer = trace.consumer.map(|c| &snap.consumers[c].name);
+        let consumer = trace.consumer.map(|c| snap.consumer_name(c));
         if snap.config.metrics.per_consumer {
             if let Some(c) = consumer {
                 self.metrics.consumer(c, status);
             }
         }
         if let (Some(a), Some(wall)) = (&self.analytics, wall_ns) {
-            let none = &snap.anonymous;
+            let table = Arc::as_ptr(&snap.config.consumers) as usize;
             a.count(
                 wall / 1_000_000_000,
-                consumer.unwrap_or(none),
-                trace.route.map_or(none, |r| &r.name),
+                trace
+                    .consumer
+                    .zip(consumer)
+                    .map(|(i, name)| ((table, u32::try_from(i).unwrap_or(u32::MAX)), name)),
+                trace.route.map_or(&snap.anonymous, |r| &r.name),
                 status,
             );
         }
@@ -547,7 +622,7 @@ impl Gateway {
                     uri,
                     redact: snap.credential_params.clone(),
                     route: trace.route.map(|r| r.name.clone()),
-                    consumer: consumer.cloned(),
+                    consumer: consumer.map(Arc::from),
                     status,
                     bytes_in,
                     bytes_out: 0,

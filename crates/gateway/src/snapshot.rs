@@ -1,53 +1,53 @@
 //! The runtime snapshot: a validated [`Config`] compiled into what the request path reads,
 //! swapped atomically on reload. State that must outlive a reload (limit counters, upstream
 //! pools) lives in [`Registry`], keyed by stable identities, and is shared into each snapshot.
+//! Nothing here is per consumer: consumers stay in their compact table, and their counters
+//! are made on first call.
 
 use crate::cluster::Cluster;
 use crate::inbound::Owned;
-use crate::limiter::LimitCell;
+use crate::limiter::table::{Counters, Layout, Live};
 use crate::observe::metrics::{Metrics, RouteStats};
 use crate::upstream::Upstream;
 use http::HeaderValue;
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
+use smallvec::SmallVec;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tollgate_config::{Config, LimitConfig, RouteConfig, UpstreamConfig};
 
-/// Identity of a limit's counters: who is counted, and the limit itself. Same key across a
-/// reload → same counters.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct CellKey {
-    scope: String,
-    limit: LimitConfig,
+/// State kept across reloads.
+#[derive(Debug)]
+pub struct Registry {
+    live: Arc<Live>,
+    upstreams: Mutex<HashMap<UpstreamConfig, Weak<Upstream>>>,
+    metrics: Arc<Metrics>,
 }
 
-/// State kept across reloads.
-#[derive(Debug, Default)]
-pub struct Registry {
-    cells: Mutex<HashMap<CellKey, Weak<LimitCell>>>,
-    upstreams: Mutex<HashMap<UpstreamConfig, Weak<Upstream>>>,
-    next_id: AtomicU64,
-    cluster: Option<Arc<Cluster>>,
-    metrics: Arc<Metrics>,
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::new(None)
+    }
 }
 
 impl Registry {
     /// A registry whose limits are shared through `cluster` when given.
     pub fn new(cluster: Option<Arc<Cluster>>) -> Self {
-        Registry {
-            cluster,
-            ..Registry::default()
-        }
+        Registry::with_metrics(cluster, Arc::default())
     }
 
     /// A registry counting into `metrics`.
     pub fn with_metrics(cluster: Option<Arc<Cluster>>, metrics: Arc<Metrics>) -> Self {
+        Registry::with_live(Arc::new(Live::new(cluster, None)), metrics)
+    }
+
+    /// A registry whose limit cells are `live` (shared, or written to a state file).
+    pub fn with_live(live: Arc<Live>, metrics: Arc<Metrics>) -> Self {
         Registry {
-            cluster,
+            live,
+            upstreams: Mutex::default(),
             metrics,
-            ..Registry::default()
         }
     }
 
@@ -58,30 +58,12 @@ impl Registry {
 
     /// The cluster link, if limits are shared.
     pub fn cluster(&self) -> Option<&Arc<Cluster>> {
-        self.cluster.as_ref()
+        self.live.cluster()
     }
 
-    fn cell(&self, scope: &str, limit: &LimitConfig) -> Arc<LimitCell> {
-        let key = CellKey {
-            scope: scope.to_string(),
-            limit: limit.clone(),
-        };
-        let mut cells = self.cells.lock();
-        if let Some(c) = cells.get(&key).and_then(Weak::upgrade) {
-            return c;
-        }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let c = Arc::new(match &self.cluster {
-            Some(cluster) => LimitCell::new_shared(
-                id,
-                limit.requests,
-                limit.window,
-                cluster.limit(scope, limit),
-            ),
-            None => LimitCell::new(id, limit.requests, limit.window),
-        });
-        cells.insert(key, Arc::downgrade(&c));
-        c
+    /// Every limit cell in use.
+    pub fn live(&self) -> &Arc<Live> {
+        &self.live
     }
 
     fn upstream(&self, cfg: &UpstreamConfig) -> Arc<Upstream> {
@@ -95,28 +77,18 @@ impl Registry {
         u
     }
 
-    /// Forgets entries no snapshot uses any more.
+    /// Forgets upstreams no snapshot uses any more.
     fn prune(&self) {
-        self.cells.lock().retain(|_, w| w.strong_count() > 0);
         self.upstreams.lock().retain(|_, w| w.strong_count() > 0);
     }
 }
 
-/// A consumer as the request path sees it.
-#[derive(Debug)]
-pub struct Consumer {
-    /// Name.
-    pub name: Arc<str>,
-    /// The name as a header value, for the consumer header.
-    pub header_value: HeaderValue,
-}
-
-/// The limits that apply to one consumer on one route, ready to check.
+/// The limits that apply on one route to the consumers of one plan, ready to check.
 #[derive(Debug, Default)]
 pub struct LimitSet {
-    /// Counters, sorted by id (lock order).
-    pub cells: Vec<Arc<LimitCell>>,
-    /// What each limit is, in the same order as `cells`.
+    /// Where each limit's cell is in a consumer's group (its plan's [`Layout`]).
+    pub positions: SmallVec<[usize; 4]>,
+    /// What each limit is, in the same order as `positions`.
     pub info: Vec<LimitInfo>,
     /// The `RateLimit-Policy` header value, listing every limit.
     pub policy: Option<HeaderValue>,
@@ -129,6 +101,8 @@ pub struct LimitInfo {
     pub name: String,
     /// Window in seconds.
     pub window_secs: u64,
+    /// Requests allowed per window.
+    pub requests: u64,
     /// `plan` or `route:NAME`.
     pub scope: String,
     /// `"name";r=`: the start of its `RateLimit` value.
@@ -150,10 +124,9 @@ pub struct Route {
     pub strip: Option<Arc<str>>,
     /// Its upstream.
     pub upstream: Arc<Upstream>,
-    /// `allowed[consumer]`: may this consumer call the route.
-    pub allowed: Vec<bool>,
-    /// `limits[consumer]`: the consumer's limits on this route (plan + route limits).
-    pub limits: Vec<LimitSet>,
+    /// The limits of its consumers (plan + route limits), by plan slot (see
+    /// [`Counters::plan_slot`]); empty on a route without `auth`.
+    pub limit_sets: Vec<LimitSet>,
     /// `Allow` header value for 405 answers.
     pub allow_header: Option<HeaderValue>,
     /// Its counters in `/metrics`, kept across reloads.
@@ -167,13 +140,10 @@ pub struct Snapshot {
     pub config: Config,
     /// Routes, most specific first.
     pub routes: Vec<Route>,
-    /// Consumers by index.
-    pub consumers: Vec<Consumer>,
+    /// Each consumer's limit counters, made on first call.
+    pub counters: Counters,
     /// Header names only the gateway may set.
     pub owned: Owned,
-    /// API key → consumer index. foldhash with a random seed: fast, and keys chosen by
-    /// clients cannot be aimed at one bucket without knowing the seed.
-    pub keys: HashMap<String, usize, foldhash::fast::RandomState>,
     /// Every query parameter any route reads a key from, removed from logged URLs.
     pub credential_params: Arc<[String]>,
     /// `-`: the consumer or route of requests that had none, in the usage history.
@@ -183,81 +153,58 @@ pub struct Snapshot {
 impl Snapshot {
     /// Compiles `config`, reusing counters and pools from `registry` where unchanged.
     pub fn build(config: Config, registry: &Registry) -> Snapshot {
-        let consumers: Vec<Consumer> = config
-            .consumers
-            .iter()
-            .map(|c| Consumer {
-                name: Arc::from(c.name.as_str()),
-                // Validation guarantees printable ASCII.
-                header_value: HeaderValue::from_str(&c.name)
-                    .unwrap_or_else(|_| HeaderValue::from_static("invalid")),
-            })
-            .collect();
-        let mut keys = HashMap::with_hasher(foldhash::fast::RandomState::default());
-        for (i, c) in config.consumers.iter().enumerate() {
-            for k in &c.keys {
-                keys.insert(k.clone(), i);
-            }
-        }
-        // Plan limits are per consumer and shared by every route.
-        let plan_cells: Vec<Vec<(LimitConfig, Arc<LimitCell>, String)>> = config
-            .consumers
-            .iter()
-            .map(|c| {
-                c.plan
-                    .map(|p| {
-                        config.plans[p]
-                            .limits
-                            .iter()
-                            .map(|l| {
-                                (
-                                    l.clone(),
-                                    registry.cell(&format!("consumer:{}", c.name), l),
-                                    "plan".to_string(),
-                                )
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            })
-            .collect();
-
         let mut handles = LimitHandles {
             metrics: &registry.metrics,
             seen: HashMap::new(),
         };
+        let route_names: Vec<Arc<str>> = config
+            .routes
+            .iter()
+            .map(|r| Arc::from(r.name.as_str()))
+            .collect();
+        let plan_limits = |slot: usize| -> &[LimitConfig] {
+            config.plans.get(slot).map_or(&[], |p| p.limits.as_slice())
+        };
+        // One layout per plan, then one for consumers without a plan: the plan's limits,
+        // then each limited route's own. route_at[slot][route]: where that route's start.
+        let slots = config.plans.len() + 1;
+        let mut layouts = Vec::with_capacity(slots);
+        let mut route_at = vec![vec![0usize; config.routes.len()]; slots];
+        for (slot, at) in route_at.iter_mut().enumerate() {
+            let mut layout = Layout::default();
+            for l in plan_limits(slot) {
+                layout.limits.push((l.clone(), None));
+            }
+            for (ri, r) in config.routes.iter().enumerate() {
+                at[ri] = layout.limits.len();
+                if r.auth.is_some() {
+                    for l in &r.limits {
+                        layout
+                            .limits
+                            .push((l.clone(), Some(route_names[ri].clone())));
+                    }
+                }
+            }
+            layouts.push(layout);
+        }
         let routes = config
             .routes
             .iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(ri, r)| {
                 let upstream = registry.upstream(&config.upstreams[r.upstream]);
-                let allowed = config
-                    .consumers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| match &r.allow {
-                        None => true,
-                        Some(a) => {
-                            a.consumers.contains(&i) || c.plan.is_some_and(|p| a.plans.contains(&p))
-                        }
-                    })
-                    .collect();
-                let limits = if r.auth.is_none() {
+                let limit_sets = if r.auth.is_none() {
                     Vec::new()
                 } else {
-                    config
-                        .consumers
-                        .iter()
-                        .enumerate()
-                        .map(|(i, c)| {
-                            let mut all = plan_cells[i].clone();
-                            for l in &r.limits {
-                                let scope = format!("route:{}:consumer:{}", r.name, c.name);
-                                all.push((
-                                    l.clone(),
-                                    registry.cell(&scope, l),
-                                    format!("route:{}", r.name),
-                                ));
+                    (0..slots)
+                        .map(|slot| {
+                            let mut all: Vec<(usize, &LimitConfig, String)> = plan_limits(slot)
+                                .iter()
+                                .enumerate()
+                                .map(|(i, l)| (i, l, "plan".to_string()))
+                                .collect();
+                            for (j, l) in r.limits.iter().enumerate() {
+                                all.push((route_at[slot][ri] + j, l, format!("route:{}", r.name)));
                             }
                             limit_set(all, &mut handles)
                         })
@@ -272,12 +219,11 @@ impl Snapshot {
                     _ => None,
                 };
                 Route {
-                    name: Arc::from(r.name.as_str()),
+                    name: route_names[ri].clone(),
                     strip,
                     cfg: r.clone(),
                     upstream,
-                    allowed,
-                    limits,
+                    limit_sets,
                     allow_header,
                     stats: registry.metrics.route(&r.name),
                 }
@@ -296,11 +242,30 @@ impl Snapshot {
         Snapshot {
             credential_params: params.into(),
             anonymous: Arc::from(crate::observe::analytics::NONE),
+            counters: Counters::new(config.consumers.clone(), layouts, registry.live.clone()),
             config,
             routes,
-            consumers,
             owned,
-            keys,
+        }
+    }
+
+    /// Consumer `i`'s name.
+    pub fn consumer_name(&self, i: usize) -> &str {
+        self.config.consumers.name(i)
+    }
+
+    /// Whether consumer `i` may call `route` (its `allow` list of consumers and plans).
+    pub fn allowed(&self, route: &Route, i: usize) -> bool {
+        match &route.cfg.allow {
+            None => true,
+            Some(a) => {
+                a.consumers.binary_search(&i).is_ok()
+                    || self
+                        .config
+                        .consumers
+                        .plan(i)
+                        .is_some_and(|p| a.plans.contains(&p))
+            }
         }
     }
 }
@@ -365,39 +330,36 @@ impl LimitHandles<'_> {
     }
 }
 
-fn limit_set(
-    mut all: Vec<(LimitConfig, Arc<LimitCell>, String)>,
-    handles: &mut LimitHandles<'_>,
-) -> LimitSet {
-    all.sort_by_key(|(_, c, _)| c.id);
+fn limit_set(all: Vec<(usize, &LimitConfig, String)>, handles: &mut LimitHandles<'_>) -> LimitSet {
     let policy = (!all.is_empty())
         .then(|| {
             let items: Vec<String> = all
                 .iter()
-                .map(|(l, _, _)| {
+                .map(|(_, l, _)| {
                     format!("\"{}\";q={};w={}", l.name, l.requests, l.window.as_secs())
                 })
                 .collect();
             HeaderValue::from_str(&items.join(", ")).ok()
         })
         .flatten();
-    let (cells, info) = all
+    let (positions, info) = all
         .into_iter()
-        .map(|(l, cell, scope)| {
+        .map(|(at, l, scope)| {
             let (label, refused) = handles.get(&l.name);
             let info = LimitInfo {
                 label,
                 refused,
                 ratelimit_prefix: format!("\"{}\";r=", l.name),
                 window_secs: l.window.as_secs(),
-                name: l.name,
+                requests: l.requests,
+                name: l.name.clone(),
                 scope,
             };
-            (cell, info)
+            (at, info)
         })
         .unzip();
     LimitSet {
-        cells,
+        positions,
         info,
         policy,
     }

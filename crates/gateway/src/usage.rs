@@ -54,18 +54,23 @@ pub async fn usage(
     now: Now,
 ) -> Result<Usage, UsageError> {
     let index = snap
+        .config
         .consumers
-        .iter()
-        .position(|c| *c.name == *consumer)
+        .find(consumer)
         .ok_or_else(|| UsageError::UnknownConsumer(consumer.to_string()))?;
+    let slot = snap.counters.plan_slot(index);
+    let group = snap.counters.group(index, now);
     let mut seen = HashSet::new();
     let mut limits = Vec::new();
     let mut keys = Vec::new();
     for route in &snap.routes {
-        let Some(set) = route.limits.get(index) else {
+        let Some(set) = route.limit_sets.get(slot) else {
             continue;
         };
-        for (cell, info) in set.cells.iter().zip(&set.info) {
+        for (&at, info) in set.positions.iter().zip(&set.info) {
+            let Some(cell) = group.get(at) else {
+                continue;
+            };
             if !seen.insert(cell.id) {
                 continue;
             }

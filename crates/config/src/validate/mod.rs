@@ -2,6 +2,7 @@
 
 mod route;
 
+use crate::consumers::{Conflict, Consumers};
 use crate::error::{ConfigError, Problem};
 use crate::file;
 use crate::model::*;
@@ -42,20 +43,22 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
     let listeners = listeners(&raw.listeners, &mut p);
     let (upstreams, upstream_index) = upstreams(&raw.upstreams, &mut p);
     let (plans, plan_index) = plans(&raw.plans, &mut p);
-    let (consumers, consumer_index) = consumers(&raw.consumers, &plan_index, &mut p);
+    let (consumers, consumers_file) = consumers(
+        &raw.consumers,
+        raw.consumers_file.as_deref(),
+        base,
+        &plan_index,
+        &mut p,
+    );
+    let consumer_index = &consumers;
 
     let mut routes = Vec::with_capacity(raw.routes.len());
     let mut names = HashSet::new();
     for (i, r) in raw.routes.iter().enumerate() {
         let at = format!("routes[{i}]");
-        if let Some(route) = route::route(
-            r,
-            &at,
-            &upstream_index,
-            &plan_index,
-            &consumer_index,
-            &mut p,
-        ) {
+        if let Some(route) =
+            route::route(r, &at, &upstream_index, &plan_index, consumer_index, &mut p)
+        {
             if !names.insert(route.name.clone()) {
                 p.add(
                     format!("{at}.name"),
@@ -95,6 +98,7 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
     let cache = cache(raw.cache.as_ref(), &mut p);
     let access_log = raw.access_log.as_ref().map(|a| access_log(a, base, &mut p));
     let analytics = raw.analytics.as_ref().map(|a| analytics(a, base, &mut p));
+    let state = raw.state.as_ref().map(|s| state(s, base, &mut p));
     let metrics = MetricsConfig {
         per_consumer: raw.metrics.as_ref().is_some_and(|m| m.per_consumer),
     };
@@ -111,7 +115,9 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
         listeners,
         upstreams,
         routes,
-        consumers,
+        consumers: std::sync::Arc::new(consumers),
+        consumers_file,
+        state,
         plans,
         cluster,
         admin,
@@ -498,30 +504,31 @@ fn plans(
     (out, index)
 }
 
+/// Inline consumers, then those of `consumers_file`, into one table; a name or key used
+/// twice (in either place, plain or hashed) is an error.
 fn consumers(
     raw: &[file::Consumer],
+    file_name: Option<&str>,
+    base: &Path,
     plan_index: &HashMap<String, usize>,
     p: &mut Problems,
-) -> (Vec<ConsumerConfig>, HashMap<String, usize>) {
-    let mut out = Vec::new();
-    let mut index = HashMap::new();
-    let mut keys: HashMap<&str, usize> = HashMap::new();
+) -> (Consumers, Option<ConsumersFile>) {
+    let mut table = Consumers::with_capacity(raw.len(), raw.len());
+    // Where each consumer came from: `consumers[i]` inline.
+    let mut placed: Vec<usize> = Vec::with_capacity(raw.len());
     for (i, c) in raw.iter().enumerate() {
         let at = format!("consumers[{i}]");
+        let mut ok = true;
         if c.name.is_empty() || HeaderValueCheck::invalid(&c.name) {
             p.add(
                 format!("{at}.name"),
                 "must be non-empty printable ASCII (it is sent upstream in a header)",
             );
+            ok = false;
         }
-        if index.insert(c.name.clone(), i).is_some() {
-            p.add(
-                format!("{at}.name"),
-                format!("consumer {:?} is defined twice", c.name),
-            );
-        }
-        if c.keys.is_empty() {
+        if c.keys.is_empty() && c.key_sha256.is_empty() {
             p.add(format!("{at}.keys"), "at least one key is required");
+            ok = false;
         }
         for (j, k) in c.keys.iter().enumerate() {
             if k.is_empty() || HeaderValueCheck::invalid(k) {
@@ -529,12 +536,20 @@ fn consumers(
                     format!("{at}.keys[{j}]"),
                     "must be non-empty printable ASCII",
                 );
+                ok = false;
             }
-            if let Some(other) = keys.insert(k.as_str(), i) {
-                p.add(
-                    format!("{at}.keys[{j}]"),
-                    format!("this key is already used by consumers[{other}]"),
-                );
+        }
+        let mut digests = Vec::new();
+        for (j, h) in c.key_sha256.iter().enumerate() {
+            match crate::consumers_file::parse_digest(h) {
+                Some(d) => digests.push(d),
+                None => {
+                    p.add(
+                        format!("{at}.key_sha256[{j}]"),
+                        "must be 64 hex digits (the SHA-256 of the key)",
+                    );
+                    ok = false;
+                }
             }
         }
         let plan = c.plan.as_ref().and_then(|name| {
@@ -544,13 +559,74 @@ fn consumers(
             }
             found
         });
-        out.push(ConsumerConfig {
-            name: c.name.clone(),
-            keys: c.keys.clone(),
-            plan,
-        });
+        if !ok {
+            continue;
+        }
+        let keys: Vec<&str> = c.keys.iter().map(String::as_str).collect();
+        match table.push(&c.name, plan, &keys, &digests) {
+            Ok(_) => placed.push(i),
+            Err(Conflict::Name(other)) => p.add(
+                format!("{at}.name"),
+                format!(
+                    "consumer {:?} is defined twice (also consumers[{}])",
+                    c.name, placed[other]
+                ),
+            ),
+            Err(Conflict::Key { other, at: k }) => {
+                let field = if k < keys.len() {
+                    format!("{at}.keys[{k}]")
+                } else {
+                    format!("{at}.key_sha256[{}]", k - keys.len())
+                };
+                let by = match placed.get(other) {
+                    Some(o) => format!("consumers[{o}]"),
+                    None => "this consumer already".to_string(),
+                };
+                p.add(field, format!("this key is already used by {by}"));
+            }
+            Err(Conflict::TooLarge) => p.add(at, "too many consumers or keys"),
+        }
     }
-    (out, index)
+    let inline = table.len();
+    let source = file_name.and_then(|f| {
+        let f = f.trim();
+        if f.is_empty() {
+            p.add("consumers_file", "name the file");
+            return None;
+        }
+        let loaded =
+            crate::consumers_file::load(f, base, plan_index, &mut table, inline, &mut p.0)?;
+        Some(ConsumersFile {
+            path: loaded.0,
+            fingerprint: loaded.1,
+        })
+    });
+    for (plain, hashed) in table.cross_conflicts().into_iter().take(20) {
+        p.add(
+            "consumers",
+            format!(
+                "a key of consumer {:?} is also given hashed to consumer {:?}",
+                table.name(plain),
+                table.name(hashed)
+            ),
+        );
+    }
+    table.shrink_to_fit();
+    (table, source)
+}
+
+fn state(s: &file::State, base: &Path, p: &mut Problems) -> StateConfig {
+    if s.path.trim().is_empty() {
+        p.add("state.path", "name the database file");
+    }
+    let flush_interval = s.flush_interval.map_or(Duration::from_secs(1), |d| d.0);
+    if flush_interval < Duration::from_millis(10) || flush_interval > Duration::from_secs(3600) {
+        p.add("state.flush_interval", "must be between 10ms and 1h");
+    }
+    StateConfig {
+        path: base.join(s.path.trim()),
+        flush_interval,
+    }
 }
 
 pub(crate) struct HeaderValueCheck;

@@ -40,7 +40,7 @@ pub(super) fn route(
     at: &str,
     upstream_index: &HashMap<String, usize>,
     plan_index: &HashMap<String, usize>,
-    consumer_index: &HashMap<String, usize>,
+    consumer_index: &crate::Consumers,
     p: &mut Problems,
 ) -> Option<RouteConfig> {
     let path = match (&r.path_prefix, &r.path) {
@@ -141,8 +141,8 @@ pub(super) fn route(
         }
         let mut out = AllowConfig::default();
         for (i, c) in a.consumers.iter().enumerate() {
-            match consumer_index.get(c) {
-                Some(&ix) => out.consumers.push(ix),
+            match consumer_index.find(c) {
+                Some(ix) => out.consumers.push(ix),
                 None => p.add(
                     format!("{at}.allow.consumers[{i}]"),
                     format!("unknown consumer {c:?}"),
@@ -158,6 +158,8 @@ pub(super) fn route(
                 ),
             }
         }
+        out.consumers.sort_unstable();
+        out.consumers.dedup();
         out
     });
 

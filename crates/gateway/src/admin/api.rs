@@ -49,7 +49,7 @@ pub fn status(gw: &Gateway) -> Answer {
                 "file": gw.source().map(|p| p.display().to_string()),
             },
             "routes": snap.routes.len(),
-            "consumers": snap.consumers.len(),
+            "consumers": snap.config.consumers.len(),
             "cluster": cluster,
             "analytics": analytics,
             "access_log": access_log,
@@ -354,14 +354,18 @@ pub async fn top(gw: &Gateway) -> Answer {
     let t = gw.now();
     let mut quota: Vec<Value> = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    // Bounded work: the first 10,000 consumers' local counters.
-    for (i, c) in snap.consumers.iter().enumerate().take(10_000) {
+    // Bounded work: the local counters of at most 10,000 consumers that have called.
+    for (i, group) in snap.counters.active(10_000) {
+        let slot = snap.counters.plan_slot(i);
         let mut best: Option<(f64, &str, u64, u64)> = None;
         for route in &snap.routes {
-            let Some(set) = route.limits.get(i) else {
+            let Some(set) = route.limit_sets.get(slot) else {
                 continue;
             };
-            for (cell, info) in set.cells.iter().zip(&set.info) {
+            for (&at, info) in set.positions.iter().zip(&set.info) {
+                let Some(cell) = group.get(at) else {
+                    continue;
+                };
                 if cell.shared.is_some() || !seen.insert(cell.id) || cell.requests == 0 {
                     continue;
                 }
@@ -375,7 +379,7 @@ pub async fn top(gw: &Gateway) -> Answer {
         if let Some((share, limit, used, requests)) = best {
             if used > 0 {
                 quota.push(j!({
-                    "consumer": &*c.name, "limit": limit, "used": used,
+                    "consumer": snap.consumer_name(i), "limit": limit, "used": used,
                     "requests": requests, "share": share,
                 }));
             }

@@ -230,6 +230,12 @@ impl Lease {
         self.granted.max(self.used)
     }
 
+    /// Whether nothing is counted or owed in this window and no lease is in flight: the
+    /// state can go (tokens in hand are given up, which only under-admits).
+    pub(crate) fn idle(&self) -> bool {
+        self.used == 0 && self.debt == 0 && self.last_used == 0 && !self.queued
+    }
+
     /// Whether Redis has said this window of a limit of `n` is used up.
     pub(crate) fn exhausted(&self, n: u64) -> bool {
         self.granted >= n

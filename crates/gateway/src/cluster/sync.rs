@@ -128,7 +128,7 @@ fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
     for cell in queued {
         let n = cell.requests;
         let mut state = cell.state.lock();
-        let Counter::Shared(l) = &mut *state else {
+        let Counter::Shared(l) = &mut state.counter else {
             continue;
         };
         l.queued = false;
@@ -232,7 +232,7 @@ async fn round(
         Err(e) => {
             // Nothing was granted: let the limits ask again.
             for a in &asks {
-                if let Counter::Shared(l) = &mut *a.cell.state.lock() {
+                if let Counter::Shared(l) = &mut a.cell.state.lock().counter {
                     if a.next {
                         l.next_requested = false;
                     }
@@ -254,7 +254,7 @@ async fn round(
         };
         c.metrics.granted.fetch_add(granted, Ordering::Relaxed);
         let mut state = a.cell.state.lock();
-        let Counter::Shared(l) = &mut *state else {
+        let Counter::Shared(l) = &mut state.counter else {
             continue;
         };
         l.roll(wall / a.cell.window_ns.max(1));

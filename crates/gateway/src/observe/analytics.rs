@@ -127,9 +127,9 @@ pub struct Row {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     minute: u64,
-    /// Address of the consumer's name (kept alive by the slot), so the hot path hashes
-    /// integers and clones nothing.
-    consumer: usize,
+    /// The consumer as (address of its table, index), so the hot path hashes integers and
+    /// copies the name only for a new slot; the flush merges slots by name.
+    consumer: (usize, u32),
     route: usize,
     class: u8,
 }
@@ -230,12 +230,20 @@ impl Analytics {
         }))
     }
 
-    /// Counts one request at `wall_secs`. Takes one of several locks, chosen by thread, so
-    /// that threads rarely meet.
-    pub fn count(&self, wall_secs: u64, consumer: &Arc<str>, route: &Arc<str>, status: u16) {
+    /// Counts one request at `wall_secs` of `consumer` (its identity as table address and
+    /// index, and its name; `None` for requests without one). Takes one of several locks,
+    /// chosen by thread, so that threads rarely meet.
+    pub fn count(
+        &self,
+        wall_secs: u64,
+        consumer: Option<((usize, u32), &str)>,
+        route: &Arc<str>,
+        status: u16,
+    ) {
+        let (id, name) = consumer.unwrap_or(((0, u32::MAX), NONE));
         let key = Key {
             minute: wall_secs / 60,
-            consumer: Arc::as_ptr(consumer).cast::<u8>() as usize,
+            consumer: id,
             route: Arc::as_ptr(route).cast::<u8>() as usize,
             class: u8::try_from((status / 100).clamp(1, 5)).unwrap_or(5),
         };
@@ -245,7 +253,7 @@ impl Analytics {
             .entry(key)
             .or_insert_with(|| Slot {
                 n: 0,
-                consumer: consumer.clone(),
+                consumer: Arc::from(name),
                 route: route.clone(),
             })
             .n += 1;

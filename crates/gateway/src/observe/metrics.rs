@@ -181,6 +181,8 @@ pub(super) struct Codes(pub(super) Vec<AtomicU64>);
 pub(super) struct Live {
     pub(super) cache: OnceLock<Arc<Cache>>,
     pub(super) cluster: OnceLock<Arc<Cluster>>,
+    pub(super) state: OnceLock<Arc<crate::limiter::persist::StateStats>>,
+    pub(super) limit_cells: OnceLock<Weak<crate::limiter::table::Live>>,
     pub(super) upstreams: Mutex<Vec<Weak<Upstream>>>,
 }
 
@@ -344,6 +346,16 @@ impl Metrics {
     /// Reads the cluster link's figures when scraped.
     pub fn watch_cluster(&self, cluster: Arc<Cluster>) {
         let _ = self.live.cluster.set(cluster);
+    }
+
+    /// Reads the state file's figures when scraped.
+    pub fn watch_state(&self, stats: Arc<crate::limiter::persist::StateStats>) {
+        let _ = self.live.state.set(stats);
+    }
+
+    /// Reads the number of limit cells in use when scraped.
+    pub fn watch_limit_cells(&self, live: &Arc<crate::limiter::table::Live>) {
+        let _ = self.live.limit_cells.set(Arc::downgrade(live));
     }
 
     /// Reads an upstream's pool sizes when scraped, while it is in use.

@@ -92,6 +92,35 @@ impl Collector for Scraped {
                 }
             }
         }
+        if let Some(cells) = self.live.limit_cells.get().and_then(Weak::upgrade) {
+            gauge(
+                &mut e,
+                "limit_cells",
+                "Limit counters in use (made on a consumer's first call, retired once idle).",
+                cells.len() as u64,
+            )?;
+        }
+        if let Some(st) = self.live.state.get() {
+            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            counter(
+                &mut e,
+                "state_flushes",
+                "Writes of limit counters to the state file.",
+                load(&st.flushes),
+            )?;
+            counter(
+                &mut e,
+                "state_windows_written",
+                "Limit windows written to the state file.",
+                load(&st.windows),
+            )?;
+            counter(
+                &mut e,
+                "state_errors",
+                "State file opens or writes that failed (the gateway keeps serving).",
+                load(&st.errors),
+            )?;
+        }
         if let Some(cache) = self.live.cache.get() {
             let store = &cache.store;
             let (entries, bytes) = store.usage();

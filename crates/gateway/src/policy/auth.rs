@@ -6,6 +6,7 @@ use crate::response::Refusal;
 use crate::snapshot::{Route, Snapshot};
 use http::request::Parts;
 use http::uri::PathAndQuery;
+use http::HeaderValue;
 use std::borrow::Cow;
 
 /// Identifies the consumer (401 when the key is missing or unknown, 400 when the request
@@ -36,7 +37,11 @@ pub fn authenticate(
         }
     }
     let key = key.ok_or(Refusal::MissingKey)?;
-    let consumer = *snap.keys.get(key.as_ref()).ok_or(Refusal::UnknownKey)?;
+    let consumer = snap
+        .config
+        .consumers
+        .by_key(key.as_bytes())
+        .ok_or(Refusal::UnknownKey)?;
 
     if !auth.keep_credential {
         for name in &auth.header {
@@ -46,10 +51,10 @@ pub fn authenticate(
             strip_params(parts, &auth.query);
         }
     }
-    parts.headers.insert(
-        auth.consumer_header.clone(),
-        snap.consumers[consumer].header_value.clone(),
-    );
+    // Names are checked printable ASCII when loaded.
+    if let Ok(v) = HeaderValue::from_str(snap.consumer_name(consumer)) {
+        parts.headers.insert(auth.consumer_header.clone(), v);
+    }
     Ok(Some(consumer))
 }
 

@@ -3,10 +3,12 @@
 //! shared limit cannot be checked and the cluster fails closed.
 
 use crate::clock::Clock;
-use crate::limiter::{self, Now, Refused, Standing};
+use crate::limiter::{self, LimitCell, Now, Refused, Standing};
 use crate::response::{secs_up, Refusal, RATELIMIT, RATELIMIT_POLICY};
-use crate::snapshot::Route;
+use crate::snapshot::{Route, Snapshot};
 use http::{HeaderMap, HeaderValue};
+use smallvec::SmallVec;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// `"name";r=REMAINING;t=RESET`, from the limit's precomputed prefix (on every admitted
@@ -25,42 +27,77 @@ fn ratelimit_value(prefix: &str, remaining: u64, reset: Duration) -> HeaderValue
 
 /// Counts the request against all of the consumer's limits, or refuses with 429.
 pub fn check(
+    snap: &Snapshot,
     route: &Route,
     consumer: usize,
     clock: &dyn Clock,
 ) -> Result<Option<Standing>, Refusal> {
-    let Some(set) = route.limits.get(consumer).filter(|s| !s.cells.is_empty()) else {
+    let slot = snap.counters.plan_slot(consumer);
+    let Some(set) = route
+        .limit_sets
+        .get(slot)
+        .filter(|s| !s.positions.is_empty())
+    else {
         return Ok(None);
     };
     let now = Now {
         mono: clock.now_nanos(),
         wall: clock.wall_nanos(),
     };
-    limiter::check(&set.cells, now).map_err(|r| match r {
-        Refused::Limit(s) => Refusal::RateLimited {
-            limit: {
-                let info = &set.info[s.index];
+    // A cell retired between the lookup and the check is looked up again; the sweeper
+    // retires only idle cells, so a second try finds fresh ones.
+    for _ in 0..4 {
+        let group = snap.counters.group(consumer, now);
+        // Locks are taken in cell id order; `order[k]` is the limit the k-th cell counts.
+        let mut order: SmallVec<[(u64, usize); 4]> = SmallVec::new();
+        for (ix, &p) in set.positions.iter().enumerate() {
+            if let Some(c) = group.get(p) {
+                order.push((c.id, ix));
+            }
+        }
+        order.sort_unstable();
+        let cells: SmallVec<[&Arc<LimitCell>; 4]> = order
+            .iter()
+            .filter_map(|&(_, ix)| group.get(set.positions[ix]))
+            .collect();
+        let info_of = |k: usize| order.get(k).map_or(0, |o| o.1);
+        return match limiter::check(&cells, now) {
+            Ok(s) => Ok(s.map(|s| Standing {
+                index: info_of(s.index),
+                ..s
+            })),
+            Err(Refused::Retired) => {
+                snap.counters.forget(consumer, &group);
+                continue;
+            }
+            Err(Refused::Limit(s)) => {
+                let info = &set.info[info_of(s.index)];
                 info.refused.inc();
-                info.label.clone()
-            },
-            retry_after: s.reset,
-            policy: set.policy.clone(),
-            ratelimit: ratelimit_value(&set.info[s.index].ratelimit_prefix, 0, s.reset),
-        },
-        Refused::StoreDown => Refusal::LimitStoreDown,
-    })
+                Err(Refusal::RateLimited {
+                    limit: info.label.clone(),
+                    retry_after: s.reset,
+                    policy: set.policy.clone(),
+                    ratelimit: ratelimit_value(&info.ratelimit_prefix, 0, s.reset),
+                })
+            }
+            Err(Refused::StoreDown) => Err(Refusal::LimitStoreDown),
+        };
+    }
+    Err(Refusal::LimitStoreDown)
 }
 
 /// Adds `RateLimit-Policy` and `RateLimit` (for the tightest limit) to a response.
-pub fn headers(route: &Route, consumer: usize, s: Standing, h: &mut HeaderMap) {
-    let Some(set) = route.limits.get(consumer) else {
+pub fn headers(route: &Route, plan_slot: usize, s: Standing, h: &mut HeaderMap) {
+    let Some(set) = route.limit_sets.get(plan_slot) else {
         return;
     };
     if let Some(p) = &set.policy {
         h.insert(RATELIMIT_POLICY, p.clone());
     }
-    h.insert(
-        RATELIMIT,
-        ratelimit_value(&set.info[s.index].ratelimit_prefix, s.remaining, s.reset),
-    );
+    if let Some(info) = set.info.get(s.index) {
+        h.insert(
+            RATELIMIT,
+            ratelimit_value(&info.ratelimit_prefix, s.remaining, s.reset),
+        );
+    }
 }

@@ -29,6 +29,8 @@ pub struct Admitted {
     pub consumer: Option<usize>,
     /// The tightest limit's standing, for the RateLimit headers.
     pub standing: Option<Standing>,
+    /// The consumer's plan slot: which of the route's limit sets applied.
+    pub plan_slot: usize,
 }
 
 /// The result of running the policies.
@@ -54,18 +56,20 @@ pub fn run(
     let mut admitted = Admitted {
         consumer,
         standing: None,
+        plan_slot: 0,
     };
     if let Some(c) = consumer {
-        authz::authorize(route, c)?;
-        admitted.standing = limits::check(route, c, clock)?;
+        authz::authorize(snap, route, c)?;
+        admitted.plan_slot = snap.counters.plan_slot(c);
+        admitted.standing = limits::check(snap, route, c, clock)?;
     }
     Ok(Verdict::Forward(admitted))
 }
 
 /// Adds what the policies owe every response of an admitted request: the RateLimit headers.
 pub fn decorate(route: &Route, admitted: &Admitted, headers: &mut http::HeaderMap) {
-    if let (Some(c), Some(s)) = (admitted.consumer, admitted.standing) {
-        limits::headers(route, c, s, headers);
+    if let (Some(_), Some(s)) = (admitted.consumer, admitted.standing) {
+        limits::headers(route, admitted.plan_slot, s, headers);
     }
 }
 

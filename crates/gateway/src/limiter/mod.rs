@@ -13,9 +13,16 @@
 //!
 //! Limits shared with other nodes are counted differently, in fixed windows with tokens
 //! leased from Redis: see [`crate::cluster`].
+//!
+//! Counters are created when a consumer first calls ([`table`]), written to the state file
+//! when one is configured ([`persist`]), and retired once every window has passed.
+
+pub mod persist;
+pub mod table;
 
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Sub-windows per window.
@@ -24,13 +31,15 @@ const SUB: u64 = 10;
 const SLOTS: usize = SUB as usize + 1;
 
 /// Sliding-window counters for one limit of one consumer on this node.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Window {
-    slots: [u64; SLOTS],
+    /// Counts by slot, the slot `k` at `k mod SLOTS` (slots before the clock's zero, from a
+    /// restored state, at their Euclidean remainder).
+    pub(crate) slots: [u64; SLOTS],
     /// Index of the newest slot (time / slot length).
-    head: u64,
+    pub(crate) head: u64,
     /// Sum of all slots.
-    total: u64,
+    pub(crate) total: u64,
 }
 
 impl Window {
@@ -55,21 +64,24 @@ impl Window {
     /// Nanoseconds from `now` until `need` counted requests have left the window.
     fn wait_for(&self, need: u64, slot_ns: u64, now: u64) -> u64 {
         let mut freed = 0;
-        let oldest = self.head.saturating_sub(SUB);
-        for slot in oldest..=self.head {
-            freed += self.slots[(slot % SLOTS as u64) as usize];
+        let head = i128::from(self.head);
+        for slot in head - i128::from(SUB)..=head {
+            freed += self.slots[slot.rem_euclid(SLOTS as i128) as usize];
             if freed >= need {
                 // The slot stops counting once the clock reaches slot + SLOTS.
-                return (slot + SLOTS as u64)
-                    .saturating_mul(slot_ns)
-                    .saturating_sub(now);
+                let end = (slot + SLOTS as i128) * i128::from(slot_ns) - i128::from(now);
+                return u64::try_from(end.max(0)).unwrap_or(u64::MAX);
             }
         }
         slot_ns * SLOTS as u64
     }
 }
 
-/// One limit's counters, shared across config reloads while the limit is unchanged.
+/// Cells with counts not yet written to the state file.
+pub type DirtyQueue = Mutex<Vec<Arc<LimitCell>>>;
+
+/// One limit's counters for one consumer, shared across config reloads while the limit is
+/// unchanged.
 #[derive(Debug)]
 pub struct LimitCell {
     /// Stable order for taking several locks.
@@ -78,9 +90,33 @@ pub struct LimitCell {
     pub requests: u64,
     /// Window length in nanoseconds.
     pub(crate) window_ns: u64,
-    pub(crate) state: Mutex<Counter>,
+    pub(crate) state: Mutex<CellState>,
     /// Set when the limit is shared with other nodes.
-    pub(crate) shared: Option<crate::cluster::SharedLimit>,
+    pub(crate) shared: Option<Box<crate::cluster::SharedLimit>>,
+    /// Who is counted and the limit itself: the key of the state file.
+    pub(crate) key: Arc<str>,
+    /// Where the cell goes once it has counts to write, when counters are kept on disk.
+    pub(crate) dirty: Option<Arc<DirtyQueue>>,
+}
+
+/// A cell's counters and bookkeeping, under its lock.
+#[derive(Debug)]
+pub(crate) struct CellState {
+    pub(crate) counter: Counter,
+    /// Taken out of use once idle: a request finding it so looks the consumer up again.
+    pub(crate) retired: bool,
+    /// Counted since last written to the state file.
+    pub(crate) dirty: bool,
+}
+
+impl CellState {
+    fn new(counter: Counter) -> Mutex<CellState> {
+        Mutex::new(CellState {
+            counter,
+            retired: false,
+            dirty: false,
+        })
+    }
 }
 
 /// How a limit is counted.
@@ -110,6 +146,9 @@ pub enum Refused {
     Limit(Standing),
     /// A shared limit cannot be checked (Redis unreachable, `on_redis_down: closed`).
     StoreDown,
+    /// A cell was retired while the request held it: nothing was counted; look the
+    /// consumer's counters up again.
+    Retired,
 }
 
 /// Time of a check: the monotonic clock (local limits) and the wall clock (shared limits).
@@ -128,8 +167,10 @@ impl LimitCell {
             id,
             requests,
             window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
-            state: Mutex::new(Counter::Local(Window::default())),
+            state: CellState::new(Counter::Local(Window::default())),
             shared: None,
+            key: Arc::from(""),
+            dirty: None,
         }
     }
 
@@ -144,20 +185,43 @@ impl LimitCell {
             id,
             requests,
             window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
-            state: Mutex::new(Counter::Shared(crate::cluster::Lease::default())),
-            shared: Some(shared),
+            state: CellState::new(Counter::Shared(crate::cluster::Lease::default())),
+            shared: Some(Box::new(shared)),
+            key: Arc::from(""),
+            dirty: None,
         }
     }
 
-    fn slot_ns(&self) -> u64 {
+    /// Sub-window length in nanoseconds.
+    pub(crate) fn slot_ns(&self) -> u64 {
         (self.window_ns / SUB).max(1)
+    }
+
+    /// Whether nothing is counted any more (every window has passed and, for a shared
+    /// limit, nothing is left to settle); if so, and `retire`, the cell is taken out of use.
+    pub(crate) fn idle(&self, now: Now, retire: bool) -> bool {
+        let mut state = self.state.lock();
+        let idle = match &mut state.counter {
+            Counter::Local(w) => {
+                w.advance(now.mono / self.slot_ns());
+                w.total == 0
+            }
+            Counter::Shared(l) => {
+                l.roll(now.wall / self.window_ns.max(1));
+                l.idle()
+            }
+        };
+        if idle && retire {
+            state.retired = true;
+        }
+        idle || state.retired
     }
 
     /// Requests counted in the current window: on this node for a local limit, across the
     /// cluster (as last settled with Redis) for a shared one.
     pub fn used(&self, now: Now) -> u64 {
         let mut state = self.state.lock();
-        match &mut *state {
+        match &mut state.counter {
             Counter::Local(w) => {
                 w.advance(now.mono / self.slot_ns());
                 w.total
@@ -179,18 +243,20 @@ enum Room {
 /// the standing of the tightest one; otherwise counts nothing and returns the standing of
 /// the limit that refused (the one that frees up last).
 ///
-/// `cells` must be sorted by id (the snapshot builds them so), so locks are always taken
-/// in the same order.
-pub fn check(cells: &[std::sync::Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Refused> {
+/// `cells` must be sorted by id, so locks are always taken in the same order.
+pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Refused> {
     if cells.is_empty() {
         return Ok(None);
     }
-    let mut guards: SmallVec<[(MutexGuard<'_, Counter>, Room); 4]> =
+    let mut guards: SmallVec<[(MutexGuard<'_, CellState>, Room); 4]> =
         SmallVec::with_capacity(cells.len());
     let mut refused: Option<Refused> = None;
     for (index, cell) in cells.iter().enumerate() {
         let mut state = cell.state.lock();
-        let room = match &mut *state {
+        if state.retired {
+            return Err(Refused::Retired);
+        }
+        let room = match &mut state.counter {
             Counter::Local(w) => {
                 let slot_ns = cell.slot_ns();
                 w.advance(now.mono / slot_ns);
@@ -199,7 +265,7 @@ pub fn check(cells: &[std::sync::Arc<LimitCell>], now: Now) -> Result<Option<Sta
                     let later = match refused {
                         None => true,
                         Some(Refused::Limit(r)) => wait > r.reset.as_nanos() as u64,
-                        Some(Refused::StoreDown) => false,
+                        Some(_) => false,
                     };
                     if later {
                         refused = Some(Refused::Limit(Standing {
@@ -220,7 +286,7 @@ pub fn check(cells: &[std::sync::Arc<LimitCell>], now: Now) -> Result<Option<Sta
                             (Some(Refused::Limit(old)), Refused::Limit(new)) => {
                                 new.reset > old.reset
                             }
-                            (Some(Refused::StoreDown), _) => false,
+                            (Some(_), _) => false,
                         };
                         if replace {
                             refused = Some(match r {
@@ -241,7 +307,13 @@ pub fn check(cells: &[std::sync::Arc<LimitCell>], now: Now) -> Result<Option<Sta
     }
     let mut tightest: Option<Standing> = None;
     for (index, (cell, (state, room))) in cells.iter().zip(guards.iter_mut()).enumerate() {
-        let standing = match (&mut **state, room) {
+        if !state.dirty {
+            if let Some(q) = &cell.dirty {
+                state.dirty = true;
+                q.lock().push(Arc::clone(cell));
+            }
+        }
+        let standing = match (&mut state.counter, room) {
             (Counter::Local(w), _) => {
                 let slot = (w.head % SLOTS as u64) as usize;
                 w.slots[slot] += 1;
@@ -282,6 +354,11 @@ mod tests {
 
     fn cell(id: u64, n: u64, secs: u64) -> Arc<LimitCell> {
         Arc::new(LimitCell::new(id, n, Duration::from_secs(secs)))
+    }
+
+    fn check(cells: &[Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Refused> {
+        let refs: Vec<&Arc<LimitCell>> = cells.iter().collect();
+        super::check(&refs, now)
     }
 
     #[test]

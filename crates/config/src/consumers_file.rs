@@ -1,0 +1,327 @@
+//! `consumers_file:`: consumers kept apart from the YAML, one per line, for lists too long
+//! to write inline. Two formats, told apart by the file's extension:
+//!
+//! - **JSON lines** (any name but `*.csv`): one object a line, blank lines skipped:
+//!   `{"name": "c1", "plan": "gold", "keys": ["k1"], "key_sha256": ["<64 hex>"]}`
+//! - **CSV** (`*.csv`): a header line naming the columns (`name`, `plan`, `keys`,
+//!   `key_sha256`, in any order; `name` required), then one consumer a row. Several keys in
+//!   one field are separated by spaces (keys never contain one).
+//!
+//! Every consumer needs a name and at least one key, plain or hashed. Each problem is
+//! reported with its line (`consumers.csv:17: unknown plan "gld"`).
+
+use crate::consumers::{Conflict, Consumers, KeyDigest};
+use crate::error::Problem;
+use serde::Deserialize;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Most problems reported from one file; the rest are counted.
+const MAX_PROBLEMS: usize = 100;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow, default)]
+    plan: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    keys: Vec<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    key_sha256: Vec<Cow<'a, str>>,
+}
+
+/// Collects a file's problems, capped.
+pub(crate) struct FileProblems<'p> {
+    file: String,
+    out: &'p mut Vec<Problem>,
+    count: usize,
+}
+
+impl FileProblems<'_> {
+    fn add(&mut self, line: usize, msg: impl Into<String>) {
+        self.count += 1;
+        if self.count <= MAX_PROBLEMS {
+            self.out
+                .push(Problem::new(format!("{}:{line}", self.file), msg));
+        }
+    }
+
+    fn finish(self) {
+        if self.count > MAX_PROBLEMS {
+            self.out.push(Problem::new(
+                self.file.clone(),
+                format!("{} more problems not listed", self.count - MAX_PROBLEMS),
+            ));
+        }
+    }
+}
+
+/// What a key field must be: printable ASCII, no spaces (it is compared as sent).
+pub(crate) fn valid_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| (0x21..0x7f).contains(&b))
+}
+
+/// `<64 hex digits>` → digest.
+pub(crate) fn parse_digest(s: &str) -> Option<KeyDigest> {
+    let s = s.trim();
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in s.as_bytes().chunks(2).enumerate() {
+        let hex = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(hex, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// One consumer as read, checked and added to `table`; `names_from` tells where a clashing
+/// consumer was defined.
+#[allow(clippy::too_many_arguments)]
+fn add(
+    table: &mut Consumers,
+    plans: &HashMap<String, usize>,
+    name: &str,
+    plan: Option<&str>,
+    keys: &[&str],
+    hashed: &[&str],
+    line: usize,
+    probs: &mut FileProblems<'_>,
+    place_of: &dyn Fn(usize) -> String,
+) {
+    let before = probs.count;
+    if !valid_token(name) {
+        probs.add(
+            line,
+            "name must be non-empty printable ASCII without spaces (it is sent upstream in a header)",
+        );
+    }
+    let plan = match plan {
+        None => None,
+        Some(p) => match plans.get(p) {
+            Some(&ix) => Some(ix),
+            None => {
+                probs.add(line, format!("unknown plan {p:?}"));
+                None
+            }
+        },
+    };
+    if keys.is_empty() && hashed.is_empty() {
+        probs.add(
+            line,
+            "at least one key is required (`keys` or `key_sha256`)",
+        );
+    }
+    if keys.iter().any(|k| !valid_token(k)) {
+        probs.add(
+            line,
+            "keys must be non-empty printable ASCII without spaces",
+        );
+    }
+    let mut digests = Vec::with_capacity(hashed.len());
+    for h in hashed {
+        match parse_digest(h) {
+            Some(d) => digests.push(d),
+            None => probs.add(
+                line,
+                format!("key_sha256 {h:?} must be 64 hex digits (the SHA-256 of the key)"),
+            ),
+        }
+    }
+    if probs.count > before {
+        return;
+    }
+    match table.push(name, plan, keys, &digests) {
+        Ok(_) => {}
+        Err(Conflict::Name(other)) => probs.add(
+            line,
+            format!(
+                "consumer {name:?} is already defined at {}",
+                place_of(other)
+            ),
+        ),
+        Err(Conflict::Key { other, .. }) => probs.add(
+            line,
+            format!("a key of {name:?} is already used by {}", place_of(other)),
+        ),
+        Err(Conflict::TooLarge) => probs.add(line, "too many consumers or keys (4 GiB in all)"),
+    }
+}
+
+/// Reads the consumers in `path` (relative to `base`) into `table`, after the `inline` ones
+/// already there. Returns the fingerprint of the file's content.
+pub(crate) fn load(
+    file_name: &str,
+    base: &Path,
+    plans: &HashMap<String, usize>,
+    table: &mut Consumers,
+    inline: usize,
+    out: &mut Vec<Problem>,
+) -> Option<(std::path::PathBuf, u64)> {
+    let path = base.join(file_name);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) => {
+            out.push(Problem::new(
+                "consumers_file",
+                format!("cannot read {}: {e}", path.display()),
+            ));
+            return None;
+        }
+    };
+    let fingerprint = crate::fingerprint(&bytes);
+    let mut probs = FileProblems {
+        file: file_name.to_string(),
+        out,
+        count: 0,
+    };
+    // Lines are counted in the file, so a consumer's place is known from its index once
+    // the inline ones are taken off.
+    let mut lines: Vec<u32> = Vec::new();
+    let place_of = |lines: &Vec<u32>, other: usize| -> String {
+        if other < inline {
+            format!("consumers[{other}] in the config file")
+        } else {
+            match lines.get(other - inline) {
+                Some(l) => format!("{file_name}:{l}"),
+                None => "the same line".to_string(),
+            }
+        }
+    };
+    let csv = Path::new(file_name)
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    let estimate = bytes.iter().filter(|&&b| b == b'\n').count() + 1;
+    table.reserve(estimate);
+    if csv {
+        load_csv(&bytes, plans, table, &mut probs, &mut lines, &place_of);
+    } else {
+        for (n, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+            let line = n + 1;
+            let text = match std::str::from_utf8(raw) {
+                Ok(t) => t.trim(),
+                Err(_) => {
+                    probs.add(line, "not UTF-8 text");
+                    continue;
+                }
+            };
+            if text.is_empty() {
+                continue;
+            }
+            let parsed: Line<'_> = match serde_json::from_str(text) {
+                Ok(p) => p,
+                Err(e) => {
+                    probs.add(line, format!("not a consumer object: {e}"));
+                    continue;
+                }
+            };
+            let keys: Vec<&str> = parsed.keys.iter().map(|k| k.as_ref()).collect();
+            let hashed: Vec<&str> = parsed.key_sha256.iter().map(|k| k.as_ref()).collect();
+            let len = table.len();
+            add(
+                table,
+                plans,
+                &parsed.name,
+                parsed.plan.as_deref(),
+                &keys,
+                &hashed,
+                line,
+                &mut probs,
+                &|o| place_of(&lines, o),
+            );
+            if table.len() > len {
+                lines.push(line as u32);
+            }
+        }
+    }
+    probs.finish();
+    Some((path, fingerprint))
+}
+
+fn load_csv(
+    bytes: &[u8],
+    plans: &HashMap<String, usize>,
+    table: &mut Consumers,
+    probs: &mut FileProblems<'_>,
+    lines: &mut Vec<u32>,
+    place_of: &dyn Fn(&Vec<u32>, usize) -> String,
+) {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(false)
+        .trim(csv::Trim::All)
+        .from_reader(bytes);
+    let mut cols = [None::<usize>; 4];
+    match rdr.headers() {
+        Ok(h) => {
+            for (i, name) in h.iter().enumerate() {
+                let slot = match name {
+                    "name" => 0,
+                    "plan" => 1,
+                    "keys" => 2,
+                    "key_sha256" => 3,
+                    other => {
+                        probs.add(
+                            1,
+                            format!(
+                                "unknown column {other:?}; expected name, plan, keys, key_sha256"
+                            ),
+                        );
+                        continue;
+                    }
+                };
+                cols[slot] = Some(i);
+            }
+        }
+        Err(e) => {
+            probs.add(1, format!("cannot read the header line: {e}"));
+            return;
+        }
+    }
+    if cols[0].is_none() {
+        probs.add(1, "the header line must name a `name` column");
+        return;
+    }
+    let mut rec = csv::StringRecord::new();
+    loop {
+        let line = rdr.position().line() as usize;
+        match rdr.read_record(&mut rec) {
+            Ok(false) => break,
+            Ok(true) => {}
+            Err(e) => {
+                probs.add(line, format!("not a CSV row: {e}"));
+                if matches!(e.kind(), csv::ErrorKind::Io(_)) {
+                    break;
+                }
+                continue;
+            }
+        }
+        let line = rec.position().map_or(line, |p| p.line() as usize);
+        if rec.iter().all(str::is_empty) {
+            continue;
+        }
+        let field = |c: Option<usize>| c.and_then(|i| rec.get(i)).unwrap_or("");
+        let name = field(cols[0]);
+        let plan = Some(field(cols[1])).filter(|p| !p.is_empty());
+        let keys: Vec<&str> = field(cols[2]).split_ascii_whitespace().collect();
+        let hashed: Vec<&str> = field(cols[3]).split_ascii_whitespace().collect();
+        let len = table.len();
+        add(
+            table,
+            plans,
+            name,
+            plan,
+            &keys,
+            &hashed,
+            line,
+            probs,
+            &|o| place_of(lines, o),
+        );
+        if table.len() > len {
+            lines.push(line as u32);
+        }
+    }
+}
