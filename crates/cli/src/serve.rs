@@ -137,7 +137,7 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
 }
 
 /// Reloads on SIGHUP, reopens the access log on SIGUSR1; returns on SIGTERM or SIGINT.
-async fn wait_for_stop(gw: &Gateway, path: Option<&Path>) -> std::io::Result<()> {
+async fn wait_for_stop(gw: &std::sync::Arc<Gateway>, path: Option<&Path>) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
@@ -152,7 +152,10 @@ async fn wait_for_stop(gw: &Gateway, path: Option<&Path>) -> std::io::Result<()>
             _ = hup.recv() => match path {
                 Some(p) => {
                     tracing::info!("SIGHUP: reloading {}", p.display());
-                    let _ = gw.reload_file(p);
+                    // Off the workers: a large consumers file takes a moment to load, and
+                    // traffic goes on meanwhile on the old config.
+                    let (g, p) = (gw.clone(), p.to_path_buf());
+                    let _ = tokio::task::spawn_blocking(move || g.reload_file(&p)).await;
                 }
                 None => tracing::info!("SIGHUP: no config file to reload"),
             },

@@ -528,3 +528,81 @@ fn a_required_usage_history_that_cannot_be_opened_stops_the_start() {
     assert!(err.contains("analytics.required"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `GET path` on the admin listener at `addr`: the body.
+fn admin_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("admin connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out.split_once("\r\n\r\n")
+        .map_or(out.clone(), |(_, b)| b.to_string())
+}
+
+/// A counter's value in the admin `/metrics`.
+fn metric(admin: SocketAddr, name: &str) -> u64 {
+    admin_get(admin, "/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn limit_counters_survive_sigterm_and_kill_9() {
+    let (backend, _echo) = echo_backend();
+    let dir = temp_dir("state");
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let file = dir.join("tollgate.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "server: {{watch_config: false, drain_timeout: 5s}}\nlisteners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{backend: {{targets: [\"{backend}\"]}}}}\nplans: {{gold: {{limits: [{{requests: 5, per: 30d, name: month}}]}}}}\nconsumers: [{{name: alice, keys: [t1], plan: gold}}, {{name: bob, keys: [t2], plan: gold}}]\nroutes:\n  - {{name: a, path_prefix: /a/, upstream: backend, auth: {{}}}}\nadmin: {{address: \"{admin}\"}}\nstate: {{path: state.db, flush_interval: 50ms}}\n"
+        ),
+    )
+    .expect("write");
+
+    // SIGTERM: everything admitted is written on the way out.
+    let mut gw = Gateway::start(&file);
+    for _ in 0..3 {
+        assert_eq!(gw.get("/a/?apikey=t1"), 200);
+    }
+    gw.signal("-TERM");
+    gw.wait_for("all connections drained");
+    assert!(gw.child.wait().expect("wait").success());
+    let mut gw = Gateway::start(&file);
+    assert_eq!(gw.get("/a/?apikey=t1"), 200);
+    assert_eq!(gw.get("/a/?apikey=t1"), 200);
+    assert_eq!(
+        gw.get("/a/?apikey=t1"),
+        429,
+        "a month quota is not reset by a restart"
+    );
+
+    // kill -9: what was admitted before the last flush interval is kept. Two rounds of
+    // writing after these requests, and then the process is killed.
+    for _ in 0..4 {
+        assert_eq!(gw.get("/a/?apikey=t2"), 200);
+    }
+    let rounds = metric(admin, "tollgate_state_flushes_total");
+    let deadline = std::time::Instant::now() + WAIT;
+    while metric(admin, "tollgate_state_flushes_total") < rounds + 2 {
+        assert!(std::time::Instant::now() < deadline, "no state write");
+        std::thread::yield_now();
+    }
+    gw.signal("-KILL");
+    let _ = gw.child.wait();
+    let gw = Gateway::start(&file);
+    assert_eq!(gw.get("/a/?apikey=t2"), 200);
+    assert_eq!(gw.get("/a/?apikey=t2"), 429);
+    assert_eq!(gw.get("/a/?apikey=t1"), 429);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -39,13 +39,7 @@ pub struct ReloadStatus {
     pub last_error: Option<String>,
 }
 
-/// A fingerprint of config file content, to tell a change from the content running.
-pub fn fingerprint(bytes: &[u8]) -> u64 {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut h = DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish() | 1
-}
+pub use tollgate_config::fingerprint;
 
 /// The cache's way upstream: the route's upstream and the hop's settings, owned, so that a
 /// background refresh can use them after the request has been answered.
@@ -410,15 +404,25 @@ impl Gateway {
             path: path.display().to_string(),
             source: e,
         })?;
-        if fingerprint(&bytes) == self.running_fingerprint() {
+        if fingerprint(&bytes) == self.running_fingerprint() && !self.consumers_file_changed() {
             tracing::info!(path = %path.display(), "config unchanged; nothing to reload");
             return Ok(());
         }
         self.reload_bytes(path, &bytes)
     }
 
+    /// Whether the running config's consumers file now holds other content than it was
+    /// loaded from (a file that cannot be read counts as changed: the reload reports it).
+    pub fn consumers_file_changed(&self) -> bool {
+        let snap = self.snapshot.load();
+        snap.config.consumers_file.as_ref().is_some_and(|f| {
+            std::fs::read(&f.path).map_or(true, |b| fingerprint(&b) != f.fingerprint)
+        })
+    }
+
     /// Validates and applies `bytes`, read from `path` (relative file names in it are
-    /// read beside it).
+    /// read beside it). Blocking: a config with a large consumers file takes a moment to
+    /// load, so async callers run this on a blocking thread.
     pub fn reload_bytes(&self, path: &Path, bytes: &[u8]) -> Result<(), ConfigError> {
         let base = path
             .parent()

@@ -4,6 +4,10 @@
 //! elsewhere and renamed, the safe way to update). Content the gateway already runs on —
 //! applied here or by `SIGHUP` — is never applied twice: one change, one reload. With
 //! `server.watch_config: false` in the running config, the file is not looked at.
+//!
+//! The running config's `consumers_file` is watched the same way; a change there reloads
+//! the config file (which reads both). Reloads run on a blocking thread, so traffic goes on
+//! on the old config while a large consumers file loads.
 
 use crate::gateway::{fingerprint, Gateway};
 use std::os::unix::fs::MetadataExt;
@@ -20,6 +24,9 @@ pub struct Settle {
     file: Option<(u64, u64)>,
     /// Content seen changed, and since when it has stayed so.
     pending: Option<(u64, Instant)>,
+    /// The content last handed out to apply: a rejected file is not tried again until it
+    /// changes.
+    tried: Option<u64>,
 }
 
 impl Settle {
@@ -29,6 +36,7 @@ impl Settle {
             settle,
             file: None,
             pending: None,
+            tried: None,
         }
     }
 
@@ -37,18 +45,20 @@ impl Settle {
     pub fn observe(&mut self, file: (u64, u64), content: u64, running: u64, now: Instant) -> bool {
         let replaced = self.file.is_some_and(|f| f != file);
         self.file = Some(file);
-        if content == running {
+        if content == running || self.tried == Some(content) {
             self.pending = None;
             return false;
         }
         if replaced {
             self.pending = None;
+            self.tried = Some(content);
             return true;
         }
         match self.pending {
             Some((fp, since)) if fp == content => {
                 if now.duration_since(since) >= self.settle {
                     self.pending = None;
+                    self.tried = Some(content);
                     return true;
                 }
                 false
@@ -85,7 +95,42 @@ impl Stat {
     }
 }
 
-/// Watches `path` and reloads `gw` when a change has settled. The task ends when aborted.
+/// One watched file: what was last seen of it, and whether its change has settled.
+struct Watched {
+    settle: Settle,
+    last: Option<(Stat, u64)>,
+}
+
+impl Watched {
+    fn new(settle: Duration) -> Watched {
+        Watched {
+            settle: Settle::new(settle),
+            last: None,
+        }
+    }
+
+    /// One look at `path`: `Some(bytes)` when a change against `running` has settled. The
+    /// content is read only when the file's metadata moved; otherwise its last fingerprint
+    /// stands, and the settle time runs on.
+    async fn look(&mut self, path: &PathBuf, running: u64) -> Option<Option<Vec<u8>>> {
+        let meta = tokio::fs::metadata(path).await.ok()?;
+        let stat = Stat::of(&meta);
+        let (fp, bytes) = match self.last {
+            Some((s, fp)) if s == stat => (fp, None),
+            _ => {
+                let b = tokio::fs::read(path).await.ok()?;
+                (fingerprint(&b), Some(b))
+            }
+        };
+        self.last = Some((stat, fp));
+        self.settle
+            .observe(stat.file(), fp, running, Instant::now())
+            .then_some(bytes)
+    }
+}
+
+/// Watches `path` (and the running config's consumers file) and reloads `gw` when a
+/// change has settled. The task ends when aborted.
 pub fn watch_file(
     gw: Arc<Gateway>,
     path: PathBuf,
@@ -93,38 +138,35 @@ pub fn watch_file(
     settle: Duration,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut state = Settle::new(settle);
+        let mut config = Watched::new(settle);
+        let mut consumers = Watched::new(settle);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The content is read only when the file's metadata moved; otherwise its last
-        // fingerprint stands, and the settle time runs on.
-        let mut last: Option<(Stat, u64)> = None;
         loop {
             tick.tick().await;
-            if !gw.snapshot().config.server.watch_config {
+            let snap = gw.snapshot();
+            if !snap.config.server.watch_config {
                 continue;
             }
-            let Ok(meta) = tokio::fs::metadata(&path).await else {
-                continue;
-            };
-            let stat = Stat::of(&meta);
-            let (fp, mut bytes) = match last {
-                Some((s, fp)) if s == stat => (fp, None),
-                _ => match tokio::fs::read(&path).await {
-                    Ok(b) => (fingerprint(&b), Some(b)),
-                    Err(_) => continue,
-                },
-            };
-            last = Some((stat, fp));
-            if !state.observe(stat.file(), fp, gw.running_fingerprint(), Instant::now()) {
-                continue;
+            let file = snap.config.consumers_file.clone();
+            drop(snap);
+            if let Some(read) = config.look(&path, gw.running_fingerprint()).await {
+                let bytes = match read {
+                    Some(b) => Some(b),
+                    None => tokio::fs::read(&path).await.ok(),
+                };
+                if let Some(bytes) = bytes {
+                    tracing::info!(path = %path.display(), "config file changed");
+                    let (g, p) = (gw.clone(), path.clone());
+                    let _ = tokio::task::spawn_blocking(move || g.reload_bytes(&p, &bytes)).await;
+                    continue;
+                }
             }
-            if bytes.is_none() {
-                bytes = tokio::fs::read(&path).await.ok();
-            }
-            if let Some(bytes) = bytes {
-                tracing::info!(path = %path.display(), "config file changed");
-                let _ = gw.reload_bytes(&path, &bytes);
+            let Some(f) = file else { continue };
+            if consumers.look(&f.path, f.fingerprint).await.is_some() {
+                tracing::info!(path = %f.path.display(), "consumers file changed");
+                let (g, p) = (gw.clone(), path.clone());
+                let _ = tokio::task::spawn_blocking(move || g.reload_file(&p)).await;
             }
         }
     })
@@ -151,5 +193,10 @@ mod tests {
         assert!(s.observe((1, 11), 12, 9, ms(2000)));
         // The content SIGHUP already applied: nothing to do.
         assert!(!s.observe((1, 11), 13, 13, ms(2250)));
+        // Content that was rejected is not tried again until it changes.
+        assert!(s.observe((1, 12), 14, 13, ms(2500)));
+        assert!(!s.observe((1, 12), 14, 13, ms(4000)));
+        assert!(!s.observe((1, 12), 15, 13, ms(4100)));
+        assert!(s.observe((1, 12), 15, 13, ms(5200)));
     }
 }

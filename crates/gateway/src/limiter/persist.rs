@@ -180,7 +180,7 @@ fn read_all(c: &Connection, wall: u64) -> rusqlite::Result<HashMap<Arc<str>, Sav
 /// Counters about the state file, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct StateStats {
-    /// Writes done.
+    /// Rounds done (with or without anything to write).
     pub flushes: AtomicU64,
     /// Windows written.
     pub windows: AtomicU64,
@@ -266,6 +266,7 @@ impl StateStore {
     pub fn flush(&self) -> usize {
         let cells = std::mem::take(&mut *self.queue.lock());
         if cells.is_empty() {
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
             return 0;
         }
         let now = Now {

@@ -105,7 +105,7 @@ impl Collector for Scraped {
             counter(
                 &mut e,
                 "state_flushes",
-                "Writes of limit counters to the state file.",
+                "Rounds of writing limit counters to the state file (written or found nothing to write).",
                 load(&st.flushes),
             )?;
             counter(

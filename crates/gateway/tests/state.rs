@@ -1,0 +1,184 @@
+//! Limit counters kept in the state file: restored by the next gateway on the same file
+//! while their windows last, not for a changed limit, and a state file that cannot be read
+//! is set aside while the gateway serves with empty counters.
+
+mod common;
+
+use common::*;
+use http::StatusCode;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_gateway::ManualClock;
+
+fn stateful(backend: std::net::SocketAddr, state: &Path, limits: &str) -> String {
+    yaml(
+        backend,
+        &format!(
+            r#"
+state: {{path: {state:?}, flush_interval: 1h}}
+plans:
+  gold: {{limits: {limits}}}
+consumers:
+  - {{name: alice, keys: [t1], plan: gold}}
+  - {{name: bob, keys: [t2], plan: gold}}
+routes:
+  - {{name: api, path_prefix: /api/, upstream: backend, auth: {{}},
+      limits: [{{requests: 100, per: 1s, name: burst}}]}}
+"#
+        ),
+    )
+}
+
+async fn codes(gw: &TestGateway, key: &str, n: usize) -> Vec<u16> {
+    let c = TestClient::default();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(
+            c.get(&gw.url(&format!("/api/?apikey={key}")))
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    out
+}
+
+/// A gateway on `yaml` whose clock starts at `at` (both monotonic and wall).
+async fn start_at(yaml: &str, at: Duration) -> (TestGateway, Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    clock.advance(at);
+    (TestGateway::start(yaml, clock.clone()).await, clock)
+}
+
+#[tokio::test]
+async fn a_month_quota_is_restored_by_the_next_gateway_and_passed_windows_are_not() {
+    let backend = echo_backend().await;
+    let dir = tempdir("state-restore");
+    let db = dir.join("state.db");
+    let cfg = stateful(
+        backend,
+        &db,
+        "[{requests: 5, per: 30d, name: month}, {requests: 3, per: 10s, name: short}]",
+    );
+    let day = Duration::from_secs(86_400);
+    let (gw, _clock) = start_at(&cfg, 100 * day).await;
+    assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 200]);
+    assert_eq!(codes(&gw, "t2", 1).await, [200]);
+    gw.gw.flush_all().await;
+    drop(gw);
+
+    // A day later: the month quota remembers 3 of 5; the 10 s window has passed.
+    let (gw, _clock) = start_at(&cfg, 101 * day).await;
+    let a = TestClient::default().get(&gw.url("/api/?apikey=t1")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.header("ratelimit"), "\"month\";r=1;t=2678400");
+    assert_eq!(codes(&gw, "t1", 2).await, [200, 429]);
+    assert_eq!(codes(&gw, "t2", 3).await, [200, 200, 200]);
+    let refused = TestClient::default().get(&gw.url("/api/?apikey=t2")).await;
+    assert!(
+        refused.body.contains("\"limit\":\"short\""),
+        "{}",
+        refused.body
+    );
+    // Written again on the way out, including what the restored counts became.
+    assert!(gw.gw.flush_state() >= 2);
+    drop(gw);
+
+    // Once the month has passed, nothing is restored.
+    let (gw, _clock) = start_at(&cfg, 132 * day).await;
+    assert_eq!(codes(&gw, "t1", 3).await, [200; 3]);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_changed_limit_starts_from_zero() {
+    let backend = echo_backend().await;
+    let dir = tempdir("state-changed");
+    let db = dir.join("state.db");
+    let at = Duration::from_secs(1_000_000);
+    let (gw, _) = start_at(&stateful(backend, &db, "[{requests: 2, per: 1d}]"), at).await;
+    assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
+    gw.gw.flush_all().await;
+    drop(gw);
+    let (gw, _) = start_at(&stateful(backend, &db, "[{requests: 3, per: 1d}]"), at).await;
+    assert_eq!(codes(&gw, "t1", 4).await, [200, 200, 200, 429]);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn an_unreadable_state_file_is_set_aside_and_the_gateway_serves_from_zero() {
+    let backend = echo_backend().await;
+    let dir = tempdir("state-corrupt");
+    let db = dir.join("state.db");
+    std::fs::write(
+        &db,
+        b"this is not a database, and it is long enough to look like one...",
+    )
+    .expect("write");
+    let cfg = stateful(backend, &db, "[{requests: 2, per: 1d}]");
+    let (gw, _) = start_at(&cfg, Duration::from_secs(1_000)).await;
+    assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
+    let metrics = gw.gw.metrics_text();
+    assert!(
+        metrics.contains("tollgate_state_errors_total 1"),
+        "{metrics}"
+    );
+    assert!(dir.join("state.db.corrupt").exists());
+    // The new file works: the counts (plan and route limit) survive the next start.
+    assert_eq!(gw.gw.flush_state(), 2);
+    drop(gw);
+    let (gw, _) = start_at(&cfg, Duration::from_secs(1_000)).await;
+    assert_eq!(codes(&gw, "t1", 1).await, [429]);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_state_path_that_cannot_be_written_is_counted_and_serving_goes_on() {
+    let backend = echo_backend().await;
+    let dir = tempdir("state-readonly");
+    // In a folder that does not exist: SQLite cannot make the file.
+    let db = dir.join("missing").join("state.db");
+    let cfg = stateful(backend, &db, "[{requests: 2, per: 1d}]");
+    let (gw, _) = start_at(&cfg, Duration::from_secs(1_000)).await;
+    assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
+    assert_eq!(gw.gw.flush_state(), 0);
+    let metrics = gw.gw.metrics_text();
+    let errors: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_state_errors_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(errors >= 2, "{metrics}");
+    assert_eq!(codes(&gw, "t2", 1).await, [200]);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn idle_counters_are_retired_and_made_again_on_the_next_call() {
+    let backend = echo_backend().await;
+    let cfg = yaml(
+        backend,
+        r#"
+plans:
+  gold: {limits: [{requests: 2, per: 10s}]}
+consumers:
+  - {name: alice, keys: [t1], plan: gold}
+routes:
+  - {name: api, path_prefix: /api/, upstream: backend, auth: {}}
+"#,
+    );
+    let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
+    assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
+    // Still counting: nothing retired.
+    assert_eq!(gw.gw.sweep(), 0);
+    assert!(gw.gw.metrics_text().contains("tollgate_limit_cells 1"));
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(gw.gw.sweep(), 1);
+    assert!(gw.gw.metrics_text().contains("tollgate_limit_cells 0"));
+    assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
+}
