@@ -6,9 +6,11 @@
 Starts the echo backend and tollgate (target/release/tollgate) on scenario 1's config, then
 for each wave: opens N client connections, sends one request on each and reads the answer
 (so each connection has served a request and sits idle in keep-alive), measures the
-gateway's resident memory, closes them all and measures again. Prints one JSON object:
-start RSS, RSS with N idle connections and after each wave, and bytes per connection.
-Loopback only; every loop is bounded.
+gateway's resident memory, closes them all and measures again. With `--paced RPS` (default
+2000), a paced load (`tollgate bench --rate RPS`, 5 s, 20 connections) runs before the
+first wave and again while its connections are open, for their latency percentiles side by
+side. Prints one JSON object: start RSS, RSS with N idle connections and after each wave,
+bytes per connection, and the paced runs. Loopback only; every loop is bounded.
 """
 
 import argparse
@@ -78,10 +80,24 @@ def wave(n):
     return socks
 
 
+def paced(rate):
+    """A 5 s open-loop load at `rate` requests/s: its latency percentiles in ms."""
+    out = subprocess.run([BIN, "bench", "--json", "--rate", str(rate), "-d", "5s", "-c", "20",
+                          "--expect", "200", f"http://{GATEWAY}/test/?apikey=t1"],
+                         capture_output=True, text=True)
+    if not out.stdout.strip():
+        die(f"bench failed: {out.stderr}")
+    r = json.loads(out.stdout)
+    lat = r.get("latency_ms") or {}
+    return {"requests": r["requests"], "failed": r["failed"],
+            "p50_ms": lat.get("p50"), "p99_ms": lat.get("p99"), "max_ms": lat.get("slowest")}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--connections", type=int, default=10000)
     ap.add_argument("--waves", type=int, default=3)
+    ap.add_argument("--paced", type=int, default=2000, help="paced load, requests/s (0: none)")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the gateway")
     args = ap.parse_args()
     if not BIN.exists():
@@ -93,7 +109,10 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
 
     cfg = (ROOT / "examples" / "seed" / "scenario-1.yaml").read_text()
-    cfg = cfg.replace('address: "127.0.0.1:8080"', 'address: "127.0.0.1:8080", max_connections: 20000')
+    capped = cfg.replace("- address: 127.0.0.1:8080", "- address: 127.0.0.1:8080\n    max_connections: 20000")
+    if capped == cfg:
+        die("scenario-1.yaml's listener line changed: cannot raise its max_connections")
+    cfg = capped
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gw.yaml"
         path.write_text(cfg)
@@ -103,11 +122,18 @@ def main():
                               env={**os.environ, **dict(e.split("=", 1) for e in args.env)})
         try:
             wait_port(GATEWAY, gw)
-            start = settle_rss(gw.pid)
             waves = []
-            for _ in range(args.waves):
+            load = {}
+            if args.paced:
+                load["before"] = paced(args.paced)
+            # After the paced load: its connections and the upstream pool it filled are
+            # not counted per idle connection.
+            start = settle_rss(gw.pid)
+            for i in range(args.waves):
                 socks = wave(args.connections)
                 held = settle_rss(gw.pid)
+                if args.paced and i == 0:
+                    load["with_idle_connections"] = paced(args.paced)
                 for s in socks:
                     s.close()
                 after = settle_rss(gw.pid, seconds=30.0, still=3.0)
@@ -118,6 +144,7 @@ def main():
                 "start_kib": start,
                 "waves": waves,
                 "bytes_per_idle_connection": round(per_conn),
+                "paced_load": load,
             }, indent=1))
         finally:
             stop(gw)

@@ -31,6 +31,8 @@ pub struct Live {
     cluster: Option<Arc<Cluster>>,
     /// Counts read from the state file, applied when their cell is made.
     restored: Mutex<HashMap<Arc<str>, Saved>>,
+    /// Whether `restored` may hold anything (so new cells skip its lock once it is empty).
+    restoring: std::sync::atomic::AtomicBool,
     /// Where cells with unwritten counts go, when counters are kept on disk.
     dirty: Option<Arc<DirtyQueue>>,
 }
@@ -44,12 +46,14 @@ impl std::fmt::Debug for Live {
 /// The identity of a cell: who is counted and the limit, as the state file keys it.
 /// Names never hold a tab.
 pub(crate) fn cell_key(scope: &str, limit: &LimitConfig) -> String {
-    format!(
-        "{scope}\t{}\t{}\t{}",
-        limit.name,
-        limit.requests,
-        limit.window.as_secs()
-    )
+    let mut n = itoa::Buffer::new();
+    let mut w = itoa::Buffer::new();
+    let (n, w) = (n.format(limit.requests), w.format(limit.window.as_secs()));
+    let mut k = String::with_capacity(scope.len() + limit.name.len() + n.len() + w.len() + 3);
+    for part in [scope, "\t", &limit.name, "\t", n, "\t", w] {
+        k.push_str(part);
+    }
+    k
 }
 
 impl Live {
@@ -61,12 +65,14 @@ impl Live {
             next_id: AtomicU64::new(0),
             cluster,
             restored: Mutex::default(),
+            restoring: Default::default(),
             dirty,
         }
     }
 
     /// Counts to apply to cells as they are made (from the state file).
     pub(crate) fn restore(&self, saved: HashMap<Arc<str>, Saved>) {
+        self.restoring.store(!saved.is_empty(), Ordering::Release);
         *self.restored.lock() = saved;
     }
 
@@ -103,13 +109,15 @@ impl Live {
         cell.key = key.clone();
         if cell.shared.is_none() {
             cell.dirty = self.dirty.clone();
-            let saved = {
+            let saved = if self.restoring.load(Ordering::Acquire) {
                 let mut r = self.restored.lock();
+                let s = r.remove(&key);
                 if r.is_empty() {
-                    None
-                } else {
-                    r.remove(&key)
+                    self.restoring.store(false, Ordering::Release);
                 }
+                s
+            } else {
+                None
             };
             if let Some(s) = saved {
                 let slot_ns = cell.slot_ns();
@@ -137,11 +145,16 @@ impl Live {
     pub fn sweep(&self, now: Now) -> usize {
         let mut retired = 0;
         for s in self.shards.iter() {
-            s.lock().retain(|_, c| {
+            let mut shard = s.lock();
+            shard.retain(|_, c| {
                 let keep = !c.idle(now, true);
                 retired += usize::from(!keep);
                 keep
             });
+            // A burst of consumers leaves a large table behind: give it back.
+            if shard.capacity() > 64 && shard.len() * 4 < shard.capacity() {
+                shard.shrink_to_fit();
+            }
         }
         retired
     }
@@ -202,7 +215,9 @@ impl Counters {
         }
         let name = self.consumers.name(i);
         let layout = &self.layouts[self.plan_slot(i)];
-        let plan_scope = format!("consumer:{name}");
+        let mut plan_scope = String::with_capacity(9 + name.len());
+        plan_scope.push_str("consumer:");
+        plan_scope.push_str(name);
         let group: Group = layout
             .limits
             .iter()
