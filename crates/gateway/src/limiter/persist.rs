@@ -307,15 +307,17 @@ impl StateStore {
                         "{e}; counters are kept in memory and written once it works again"
                     );
                 }
-                // Queue them again (a cell counted meanwhile is queued already).
-                let mut q = self.queue.lock();
-                for cell in cells {
-                    let mut st = cell.state.lock();
-                    if !st.dirty {
-                        st.dirty = true;
-                        q.push(cell.clone());
-                    }
-                }
+                // Queue them again (a cell counted meanwhile is queued already). The queue
+                // is locked only after the cells: a request holds its cells' locks while it
+                // queues them, so taking the queue first could deadlock.
+                let again: Vec<_> = cells
+                    .into_iter()
+                    .filter(|cell| {
+                        let mut st = cell.state.lock();
+                        !std::mem::replace(&mut st.dirty, true)
+                    })
+                    .collect();
+                self.queue.lock().extend(again);
                 0
             }
         }
