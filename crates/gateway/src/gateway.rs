@@ -438,8 +438,10 @@ impl Gateway {
             .and_then(|text| tollgate_config::from_yaml_in(text, base));
         match parsed {
             Ok(cfg) => {
-                self.apply(cfg);
+                // Recorded before the swap, so whoever sees the new generation also sees
+                // its content as running (and does not apply it again).
                 self.loaded_from(bytes);
+                self.apply(cfg);
                 tracing::info!(path = %path.display(), generation = self.status.borrow().generation, "config reloaded");
                 Ok(())
             }
