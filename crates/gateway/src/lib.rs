@@ -18,6 +18,7 @@ pub mod policy;
 pub mod response;
 pub mod route;
 pub mod snapshot;
+mod sqlite;
 pub mod upstream;
 pub mod usage;
 pub mod watch;

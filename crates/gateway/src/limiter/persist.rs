@@ -141,20 +141,7 @@ fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> StateError + '_ {
 }
 
 fn open_db(path: &Path) -> Result<Connection, StateError> {
-    let c = Connection::open(path).map_err(db_err(path))?;
-    c.busy_timeout(Duration::from_millis(500))
-        .map_err(db_err(path))?;
-    c.execute_batch(SCHEMA).map_err(db_err(path))?;
-    let ok: String = c
-        .query_row("PRAGMA quick_check", [], |r| r.get(0))
-        .map_err(db_err(path))?;
-    if ok != "ok" {
-        return Err(StateError::Db {
-            path: path.display().to_string(),
-            source: rusqlite::Error::InvalidQuery,
-        });
-    }
-    Ok(c)
+    crate::sqlite::open(path, SCHEMA).map_err(db_err(path))
 }
 
 fn read_all(c: &Connection, wall: u64) -> rusqlite::Result<HashMap<Arc<str>, Saved>> {

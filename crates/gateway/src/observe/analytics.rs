@@ -188,23 +188,7 @@ fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> AnalyticsError + '_ {
 
 /// Opens (creating if needed) the database at `path` and checks it can be read and written.
 fn open_db(path: &Path) -> Result<Connection, AnalyticsError> {
-    let c = Connection::open(path).map_err(db_err(path))?;
-    c.busy_timeout(Duration::from_millis(500))
-        .map_err(db_err(path))?;
-    c.execute_batch(SCHEMA).map_err(db_err(path))?;
-    c.query_row("PRAGMA quick_check", [], |r| r.get::<_, String>(0))
-        .map_err(db_err(path))
-        .and_then(|ok| {
-            if ok == "ok" {
-                Ok(())
-            } else {
-                Err(AnalyticsError::Db {
-                    path: path.display().to_string(),
-                    source: rusqlite::Error::InvalidQuery,
-                })
-            }
-        })?;
-    Ok(c)
+    crate::sqlite::open(path, SCHEMA).map_err(db_err(path))
 }
 
 impl Analytics {
