@@ -6,7 +6,8 @@
 
 use crate::cluster::Cluster;
 use crate::inbound::Owned;
-use crate::limiter::table::{Counters, Layout, Live};
+use crate::limiter::table::{Counters, Group, Layout, Live};
+use crate::limiter::LimitCell;
 use crate::observe::metrics::{Metrics, RouteStats};
 use crate::upstream::Upstream;
 use http::HeaderValue;
@@ -252,6 +253,23 @@ impl Snapshot {
     /// Consumer `i`'s name.
     pub fn consumer_name(&self, i: usize) -> &str {
         self.config.consumers.name(i)
+    }
+
+    /// Every limit consumer `i` is counted in, across the routes, once each: its cell in
+    /// `group` (from [`Counters::group`]) and what the limit is.
+    pub fn limits_of<'a>(
+        &'a self,
+        i: usize,
+        group: &'a Group,
+    ) -> impl Iterator<Item = (&'a Arc<LimitCell>, &'a LimitInfo)> + 'a {
+        let slot = self.counters.plan_slot(i);
+        let mut seen = std::collections::HashSet::new();
+        self.routes
+            .iter()
+            .filter_map(move |r| r.limit_sets.get(slot))
+            .flat_map(|set| set.positions.iter().zip(&set.info))
+            .filter_map(|(&at, info)| group.get(at).map(|cell| (cell, info)))
+            .filter(move |(cell, _)| seen.insert(cell.id))
     }
 
     /// Whether consumer `i` may call `route` (its `allow` list of consumers and plans).

@@ -5,7 +5,6 @@ use crate::cluster::Cluster;
 use crate::limiter::Now;
 use crate::snapshot::Snapshot;
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
 
 /// Usage of one limit.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -58,40 +57,27 @@ pub async fn usage(
         .consumers
         .find(consumer)
         .ok_or_else(|| UsageError::UnknownConsumer(consumer.to_string()))?;
-    let slot = snap.counters.plan_slot(index);
     let group = snap.counters.group(index, now);
-    let mut seen = HashSet::new();
     let mut limits = Vec::new();
     let mut keys = Vec::new();
-    for route in &snap.routes {
-        let Some(set) = route.limit_sets.get(slot) else {
-            continue;
-        };
-        for (&at, info) in set.positions.iter().zip(&set.info) {
-            let Some(cell) = group.get(at) else {
-                continue;
-            };
-            if !seen.insert(cell.id) {
-                continue;
+    for (cell, info) in snap.limits_of(index, &group) {
+        // Shared limits are read from Redis below; local ones from the cell.
+        let used = match &cell.shared {
+            Some(shared) => {
+                let window = now.wall / cell.window_ns.max(1);
+                keys.push((limits.len(), shared.key_for(window)));
+                0
             }
-            // Shared limits are read from Redis below; local ones from the cell.
-            let used = match &cell.shared {
-                Some(shared) => {
-                    let window = now.wall / cell.window_ns.max(1);
-                    keys.push((limits.len(), shared.key_for(window)));
-                    0
-                }
-                None => cell.used(now),
-            };
-            limits.push(LimitUsage {
-                name: info.name.clone(),
-                scope: info.scope.clone(),
-                requests: cell.requests,
-                window_seconds: info.window_secs,
-                used,
-                remaining: cell.requests.saturating_sub(used),
-            });
-        }
+            None => cell.used(now),
+        };
+        limits.push(LimitUsage {
+            name: info.name.clone(),
+            scope: info.scope.clone(),
+            requests: cell.requests,
+            window_seconds: info.window_secs,
+            used,
+            remaining: cell.requests.saturating_sub(used),
+        });
     }
     let shared = !keys.is_empty();
     if let (Some(c), true) = (cluster, shared) {

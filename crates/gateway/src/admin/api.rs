@@ -353,27 +353,17 @@ pub async fn top(gw: &Gateway) -> Answer {
     let snap = gw.snapshot();
     let t = gw.now();
     let mut quota: Vec<Value> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
     // Bounded work: the local counters of at most 10,000 consumers that have called.
     for (i, group) in snap.counters.active(10_000) {
-        let slot = snap.counters.plan_slot(i);
         let mut best: Option<(f64, &str, u64, u64)> = None;
-        for route in &snap.routes {
-            let Some(set) = route.limit_sets.get(slot) else {
+        for (cell, info) in snap.limits_of(i, &group) {
+            if cell.shared.is_some() || cell.requests == 0 {
                 continue;
-            };
-            for (&at, info) in set.positions.iter().zip(&set.info) {
-                let Some(cell) = group.get(at) else {
-                    continue;
-                };
-                if cell.shared.is_some() || !seen.insert(cell.id) || cell.requests == 0 {
-                    continue;
-                }
-                let used = cell.used(t);
-                let share = used as f64 / cell.requests as f64;
-                if best.is_none_or(|b| share > b.0) {
-                    best = Some((share, &info.name, used, cell.requests));
-                }
+            }
+            let used = cell.used(t);
+            let share = used as f64 / cell.requests as f64;
+            if best.is_none_or(|b| share > b.0) {
+                best = Some((share, &info.name, used, cell.requests));
             }
         }
         if let Some((share, limit, used, requests)) = best {
