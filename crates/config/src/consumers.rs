@@ -171,11 +171,6 @@ impl Consumers {
             .map(|&k| self.key_owner[k as usize] as usize)
     }
 
-    /// Number of keys, plain and hashed.
-    pub fn key_count(&self) -> usize {
-        self.key_owner.len() + self.digests.len()
-    }
-
     /// Adds a consumer. Nothing is added when the name or a key is already taken.
     pub fn push(
         &mut self,
@@ -286,18 +281,5 @@ impl Consumers {
         let all = &self.digests;
         self.by_digest
             .shrink_to_fit(|&i| hasher.hash_one(all[i as usize]));
-    }
-
-    /// Bytes held by the table, for sizing.
-    pub fn heap_bytes(&self) -> usize {
-        self.names.capacity()
-            + self.name_ends.capacity() * 4
-            + self.plans.capacity() * 4
-            + self.keys.capacity()
-            + self.key_ends.capacity() * 4
-            + self.key_owner.capacity() * 4
-            + self.digests.capacity() * 32
-            + self.digest_owner.capacity() * 4
-            + (self.by_name.capacity() + self.by_key.capacity() + self.by_digest.capacity()) * 5
     }
 }

@@ -384,11 +384,6 @@ impl StateStore {
         *self.stop.0.lock() = true;
         self.stop.1.notify_all();
     }
-
-    /// The state file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 #[cfg(test)]

@@ -270,9 +270,4 @@ impl Counters {
         }
         out
     }
-
-    /// The layout of consumer `i`'s cells.
-    pub fn layout(&self, i: usize) -> &Layout {
-        &self.layouts[self.plan_slot(i)]
-    }
 }
