@@ -165,8 +165,13 @@ pub fn watch_file(
             let Some(f) = file else { continue };
             if consumers.look(&f.path, f.fingerprint).await.is_some() {
                 tracing::info!(path = %f.path.display(), "consumers file changed");
+                // Known changed: straight to the reload, which reads it once more to load
+                // it (`reload_file` would read it a second time to fingerprint it).
+                let Ok(bytes) = tokio::fs::read(&path).await else {
+                    continue;
+                };
                 let (g, p) = (gw.clone(), path.clone());
-                let _ = tokio::task::spawn_blocking(move || g.reload_file(&p)).await;
+                let _ = tokio::task::spawn_blocking(move || g.reload_bytes(&p, &bytes)).await;
             }
         }
     })
