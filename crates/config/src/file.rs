@@ -188,6 +188,54 @@ pub struct Listener {
     /// Keep the client's `X-Request-Id` (default: only from `trusted_proxies`; others get a new one).
     #[serde(default)]
     pub trust_request_id: bool,
+    /// Terminate TLS on this listener (HTTP/1.1 and HTTP/2 by ALPN).
+    pub tls: Option<ListenerTls>,
+    /// Serve cleartext HTTP/2 with prior knowledge too (HTTP/1.1 is still served).
+    #[serde(default)]
+    pub h2c: bool,
+    /// HTTP/2 limits (TLS and h2c listeners).
+    pub http2: Option<Http2>,
+}
+
+/// TLS on a listener.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTls {
+    /// Certificate chains and keys; each serves the names of its SAN, the first is the default.
+    pub certificates: Vec<CertificateFiles>,
+    /// CA bundle that client certificates are verified against (mTLS).
+    pub client_ca: Option<String>,
+    /// `required` (default when `client_ca` is set) or `optional`.
+    pub client_auth: Option<String>,
+    /// Oldest TLS version accepted: `"1.2"` (default) or `"1.3"`.
+    pub min_version: Option<String>,
+}
+
+/// One certificate chain and its private key, PEM files.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateFiles {
+    /// The chain, leaf first.
+    pub cert: String,
+    /// The leaf's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: String,
+}
+
+/// HTTP/2 server limits.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Http2 {
+    /// Streams a client may have open at once (default 100).
+    pub max_concurrent_streams: Option<u32>,
+    /// Largest header list (decoded) accepted (default: the listener's `max_header_bytes`).
+    pub max_header_list_size: Option<Size>,
+    /// Flow-control window per stream (default 256KiB).
+    pub stream_window: Option<Size>,
+    /// Flow-control window per connection (default 1MiB).
+    pub connection_window: Option<Size>,
+    /// Streams a client may reset before the gateway accepted them, before it is sent
+    /// GOAWAY (default 20; the rapid-reset guard).
+    pub max_pending_resets: Option<usize>,
 }
 
 /// A backend: one or more targets, used round-robin over a keep-alive pool.
@@ -208,6 +256,33 @@ pub struct Upstream {
     pub read_timeout: Option<Dur>,
     /// Most connections open at once to each target; requests beyond wait, then get 503.
     pub max_connections: Option<usize>,
+    /// `http1` (default) or `h2` (ALPN over TLS, prior knowledge in cleartext).
+    pub protocol: Option<String>,
+    /// CA bundle that `https://` targets' certificates are verified against (default: the
+    /// system's roots).
+    pub ca_file: Option<String>,
+    /// Health checks: passive always (unless `failures: 0`), active with `path`.
+    pub health: Option<Health>,
+}
+
+/// Upstream health checks.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    /// Path of the active check (`GET`, 2xx/3xx is healthy); no active checks when absent.
+    pub path: Option<String>,
+    /// Time between active checks of a target (default 5s).
+    pub interval: Option<Dur>,
+    /// Time allowed for an active check (default 2s).
+    pub timeout: Option<Dur>,
+    /// Successful checks in a row that bring a target back (default 2).
+    pub healthy: Option<u32>,
+    /// Failed checks in a row that take a target out (default 3).
+    pub unhealthy: Option<u32>,
+    /// Passive: failed connects or 5xx answers in a row that take a target out (default 5; 0: off).
+    pub failures: Option<u32>,
+    /// Passive: how long a target stays out before it is tried again (default 10s).
+    pub backoff: Option<Dur>,
 }
 
 /// A route: which requests, where they go, which policies apply.
@@ -249,6 +324,9 @@ pub struct Route {
     pub cors: Option<Cors>,
     /// Store this route's responses in the shared cache.
     pub cache: Option<RouteCache>,
+    /// Let WebSocket (and other `Upgrade`) requests through: joined both ways once admitted.
+    #[serde(default)]
+    pub websocket: bool,
 }
 
 /// Where to find the API key and what to do with it.
@@ -266,6 +344,10 @@ pub struct Auth {
     pub keep_credential: bool,
     /// Header that carries the consumer's name upstream (default `X-Consumer`).
     pub consumer_header: Option<String>,
+    /// Identify the consumer by its verified TLS client certificate: the first SAN (DNS,
+    /// URI, email) or subject CN that names a consumer.
+    #[serde(default)]
+    pub mtls: bool,
 }
 
 /// Who may call a route.

@@ -12,6 +12,7 @@ pub mod error;
 pub mod file;
 pub mod model;
 pub mod parse;
+pub mod tls;
 pub mod units;
 mod validate;
 

@@ -196,6 +196,38 @@ pub struct ListenerConfig {
     pub trusted_proxies: Vec<IpNet>,
     /// Keep every client's `X-Request-Id` (trusted proxies' are always kept).
     pub trust_request_id: bool,
+    /// TLS termination, if on; reloads with the config.
+    pub tls: Option<crate::tls::TlsConfig>,
+    /// Cleartext HTTP/2 with prior knowledge, beside HTTP/1.1.
+    pub h2c: bool,
+    /// HTTP/2 limits.
+    pub http2: Http2Config,
+}
+
+impl ListenerConfig {
+    /// Whether two listeners differ only in what applies without a restart (TLS material).
+    pub fn same_socket(&self, other: &ListenerConfig) -> bool {
+        let strip = |l: &ListenerConfig| ListenerConfig {
+            tls: None,
+            ..l.clone()
+        };
+        self.tls.is_some() == other.tls.is_some() && strip(self) == strip(other)
+    }
+}
+
+/// HTTP/2 server limits (guards against rapid-reset and header floods).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Http2Config {
+    /// Streams open at once per connection.
+    pub max_concurrent_streams: u32,
+    /// Largest decoded header list, bytes.
+    pub max_header_list_size: u32,
+    /// Flow-control window per stream, bytes.
+    pub stream_window: u32,
+    /// Flow-control window per connection, bytes.
+    pub connection_window: u32,
+    /// Streams reset by the client before they were accepted, before GOAWAY.
+    pub max_pending_resets: usize,
 }
 
 /// An address block: `10.0.0.0/8`, `::1/128`.
@@ -268,6 +300,49 @@ pub struct UpstreamConfig {
     pub read_timeout: Duration,
     /// Most connections open at once to each target.
     pub max_connections: usize,
+    /// Targets are `https://`: TLS to each, verified against `ca` or the system's roots.
+    pub tls: bool,
+    /// CA bundle for `https://` targets; the system's roots when absent.
+    pub ca: Option<crate::tls::CaBundle>,
+    /// HTTP/1.1 or HTTP/2 to the targets.
+    pub protocol: UpstreamProtocol,
+    /// Passive and active health checks.
+    pub health: HealthConfig,
+}
+
+/// The protocol spoken to an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 over kept-alive connections.
+    Http1,
+    /// HTTP/2: ALPN `h2` over TLS, prior knowledge in cleartext.
+    H2,
+}
+
+/// When a target is taken out of rotation and brought back.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HealthConfig {
+    /// Failed connects or 5xx answers in a row that take a target out; 0: passive checks off.
+    pub failures: u32,
+    /// How long a target taken out by passive checks stays out before it is tried again.
+    pub backoff: Duration,
+    /// Active checks, if configured.
+    pub active: Option<ActiveHealth>,
+}
+
+/// Active health checks: `GET path` on every target each `interval`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ActiveHealth {
+    /// Path checked.
+    pub path: String,
+    /// Time between checks of a target.
+    pub interval: Duration,
+    /// Time allowed for a check.
+    pub timeout: Duration,
+    /// Successes in a row that bring a target back.
+    pub healthy: u32,
+    /// Failures in a row that take a target out.
+    pub unhealthy: u32,
 }
 
 /// How a route matches the path.
@@ -319,6 +394,8 @@ pub struct RouteConfig {
     pub cors: Option<CorsConfig>,
     /// Caching, if the route's responses may be stored.
     pub cache: Option<RouteCacheConfig>,
+    /// Upgrade requests (WebSocket) pass and are joined both ways.
+    pub websocket: bool,
 }
 
 /// Where the key comes from.
@@ -332,6 +409,8 @@ pub struct AuthConfig {
     pub keep_credential: bool,
     /// Header carrying the consumer's name upstream.
     pub consumer_header: HeaderName,
+    /// The consumer is named by the verified client certificate instead of a key.
+    pub mtls: bool,
 }
 
 /// Who may call a route.

@@ -47,6 +47,7 @@ struct UpFetch {
     upstream: Arc<upstream::Upstream>,
     peer_ip: HeaderValue,
     trusted: bool,
+    https: bool,
     strip_prefix: Option<Arc<str>>,
     preserve_host: bool,
     max_body: u64,
@@ -61,6 +62,7 @@ impl UpFetch {
             upstream: route.upstream.clone(),
             peer_ip: conn.peer_ip.clone(),
             trusted: conn.trusted,
+            https: conn.tls,
             strip_prefix: route.strip.clone(),
             preserve_host: route.cfg.preserve_host,
             max_body: conn.listener.max_body_bytes,
@@ -79,6 +81,7 @@ impl cache::Fetch for UpFetch {
         let hop = Hop {
             peer_ip: &self.peer_ip,
             trusted: self.trusted,
+            https: self.https,
             strip_prefix: self.strip_prefix.as_deref(),
             preserve_host: self.preserve_host,
             max_body: self.max_body,
@@ -328,6 +331,15 @@ impl Gateway {
         self.metrics.render()
     }
 
+    /// The running TLS config of the listener at `address`, if it has TLS.
+    pub fn tls_for(&self, address: std::net::SocketAddr) -> Option<Arc<rustls::ServerConfig>> {
+        let snap = self.snapshot.load();
+        snap.tls
+            .iter()
+            .find(|(a, _)| *a == address)
+            .map(|(_, c)| c.clone())
+    }
+
     /// The response cache.
     pub fn cache(&self) -> &Arc<Cache> {
         &self.cache
@@ -342,8 +354,15 @@ impl Gateway {
     /// with; counters of unchanged limits and pools of unchanged upstreams carry over.
     pub fn apply(&self, config: Config) {
         let old = self.snapshot.load();
-        if old.config.listeners != config.listeners {
-            tracing::warn!("listener changes take effect at the next restart");
+        let same_sockets = old.config.listeners.len() == config.listeners.len()
+            && old
+                .config
+                .listeners
+                .iter()
+                .zip(&config.listeners)
+                .all(|(a, b)| a.same_socket(b));
+        if !same_sockets {
+            tracing::warn!("listener changes (other than TLS certificates) take effect at the next restart");
         }
         if old.config.cache != config.cache {
             tracing::warn!("cache size changes take effect at the next restart");
@@ -472,6 +491,8 @@ impl Gateway {
         note_target: Option<&upstream::AnsweredBy>,
     ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
+        // Read before `prepare` strips the hop-by-hop headers that ask for it.
+        let upgrade = inbound::upgrade_asked(&parts);
         if let Err(r) = inbound::prepare(snap, &mut parts) {
             return refused(trace, r);
         }
@@ -484,7 +505,13 @@ impl Gateway {
         let origin = policy::cors_origin(route, &parts);
 
         let result: Result<Response<Body>, Refusal> = async {
-            let admitted = match policy::run(snap, route, &mut parts, self.clock.as_ref()) {
+            let admitted = match policy::run(
+                snap,
+                route,
+                &mut parts,
+                self.clock.as_ref(),
+                conn.client_names.as_deref(),
+            ) {
                 Ok(Verdict::Answer(r)) => return Ok(*r),
                 Ok(Verdict::Forward(a)) => a,
                 Err(r) => {
@@ -496,6 +523,7 @@ impl Gateway {
             let hop = Hop {
                 peer_ip: &conn.peer_ip,
                 trusted: conn.trusted,
+                https: conn.tls,
                 strip_prefix: route.strip.as_deref(),
                 preserve_host: route.cfg.preserve_host,
                 max_body: conn.listener.max_body_bytes,
@@ -504,6 +532,21 @@ impl Gateway {
                 route: &route.cfg.name,
                 note_target,
             };
+            if let (true, Some(protocol)) = (route.cfg.websocket, upgrade) {
+                if let Some(client) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
+                    let ask = upstream::UpgradeAsk {
+                        protocol,
+                        client,
+                        metrics: self.metrics.clone(),
+                    };
+                    let t = Instant::now();
+                    let resp = upstream::upgrade(&route.upstream, parts, ask, hop).await;
+                    upstream_time(trace, route, t);
+                    let mut resp = resp?.map(Either::Left);
+                    policy::decorate(route, &admitted, resp.headers_mut());
+                    return Ok(resp);
+                }
+            }
             let Some(cc) = &route.cfg.cache else {
                 let t = Instant::now();
                 let resp = upstream::forward(&route.upstream, parts, body, hop).await;

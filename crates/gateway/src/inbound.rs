@@ -47,6 +47,26 @@ pub fn prepare(snap: &Snapshot, parts: &mut Parts) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// The protocol an HTTP/1.1 request asks to upgrade to (`Connection: upgrade` with an
+/// `Upgrade` value), if any; `h2c` is never passed on.
+pub fn upgrade_asked(parts: &Parts) -> Option<http::HeaderValue> {
+    if parts.version != Version::HTTP_11 {
+        return None;
+    }
+    let up = parts.headers.get(header::UPGRADE)?;
+    let asked = parts
+        .headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    let h2c = up
+        .to_str()
+        .is_ok_and(|v| v.split(',').any(|p| p.trim().eq_ignore_ascii_case("h2c")));
+    (asked && !h2c).then(|| up.clone())
+}
+
 /// Header names only the gateway may set, for the checks above.
 #[derive(Debug, Default)]
 pub struct Owned {

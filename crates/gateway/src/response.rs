@@ -81,11 +81,20 @@ pub enum Refusal {
     /// The client stopped sending its body for longer than `body_timeout`.
     #[error("request body timeout")]
     RequestTimeout,
+    /// The route names consumers by client certificate and the client sent none.
+    #[error("client certificate required")]
+    NoClientCert,
+    /// The client certificate is valid but names no consumer.
+    #[error("client certificate names no consumer")]
+    UnknownClientCert,
+    /// Every target of the upstream is out of rotation (failed health checks).
+    #[error("no healthy upstream target")]
+    NoHealthyTarget,
 }
 
 /// Every reason the gateway answers a request itself, as labels for metrics and the
 /// access log; [`Refusal::reason_index`] indexes it.
-pub const REASONS: [&str; 15] = [
+pub const REASONS: [&str; 18] = [
     "bad_request",
     "no_route",
     "method_not_allowed",
@@ -101,6 +110,9 @@ pub const REASONS: [&str; 15] = [
     "upstream_timeout",
     "upstream_busy",
     "request_timeout",
+    "missing_client_cert",
+    "unknown_client_cert",
+    "no_healthy_target",
 ];
 
 impl Refusal {
@@ -122,6 +134,9 @@ impl Refusal {
             Refusal::UpstreamTimeout => 12,
             Refusal::UpstreamBusy => 13,
             Refusal::RequestTimeout => 14,
+            Refusal::NoClientCert => 15,
+            Refusal::UnknownClientCert => 16,
+            Refusal::NoHealthyTarget => 17,
         }
     }
 }
@@ -261,6 +276,30 @@ pub fn refuse(refusal: Refusal, request_id: &HeaderValue) -> Response<Body> {
             ),
             CONNECTION,
             close(),
+        ),
+        Refusal::NoClientCert => with(
+            json(
+                StatusCode::UNAUTHORIZED,
+                r#""status":401,"error":"client certificate required""#,
+            ),
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("mTLS"),
+        ),
+        Refusal::UnknownClientCert => with(
+            json(
+                StatusCode::UNAUTHORIZED,
+                r#""status":401,"error":"client certificate names no consumer""#,
+            ),
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("mTLS"),
+        ),
+        Refusal::NoHealthyTarget => with(
+            json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#""status":503,"error":"no healthy upstream target""#,
+            ),
+            RETRY_AFTER,
+            HeaderValue::from_static("1"),
         ),
     }
 }

@@ -73,6 +73,7 @@ impl Registry {
             return u;
         }
         let u = Arc::new(Upstream::new(cfg.clone(), self.metrics.upstream(&cfg.name)));
+        u.start_checks();
         self.metrics.watch_upstream(&u);
         ups.insert(cfg.clone(), Arc::downgrade(&u));
         u
@@ -149,6 +150,9 @@ pub struct Snapshot {
     pub credential_params: Arc<[String]>,
     /// `-`: the consumer or route of requests that had none, in the usage history.
     pub anonymous: Arc<str>,
+    /// TLS listeners' rustls configs, by address: built per snapshot so that renewed
+    /// certificates serve new connections after a reload.
+    pub tls: Vec<(std::net::SocketAddr, Arc<rustls::ServerConfig>)>,
 }
 
 impl Snapshot {
@@ -240,7 +244,22 @@ impl Snapshot {
                 }
             }
         }
+        let tls = config
+            .listeners
+            .iter()
+            .filter_map(|l| {
+                let t = l.tls.as_ref()?;
+                match crate::listener::tls::server_config(t) {
+                    Ok(c) => Some((l.address, c)),
+                    Err(e) => {
+                        tracing::error!(listener = %l.address, "TLS config: {e}");
+                        None
+                    }
+                }
+            })
+            .collect();
         Snapshot {
+            tls,
             credential_params: params.into(),
             anonymous: Arc::from(crate::observe::analytics::NONE),
             counters: Counters::new(config.consumers.clone(), layouts, registry.live.clone()),

@@ -1,6 +1,8 @@
 //! File types → validated [`Config`]. Every problem is collected, none stops the others.
 
+mod listener;
 mod route;
+mod upstream;
 
 use crate::consumers::{Conflict, Consumers};
 use crate::error::{ConfigError, Problem};
@@ -40,8 +42,8 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
             .unwrap_or(true),
     };
 
-    let listeners = listeners(&raw.listeners, &mut p);
-    let (upstreams, upstream_index) = upstreams(&raw.upstreams, &mut p);
+    let listeners = listener::listeners(&raw.listeners, base, &mut p);
+    let (upstreams, upstream_index) = upstream::upstreams(&raw.upstreams, base, &mut p);
     let (plans, plan_index) = plans(&raw.plans, &mut p);
     let (consumers, consumers_file) = consumers(
         &raw.consumers,
@@ -66,6 +68,13 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
                         "route name {:?} is used twice; give each route a unique name",
                         route.name
                     ),
+                );
+            }
+            let mtls = route.auth.as_ref().is_some_and(|a| a.mtls);
+            if mtls && !listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some())) {
+                p.add(
+                    format!("{at}.auth.mtls"),
+                    "needs a listener with `tls.client_ca` (client certificates are verified there)",
                 );
             }
             routes.push(route);
@@ -315,124 +324,6 @@ fn admin(
         max_connections,
         header_timeout,
     })
-}
-
-fn listeners(raw: &[file::Listener], p: &mut Problems) -> Vec<ListenerConfig> {
-    if raw.is_empty() {
-        p.add("listeners", "at least one listener is required");
-    }
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    for (i, l) in raw.iter().enumerate() {
-        let at = format!("listeners[{i}]");
-        let Ok(address) = l.address.parse::<SocketAddr>() else {
-            p.add(
-                format!("{at}.address"),
-                format!("{:?} is not an ip:port address", l.address),
-            );
-            continue;
-        };
-        if !seen.insert(address) {
-            p.add(
-                format!("{at}.address"),
-                format!("{address} is listed twice"),
-            );
-        }
-        let max_header_bytes = l.max_header_bytes.map_or(32 * 1024, |s| s.0);
-        if !(1024..=1 << 20).contains(&max_header_bytes) {
-            p.add(
-                format!("{at}.max_header_bytes"),
-                "must be between 1KiB and 1MiB",
-            );
-        }
-        let max_headers = l.max_headers.unwrap_or(100);
-        if !(1..=1000).contains(&max_headers) {
-            p.add(format!("{at}.max_headers"), "must be between 1 and 1000");
-        }
-        let header_timeout = l.header_timeout.map_or(Duration::from_secs(30), |d| d.0);
-        if header_timeout.is_zero() {
-            p.add(format!("{at}.header_timeout"), "must be more than 0");
-        }
-        let body_timeout = l.body_timeout.map_or(Duration::from_secs(30), |d| d.0);
-        if body_timeout.is_zero() {
-            p.add(format!("{at}.body_timeout"), "must be more than 0");
-        }
-        let max_connections = l.max_connections.unwrap_or(10_000);
-        if max_connections == 0 {
-            p.add(format!("{at}.max_connections"), "must be at least 1");
-        }
-        let mut trusted_proxies = Vec::new();
-        for (j, t) in l.trusted_proxies.iter().enumerate() {
-            match IpNet::parse(t) {
-                Some(n) => trusted_proxies.push(n),
-                None => p.add(
-                    format!("{at}.trusted_proxies[{j}]"),
-                    format!("{t:?} is not an address or address block (e.g. 10.0.0.0/8)"),
-                ),
-            }
-        }
-        out.push(ListenerConfig {
-            address,
-            max_header_bytes: usize::try_from(max_header_bytes).unwrap_or(usize::MAX),
-            max_headers,
-            header_timeout,
-            max_body_bytes: l.max_body_bytes.map_or(10 << 20, |s| s.0),
-            body_timeout,
-            max_connections,
-            trusted_proxies,
-            trust_request_id: l.trust_request_id,
-        });
-    }
-    out
-}
-
-fn upstreams(
-    raw: &BTreeMap<String, file::Upstream>,
-    p: &mut Problems,
-) -> (Vec<UpstreamConfig>, HashMap<String, usize>) {
-    let mut out = Vec::new();
-    let mut index = HashMap::new();
-    for (name, u) in raw {
-        let at = format!("upstreams.{name}");
-        if u.targets.is_empty() {
-            p.add(format!("{at}.targets"), "at least one target is required");
-        }
-        for (j, t) in u.targets.iter().enumerate() {
-            let ok = t
-                .parse::<http::uri::Authority>()
-                .ok()
-                .filter(|a| a.port_u16().is_some() && a.as_str() == t);
-            if ok.is_none() {
-                p.add(
-                    format!("{at}.targets[{j}]"),
-                    format!("{t:?} is not a host:port target (e.g. 127.0.0.1:8000)"),
-                );
-            }
-        }
-        let positive = |p: &mut Problems, field: &str, d: Option<crate::units::Dur>, def: u64| {
-            let d = d.map_or(Duration::from_millis(def), |d| d.0);
-            if d.is_zero() {
-                p.add(format!("{at}.{field}"), "must be more than 0");
-            }
-            d
-        };
-        let cfg = UpstreamConfig {
-            name: name.clone(),
-            targets: u.targets.clone(),
-            pool_max_idle: u.pool_max_idle.unwrap_or(256),
-            connect_timeout: positive(p, "connect_timeout", u.connect_timeout, 5_000),
-            response_timeout: positive(p, "response_timeout", u.response_timeout, 60_000),
-            idle_timeout: positive(p, "idle_timeout", u.idle_timeout, 30_000),
-            read_timeout: positive(p, "read_timeout", u.read_timeout, 60_000),
-            max_connections: u.max_connections.unwrap_or(1024),
-        };
-        if cfg.max_connections == 0 {
-            p.add(format!("{at}.max_connections"), "must be at least 1");
-        }
-        index.insert(name.clone(), out.len());
-        out.push(cfg);
-    }
-    (out, index)
 }
 
 pub(crate) fn limits(raw: &[file::Limit], at: &str, p: &mut Problems) -> Vec<LimitConfig> {

@@ -99,7 +99,15 @@ pub(super) fn route(
         .map(|m| methods(m, &format!("{at}.methods"), p));
 
     let auth = r.auth.as_ref().map(|a| {
-        let (query, header) = if a.query.is_empty() && a.header.is_empty() {
+        if a.mtls && !(a.query.is_empty() && a.header.is_empty()) {
+            p.add(
+                format!("{at}.auth.mtls"),
+                "names the consumer by its client certificate; leave out `query` and `header`",
+            );
+        }
+        let (query, header) = if a.mtls {
+            (Vec::new(), Vec::new())
+        } else if a.query.is_empty() && a.header.is_empty() {
             (vec!["apikey".to_string()], vec!["x-api-key".to_string()])
         } else {
             (a.query.clone(), a.header.clone())
@@ -129,6 +137,7 @@ pub(super) fn route(
             header: header_names(&header, &format!("{at}.auth.header"), p),
             keep_credential: a.keep_credential,
             consumer_header,
+            mtls: a.mtls,
         }
     });
 
@@ -251,5 +260,6 @@ pub(super) fn route(
         limits,
         cors,
         cache,
+        websocket: r.websocket,
     })
 }

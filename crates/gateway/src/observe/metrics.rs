@@ -134,6 +134,10 @@ pub struct UpstreamStats {
     pub errors: Counter,
     /// Requests answered 503 because every allowed connection was busy.
     pub busy: Counter,
+    /// Requests answered 503 because no target was healthy.
+    pub no_healthy: Counter,
+    /// Times a target was taken out of rotation by health checks.
+    pub taken_out: Counter,
 }
 
 /// Process-wide metrics.
@@ -150,10 +154,17 @@ pub struct Metrics {
     failures: Family<FailureLabels, Counter>,
     connect_errors: Family<UpstreamLabel, Counter>,
     retries: Family<UpstreamLabel, Counter>,
+    taken_out: Family<UpstreamLabel, Counter>,
     /// Client connections open now.
     pub connections_open: Gauge,
     /// Client connections accepted.
     pub connections_total: Counter,
+    /// TLS connections that never reached HTTP: failed or stalled handshakes, plain HTTP.
+    pub tls_failures: Counter,
+    /// Upgraded connections (WebSocket) joined to an upstream.
+    pub upgrades: Counter,
+    /// Upgraded connections open now.
+    pub upgrades_open: Gauge,
     /// Configs applied by reloads.
     pub reloads: Counter,
     /// Configs rejected by reloads.
@@ -262,6 +273,12 @@ impl Metrics {
             "Requests sent again on another connection or target.",
             retries.clone(),
         );
+        let taken_out = Family::<UpstreamLabel, Counter>::default();
+        registry.register(
+            "upstream_targets_taken_out",
+            "Times a target was taken out of rotation by passive or active health checks.",
+            taken_out.clone(),
+        );
         let connections_open = Gauge::default();
         registry.register(
             "client_connections",
@@ -273,6 +290,24 @@ impl Metrics {
             "client_connections_accepted",
             "Client connections accepted.",
             connections_total.clone(),
+        );
+        let tls_failures = Counter::default();
+        registry.register(
+            "tls_handshake_failures",
+            "TLS connections that never reached HTTP: failed or stalled handshakes, plain HTTP.",
+            tls_failures.clone(),
+        );
+        let upgrades = Counter::default();
+        registry.register(
+            "upgrades",
+            "Connections upgraded (WebSocket) and joined to an upstream.",
+            upgrades.clone(),
+        );
+        let upgrades_open = Gauge::default();
+        registry.register(
+            "upgrades_open",
+            "Upgraded connections open now.",
+            upgrades_open.clone(),
         );
         let reloads = Counter::default();
         registry.register(
@@ -323,8 +358,12 @@ impl Metrics {
             failures,
             connect_errors,
             retries,
+            taken_out,
             connections_open,
             connections_total,
+            tls_failures,
+            upgrades,
+            upgrades_open,
             reloads,
             reload_errors,
             log_lines,
@@ -416,6 +455,8 @@ impl Metrics {
                     timeouts: kind("timeout"),
                     errors: kind("error"),
                     busy: kind("busy"),
+                    no_healthy: kind("no_healthy_target"),
+                    taken_out: self.taken_out.get_or_create(&l).clone(),
                 }
             })
             .clone()

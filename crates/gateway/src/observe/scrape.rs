@@ -64,28 +64,37 @@ impl Collector for Scraped {
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
-        for (name, help, idle) in [
+        for (name, help, which) in [
             (
                 "upstream_connections",
                 "Upstream connections open now, by target.",
-                false,
+                0,
             ),
             (
                 "upstream_idle_connections",
                 "Kept-alive upstream connections waiting in the pool, by target.",
-                true,
+                1,
+            ),
+            (
+                "upstream_target_healthy",
+                "1 while a target is in rotation, 0 while health checks keep it out.",
+                2,
             ),
         ] {
             let mut m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
             let mut seen = std::collections::HashSet::new();
             for up in &ups {
-                for (target, open, idle_n) in up.pool_figures() {
+                for (target, open, idle_n, up_now) in up.pool_figures() {
                     let l = TargetLabels {
                         upstream: up.cfg.name.clone(),
                         target,
                     };
                     if seen.insert(l.clone()) {
-                        let v = if idle { idle_n } else { open };
+                        let v = match which {
+                            0 => open,
+                            1 => idle_n,
+                            _ => usize::from(up_now),
+                        };
                         ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX))
                             .encode(m.encode_family(&l)?)?;
                     }

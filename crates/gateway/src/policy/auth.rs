@@ -1,6 +1,8 @@
 //! API key authentication: the key comes from a header or a query parameter (names set per
 //! route), identifies a consumer, and is removed before forwarding unless the route keeps
-//! it. The consumer's name goes upstream in a header that clients cannot forge.
+//! it. On `mtls` routes the verified client certificate names the consumer instead: the
+//! first of its SAN entries and subject CN that is a consumer's name. The consumer's name
+//! goes upstream in a header that clients cannot forge.
 
 use crate::response::Refusal;
 use crate::snapshot::{Route, Snapshot};
@@ -8,6 +10,7 @@ use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::HeaderValue;
 use std::borrow::Cow;
+use tollgate_config::AuthConfig;
 
 /// Identifies the consumer (401 when the key is missing or unknown, 400 when the request
 /// carries two different keys), removes every credential the route names from every place
@@ -16,10 +19,20 @@ pub fn authenticate(
     snap: &Snapshot,
     route: &Route,
     parts: &mut Parts,
+    client_names: Option<&[Box<str>]>,
 ) -> Result<Option<usize>, Refusal> {
     let Some(auth) = route.cfg.auth.as_ref() else {
         return Ok(None);
     };
+    if auth.mtls {
+        let names = client_names.ok_or(Refusal::NoClientCert)?;
+        let consumer = names
+            .iter()
+            .find_map(|n| snap.config.consumers.find(n))
+            .ok_or(Refusal::UnknownClientCert)?;
+        set_consumer(snap, auth, consumer, parts);
+        return Ok(Some(consumer));
+    }
     let mut key: Option<Cow<'_, str>> = None;
     for name in &auth.header {
         for v in parts.headers.get_all(name) {
@@ -51,11 +64,16 @@ pub fn authenticate(
             strip_params(parts, &auth.query);
         }
     }
+    set_consumer(snap, auth, consumer, parts);
+    Ok(Some(consumer))
+}
+
+/// Names the consumer upstream in the route's consumer header.
+fn set_consumer(snap: &Snapshot, auth: &AuthConfig, consumer: usize, parts: &mut Parts) {
     // Names are checked printable ASCII when loaded.
     if let Ok(v) = HeaderValue::from_str(snap.consumer_name(consumer)) {
         parts.headers.insert(auth.consumer_header.clone(), v);
     }
-    Ok(Some(consumer))
 }
 
 /// Keeps the one key a request may carry: the same key repeated is fine, two are refused.

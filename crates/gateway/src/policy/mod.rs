@@ -4,7 +4,8 @@
 //!
 //! 1. [`method`]: method filter (part of route selection, since routes may split by method) → 405
 //! 2. [`cors`]: CORS preflight, answered here and never forwarded → 204 / 403
-//! 3. [`auth`]: API key from header or query → consumer, credential removed → 401
+//! 3. [`auth`]: API key from header or query (or the client certificate) → consumer,
+//!    credential removed → 401
 //! 4. [`authz`]: may this consumer call this route → 403
 //! 5. [`limits`]: every limit of the consumer, checked together → 429 (503 if a shared
 //!    limit's store is down and the cluster fails closed)
@@ -48,11 +49,12 @@ pub fn run(
     route: &Route,
     parts: &mut Parts,
     clock: &dyn Clock,
+    client_names: Option<&[Box<str>]>,
 ) -> Result<Verdict, Refusal> {
     if let Some(answer) = cors::preflight(route, parts)? {
         return Ok(Verdict::Answer(Box::new(answer)));
     }
-    let consumer = auth::authenticate(snap, route, parts)?;
+    let consumer = auth::authenticate(snap, route, parts, client_names)?;
     let mut admitted = Admitted {
         consumer,
         standing: None,

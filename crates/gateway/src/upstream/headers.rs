@@ -11,8 +11,9 @@ const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
 /// Sets `X-Forwarded-For`, `-Proto` and `-Host` for the hop. From a trusted proxy, the
 /// client's `X-Forwarded-For` is appended to and its `-Proto` and `-Host` kept; from anyone
-/// else, all of them (and `Forwarded`, `X-Real-IP`) are replaced. `Host` is the caller's.
-pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue, trusted: bool) {
+/// else, all of them (and `Forwarded`, `X-Real-IP`) are replaced; `-Proto` is `https` when
+/// the client came over TLS. `Host` is the caller's.
+pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue, trusted: bool, https: bool) {
     if !trusted {
         h.remove(X_FORWARDED_PROTO);
         h.remove(X_FORWARDED_HOST);
@@ -37,7 +38,8 @@ pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue, trusted: bool) 
     };
     h.insert(X_FORWARDED_FOR, xff);
     if !h.contains_key(&X_FORWARDED_PROTO) {
-        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        let proto = if https { "https" } else { "http" };
+        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
 }
 

@@ -10,15 +10,19 @@
 
 mod body;
 mod cap;
+mod client;
 mod dial;
 mod h1;
 mod headers;
+pub mod health;
 mod idle;
 mod pool;
+mod upgrade;
 
 pub use body::{ClientFault, UpBody, BUFFER};
 pub use dial::ConnectError;
 pub use pool::{BodyError, Collector, PooledBody};
+pub use upgrade::{upgrade, UpgradeAsk};
 
 use crate::observe::metrics::UpstreamStats;
 use crate::response::Refusal;
@@ -49,6 +53,8 @@ struct Target {
     raw: Arc<h1::RawPool>,
     /// The cap on connections open at once, shared by both.
     cap: Arc<Cap>,
+    /// Whether requests may go to it.
+    health: health::Health,
 }
 
 impl Target {
@@ -106,6 +112,10 @@ pub struct Upstream {
     /// Settings it was built from (pools are shared across reloads while they are unchanged).
     pub cfg: UpstreamConfig,
     targets: Vec<Target>,
+    /// The client for `https://` and `h2` upstreams, which skip the lean and pooled ones.
+    alt: Option<client::AltClient>,
+    /// An HTTP/1.1 client for upgraded connections, made on the first upgrade.
+    upgrades: std::sync::OnceLock<Option<client::AltClient>>,
     next: AtomicUsize,
     /// Second of the last failure logged, so that failures log once a second at most.
     last_logged: AtomicU64,
@@ -150,20 +160,31 @@ impl Upstream {
                         cap.clone(),
                     ),
                     cap,
+                    health: health::Health::default(),
                 })
             })
             .collect();
+        let alt = client::AltClient::needed(&cfg)
+            .then(|| {
+                client::AltClient::new(&cfg, cfg.protocol == tollgate_config::UpstreamProtocol::H2)
+                    .map_err(|e| tracing::error!(upstream = %cfg.name, "client: {e}"))
+                    .ok()
+            })
+            .flatten();
         Upstream {
             cfg,
             targets,
+            alt,
+            upgrades: std::sync::OnceLock::new(),
             next: AtomicUsize::new(0),
             last_logged: AtomicU64::new(0),
             stats,
         }
     }
 
-    /// Per target: its name, connections open, and idle connections in the pools.
-    pub fn pool_figures(&self) -> Vec<(String, usize, usize)> {
+    /// Per target: its name, connections open, idle connections in the pools, and
+    /// whether it is in rotation.
+    pub fn pool_figures(&self) -> Vec<(String, usize, usize, bool)> {
         self.targets
             .iter()
             .map(|t| {
@@ -171,20 +192,131 @@ impl Upstream {
                     t.name.to_string(),
                     t.cap.open(),
                     t.pool.idle_len() + t.raw.idle_len(),
+                    t.health.is_up(),
                 )
             })
             .collect()
     }
 
-    /// The next target, round-robin, with its index.
-    fn pick(&self) -> Option<(usize, &Target)> {
-        if self.targets.is_empty() {
-            return None;
+    /// The next healthy target, round-robin, with its index; 503 when none is healthy.
+    fn pick(&self) -> Result<(usize, &Target), Refusal> {
+        let n = self.targets.len();
+        if n == 0 {
+            return Err(Refusal::Upstream("no target"));
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
-        self.targets.get(i).map(|t| (i, t))
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        for k in 0..n {
+            let i = start.wrapping_add(k) % n;
+            if let Some(t) = self.targets.get(i).filter(|t| t.health.is_up()) {
+                return Ok((i, t));
+            }
+        }
+        Err(Refusal::NoHealthyTarget)
+    }
+
+    /// Notes how a request to `t` went, for passive health checks: connect failures,
+    /// timeouts and 5xx answers count against it, anything else clears it.
+    fn outcome(&self, t: &Target, ok: bool) {
+        if ok {
+            t.health.succeeded();
+        } else if t.health.failed(&self.cfg.health) {
+            self.stats.taken_out.inc();
+            tracing::warn!(
+                upstream = %self.cfg.name,
+                target = %t.name,
+                backoff = ?self.cfg.health.backoff,
+                "target taken out of rotation after {} failures in a row",
+                self.cfg.health.failures
+            );
+        }
+    }
+
+    /// Runs active health checks while the upstream is in use (it holds no reference to
+    /// itself: the task ends once every snapshot has dropped it).
+    pub fn start_checks(self: &Arc<Self>) {
+        let Some(active) = self.cfg.health.active.clone() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(upstream = %self.cfg.name, "no runtime: active health checks off");
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        rt.spawn(async move {
+            tokio::time::sleep(health::first_check_delay(active.interval)).await;
+            let mut tick = tokio::time::interval(active.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(up) = weak.upgrade() else { return };
+                up.check_all(&active).await;
+            }
+        });
+    }
+
+    async fn check_all(&self, active: &tollgate_config::ActiveHealth) {
+        let Some(client) = self.check_client() else {
+            return;
+        };
+        let Ok(pq) = PathAndQuery::try_from(active.path.as_str()) else {
+            return;
+        };
+        let mut set = tokio::task::JoinSet::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            let (client, pq, name, host) =
+                (client.clone(), pq.clone(), t.name.clone(), t.host.clone());
+            let timeout = active.timeout;
+            set.spawn(async move {
+                let Some(uri) = client.uri(&name, &pq) else {
+                    return (i, false);
+                };
+                let mut req = Request::new(UpBody::empty());
+                *req.uri_mut() = uri;
+                req.headers_mut().insert(header::HOST, host);
+                let ok = matches!(
+                    tokio::time::timeout(timeout, client.send(req)).await,
+                    Ok(Ok(r)) if r.status().is_success() || r.status().is_redirection()
+                );
+                (i, ok)
+            });
+        }
+        while let Some(joined) = set.join_next().await {
+            let Ok((i, ok)) = joined else { continue };
+            let Some(t) = self.targets.get(i) else { continue };
+            match t.health.checked(ok, active.healthy, active.unhealthy) {
+                Some(true) => {
+                    tracing::info!(upstream = %self.cfg.name, target = %t.name, "target healthy again (active checks)")
+                }
+                Some(false) => {
+                    self.stats.taken_out.inc();
+                    tracing::warn!(upstream = %self.cfg.name, target = %t.name, path = %active.path, "target taken out of rotation by active checks")
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// The client active checks use: the upstream's own when it has one, else a new
+    /// HTTP/1.1 one (checks open their own connections, apart from the request pools).
+    fn check_client(&self) -> Option<client::AltClient> {
+        if let Some(a) = &self.alt {
+            return Some(a.clone());
+        }
+        self.upgrade_client()
+    }
+
+    /// The HTTP/1.1 client for upgrades (and active checks), made once.
+    fn upgrade_client(&self) -> Option<client::AltClient> {
+        self.upgrades
+            .get_or_init(|| {
+                client::AltClient::new(&self.cfg, false)
+                    .map_err(|e| tracing::error!(upstream = %self.cfg.name, "client: {e}"))
+                    .ok()
+            })
+            .clone()
     }
 }
+
 
 /// How to rewrite a request for its hop upstream.
 pub struct Hop<'a> {
@@ -192,6 +324,8 @@ pub struct Hop<'a> {
     pub peer_ip: &'a HeaderValue,
     /// The client is a trusted proxy: its `X-Forwarded-*` headers are kept.
     pub trusted: bool,
+    /// The client came over TLS (`X-Forwarded-Proto: https`).
+    pub https: bool,
     /// Prefix to remove from the path, if the route strips one.
     pub strip_prefix: Option<&'a str>,
     /// Keep the client's `Host`.
@@ -272,7 +406,7 @@ fn for_hop(parts: Parts, hop: &Hop<'_>) -> (Method, PathAndQuery, http::HeaderMa
         ..
     } = parts;
     let pq = path_and_query(&uri, hop.strip_prefix);
-    headers::rewrite_request(&mut headers, hop.peer_ip, hop.trusted);
+    headers::rewrite_request(&mut headers, hop.peer_ip, hop.trusted, hop.https);
     if !hop.preserve_host {
         headers.remove(header::HOST);
     }
@@ -286,6 +420,9 @@ pub async fn fetch(
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
     let (method, pq, headers) = for_hop(parts, &hop);
+    if let Some(alt) = &up.alt {
+        return client::forward(up, alt, method, pq, headers, None, &hop).await;
+    }
     forward_lean(up, &method, &pq, headers, &hop).await
 }
 
@@ -297,6 +434,9 @@ pub async fn forward(
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
     let (method, pq, mut headers) = for_hop(parts, &hop);
+    if let Some(alt) = &up.alt {
+        return client::forward(up, alt, method, pq, headers, Some(body), &hop).await;
+    }
 
     if body.is_end_stream()
         && matches!(
@@ -333,7 +473,16 @@ pub async fn forward(
         if tries.retried() {
             up.stats.retries.inc();
         }
-        let Some((_, target)) = up.pick() else { break };
+        let target = match up.pick() {
+            Ok((_, t)) => t,
+            Err(r) => {
+                if matches!(r, Refusal::NoHealthyTarget) {
+                    up.stats.no_healthy.inc();
+                }
+                last = r;
+                break;
+            }
+        };
         last_target = Some(target);
         let mut r = match req.take() {
             Some(r) => r,
@@ -358,6 +507,7 @@ pub async fn forward(
                 return Err(Refusal::UpstreamBusy);
             }
             Err(e) => {
+                up.outcome(target, false);
                 last = e;
                 // Nothing was sent: the request can go to the next target.
                 req = Some(r);
@@ -391,10 +541,14 @@ pub async fn forward(
         .await;
         let mut err = match sent {
             Err(refusal) => {
+                if matches!(refusal, Refusal::UpstreamTimeout) {
+                    up.outcome(target, false);
+                }
                 log_failure(up, hop.route, target, &refusal);
                 return Err(refusal);
             }
             Ok(Ok(mut resp)) => {
+                up.outcome(target, !resp.status().is_server_error());
                 let stale_length = headers::rewrite_response(resp.headers_mut());
                 let pool = (!stale_length).then(|| target.pool.clone());
                 let read_timeout = up.cfg.read_timeout;
@@ -421,6 +575,7 @@ pub async fn forward(
                 req = replay;
             }
             Failure::Stale | Failure::Other => {
+                up.outcome(target, false);
                 let refusal = Refusal::Upstream("connection reset or closed");
                 log_failure(up, hop.route, target, &refusal);
                 tracing::debug!(upstream = %up.cfg.name, error = %err, "upstream failed");
@@ -473,6 +628,7 @@ fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: &Refusal) {
         Refusal::Upstream(_) => up.stats.errors.inc(),
         Refusal::UpstreamTimeout => up.stats.timeouts.inc(),
         Refusal::UpstreamBusy => up.stats.busy.inc(),
+        Refusal::NoHealthyTarget => up.stats.no_healthy.inc(),
         _ => return,
     };
     let now = crate::clock::coarse_secs();
@@ -557,8 +713,15 @@ async fn forward_lean(
         if tries.retried() {
             up.stats.retries.inc();
         }
-        let Some((key, target)) = up.pick() else {
-            break;
+        let (key, target) = match up.pick() {
+            Ok(t) => t,
+            Err(r) => {
+                if matches!(r, Refusal::NoHealthyTarget) {
+                    up.stats.no_healthy.inc();
+                }
+                last = r;
+                break;
+            }
         };
         last_target = Some(target);
         if encoded_for != Some(key) {
@@ -575,6 +738,7 @@ async fn forward_lean(
                 return Err(Refusal::UpstreamBusy);
             }
             Err(e) => {
+                up.outcome(target, false);
                 last = e;
                 tries.spend_new();
                 continue;
@@ -585,10 +749,12 @@ async fn forward_lean(
         }
         match tokio::time::timeout(up.cfg.response_timeout, conn.exchange(&head, method)).await {
             Err(_) => {
+                up.outcome(target, false);
                 log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
                 return Err(Refusal::UpstreamTimeout);
             }
             Ok(Ok((h, body))) => {
+                up.outcome(target, !h.status.is_server_error());
                 let body = body.with_pool(target.raw.clone());
                 let mut resp = Response::new(PooledBody::raw(body, up.cfg.read_timeout));
                 *resp.status_mut() = h.status;
@@ -605,6 +771,7 @@ async fn forward_lean(
                 // A kept-alive connection closed by the backend while idle is replayed; a
                 // new connection that fails moves on to another target, never the same one.
                 if !reused {
+                    up.outcome(target, false);
                     fresh_failures += 1;
                     if fresh_failures >= up.targets.len() {
                         break;
@@ -612,6 +779,7 @@ async fn forward_lean(
                 }
             }
             Ok(Err(h1::H1Error::Malformed)) => {
+                up.outcome(target, false);
                 let refusal = Refusal::Upstream("malformed or truncated response");
                 log_failure(up, hop.route, target, &refusal);
                 return Err(refusal);

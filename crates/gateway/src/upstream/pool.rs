@@ -191,6 +191,17 @@ impl PooledBody {
         }
     }
 
+    /// A body from a client that pools by itself (HTTPS, HTTP/2, upgrades): trailers and
+    /// all pass through as they come.
+    pub(crate) fn plain(body: Incoming, read_timeout: Duration) -> Self {
+        PooledBody {
+            inner: Inner::Hyper { body, lease: None },
+            read_timeout,
+            stall: None,
+            collect: None,
+        }
+    }
+
     pub(crate) fn raw(body: H1Body, read_timeout: Duration) -> Self {
         PooledBody {
             inner: Inner::Raw(body),

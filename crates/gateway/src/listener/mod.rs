@@ -1,13 +1,12 @@
-//! Listeners: accept, serve HTTP/1.1 with keep-alive and limits on the request head, and
-//! drain in-flight requests on shutdown.
+//! Listeners: accept under the connection cap, serve HTTP/1.1 with keep-alive and limits on
+//! the request head (HTTP/2 and TLS where configured, see [`conn`]), and drain in-flight
+//! requests on shutdown.
+
+pub mod conn;
+pub mod tls;
 
 use crate::gateway::Gateway;
 use http::HeaderValue;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use tokio_util::task::TaskTracker;
 use tollgate_config::ListenerConfig;
 
 /// What the request path knows of the client connection, computed once per connection.
@@ -26,6 +26,10 @@ pub struct ConnInfo {
     pub trusted: bool,
     /// The listener's settings.
     pub listener: Arc<ListenerConfig>,
+    /// The client came over TLS.
+    pub tls: bool,
+    /// Names of the client's verified certificate (SANs, then subject CNs), under mTLS.
+    pub client_names: Option<Box<[Box<str>]>>,
 }
 
 impl ConnInfo {
@@ -41,6 +45,8 @@ impl ConnInfo {
             peer_ip,
             trusted,
             listener,
+            tls: false,
+            client_names: None,
         }
     }
 }
@@ -77,14 +83,14 @@ pub struct Server {
     addrs: Vec<SocketAddr>,
     stop: watch::Sender<bool>,
     accept_loops: JoinSet<()>,
-    graceful: Arc<GracefulShutdown>,
+    connections: TaskTracker,
 }
 
 impl Server {
     /// Starts accepting on every bound listener.
     pub fn start(gw: Arc<Gateway>, bound: Vec<(TcpListener, ListenerConfig)>) -> Server {
         let (stop, _) = watch::channel(false);
-        let graceful = Arc::new(GracefulShutdown::new());
+        let connections = TaskTracker::new();
         let mut accept_loops = JoinSet::new();
         let mut addrs = Vec::new();
         for (sock, cfg) in bound {
@@ -94,14 +100,14 @@ impl Server {
                 sock,
                 Arc::new(cfg),
                 stop.subscribe(),
-                graceful.clone(),
+                connections.clone(),
             ));
         }
         Server {
             addrs,
             stop,
             accept_loops,
-            graceful,
+            connections,
         }
     }
 
@@ -115,11 +121,8 @@ impl Server {
     pub async fn shutdown(mut self, drain: Duration) -> bool {
         let _ = self.stop.send(true);
         while self.accept_loops.join_next().await.is_some() {}
-        let graceful = match Arc::try_unwrap(self.graceful) {
-            Ok(g) => g,
-            Err(_) => return false,
-        };
-        tokio::time::timeout(drain, graceful.shutdown())
+        self.connections.close();
+        tokio::time::timeout(drain, self.connections.wait())
             .await
             .is_ok()
     }
@@ -195,19 +198,9 @@ async fn accept_loop(
     sock: TcpListener,
     cfg: Arc<ListenerConfig>,
     mut stop: watch::Receiver<bool>,
-    graceful: Arc<GracefulShutdown>,
+    connections: TaskTracker,
 ) {
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .keep_alive(true)
-        .header_read_timeout(cfg.header_timeout)
-        .max_header_size(cfg.max_header_bytes);
-    // hyper keeps up to 100 header slots on the stack; any other count costs a heap
-    // allocation per request, so only ask for it when configured.
-    if cfg.max_headers != 100 {
-        builder.max_headers(cfg.max_headers);
-    }
+    let builders = Arc::new(conn::Builders::new(&cfg));
     let cap = Arc::new(Semaphore::new(cfg.max_connections));
     let mut errors = AcceptErrors::default();
     loop {
@@ -215,20 +208,19 @@ async fn accept_loop(
             _ = stop.changed() => return,
             conn = accept_capped(&sock, &cap, &mut errors) => conn,
         };
-        let info = Arc::new(ConnInfo::new(peer, cfg.clone()));
-        let g = gw.clone();
-        let svc = service_fn(move |req| {
-            let gw = g.clone();
-            let info = info.clone();
-            async move { Ok::<_, Infallible>(gw.serve(req, &info).await) }
-        });
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
         let metrics = gw.metrics().clone();
         metrics.connections_total.inc();
         metrics.connections_open.inc();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, "connection ended: {e}");
+        let (gw, cfg, b, stop) = (gw.clone(), cfg.clone(), builders.clone(), stop.clone());
+        connections.spawn(async move {
+            if cfg.tls.is_some() {
+                if let Err(e) = conn::serve_tls(gw, stream, peer, cfg, &b, stop).await {
+                    metrics.tls_failures.inc();
+                    tracing::debug!(%peer, "{e}");
+                }
+            } else {
+                let info = Arc::new(ConnInfo::new(peer, cfg));
+                conn::serve_plain(gw, stream, info, &b, stop).await;
             }
             metrics.connections_open.dec();
             drop(permit);

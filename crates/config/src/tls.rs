@@ -1,0 +1,145 @@
+//! TLS material named by the config: certificate chains with their keys (checked to match)
+//! and CA bundles, read and parsed at validation so that a bad file is a config error with
+//! its place, and a reload picks up renewed files.
+
+use rustls::crypto::ring::default_provider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A listener's TLS settings and the material they name.
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    /// Chains and keys, in file order; the first is served when no SAN matches.
+    pub certificates: Vec<LoadedCert>,
+    /// Roots client certificates are verified against, when mTLS is on.
+    pub client_ca: Option<CaBundle>,
+    /// A client without a certificate is refused at the handshake.
+    pub client_auth_required: bool,
+    /// Accept TLS 1.2 (else 1.3 only).
+    pub tls12: bool,
+}
+
+impl PartialEq for TlsConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.certificates == other.certificates
+            && self.client_ca == other.client_ca
+            && self.client_auth_required == other.client_auth_required
+            && self.tls12 == other.tls12
+    }
+}
+
+impl Eq for TlsConfig {}
+
+/// One certificate chain and its private key.
+#[derive(Debug, Clone)]
+pub struct LoadedCert {
+    /// The chain's file.
+    pub cert_path: PathBuf,
+    /// The key's file.
+    pub key_path: PathBuf,
+    /// DNS names of the leaf's SAN (`api.example.com`, `*.example.com`), lowercase.
+    pub names: Vec<String>,
+    /// Chain and signing key, ready for rustls.
+    pub key: Arc<CertifiedKey>,
+    /// Fingerprint of both files' content.
+    pub fingerprint: u64,
+}
+
+impl PartialEq for LoadedCert {
+    fn eq(&self, other: &Self) -> bool {
+        self.cert_path == other.cert_path
+            && self.key_path == other.key_path
+            && self.fingerprint == other.fingerprint
+    }
+}
+
+/// CA certificates from a PEM bundle.
+#[derive(Debug, Clone)]
+pub struct CaBundle {
+    /// The bundle's file.
+    pub path: PathBuf,
+    /// Its certificates, DER.
+    pub certs: Vec<CertificateDer<'static>>,
+}
+
+impl PartialEq for CaBundle {
+    fn eq(&self, other: &Self) -> bool {
+        self.path == other.path && self.certs == other.certs
+    }
+}
+
+impl Eq for CaBundle {}
+
+impl std::hash::Hash for CaBundle {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.path.hash(state);
+        for c in &self.certs {
+            c.as_ref().hash(state);
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// Reads a chain and its key, and checks that the key is the leaf's.
+pub fn load_cert(cert_path: PathBuf, key_path: PathBuf) -> Result<LoadedCert, String> {
+    let cert_pem = read(&cert_path)?;
+    let key_pem = read(&key_path)?;
+    let chain = CertificateDer::pem_slice_iter(&cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: not a PEM certificate chain: {e}", cert_path.display()))?;
+    let Some(leaf) = chain.first() else {
+        return Err(format!(
+            "{}: no certificate in the file (expected -----BEGIN CERTIFICATE-----)",
+            cert_path.display()
+        ));
+    };
+    let names = webpki::EndEntityCert::try_from(leaf)
+        .map_err(|e| format!("{}: the first certificate cannot be parsed: {e}", cert_path.display()))?
+        .valid_dns_names()
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let key = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| format!("{}: no private key in the file: {e}", key_path.display()))?;
+    let key = CertifiedKey::from_der(chain, key, &default_provider()).map_err(|e| {
+        format!(
+            "{} does not go with {}: {e}",
+            key_path.display(),
+            cert_path.display()
+        )
+    })?;
+    let mut both = cert_pem;
+    both.extend_from_slice(&key_pem);
+    Ok(LoadedCert {
+        cert_path,
+        key_path,
+        names,
+        key: Arc::new(key),
+        fingerprint: crate::fingerprint(&both),
+    })
+}
+
+/// Reads a PEM bundle of CA certificates (at least one).
+pub fn load_ca(path: PathBuf) -> Result<CaBundle, String> {
+    let pem = read(&path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: not a PEM certificate bundle: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no certificate in the file", path.display()));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    let (_, bad) = roots.add_parsable_certificates(certs.iter().cloned());
+    if bad > 0 {
+        return Err(format!(
+            "{}: {bad} certificate(s) cannot be used as a trust anchor",
+            path.display()
+        ));
+    }
+    Ok(CaBundle { path, certs })
+}

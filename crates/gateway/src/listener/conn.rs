@@ -1,0 +1,274 @@
+//! One client connection: HTTP/1.1 (with upgrades), HTTP/2 by ALPN on TLS or by prior
+//! knowledge on `h2c` listeners, TLS handshakes bounded by the header timeout, and a
+//! graceful close when the server shuts down.
+
+use super::ConnInfo;
+use crate::gateway::Gateway;
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tollgate_config::ListenerConfig;
+
+/// The protocol builders of one listener, made once.
+#[derive(Clone)]
+pub struct Builders {
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
+    auto: Option<auto::Builder<TokioExecutor>>,
+    /// The TLS config the listener started with, for when a reload dropped the listener
+    /// (listener changes wait for a restart; its connections keep being served).
+    tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Applies the listener's HTTP/2 limits to a builder (hyper's and hyper-util's differ in
+/// type, not in these methods).
+macro_rules! h2_limits {
+    ($b:expr, $cfg:expr) => {{
+        let h = &$cfg.http2;
+        $b.timer(TokioTimer::new())
+            .max_concurrent_streams(h.max_concurrent_streams)
+            .max_header_list_size(h.max_header_list_size)
+            .initial_stream_window_size(h.stream_window)
+            .initial_connection_window_size(h.connection_window)
+            .max_pending_accept_reset_streams(h.max_pending_resets)
+            .max_local_error_reset_streams(1024)
+            .max_send_buf_size(h.stream_window as usize);
+    }};
+}
+
+impl Builders {
+    /// Builders for `cfg`'s limits.
+    pub fn new(cfg: &ListenerConfig) -> Self {
+        let mut h1 = http1::Builder::new();
+        h1.timer(TokioTimer::new())
+            .keep_alive(true)
+            .header_read_timeout(cfg.header_timeout)
+            .max_header_size(cfg.max_header_bytes);
+        // hyper keeps up to 100 header slots on the stack; any other count costs a heap
+        // allocation per request, so only ask for it when configured.
+        if cfg.max_headers != 100 {
+            h1.max_headers(cfg.max_headers);
+        }
+        let mut h2 = http2::Builder::new(TokioExecutor::new());
+        h2_limits!(h2, cfg);
+        let auto = cfg.h2c.then(|| {
+            let mut a = auto::Builder::new(TokioExecutor::new());
+            let mut b1 = a.http1();
+            b1.timer(TokioTimer::new())
+                .keep_alive(true)
+                .header_read_timeout(cfg.header_timeout)
+                .max_buf_size(cfg.max_header_bytes.max(8192));
+            if cfg.max_headers != 100 {
+                b1.max_headers(cfg.max_headers);
+            }
+            let mut b2 = a.http2();
+            h2_limits!(b2, cfg);
+            a
+        });
+        let tls = cfg.tls.as_ref().and_then(|t| {
+            super::tls::server_config(t)
+                .map_err(|e| tracing::error!(listener = %cfg.address, "TLS config: {e}"))
+                .ok()
+        });
+        Builders { h1, h2, auto, tls }
+    }
+}
+
+/// Runs `conn` to its end; once `stop` turns true, asks it to close gracefully (finish
+/// in-flight requests, then close) and waits for that.
+async fn drive<F, E>(
+    conn: F,
+    mut stop: watch::Receiver<bool>,
+    shutdown: impl FnOnce(Pin<&mut F>),
+) -> Result<(), E>
+where
+    F: Future<Output = Result<(), E>>,
+{
+    tokio::pin!(conn);
+    let stopped = async {
+        if stop.wait_for(|s| *s).await.is_err() {
+            // The server was dropped without a shutdown: serve on.
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        r = conn.as_mut() => return r,
+        _ = stopped => shutdown(conn.as_mut()),
+    }
+    conn.await
+}
+
+/// The service every protocol serves: the gateway's request path.
+fn service(
+    gw: Arc<Gateway>,
+    info: Arc<ConnInfo>,
+) -> impl hyper::service::Service<
+    http::Request<hyper::body::Incoming>,
+    Response = http::Response<crate::observe::access_log::Logged>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<http::Response<crate::observe::access_log::Logged>, Infallible>> + Send,
+> + Clone {
+    service_fn(move |req| {
+        let gw = gw.clone();
+        let info = info.clone();
+        async move { Ok::<_, Infallible>(gw.serve(req, &info).await) }
+    })
+}
+
+/// Serves HTTP/1.1 (and h2c, when the listener has it) on a cleartext connection.
+pub async fn serve_plain(
+    gw: Arc<Gateway>,
+    stream: TcpStream,
+    info: Arc<ConnInfo>,
+    b: &Builders,
+    stop: watch::Receiver<bool>,
+) {
+    let svc = service(gw, info.clone());
+    let io = TokioIo::new(stream);
+    let r = match &b.auto {
+        Some(a) => drive(
+            a.serve_connection_with_upgrades(io, svc).into_owned(),
+            stop,
+            |c| c.graceful_shutdown(),
+        )
+        .await
+        .map_err(|e| e.to_string()),
+        None => drive(b.h1.serve_connection(io, svc).with_upgrades(), stop, |c| {
+            c.graceful_shutdown()
+        })
+        .await
+        .map_err(|e| {
+            if e.is_parse_version_h2() {
+                h2_preface_on_h1(&info);
+            }
+            e.to_string()
+        }),
+    };
+    if let Err(e) = r {
+        tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
+    }
+}
+
+/// An HTTP/2 preface on a listener without `h2c`: hyper closes the connection; say why,
+/// once per process, at info.
+fn h2_preface_on_h1(info: &ConnInfo) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        tracing::info!(
+            listener = %info.listener.address,
+            "a client sent an HTTP/2 preface to a listener without `h2c: true`; closed (said once)"
+        );
+    }
+}
+
+/// What a TLS listener answers a client that speaks plain HTTP to it.
+const PLAIN_ON_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+connection: close\r\ncontent-length: 87\r\n\r\n\
+{\"status\":400,\"error\":\"plain HTTP sent to a TLS port; use https:// for this address\"}\n";
+
+/// Why a TLS connection never reached HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsFailure {
+    /// Nothing or not enough arrived within the header timeout.
+    #[error("TLS handshake did not finish within the header timeout")]
+    Stalled,
+    /// The client spoke plain HTTP; it was answered 400.
+    #[error("plain HTTP on a TLS port")]
+    Plaintext,
+    /// The handshake failed (bad certificate, no shared cipher, ...).
+    #[error("TLS handshake failed: {0}")]
+    Handshake(std::io::Error),
+}
+
+/// Serves a TLS connection: checks it is TLS at all, completes the handshake within the
+/// header timeout, then serves HTTP/2 or HTTP/1.1 as ALPN chose.
+pub async fn serve_tls(
+    gw: Arc<Gateway>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    listener: Arc<ListenerConfig>,
+    b: &Builders,
+    stop: watch::Receiver<bool>,
+) -> Result<(), TlsFailure> {
+    let Some(tls) = gw.tls_for(listener.address).or_else(|| b.tls.clone()) else {
+        return Err(TlsFailure::Handshake(std::io::Error::other(
+            "no TLS config for this listener",
+        )));
+    };
+    let timeout = listener.header_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut first = [0u8; 1];
+    match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+        Err(_) => return Err(TlsFailure::Stalled),
+        Ok(Err(e)) => return Err(TlsFailure::Handshake(e)),
+        Ok(Ok(0)) => return Ok(()),
+        Ok(Ok(_)) => {}
+    }
+    // Every TLS record starts with its content type; a handshake is 22.
+    if first[0] != 0x16 {
+        if first[0].is_ascii_uppercase() {
+            let mut s = stream;
+            let _ = tokio::time::timeout(timeout, async {
+                let _ = s.write_all(PLAIN_ON_TLS).await;
+                let _ = s.shutdown().await;
+            })
+            .await;
+        }
+        return Err(TlsFailure::Plaintext);
+    }
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let tls_stream = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        Err(_) => return Err(TlsFailure::Stalled),
+        Ok(Err(e)) => return Err(TlsFailure::Handshake(e)),
+        Ok(Ok(s)) => s,
+    };
+    let (_, session) = tls_stream.get_ref();
+    let h2 = session.alpn_protocol() == Some(b"h2");
+    let client_names = session
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| super::tls::client_names(c));
+    let mut info = ConnInfo::new(peer, listener);
+    info.tls = true;
+    info.client_names = client_names;
+    serve_stream(gw, tls_stream, Arc::new(info), b, h2, stop).await;
+    Ok(())
+}
+
+async fn serve_stream<S>(
+    gw: Arc<Gateway>,
+    stream: S,
+    info: Arc<ConnInfo>,
+    b: &Builders,
+    h2: bool,
+    stop: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service(gw, info.clone());
+    let io = TokioIo::new(stream);
+    let r = if h2 {
+        drive(b.h2.serve_connection(io, svc), stop, |c| {
+            c.graceful_shutdown()
+        })
+        .await
+    } else {
+        drive(b.h1.serve_connection(io, svc).with_upgrades(), stop, |c| {
+            c.graceful_shutdown()
+        })
+        .await
+    };
+    if let Err(e) = r {
+        tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
+    }
+}
