@@ -100,7 +100,12 @@ pub fn load_cert(cert_path: PathBuf, key_path: PathBuf) -> Result<LoadedCert, St
         ));
     };
     let names = webpki::EndEntityCert::try_from(leaf)
-        .map_err(|e| format!("{}: the first certificate cannot be parsed: {e}", cert_path.display()))?
+        .map_err(|e| {
+            format!(
+                "{}: the first certificate cannot be parsed: {e}",
+                cert_path.display()
+            )
+        })?
         .valid_dns_names()
         .map(str::to_ascii_lowercase)
         .collect();

@@ -362,7 +362,9 @@ impl Gateway {
                 .zip(&config.listeners)
                 .all(|(a, b)| a.same_socket(b));
         if !same_sockets {
-            tracing::warn!("listener changes (other than TLS certificates) take effect at the next restart");
+            tracing::warn!(
+                "listener changes (other than TLS certificates) take effect at the next restart"
+            );
         }
         if old.config.cache != config.cache {
             tracing::warn!("cache size changes take effect at the next restart");

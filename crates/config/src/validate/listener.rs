@@ -160,25 +160,28 @@ fn tls(t: &file::ListenerTls, at: &str, base: &Path, p: &mut Problems) -> Option
     })
 }
 
-fn http2(h: Option<&file::Http2>, max_header_bytes: u64, at: &str, p: &mut Problems) -> Http2Config {
+fn http2(
+    h: Option<&file::Http2>,
+    max_header_bytes: u64,
+    at: &str,
+    p: &mut Problems,
+) -> Http2Config {
     let at = format!("{at}.http2");
-    let size = |p: &mut Problems, field: &str, v: Option<crate::units::Size>, def: u64, min: u64| {
-        let v = v.map_or(def, |s| s.0);
-        // HTTP/2 windows are at most 2^31-1 (RFC 9113 §6.9.1).
-        if v < min || v > (1 << 31) - 1 {
-            p.add(
-                format!("{at}.{field}"),
-                format!("must be between {min} bytes and 2GiB-1"),
-            );
-        }
-        u32::try_from(v.min((1 << 31) - 1)).unwrap_or(u32::MAX)
-    };
+    let size =
+        |p: &mut Problems, field: &str, v: Option<crate::units::Size>, def: u64, min: u64| {
+            let v = v.map_or(def, |s| s.0);
+            // HTTP/2 windows are at most 2^31-1 (RFC 9113 §6.9.1).
+            if v < min || v > (1 << 31) - 1 {
+                p.add(
+                    format!("{at}.{field}"),
+                    format!("must be between {min} bytes and 2GiB-1"),
+                );
+            }
+            u32::try_from(v.min((1 << 31) - 1)).unwrap_or(u32::MAX)
+        };
     let max_concurrent_streams = h.and_then(|h| h.max_concurrent_streams).unwrap_or(100);
     if max_concurrent_streams == 0 {
-        p.add(
-            format!("{at}.max_concurrent_streams"),
-            "must be at least 1",
-        );
+        p.add(format!("{at}.max_concurrent_streams"), "must be at least 1");
     }
     let max_pending_resets = h.and_then(|h| h.max_pending_resets).unwrap_or(20);
     if max_pending_resets == 0 {
@@ -194,7 +197,13 @@ fn http2(h: Option<&file::Http2>, max_header_bytes: u64, at: &str, p: &mut Probl
             1024,
         ),
         // 65,535 is the protocol's initial window: smaller ones would stall peers.
-        stream_window: size(p, "stream_window", h.and_then(|h| h.stream_window), 256 << 10, 65_535),
+        stream_window: size(
+            p,
+            "stream_window",
+            h.and_then(|h| h.stream_window),
+            256 << 10,
+            65_535,
+        ),
         connection_window: size(
             p,
             "connection_window",

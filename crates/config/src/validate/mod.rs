@@ -71,7 +71,11 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
                 );
             }
             let mtls = route.auth.as_ref().is_some_and(|a| a.mtls);
-            if mtls && !listeners.iter().any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some())) {
+            if mtls
+                && !listeners
+                    .iter()
+                    .any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()))
+            {
                 p.add(
                     format!("{at}.auth.mtls"),
                     "needs a listener with `tls.client_ca` (client certificates are verified there)",

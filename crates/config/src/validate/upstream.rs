@@ -56,10 +56,7 @@ pub(super) fn upstreams(
             health: health(u.health.as_ref(), &at, p),
         };
         if u.ca_file.is_some() && !cfg.tls {
-            p.add(
-                format!("{at}.ca_file"),
-                "only used with https:// targets",
-            );
+            p.add(format!("{at}.ca_file"), "only used with https:// targets");
         }
         if cfg.max_connections == 0 {
             p.add(format!("{at}.max_connections"), "must be at least 1");

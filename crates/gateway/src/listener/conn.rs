@@ -116,7 +116,9 @@ fn service(
     http::Request<hyper::body::Incoming>,
     Response = http::Response<crate::observe::access_log::Logged>,
     Error = Infallible,
-    Future = impl Future<Output = Result<http::Response<crate::observe::access_log::Logged>, Infallible>> + Send,
+    Future = impl Future<
+        Output = Result<http::Response<crate::observe::access_log::Logged>, Infallible>,
+    > + Send,
 > + Clone {
     service_fn(move |req| {
         let gw = gw.clone();
@@ -133,6 +135,15 @@ pub async fn serve_plain(
     b: &Builders,
     stop: watch::Receiver<bool>,
 ) {
+    let mut stream = stream;
+    if b.auto.is_some() && !speaks_http(&stream, info.listener.header_timeout).await {
+        tracing::debug!(peer = ?info.peer_ip, "neither HTTP/1 nor an HTTP/2 preface: closed");
+        // Take in what came, so that the close is a FIN and not a reset.
+        let mut sink = [0u8; 256];
+        let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await;
+        let _ = stream.shutdown().await;
+        return;
+    }
     let svc = service(gw, info.clone());
     let io = TokioIo::new(stream);
     let r = match &b.auto {
@@ -156,6 +167,29 @@ pub async fn serve_plain(
     };
     if let Err(e) = r {
         tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
+    }
+}
+
+/// On an h2c listener, whether the first line that arrived is an HTTP/2 preface or an
+/// HTTP/1 request line. Anything else (a broken preface) is closed without an answer, as
+/// HTTP/2 requires (RFC 9113 §3.4), rather than answered as a bad HTTP/1 request. Only
+/// what arrives with the first packet is looked at; a line not complete yet passes.
+async fn speaks_http(stream: &TcpStream, timeout: std::time::Duration) -> bool {
+    let mut buf = [0u8; 256];
+    let n = match tokio::time::timeout(timeout, stream.peek(&mut buf)).await {
+        Ok(Ok(n)) => n,
+        _ => return true,
+    };
+    let seen = &buf[..n];
+    if seen.starts_with(b"PRI * HTTP/2.0") || b"PRI * HTTP/2.0".starts_with(seen) {
+        return true;
+    }
+    match seen.windows(2).position(|w| w == b"\r\n") {
+        Some(end) => {
+            let line = &seen[..end];
+            line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0")
+        }
+        None => true,
     }
 }
 

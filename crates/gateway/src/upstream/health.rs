@@ -154,7 +154,10 @@ mod tests {
         let h = Health::default();
         assert!(h.failed(&cfg(1, 0)));
         assert!(h.is_up(), "a zero back-off has passed at once");
-        assert!(h.failed(&cfg(1, 60_000)), "and the next failure takes it out again");
+        assert!(
+            h.failed(&cfg(1, 60_000)),
+            "and the next failure takes it out again"
+        );
         assert!(!h.is_up());
     }
 
@@ -163,7 +166,11 @@ mod tests {
         let h = Health::default();
         assert_eq!(h.checked(false, 2, 3), None);
         assert_eq!(h.checked(false, 2, 3), None);
-        assert_eq!(h.checked(true, 2, 3), None, "a success breaks the failure streak");
+        assert_eq!(
+            h.checked(true, 2, 3),
+            None,
+            "a success breaks the failure streak"
+        );
         assert_eq!(h.checked(false, 2, 3), None);
         assert_eq!(h.checked(false, 2, 3), None);
         assert_eq!(h.checked(false, 2, 3), Some(false));

@@ -282,7 +282,9 @@ impl Upstream {
         }
         while let Some(joined) = set.join_next().await {
             let Ok((i, ok)) = joined else { continue };
-            let Some(t) = self.targets.get(i) else { continue };
+            let Some(t) = self.targets.get(i) else {
+                continue;
+            };
             match t.health.checked(ok, active.healthy, active.unhealthy) {
                 Some(true) => {
                     tracing::info!(upstream = %self.cfg.name, target = %t.name, "target healthy again (active checks)")
@@ -316,7 +318,6 @@ impl Upstream {
             .clone()
     }
 }
-
 
 /// How to rewrite a request for its hop upstream.
 pub struct Hop<'a> {

@@ -21,6 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tollgate_gateway::{Clock, Gateway, ManualClock, Server};
 
 pub mod redis;
+pub mod tls;
 
 /// Upper bound for anything a test waits on; a test that hits it fails instead of hanging.
 pub const DEADLINE: Duration = Duration::from_secs(20);

@@ -1,0 +1,257 @@
+//! HTTP/2 to clients in cleartext (h2c with prior knowledge), the HTTP/2 guards against
+//! rapid-reset and CONTINUATION floods, an HTTP/2 preface on an HTTP/1-only listener, and
+//! h2spec's conformance run against a TLS and an h2c listener.
+
+mod common;
+
+use bytes::Bytes;
+use common::tls::TestCa;
+use common::*;
+use http::Request;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tollgate_gateway::SystemClock;
+
+fn h2c_yaml(backend: SocketAddr, listener: &str) -> String {
+    format!(
+        "listeners:\n  - {{address: \"127.0.0.1:0\", h2c: true{listener}}}\nupstreams:\n  backend: {{targets: [\"{backend}\"]}}\nconsumers:\n  - {{name: alice, keys: [k-alice]}}\nroutes:\n  - {{name: open, path_prefix: /, upstream: backend}}\n  - {{name: keyed, path_prefix: /keyed, upstream: backend, auth: {{header: [x-api-key]}}, methods: [GET]}}\n"
+    )
+}
+
+async fn h2_get(addr: SocketAddr, path: &str, key: Option<&str>) -> (u16, String) {
+    let io = TokioIo::new(TcpStream::connect(addr).await.expect("connect"));
+    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut req = Request::builder().uri(format!("http://api.test{path}"));
+    if let Some(k) = key {
+        req = req.header("x-api-key", k);
+    }
+    let resp = bounded(
+        "h2c request",
+        tx.send_request(req.body(Empty::<Bytes>::new()).expect("req")),
+    )
+    .await
+    .expect("response");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn h2c_serves_http2_and_http1_on_one_port_with_the_same_policies() {
+    let (backend, _) = inspect_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    let (status, body) = h2_get(g.addr, "/x", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("host: api.test"),
+        "the :authority reaches the backend as Host: {body}"
+    );
+    assert_eq!(h2_get(g.addr, "/keyed/x", None).await.0, 401);
+    assert_eq!(h2_get(g.addr, "/keyed/x", Some("nope")).await.0, 401);
+    let (status, body) = h2_get(g.addr, "/keyed/x", Some("k-alice")).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("x-consumer: alice"), "{body}");
+    assert!(!body.contains("k-alice"), "the key was forwarded: {body}");
+    // HTTP/1.1 on the same listener.
+    let a = TestClient::default().get(&g.url("/x")).await;
+    assert_eq!(a.status, 200);
+}
+
+#[tokio::test]
+async fn an_http2_preface_on_an_http1_listener_is_closed() {
+    let backend = echo_backend().await;
+    let g = TestGateway::start(
+        &yaml(backend, "routes: [{path_prefix: /, upstream: backend}]\n"),
+        SystemClock::new(),
+    )
+    .await;
+    let answer = raw(g.addr, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    // Closed; hyper may say 505 first.
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 505"),
+        "{answer:?}"
+    );
+}
+
+/// One HTTP/2 frame.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// A header block of static-table entries only: GET, http, /, and `:authority: a`.
+const GET_ROOT: &[u8] = &[0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
+
+/// Reads frames until a GOAWAY arrives (returns its error code) or the connection ends.
+async fn goaway(s: &mut TcpStream) -> Option<u32> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16384];
+    loop {
+        let n = s.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let mut at = 0;
+        while buf.len() >= at + 9 {
+            let len = (usize::from(buf[at]) << 16)
+                | (usize::from(buf[at + 1]) << 8)
+                | usize::from(buf[at + 2]);
+            if buf.len() < at + 9 + len {
+                break;
+            }
+            if buf[at + 3] == 0x7 && len >= 8 {
+                let p = &buf[at + 9..];
+                return Some(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
+            }
+            at += 9 + len;
+        }
+        buf.drain(..at);
+    }
+}
+
+#[tokio::test]
+async fn rapid_reset_floods_get_goaway() {
+    let (backend, hits) = inspect_backend().await;
+    let g = TestGateway::start(
+        &h2c_yaml(backend, ", http2: {max_pending_resets: 20}"),
+        SystemClock::new(),
+    )
+    .await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    for i in 0..2_000u32 {
+        let id = 2 * i + 1;
+        out.extend(frame(0x1, 0x5, id, GET_ROOT)); // HEADERS, END_STREAM | END_HEADERS
+        out.extend(frame(0x3, 0, id, &8u32.to_be_bytes())); // RST_STREAM CANCEL
+    }
+    // The server may close before reading it all.
+    let _ = s.write_all(&out).await;
+    let code = bounded("GOAWAY", goaway(&mut s)).await;
+    assert_eq!(code, Some(0xb), "expected GOAWAY ENHANCE_YOUR_CALM");
+    assert!(
+        hits.load(std::sync::atomic::Ordering::Relaxed) < 2_000,
+        "every reset stream reached the backend"
+    );
+}
+
+#[tokio::test]
+async fn continuation_floods_are_cut_off() {
+    let backend = echo_backend().await;
+    let g = TestGateway::start(
+        &h2c_yaml(backend, ", max_header_bytes: 16KiB"),
+        SystemClock::new(),
+    )
+    .await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x1, 1, GET_ROOT)); // HEADERS without END_HEADERS
+    s.write_all(&out).await.expect("write");
+    // Literal header fields, never indexed: 16KiB of them a frame, 64MiB offered in all.
+    let mut block = Vec::new();
+    while block.len() < 16_000 {
+        block.extend_from_slice(&[0x10, 0x03, b'x', b'-', b'a', 0x7f, 0x00]);
+        block.extend(std::iter::repeat_n(b'v', 127));
+    }
+    let cont = frame(0x9, 0, 1, &block);
+    let mut sent = 0usize;
+    let cut = bounded("flood cut off", async {
+        for _ in 0..4_000 {
+            if s.write_all(&cont).await.is_err() {
+                return true;
+            }
+            sent += cont.len();
+        }
+        false
+    })
+    .await;
+    let code = if cut {
+        None
+    } else {
+        bounded("GOAWAY", goaway(&mut s)).await
+    };
+    assert!(
+        cut || code.is_some(),
+        "64MiB of CONTINUATION frames were taken without a GOAWAY or close"
+    );
+    assert!(
+        sent < 32 << 20,
+        "the server read {sent} bytes of one header block"
+    );
+}
+
+/// The h2spec binary: `$H2SPEC`, `~/go/bin/h2spec`, or on the PATH.
+fn h2spec() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("H2SPEC") {
+        return p.into();
+    }
+    let home = std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_default();
+    let gobin = home.join("go/bin/h2spec");
+    if gobin.exists() {
+        return gobin;
+    }
+    "h2spec".into()
+}
+
+async fn run_h2spec(addr: SocketAddr, tls: bool) {
+    let mut cmd = tokio::process::Command::new(h2spec());
+    cmd.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &addr.port().to_string(),
+        "-o",
+        "5",
+        "-j",
+    ])
+    .arg(std::env::temp_dir().join(format!("h2spec-{}-{tls}.xml", std::process::id())));
+    if tls {
+        cmd.args(["-t", "-k"]);
+    }
+    let out = tokio::time::timeout(std::time::Duration::from_secs(240), cmd.output())
+        .await
+        .expect("h2spec did not finish in 240s")
+        .expect("h2spec could not run: scripts/test installs it (go install github.com/summerwind/h2spec/cmd/h2spec)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary = text
+        .lines()
+        .rev()
+        .find(|l| l.contains("tests,"))
+        .unwrap_or("");
+    assert!(
+        out.status.success() && summary.contains(" 0 failed"),
+        "h2spec (tls={tls}) failed: {summary}\n{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2spec_passes_on_tls_and_h2c_listeners() {
+    let backend = echo_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    run_h2spec(g.addr, false).await;
+
+    let dir = tempdir("h2spec-tls");
+    let ca = TestCa::new(&dir, "ca");
+    let leaf = ca.server("api", &["127.0.0.1", "localhost"]);
+    let tls = format!(
+        "listeners:\n  - address: \"127.0.0.1:0\"\n    tls: {{certificates: [{{cert: \"{}\", key: \"{}\"}}]}}\nupstreams:\n  backend: {{targets: [\"{backend}\"]}}\nroutes:\n  - {{path_prefix: /, upstream: backend}}\n",
+        leaf.cert.display(),
+        leaf.key.display()
+    );
+    let g = TestGateway::start(&tls, SystemClock::new()).await;
+    run_h2spec(g.addr, true).await;
+}
