@@ -211,3 +211,72 @@ fn routes_sort_most_specific_first() {
     let names: Vec<&str> = c.routes.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["/test/exact", "/test/longer/", "/test/", "/"]);
 }
+
+#[test]
+fn edge_settings_are_checked_with_their_place() {
+    let bad = r#"
+listeners:
+  - address: "127.0.0.1:8443"
+    h2c: true
+    tls: {certificates: [{cert: /nonexistent/c.pem, key: /nonexistent/k.pem}], client_auth: maybe, min_version: "1.1"}
+  - address: "127.0.0.1:8080"
+    http2: {max_concurrent_streams: 0, stream_window: 1KiB}
+upstreams:
+  mixed: {targets: ["https://a.internal:443", "b.internal:80"]}
+  plain: {targets: ["127.0.0.1:1"], ca_file: /nonexistent/ca.pem, protocol: h3, health: {interval: 1s, backoff: 0s}}
+routes:
+  - {path_prefix: /a/, upstream: mixed, auth: {mtls: true, header: [x-key]}}
+"#;
+    let err = from_yaml(bad).expect_err("invalid");
+    let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+    let expect = [
+        "listeners[0].h2c: is for cleartext listeners",
+        "listeners[0].tls.certificates[0]: cannot read /nonexistent/c.pem",
+        "listeners[0].tls.client_auth: \"maybe\" is not `required` or `optional`",
+        "listeners[0].tls.client_auth: needs `client_ca`",
+        "listeners[0].tls.min_version: \"1.1\" is not",
+        "listeners[1].http2: HTTP/2 needs `tls`",
+        "listeners[1].http2.max_concurrent_streams: must be at least 1",
+        "listeners[1].http2.stream_window: must be between 65535 bytes",
+        "upstreams.mixed.targets: mixes http and https targets",
+        "upstreams.plain.ca_file: cannot read /nonexistent/ca.pem",
+        "upstreams.plain.protocol: \"h3\" is not `http1` or `h2`",
+        "upstreams.plain.health.interval: is for active checks, which need `path`",
+        "upstreams.plain.health.backoff: must be more than 0",
+        "routes[0].auth.mtls: names the consumer by its client certificate",
+        "routes[0].auth.mtls: needs a listener with `tls.client_ca`",
+    ];
+    for e in expect {
+        assert!(
+            text.iter().any(|t| t.starts_with(e)),
+            "missing {e:?} in {text:#?}"
+        );
+    }
+}
+
+#[test]
+fn edge_defaults_are_safe() {
+    let c = from_yaml(
+        r#"
+listeners: [{address: "127.0.0.1:8080", h2c: true}]
+upstreams:
+  api: {targets: ["https://api.internal:8443/"], protocol: h2, health: {path: /health}}
+routes:
+  - {path_prefix: /, upstream: api, websocket: true}
+"#,
+    )
+    .expect("valid");
+    let l = &c.listeners[0];
+    assert!(l.h2c && l.tls.is_none());
+    assert_eq!(l.http2.max_concurrent_streams, 100);
+    assert_eq!(l.http2.max_header_list_size, 32 * 1024);
+    assert_eq!(l.http2.max_pending_resets, 20);
+    let u = &c.upstreams[0];
+    assert!(u.tls);
+    assert_eq!(u.targets, ["api.internal:8443"]);
+    assert_eq!(u.protocol, crate::UpstreamProtocol::H2);
+    assert_eq!(u.health.failures, 5, "passive checks are on by default");
+    let a = u.health.active.as_ref().expect("active checks");
+    assert_eq!((a.interval.as_secs(), a.healthy, a.unhealthy), (5, 2, 3));
+    assert!(c.routes[0].websocket);
+}

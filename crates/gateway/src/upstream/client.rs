@@ -156,9 +156,11 @@ pub(super) async fn forward(
     }
     let client_host = headers.get(header::HOST).cloned();
     let mut last = Refusal::Upstream("no target");
-    for _ in 0..up.targets.len().max(1) {
+    for attempt in 0..up.targets.len().max(1) {
         let target = match up.pick() {
             Ok((_, t)) => t,
+            // What a try that was made failed with says more than that none is left.
+            Err(_) if attempt > 0 => break,
             Err(r) => {
                 if matches!(r, Refusal::NoHealthyTarget) {
                     up.stats.no_healthy.inc();

@@ -476,6 +476,8 @@ pub async fn forward(
         }
         let target = match up.pick() {
             Ok((_, t)) => t,
+            // What a try that was made failed with says more than that none is left.
+            Err(_) if last_target.is_some() => break,
             Err(r) => {
                 if matches!(r, Refusal::NoHealthyTarget) {
                     up.stats.no_healthy.inc();
@@ -716,6 +718,8 @@ async fn forward_lean(
         }
         let (key, target) = match up.pick() {
             Ok(t) => t,
+            // What a try that was made failed with says more than that none is left.
+            Err(_) if last_target.is_some() => break,
             Err(r) => {
                 if matches!(r, Refusal::NoHealthyTarget) {
                     up.stats.no_healthy.inc();

@@ -1,0 +1,395 @@
+//! WebSocket upgrades through the gateway, upstream health (passive and active), and
+//! upstreams over HTTPS and HTTP/2 (trailers kept), over loopback.
+
+mod common;
+
+use bytes::Bytes;
+use common::tls::TestCa;
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+use tollgate_gateway::SystemClock;
+
+/// A WebSocket backend that echoes each message with `echo: ` in front.
+async fn ws_backend() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
+                    return;
+                };
+                while let Some(Ok(m)) = ws.next().await {
+                    if let Message::Text(t) = m {
+                        if ws.send(Message::text(format!("echo: {t}"))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn websocket_upgrades_pass_policies_once_then_join_both_ways() {
+    let backend = ws_backend().await;
+    let y = yaml(
+        backend,
+        "consumers:\n  - {name: alice, keys: [k-alice]}\nroutes:\n  - {name: chat, path_prefix: /ws/, upstream: backend, websocket: true, auth: {header: [x-api-key]}, limits: [{requests: 2, per: 1m}]}\n  - {name: plain, path_prefix: /plain/, upstream: backend}\n",
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    let url = format!("ws://{}/ws/room", g.addr);
+
+    let mut req = url.as_str().into_client_request().expect("request");
+    req.headers_mut()
+        .insert("x-api-key", "k-alice".parse().expect("value"));
+    let (mut ws, resp) = bounded("ws connect", tokio_tungstenite::connect_async(req))
+        .await
+        .expect("upgrade through the gateway");
+    assert_eq!(resp.status(), 101);
+    assert!(
+        resp.headers().contains_key("ratelimit"),
+        "{:?}",
+        resp.headers()
+    );
+    for i in 0..5 {
+        ws.send(Message::text(format!("m{i}"))).await.expect("send");
+        let got = bounded("ws echo", ws.next())
+            .await
+            .expect("open")
+            .expect("message");
+        assert_eq!(got, Message::text(format!("echo: m{i}")));
+    }
+    // Five messages on one connection counted once: one more upgrade is allowed, not two.
+    let mut req = url.as_str().into_client_request().expect("request");
+    req.headers_mut()
+        .insert("x-api-key", "k-alice".parse().expect("value"));
+    bounded("second ws", tokio_tungstenite::connect_async(req))
+        .await
+        .expect("second upgrade");
+    let mut req = url.as_str().into_client_request().expect("request");
+    req.headers_mut()
+        .insert("x-api-key", "k-alice".parse().expect("value"));
+    match bounded("third ws", tokio_tungstenite::connect_async(req)).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 429),
+        other => panic!("a third upgrade past the limit: {other:?}"),
+    }
+    // Without a key, refused before any upstream connection.
+    match bounded("keyless ws", tokio_tungstenite::connect_async(url.as_str())).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 401),
+        other => panic!("an upgrade without a key: {other:?}"),
+    }
+    // A route without `websocket: true` does not pass the upgrade on.
+    let plain = format!("ws://{}/plain/x", g.addr);
+    assert!(
+        bounded("plain ws", tokio_tungstenite::connect_async(plain.as_str()))
+            .await
+            .is_err(),
+        "an upgrade passed on a route without websocket"
+    );
+    ws.close(None).await.expect("close");
+    let metrics = g.gw.metrics_text();
+    assert!(metrics.contains("tollgate_upgrades_total 2"), "{metrics}");
+}
+
+/// A backend answering `status` to every request (and to `/health`), counting requests.
+async fn status_backend(status: Arc<AtomicUsize>) -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let (status, h) = (status.clone(), h.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    if req.uri().path() != "/health" {
+                        h.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let code = status.load(Ordering::Relaxed) as u16;
+                    async move {
+                        let mut r = Response::new(Full::new(Bytes::from_static(b"ok")));
+                        *r.status_mut() = http::StatusCode::from_u16(code).expect("status");
+                        Ok::<_, Infallible>(r)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, hits)
+}
+
+/// The `upstream_target_healthy` gauge of `target` in the upstream `backend`.
+fn healthy_gauge(metrics: &str, target: SocketAddr) -> Option<i64> {
+    metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("tollgate_upstream_target_healthy{")
+                && l.contains("upstream=\"backend\"")
+                && l.contains(&format!("target=\"{target}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn passive_checks_take_failing_targets_out_and_none_left_is_503() {
+    let good_status = Arc::new(AtomicUsize::new(200));
+    let bad_status = Arc::new(AtomicUsize::new(500));
+    let (good, good_hits) = status_backend(good_status).await;
+    let (bad, bad_hits) = status_backend(bad_status.clone()).await;
+    let dead = closed_port().await;
+    let y = format!(
+        "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  backend: {{targets: [\"{good}\", \"{bad}\", \"{dead}\"], health: {{failures: 2, backoff: 1h}}}}\n  gone: {{targets: [\"{dead}\"], health: {{failures: 1, backoff: 1h}}}}\nroutes:\n  - {{path_prefix: /gone, upstream: gone}}\n  - {{path_prefix: /, upstream: backend}}\n"
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    let c = TestClient::default();
+    for _ in 0..12 {
+        c.get(&g.url("/x")).await;
+    }
+    let bad_before = bad_hits.load(Ordering::Relaxed);
+    assert_eq!(
+        bad_before, 2,
+        "the 5xx target kept getting requests after 2 failures"
+    );
+    let good_before = good_hits.load(Ordering::Relaxed);
+    for _ in 0..10 {
+        assert_eq!(c.get(&g.url("/x")).await.status, 200);
+    }
+    assert_eq!(bad_hits.load(Ordering::Relaxed), bad_before);
+    assert_eq!(good_hits.load(Ordering::Relaxed), good_before + 10);
+    let m = g.gw.metrics_text();
+    assert_eq!(healthy_gauge(&m, good), Some(1), "{m}");
+    assert_eq!(healthy_gauge(&m, bad), Some(0), "{m}");
+    assert_eq!(healthy_gauge(&m, dead), Some(0), "{m}");
+
+    let first = c.get(&g.url("/gone")).await;
+    assert_eq!(first.status, 502, "{}", first.body);
+    let a = c.get(&g.url("/gone")).await;
+    assert_eq!(a.status, 503);
+    assert_eq!(
+        a.refusal(),
+        r#"{"status":503,"error":"no healthy upstream target"}"#
+    );
+    assert_eq!(a.header("content-type"), "application/json");
+}
+
+#[tokio::test]
+async fn active_checks_take_a_target_out_and_bring_it_back() {
+    let a_status = Arc::new(AtomicUsize::new(200));
+    let b_status = Arc::new(AtomicUsize::new(200));
+    let (a, a_hits) = status_backend(a_status).await;
+    let (b, b_hits) = status_backend(b_status.clone()).await;
+    let y = format!(
+        "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  backend: {{targets: [\"{a}\", \"{b}\"], health: {{path: /health, interval: 50ms, timeout: 1s, healthy: 2, unhealthy: 2, failures: 0}}}}\nroutes:\n  - {{path_prefix: /, upstream: backend}}\n"
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    let wait_for = |want: i64| {
+        let gw = g.gw.clone();
+        async move {
+            bounded("health gauge", async {
+                let mut tick = tokio::time::interval(std::time::Duration::from_millis(20));
+                loop {
+                    tick.tick().await;
+                    if healthy_gauge(&gw.metrics_text(), b) == Some(want) {
+                        return;
+                    }
+                }
+            })
+            .await
+        }
+    };
+    b_status.store(503, Ordering::Relaxed);
+    wait_for(0).await;
+    let (a0, b0) = (
+        a_hits.load(Ordering::Relaxed),
+        b_hits.load(Ordering::Relaxed),
+    );
+    let c = TestClient::default();
+    for _ in 0..6 {
+        assert_eq!(c.get(&g.url("/x")).await.status, 200);
+    }
+    assert_eq!(
+        b_hits.load(Ordering::Relaxed),
+        b0,
+        "a target failing its checks got requests"
+    );
+    assert_eq!(a_hits.load(Ordering::Relaxed), a0 + 6);
+    b_status.store(200, Ordering::Relaxed);
+    wait_for(1).await;
+    for _ in 0..6 {
+        c.get(&g.url("/x")).await;
+    }
+    assert!(
+        b_hits.load(Ordering::Relaxed) > b0,
+        "a target back in health got no requests"
+    );
+}
+
+/// An HTTPS backend with `leaf`'s certificate, HTTP/1.1 and h2 by ALPN, answering with its
+/// protocol version and the Host it saw.
+async fn https_backend(leaf: &common::tls::Leaf) -> SocketAddr {
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf.der.clone()], leaf.key_der.clone_key())
+    .expect("cert");
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(s) = acceptor.accept(s).await else {
+                    return;
+                };
+                let svc = service_fn(|req: Request<Incoming>| async move {
+                    let host = req
+                        .headers()
+                        .get("host")
+                        .map(|h| h.to_str().unwrap_or("").to_string())
+                        .or_else(|| req.uri().authority().map(|a| a.to_string()))
+                        .unwrap_or_default();
+                    let body = format!("{:?} {host}", req.version());
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn https_upstreams_are_verified_against_their_ca() {
+    let dir = tempdir("https-up");
+    let ca = TestCa::new(&dir, "ca");
+    let leaf = ca.server("backend", &["localhost"]);
+    let backend = https_backend(&leaf).await;
+    let target = format!("https://localhost:{}", backend.port());
+    let y = |extra: &str| {
+        format!(
+            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  secure: {{targets: [\"{target}\"]{extra}}}\nroutes:\n  - {{path_prefix: /, upstream: secure}}\n"
+        )
+    };
+    let g = TestGateway::start(
+        &y(&format!(", ca_file: \"{}\"", ca.pem.display())),
+        SystemClock::new(),
+    )
+    .await;
+    let c = TestClient::default();
+    let a = c.get(&g.url("/x")).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body, format!("HTTP/1.1 localhost:{}", backend.port()));
+    let g2 = TestGateway::start(
+        &y(&format!(
+            ", ca_file: \"{}\", protocol: h2",
+            ca.pem.display()
+        )),
+        SystemClock::new(),
+    )
+    .await;
+    let a = c.get(&g2.url("/x")).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.starts_with("HTTP/2.0 localhost:"), "{}", a.body);
+    // Without the CA, the system's roots do not know the backend's certificate.
+    let g3 = TestGateway::start(&y(""), SystemClock::new()).await;
+    assert_eq!(c.get(&g3.url("/x")).await.status, 502);
+}
+
+#[tokio::test]
+async fn h2_upstreams_pass_grpc_trailers_through() {
+    // A cleartext HTTP/2 backend that answers with a body and gRPC trailers.
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let svc = service_fn(|req: Request<Incoming>| async move {
+                    let te = req.headers().get("te").cloned();
+                    let (tx, body) = http_body_util::channel::Channel::<Bytes, Infallible>::new(4);
+                    let mut tx = tx;
+                    tokio::spawn(async move {
+                        let _ = tx.send_data(Bytes::from_static(b"\0\0\0\0\x02hi")).await;
+                        let mut t = http::HeaderMap::new();
+                        t.insert("grpc-status", "0".parse().expect("v"));
+                        t.insert("grpc-message", "fine".parse().expect("v"));
+                        let _ = tx.send_trailers(t).await;
+                    });
+                    let mut r = Response::new(body);
+                    r.headers_mut()
+                        .insert("content-type", "application/grpc".parse().expect("v"));
+                    if let Some(te) = te {
+                        r.headers_mut().insert("x-saw-te", te);
+                    }
+                    Ok::<_, Infallible>(r)
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    let y = format!(
+        "listeners: [{{address: \"127.0.0.1:0\", h2c: true}}]\nupstreams:\n  grpc: {{targets: [\"{backend}\"], protocol: h2}}\nroutes:\n  - {{path_prefix: /, upstream: grpc}}\n"
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
+    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .expect("h2");
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .method("POST")
+        .uri("http://api.test/pkg.Service/Call")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Empty::<Bytes>::new())
+        .expect("req");
+    let resp = bounded("grpc call", tx.send_request(req))
+        .await
+        .expect("response");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers().get("x-saw-te").map(|v| v.as_bytes()),
+        Some(&b"trailers"[..])
+    );
+    let collected = resp.into_body().collect().await.expect("body");
+    let trailers = collected
+        .trailers()
+        .cloned()
+        .expect("trailers reached the client");
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"0"[..])
+    );
+    assert_eq!(
+        trailers.get("grpc-message").map(|v| v.as_bytes()),
+        Some(&b"fine"[..])
+    );
+    assert_eq!(&collected.to_bytes()[..], b"\0\0\0\0\x02hi");
+}
