@@ -179,6 +179,28 @@ async fn passive_checks_take_failing_targets_out_and_none_left_is_503() {
     assert_eq!(healthy_gauge(&m, good), Some(1), "{m}");
     assert_eq!(healthy_gauge(&m, bad), Some(0), "{m}");
     assert_eq!(healthy_gauge(&m, dead), Some(0), "{m}");
+    let admin = start_admin(&g.gw, None).await;
+    let status = c.get(&format!("http://{admin}/status")).await;
+    let v: serde_json::Value = serde_json::from_str(&status.body).expect("status JSON");
+    let states: Vec<(String, bool)> = v["upstreams"]["backend"]
+        .as_array()
+        .expect("backend's targets")
+        .iter()
+        .map(|t| {
+            (
+                t["target"].as_str().unwrap_or("").to_string(),
+                t["healthy"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (good.to_string(), true),
+            (bad.to_string(), false),
+            (dead.to_string(), false)
+        ]
+    );
 
     let first = c.get(&g.url("/gone")).await;
     assert_eq!(first.status, 502, "{}", first.body);

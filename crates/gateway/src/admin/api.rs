@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// `GET /status`: version, uptime, config generation and the last reload error.
+/// `GET /status`: version, uptime, config generation, the last reload error, and each
+/// upstream target's health and connections.
 pub fn status(gw: &Gateway) -> Answer {
     let r = gw.reload_status();
     let snap = gw.snapshot();
@@ -38,6 +39,20 @@ pub fn status(gw: &Gateway) -> Answer {
         tollgate_config::LogTarget::Stdout => "stdout".to_string(),
         tollgate_config::LogTarget::File(p) => p.display().to_string(),
     });
+    let mut upstreams = BTreeMap::new();
+    for r in &snap.routes {
+        upstreams
+            .entry(r.upstream.cfg.name.clone())
+            .or_insert_with(|| {
+                r.upstream
+                .pool_figures()
+                .into_iter()
+                .map(|(target, open, idle, healthy)| {
+                    j!({"target": target, "healthy": healthy, "connections": open, "idle": idle})
+                })
+                .collect::<Vec<_>>()
+            });
+    }
     json(
         StatusCode::OK,
         &j!({
@@ -53,6 +68,7 @@ pub fn status(gw: &Gateway) -> Answer {
             "cluster": cluster,
             "analytics": analytics,
             "access_log": access_log,
+            "upstreams": upstreams,
         }),
     )
 }
