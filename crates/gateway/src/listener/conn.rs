@@ -135,28 +135,16 @@ pub async fn serve_plain(
     b: &Builders,
     stop: watch::Receiver<bool>,
 ) {
-    let mut stream = stream;
-    if b.auto.is_some() && !speaks_http(&stream, info.listener.header_timeout).await {
-        tracing::debug!(peer = ?info.peer_ip, "neither HTTP/1 nor an HTTP/2 preface: closed");
-        // Take in what came, so that the close is a FIN and not a reset.
-        let mut sink = [0u8; 256];
-        let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await;
-        let _ = stream.shutdown().await;
-        return;
-    }
-    let svc = service(gw, info.clone());
-    let io = TokioIo::new(stream);
     let r = match &b.auto {
-        Some(a) => drive(
-            a.serve_connection_with_upgrades(io, svc).into_owned(),
+        // Boxed, so that plain HTTP/1.1 connections do not carry HTTP/2's state: a task's
+        // future is as large as its largest branch.
+        Some(a) => Box::pin(serve_h2c(gw, stream, info.clone(), a, stop)).await,
+        None => drive(
+            b.h1.serve_connection(TokioIo::new(stream), service(gw, info.clone()))
+                .with_upgrades(),
             stop,
             |c| c.graceful_shutdown(),
         )
-        .await
-        .map_err(|e| e.to_string()),
-        None => drive(b.h1.serve_connection(io, svc).with_upgrades(), stop, |c| {
-            c.graceful_shutdown()
-        })
         .await
         .map_err(|e| {
             if e.is_parse_version_h2() {
@@ -170,26 +158,69 @@ pub async fn serve_plain(
     }
 }
 
-/// On an h2c listener, whether the first line that arrived is an HTTP/2 preface or an
-/// HTTP/1 request line. Anything else (a broken preface) is closed without an answer, as
-/// HTTP/2 requires (RFC 9113 §3.4), rather than answered as a bad HTTP/1 request. Only
-/// what arrives with the first packet is looked at; a line not complete yet passes.
-async fn speaks_http(stream: &TcpStream, timeout: std::time::Duration) -> bool {
+/// HTTP/2 with prior knowledge and HTTP/1.1 on one cleartext connection.
+async fn serve_h2c(
+    gw: Arc<Gateway>,
+    mut stream: TcpStream,
+    info: Arc<ConnInfo>,
+    a: &auto::Builder<TokioExecutor>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), String> {
+    match first_line(&stream, info.listener.header_timeout).await {
+        FirstLine::Http => {}
+        // Nothing within the header timeout: closed, as an idle HTTP/1.1 connection is.
+        FirstLine::Silent => return Ok(()),
+        FirstLine::Other => {
+            tracing::debug!(peer = ?info.peer_ip, "neither HTTP/1 nor an HTTP/2 preface: closed");
+            // Take in what came (it has arrived), so that the close is a FIN, not a reset.
+            let mut sink = [0u8; 256];
+            let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await;
+            let _ = stream.shutdown().await;
+            return Ok(());
+        }
+    }
+    let svc = service(gw, info);
+    drive(
+        a.serve_connection_with_upgrades(TokioIo::new(stream), svc)
+            .into_owned(),
+        stop,
+        |c| c.graceful_shutdown(),
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// What the first bytes on an h2c listener say.
+enum FirstLine {
+    /// An HTTP/2 preface or an HTTP/1 request line (or a line not complete yet).
+    Http,
+    /// Something else: a broken preface.
+    Other,
+    /// Nothing within the header timeout, or the client closed.
+    Silent,
+}
+
+/// On an h2c listener, what the first bytes that arrived are. A broken preface is closed
+/// without an answer, as HTTP/2 requires (RFC 9113 §3.4), rather than answered as a bad
+/// HTTP/1 request. Only what arrives with the first packet is looked at.
+async fn first_line(stream: &TcpStream, timeout: std::time::Duration) -> FirstLine {
     let mut buf = [0u8; 256];
     let n = match tokio::time::timeout(timeout, stream.peek(&mut buf)).await {
-        Ok(Ok(n)) => n,
-        _ => return true,
+        Ok(Ok(n)) if n > 0 => n,
+        _ => return FirstLine::Silent,
     };
     let seen = &buf[..n];
-    if seen.starts_with(b"PRI * HTTP/2.0") || b"PRI * HTTP/2.0".starts_with(seen) {
-        return true;
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0";
+    if seen.starts_with(PREFACE) || PREFACE.starts_with(seen) {
+        return FirstLine::Http;
     }
     match seen.windows(2).position(|w| w == b"\r\n") {
-        Some(end) => {
-            let line = &seen[..end];
-            line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0")
+        Some(end)
+            if !(seen[..end].ends_with(b" HTTP/1.1") || seen[..end].ends_with(b" HTTP/1.0")) =>
+        {
+            FirstLine::Other
         }
-        None => true,
+        _ => FirstLine::Http,
     }
 }
 

@@ -213,8 +213,10 @@ async fn accept_loop(
         metrics.connections_open.inc();
         let (gw, cfg, b, stop) = (gw.clone(), cfg.clone(), builders.clone(), stop.clone());
         connections.spawn(async move {
+            // Boxed: a task's future is as large as its largest branch, and the TLS and
+            // HTTP/2 states would otherwise be paid by every idle HTTP/1.1 connection.
             if cfg.tls.is_some() {
-                if let Err(e) = conn::serve_tls(gw, stream, peer, cfg, &b, stop).await {
+                if let Err(e) = Box::pin(conn::serve_tls(gw, stream, peer, cfg, &b, stop)).await {
                     metrics.tls_failures.inc();
                     tracing::debug!(%peer, "{e}");
                 }
