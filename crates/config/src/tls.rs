@@ -63,11 +63,13 @@ pub struct CaBundle {
     pub path: PathBuf,
     /// Its certificates, DER.
     pub certs: Vec<CertificateDer<'static>>,
+    /// Fingerprint of the file's content.
+    pub fingerprint: u64,
 }
 
 impl PartialEq for CaBundle {
     fn eq(&self, other: &Self) -> bool {
-        self.path == other.path && self.certs == other.certs
+        self.path == other.path && self.fingerprint == other.fingerprint
     }
 }
 
@@ -76,9 +78,7 @@ impl Eq for CaBundle {}
 impl std::hash::Hash for CaBundle {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.path.hash(state);
-        for c in &self.certs {
-            c.as_ref().hash(state);
-        }
+        self.fingerprint.hash(state);
     }
 }
 
@@ -146,5 +146,70 @@ pub fn load_ca(path: PathBuf) -> Result<CaBundle, String> {
             path.display()
         ));
     }
-    Ok(CaBundle { path, certs })
+    Ok(CaBundle {
+        path,
+        certs,
+        fingerprint: crate::fingerprint(&pem),
+    })
+}
+
+impl LoadedCert {
+    /// The fingerprint of what its files hold now (0 when one cannot be read).
+    fn on_disk(&self) -> u64 {
+        match (
+            std::fs::read(&self.cert_path),
+            std::fs::read(&self.key_path),
+        ) {
+            (Ok(mut c), Ok(k)) => {
+                c.extend_from_slice(&k);
+                crate::fingerprint(&c)
+            }
+            _ => 0,
+        }
+    }
+}
+
+impl CaBundle {
+    /// The fingerprint of what its file holds now (0 when it cannot be read).
+    fn on_disk(&self) -> u64 {
+        std::fs::read(&self.path).map_or(0, |b| crate::fingerprint(&b))
+    }
+}
+
+/// Every TLS file a config names, as loaded and as on disk now: certificates and keys of
+/// listeners, client CAs, upstream CAs. Renewed certificates reload the config even when
+/// its own text did not change.
+fn tls_files(cfg: &crate::Config) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for l in &cfg.listeners {
+        if let Some(t) = &l.tls {
+            for c in &t.certificates {
+                out.push((c.fingerprint, c.on_disk()));
+            }
+            if let Some(ca) = &t.client_ca {
+                out.push((ca.fingerprint, ca.on_disk()));
+            }
+        }
+    }
+    for u in &cfg.upstreams {
+        if let Some(ca) = &u.ca {
+            out.push((ca.fingerprint, ca.on_disk()));
+        }
+    }
+    out
+}
+
+/// A fingerprint of what the config's TLS files hold now, and whether that differs from
+/// what the config was loaded with; `None` when it names no TLS file.
+pub fn files_on_disk(cfg: &crate::Config) -> Option<(u64, bool)> {
+    let files = tls_files(cfg);
+    if files.is_empty() {
+        return None;
+    }
+    let changed = files.iter().any(|(loaded, now)| loaded != now);
+    let mut all = Vec::with_capacity(files.len() * 8);
+    for (_, now) in &files {
+        all.extend_from_slice(&now.to_le_bytes());
+    }
+    Some((crate::fingerprint(&all), changed))
 }

@@ -425,7 +425,10 @@ impl Gateway {
             path: path.display().to_string(),
             source: e,
         })?;
-        if fingerprint(&bytes) == self.running_fingerprint() && !self.consumers_file_changed() {
+        if fingerprint(&bytes) == self.running_fingerprint()
+            && !self.consumers_file_changed()
+            && !self.tls_files_changed()
+        {
             tracing::info!(path = %path.display(), "config unchanged; nothing to reload");
             return Ok(());
         }
@@ -439,6 +442,12 @@ impl Gateway {
         snap.config.consumers_file.as_ref().is_some_and(|f| {
             std::fs::read(&f.path).map_or(true, |b| fingerprint(&b) != f.fingerprint)
         })
+    }
+
+    /// Whether a certificate, key or CA file the running config names now holds other
+    /// content than it was loaded with (renewed certificates).
+    pub fn tls_files_changed(&self) -> bool {
+        tollgate_config::tls::files_on_disk(&self.snapshot.load().config).is_some_and(|(_, c)| c)
     }
 
     /// Validates and applies `bytes`, read from `path` (relative file names in it are

@@ -6,8 +6,10 @@
 //! `server.watch_config: false` in the running config, the file is not looked at.
 //!
 //! The running config's `consumers_file` is watched the same way; a change there reloads
-//! the config file (which reads both). Reloads run on a blocking thread, so traffic goes on
-//! on the old config while a large consumers file loads.
+//! the config file (which reads both). So are its TLS certificate, key and CA files: when
+//! their content changes (a renewal), the config is reloaded once for that content.
+//! Reloads run on a blocking thread, so traffic goes on on the old config while a large
+//! consumers file loads.
 
 use crate::gateway::{fingerprint, Gateway};
 use std::os::unix::fs::MetadataExt;
@@ -129,8 +131,8 @@ impl Watched {
     }
 }
 
-/// Watches `path` (and the running config's consumers file) and reloads `gw` when a
-/// change has settled. The task ends when aborted.
+/// Watches `path` (and the running config's consumers file and TLS files) and reloads
+/// `gw` when a change has settled. The task ends when aborted.
 pub fn watch_file(
     gw: Arc<Gateway>,
     path: PathBuf,
@@ -140,6 +142,7 @@ pub fn watch_file(
     tokio::spawn(async move {
         let mut config = Watched::new(settle);
         let mut consumers = Watched::new(settle);
+        let mut tried_tls: Option<u64> = None;
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -160,6 +163,24 @@ pub fn watch_file(
                     let (g, p) = (gw.clone(), path.clone());
                     let _ = tokio::task::spawn_blocking(move || g.reload_bytes(&p, &bytes)).await;
                     continue;
+                }
+            }
+            // Renewed certificates: tried once per content, so that a renewal caught
+            // half-written (a new certificate, the old key) is retried when the key lands,
+            // not every second in between.
+            let snap = gw.snapshot();
+            let tls = tollgate_config::tls::files_on_disk(&snap.config);
+            drop(snap);
+            if let Some((now, true)) = tls {
+                if tried_tls != Some(now) {
+                    tried_tls = Some(now);
+                    tracing::info!("a TLS certificate, key or CA file changed");
+                    if let Ok(bytes) = tokio::fs::read(&path).await {
+                        let (g, p) = (gw.clone(), path.clone());
+                        let _ =
+                            tokio::task::spawn_blocking(move || g.reload_bytes(&p, &bytes)).await;
+                        continue;
+                    }
                 }
             }
             let Some(f) = file else { continue };

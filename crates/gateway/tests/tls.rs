@@ -331,3 +331,59 @@ async fn client_certificates_name_consumers_on_mtls_routes() {
     };
     assert!(refused, "a client without a certificate was served");
 }
+
+#[tokio::test]
+async fn renewed_certificate_files_reload_on_sighup_and_when_watched() {
+    let dir = tempdir("tls-renew");
+    let ca = TestCa::new(&dir, "ca");
+    let first = ca.server("api", &["api.test"]);
+    let backend = echo_backend().await;
+    let path = dir.join("tollgate.yaml");
+    std::fs::write(&path, tls_yaml(backend, &dir, &["api"], "", ROUTES)).expect("write config");
+    let g = TestGateway::start(
+        &tls_yaml(backend, &dir, &["api"], "", ROUTES),
+        SystemClock::new(),
+    )
+    .await;
+    g.gw.reload_file(&path).expect("first reload");
+    let served = || async {
+        let s = connect(g.addr, "api.test", ca.client_config(&[b"http/1.1"], None))
+            .await
+            .expect("handshake");
+        s.get_ref().1.peer_certificates().map(|c| c[0].clone())
+    };
+    assert_eq!(served().await, Some(first.der.clone()));
+    let generation = g.gw.reload_status().generation;
+    g.gw.reload_file(&path).expect("unchanged reload");
+    assert_eq!(
+        g.gw.reload_status().generation,
+        generation,
+        "nothing changed, nothing applied"
+    );
+
+    // Renewed in place (same file names, config untouched): SIGHUP picks it up.
+    let second = ca.server("api", &["api.test"]);
+    assert!(g.gw.tls_files_changed());
+    g.gw.reload_file(&path).expect("reload");
+    assert_eq!(served().await, Some(second.der.clone()));
+
+    // And the file watcher, without a signal.
+    let watcher = tollgate_gateway::watch::watch_file(
+        g.gw.clone(),
+        path.clone(),
+        std::time::Duration::from_millis(20),
+        std::time::Duration::from_millis(20),
+    );
+    let third = ca.server("api", &["api.test"]);
+    bounded("renewed certificate served", async {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(20));
+        loop {
+            tick.tick().await;
+            if served().await == Some(third.der.clone()) {
+                return;
+            }
+        }
+    })
+    .await;
+    watcher.abort();
+}
