@@ -551,7 +551,7 @@ impl Gateway {
                         metrics: self.metrics.clone(),
                     };
                     let t = Instant::now();
-                    let resp = upstream::upgrade(&route.upstream, parts, ask, hop).await;
+                    let resp = Box::pin(upstream::upgrade(&route.upstream, parts, ask, hop)).await;
                     upstream_time(trace, route, t);
                     let mut resp = resp?.map(Either::Left);
                     policy::decorate(route, &admitted, resp.headers_mut());
@@ -579,7 +579,10 @@ impl Gateway {
             let mut resp =
                 if matches!(parts.method, Method::GET | Method::HEAD) && body.is_end_stream() {
                     let fetch = Arc::new(UpFetch::new(route, conn));
-                    let resp = self.cache.serve(ask, parts, fetch).await?;
+                    // Boxed: the cache's future is the largest branch, and every request's
+                    // future is moved into place whole (into hyper's connection, or a new
+                    // task per HTTP/2 stream).
+                    let resp = Box::pin(self.cache.serve(ask, parts, fetch)).await?;
                     if cache::went_upstream(&resp) {
                         trace.upstream_ns = Some(nanos(t));
                     }

@@ -84,28 +84,46 @@ impl Builders {
     }
 }
 
-/// Runs `conn` to its end; once `stop` turns true, asks it to close gracefully (finish
-/// in-flight requests, then close) and waits for that.
-async fn drive<F, E>(
-    conn: F,
-    mut stop: watch::Receiver<bool>,
-    shutdown: impl FnOnce(Pin<&mut F>),
-) -> Result<(), E>
+/// The server's stop signal as a connection sees it.
+#[derive(Clone)]
+pub struct Stop {
+    /// Set before `rx` is told, and read at each poll: an atomic load.
+    pub flag: Arc<AtomicBool>,
+    /// Wakes the connection when the server stops.
+    pub rx: watch::Receiver<bool>,
+}
+
+/// Runs `conn` to its end; once the server stops, asks it to close gracefully (finish
+/// in-flight requests, then close) and waits for that. The watch's wait is polled once, to
+/// register the connection's waker (a task's waker stays the same); after that each poll
+/// reads the flag, where re-polling the wait would take the channel's lock, shared by every
+/// connection, at every poll of every connection.
+async fn drive<F, E>(conn: F, stop: Stop, shutdown: impl FnOnce(Pin<&mut F>)) -> Result<(), E>
 where
     F: Future<Output = Result<(), E>>,
 {
     tokio::pin!(conn);
-    let stopped = async {
-        if stop.wait_for(|s| *s).await.is_err() {
-            // The server was dropped without a shutdown: serve on.
-            std::future::pending::<()>().await;
+    let Stop { flag, mut rx } = stop;
+    let changed = rx.changed();
+    tokio::pin!(changed);
+    let mut registered = false;
+    let mut shutdown = Some(shutdown);
+    std::future::poll_fn(|cx| {
+        if shutdown.is_some() {
+            if !registered {
+                registered = true;
+                // Ready only if the server is gone or already stopping; the flag says which.
+                let _ = changed.as_mut().poll(cx);
+            }
+            if flag.load(Ordering::Acquire) {
+                if let Some(f) = shutdown.take() {
+                    f(conn.as_mut());
+                }
+            }
         }
-    };
-    tokio::select! {
-        r = conn.as_mut() => return r,
-        _ = stopped => shutdown(conn.as_mut()),
-    }
-    conn.await
+        conn.as_mut().poll(cx)
+    })
+    .await
 }
 
 /// The service every protocol serves: the gateway's request path.
@@ -133,7 +151,7 @@ pub async fn serve_plain(
     stream: TcpStream,
     info: Arc<ConnInfo>,
     b: &Builders,
-    stop: watch::Receiver<bool>,
+    stop: Stop,
 ) {
     let r = match &b.auto {
         // Boxed, so that plain HTTP/1.1 connections do not carry HTTP/2's state: a task's
@@ -164,7 +182,7 @@ async fn serve_h2c(
     mut stream: TcpStream,
     info: Arc<ConnInfo>,
     a: &auto::Builder<TokioExecutor>,
-    stop: watch::Receiver<bool>,
+    stop: Stop,
 ) -> Result<(), String> {
     match first_line(&stream, info.listener.header_timeout).await {
         FirstLine::Http => {}
@@ -263,7 +281,7 @@ pub async fn serve_tls(
     peer: SocketAddr,
     listener: Arc<ListenerConfig>,
     b: &Builders,
-    stop: watch::Receiver<bool>,
+    stop: Stop,
 ) -> Result<(), TlsFailure> {
     let Some(tls) = gw.tls_for(listener.address).or_else(|| b.tls.clone()) else {
         return Err(TlsFailure::Handshake(std::io::Error::other(
@@ -316,7 +334,7 @@ async fn serve_stream<S>(
     info: Arc<ConnInfo>,
     b: &Builders,
     h2: bool,
-    stop: watch::Receiver<bool>,
+    stop: Stop,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {

@@ -82,6 +82,7 @@ pub async fn bind(
 pub struct Server {
     addrs: Vec<SocketAddr>,
     stop: watch::Sender<bool>,
+    stopping: Arc<std::sync::atomic::AtomicBool>,
     accept_loops: JoinSet<()>,
     connections: TaskTracker,
 }
@@ -90,6 +91,7 @@ impl Server {
     /// Starts accepting on every bound listener.
     pub fn start(gw: Arc<Gateway>, bound: Vec<(TcpListener, ListenerConfig)>) -> Server {
         let (stop, _) = watch::channel(false);
+        let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let connections = TaskTracker::new();
         let mut accept_loops = JoinSet::new();
         let mut addrs = Vec::new();
@@ -99,13 +101,17 @@ impl Server {
                 gw.clone(),
                 sock,
                 Arc::new(cfg),
-                stop.subscribe(),
+                conn::Stop {
+                    flag: stopping.clone(),
+                    rx: stop.subscribe(),
+                },
                 connections.clone(),
             ));
         }
         Server {
             addrs,
             stop,
+            stopping,
             accept_loops,
             connections,
         }
@@ -119,6 +125,8 @@ impl Server {
     /// Stops accepting, lets in-flight requests finish for at most `drain`, and closes idle
     /// keep-alive connections. Returns whether every connection finished in time.
     pub async fn shutdown(mut self, drain: Duration) -> bool {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
         let _ = self.stop.send(true);
         while self.accept_loops.join_next().await.is_some() {}
         self.connections.close();
@@ -197,15 +205,16 @@ async fn accept_loop(
     gw: Arc<Gateway>,
     sock: TcpListener,
     cfg: Arc<ListenerConfig>,
-    mut stop: watch::Receiver<bool>,
+    stop: conn::Stop,
     connections: TaskTracker,
 ) {
+    let mut stop_accepting = stop.rx.clone();
     let builders = Arc::new(conn::Builders::new(&cfg));
     let cap = Arc::new(Semaphore::new(cfg.max_connections));
     let mut errors = AcceptErrors::default();
     loop {
         let (stream, peer, permit) = tokio::select! {
-            _ = stop.changed() => return,
+            _ = stop_accepting.changed() => return,
             conn = accept_capped(&sock, &cap, &mut errors) => conn,
         };
         let metrics = gw.metrics().clone();

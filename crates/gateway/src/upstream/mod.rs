@@ -422,7 +422,7 @@ pub async fn fetch(
 ) -> Result<Response<PooledBody>, Refusal> {
     let (method, pq, headers) = for_hop(parts, &hop);
     if let Some(alt) = &up.alt {
-        return client::forward(up, alt, method, pq, headers, None, &hop).await;
+        return Box::pin(client::forward(up, alt, method, pq, headers, None, &hop)).await;
     }
     forward_lean(up, &method, &pq, headers, &hop).await
 }
@@ -434,11 +434,21 @@ pub async fn forward(
     body: Incoming,
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
-    let (method, pq, mut headers) = for_hop(parts, &hop);
+    let (method, pq, headers) = for_hop(parts, &hop);
+    // The lean path inline; the others boxed, so that every request's future (moved into
+    // hyper's connection at each request) stays the size the lean path needs.
     if let Some(alt) = &up.alt {
-        return client::forward(up, alt, method, pq, headers, Some(body), &hop).await;
+        return Box::pin(client::forward(
+            up,
+            alt,
+            method,
+            pq,
+            headers,
+            Some(body),
+            &hop,
+        ))
+        .await;
     }
-
     if body.is_end_stream()
         && matches!(
             method,
@@ -447,7 +457,18 @@ pub async fn forward(
     {
         return forward_lean(up, &method, &pq, headers, &hop).await;
     }
+    Box::pin(forward_hyper(up, method, pq, headers, body, hop)).await
+}
 
+/// Forwards a request with a body (or a method that may carry one) on hyper's client.
+async fn forward_hyper(
+    up: &Upstream,
+    method: Method,
+    pq: PathAndQuery,
+    mut headers: http::HeaderMap,
+    body: Incoming,
+    hop: Hop<'_>,
+) -> Result<Response<PooledBody>, Refusal> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
