@@ -497,7 +497,7 @@ impl Gateway {
         &self,
         snap: &'s Snapshot,
         req: Request<Incoming>,
-        conn: &ConnInfo,
+        conn: &Arc<ConnInfo>,
         trace: &mut Trace<'s>,
         note_target: Option<&upstream::AnsweredBy>,
     ) -> Response<Body> {
@@ -549,6 +549,7 @@ impl Gateway {
                         protocol,
                         client,
                         metrics: self.metrics.clone(),
+                        hold: conn.clone(),
                     };
                     let t = Instant::now();
                     let resp = Box::pin(upstream::upgrade(&route.upstream, parts, ask, hop)).await;
@@ -612,7 +613,7 @@ impl Gateway {
 
     /// Handles one request on the snapshot current when it arrived: gives it an id, counts
     /// it in the metrics and the usage history, and logs it once its body has been sent.
-    pub async fn serve(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Logged> {
+    pub async fn serve(&self, req: Request<Incoming>, conn: &Arc<ConnInfo>) -> Response<Logged> {
         let snap = self.snapshot.load_full();
         let id = request_id::pick(
             req.headers(),

@@ -415,3 +415,52 @@ async fn h2_upstreams_pass_grpc_trailers_through() {
     );
     assert_eq!(&collected.to_bytes()[..], b"\0\0\0\0\x02hi");
 }
+
+#[tokio::test]
+async fn an_upgraded_connection_keeps_its_place_under_max_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let backend = ws_backend().await;
+    let y = yaml(
+        backend,
+        "routes:\n  - {path_prefix: /ws/, upstream: backend, websocket: true}\n",
+    )
+    .replace(
+        "listeners: [{address: \"127.0.0.1:0\"}]",
+        "listeners: [{address: \"127.0.0.1:0\", max_connections: 1}]",
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    let url = format!("ws://{}/ws/room", g.addr);
+    let (mut ws, _) = bounded("ws connect", tokio_tungstenite::connect_async(url.as_str()))
+        .await
+        .expect("upgrade");
+    ws.send(Message::text("hi")).await.expect("send");
+    assert_eq!(
+        bounded("echo", ws.next())
+            .await
+            .expect("open")
+            .expect("message"),
+        Message::text("echo: hi")
+    );
+    // The joined connection is the one the listener allows: another waits in the backlog.
+    let mut other = TcpStream::connect(g.addr).await.expect("connect (backlog)");
+    other
+        .write_all(b"GET /ws/x HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 12];
+    let early = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        other.read_exact(&mut buf),
+    )
+    .await;
+    assert!(
+        early.is_err(),
+        "a connection was served over the cap while an upgrade was open"
+    );
+    ws.close(None).await.expect("close");
+    drop(ws);
+    bounded("served once the upgrade closed", other.read_exact(&mut buf))
+        .await
+        .expect("answer");
+    assert!(buf.starts_with(b"HTTP/1.1 "), "{buf:?}");
+}

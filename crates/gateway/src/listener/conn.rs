@@ -279,6 +279,7 @@ pub async fn serve_tls(
     gw: Arc<Gateway>,
     stream: TcpStream,
     peer: SocketAddr,
+    permit: tokio::sync::OwnedSemaphorePermit,
     listener: Arc<ListenerConfig>,
     b: &Builders,
     stop: Stop,
@@ -324,6 +325,7 @@ pub async fn serve_tls(
     let mut info = ConnInfo::new(peer, listener);
     info.tls = true;
     info.client_names = client_names;
+    info.permit = Some(permit);
     serve_stream(gw, tls_stream, Arc::new(info), b, h2, stop).await;
     Ok(())
 }

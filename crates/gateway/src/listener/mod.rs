@@ -30,6 +30,9 @@ pub struct ConnInfo {
     pub tls: bool,
     /// Names of the client's verified certificate (SANs, then subject CNs), under mTLS.
     pub client_names: Option<Box<[Box<str>]>>,
+    /// The connection's place under `max_connections`, given back when the last holder
+    /// (the connection, or the upgraded connection it became) is done.
+    pub permit: Option<OwnedSemaphorePermit>,
 }
 
 impl ConnInfo {
@@ -47,6 +50,7 @@ impl ConnInfo {
             listener,
             tls: false,
             client_names: None,
+            permit: None,
         }
     }
 }
@@ -225,16 +229,18 @@ async fn accept_loop(
             // Boxed: a task's future is as large as its largest branch, and the TLS and
             // HTTP/2 states would otherwise be paid by every idle HTTP/1.1 connection.
             if cfg.tls.is_some() {
-                if let Err(e) = Box::pin(conn::serve_tls(gw, stream, peer, cfg, &b, stop)).await {
+                let served = conn::serve_tls(gw, stream, peer, permit, cfg, &b, stop);
+                if let Err(e) = Box::pin(served).await {
                     metrics.tls_failures.inc();
                     tracing::debug!(%peer, "{e}");
                 }
             } else {
-                let info = Arc::new(ConnInfo::new(peer, cfg));
+                let mut info = ConnInfo::new(peer, cfg);
+                info.permit = Some(permit);
+                let info = Arc::new(info);
                 conn::serve_plain(gw, stream, info, &b, stop).await;
             }
             metrics.connections_open.dec();
-            drop(permit);
         });
     }
 }

@@ -25,6 +25,9 @@ pub struct UpgradeAsk {
     pub client: OnUpgrade,
     /// Where joined connections are counted.
     pub metrics: Arc<Metrics>,
+    /// Kept while the connections are joined: it holds the client connection's place under
+    /// the listener's `max_connections`.
+    pub hold: Arc<crate::listener::ConnInfo>,
 }
 
 /// Sends an upgrade request to a target. A 101 answer is passed to the client and the two
@@ -95,6 +98,7 @@ pub async fn upgrade(
     resp.headers_mut().insert(header::UPGRADE, protocol);
     let metrics = ask.metrics;
     let ours = ask.client;
+    let hold = ask.hold;
     tokio::spawn(async move {
         let (c, u) = match tokio::try_join!(ours, theirs) {
             Ok(both) => both,
@@ -107,6 +111,7 @@ pub async fn upgrade(
         metrics.upgrades_open.inc();
         join(TokioIo::new(c), TokioIo::new(u), read_timeout).await;
         metrics.upgrades_open.dec();
+        drop(hold);
     });
     Ok(resp.map(|b| PooledBody::plain(b, read_timeout)))
 }
