@@ -18,6 +18,7 @@ pub mod health;
 mod idle;
 mod pool;
 mod upgrade;
+mod with_body;
 
 pub use body::{ClientFault, UpBody, BUFFER};
 pub use dial::ConnectError;
@@ -26,16 +27,13 @@ pub use upgrade::{upgrade, UpgradeAsk};
 
 use crate::observe::metrics::UpstreamStats;
 use crate::response::Refusal;
-use body::{BodyWatch, Received};
-use bytes::Bytes;
 use cap::{Cap, Slot};
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
-use http::{Method, Request, Response, Uri, Version};
+use http::{Method, Response, Uri};
 use hyper::body::{Body as _, Incoming};
 use pool::Pool;
-use std::error::Error as StdError;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -231,82 +229,6 @@ impl Upstream {
         }
     }
 
-    /// Runs active health checks while the upstream is in use (it holds no reference to
-    /// itself: the task ends once every snapshot has dropped it).
-    pub fn start_checks(self: &Arc<Self>) {
-        let Some(active) = self.cfg.health.active.clone() else {
-            return;
-        };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(upstream = %self.cfg.name, "no runtime: active health checks off");
-            return;
-        };
-        let weak = Arc::downgrade(self);
-        rt.spawn(async move {
-            tokio::time::sleep(health::first_check_delay(active.interval)).await;
-            let mut tick = tokio::time::interval(active.interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let Some(up) = weak.upgrade() else { return };
-                up.check_all(&active).await;
-            }
-        });
-    }
-
-    async fn check_all(&self, active: &tollgate_config::ActiveHealth) {
-        let Some(client) = self.check_client() else {
-            return;
-        };
-        let Ok(pq) = PathAndQuery::try_from(active.path.as_str()) else {
-            return;
-        };
-        let mut set = tokio::task::JoinSet::new();
-        for (i, t) in self.targets.iter().enumerate() {
-            let (client, pq, name, host) =
-                (client.clone(), pq.clone(), t.name.clone(), t.host.clone());
-            let timeout = active.timeout;
-            set.spawn(async move {
-                let Some(uri) = client.uri(&name, &pq) else {
-                    return (i, false);
-                };
-                let mut req = Request::new(UpBody::empty());
-                *req.uri_mut() = uri;
-                req.headers_mut().insert(header::HOST, host);
-                let ok = matches!(
-                    tokio::time::timeout(timeout, client.send(req)).await,
-                    Ok(Ok(r)) if r.status().is_success() || r.status().is_redirection()
-                );
-                (i, ok)
-            });
-        }
-        while let Some(joined) = set.join_next().await {
-            let Ok((i, ok)) = joined else { continue };
-            let Some(t) = self.targets.get(i) else {
-                continue;
-            };
-            match t.health.checked(ok, active.healthy, active.unhealthy) {
-                Some(true) => {
-                    tracing::info!(upstream = %self.cfg.name, target = %t.name, "target healthy again (active checks)")
-                }
-                Some(false) => {
-                    self.stats.taken_out.inc();
-                    tracing::warn!(upstream = %self.cfg.name, target = %t.name, path = %active.path, "target taken out of rotation by active checks")
-                }
-                None => {}
-            }
-        }
-    }
-
-    /// The client active checks use: the upstream's own when it has one, else a new
-    /// HTTP/1.1 one (checks open their own connections, apart from the request pools).
-    fn check_client(&self) -> Option<client::AltClient> {
-        if let Some(a) = &self.alt {
-            return Some(a.clone());
-        }
-        self.upgrade_client()
-    }
-
     /// The HTTP/1.1 client for upgrades (and active checks), made once.
     fn upgrade_client(&self) -> Option<client::AltClient> {
         self.upgrades
@@ -371,32 +293,6 @@ fn path_and_query(uri: &Uri, strip: Option<&str>) -> PathAndQuery {
     PathAndQuery::try_from(s).unwrap_or(pq)
 }
 
-enum Failure {
-    /// The connection closed or reset around the write; only idempotent requests may be
-    /// replayed.
-    Stale,
-    /// Anything else: the backend broke the exchange.
-    Other,
-}
-
-fn classify(e: &hyper::Error) -> Failure {
-    if e.is_incomplete_message() || e.is_canceled() {
-        return Failure::Stale;
-    }
-    let mut src: Option<&(dyn StdError + 'static)> = e.source();
-    while let Some(s) = src {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind::*;
-            // A backend that closes a kept-alive connection with our request unread resets it.
-            if matches!(io.kind(), ConnectionReset | BrokenPipe | UnexpectedEof) {
-                return Failure::Stale;
-            }
-        }
-        src = s.source();
-    }
-    Failure::Other
-}
-
 /// The request's method, target and headers rewritten for the hop. Rewritten once; only
 /// `Host` changes from one target to the next.
 fn for_hop(parts: Parts, hop: &Hop<'_>) -> (Method, PathAndQuery, http::HeaderMap) {
@@ -457,193 +353,7 @@ pub async fn forward(
     {
         return forward_lean(up, &method, &pq, headers, &hop).await;
     }
-    Box::pin(forward_hyper(up, method, pq, headers, body, hop)).await
-}
-
-/// Forwards a request with a body (or a method that may carry one) on hyper's client.
-async fn forward_hyper(
-    up: &Upstream,
-    method: Method,
-    pq: PathAndQuery,
-    mut headers: http::HeaderMap,
-    body: Incoming,
-    hop: Hop<'_>,
-) -> Result<Response<PooledBody>, Refusal> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > hop.max_body) {
-        return Err(Refusal::PayloadTooLarge);
-    }
-    // A body read whole can be sent again; a streaming one is watched for the client's faults.
-    let (mut body, whole, watch) = if body.is_end_stream() {
-        // No body to stream: send none (and drop a stray `Content-Length: 0`).
-        (Some(UpBody::empty()), Some(Vec::new()), None)
-    } else {
-        match body::receive(body, hop.max_body, hop.body_timeout, hop.stream_body).await? {
-            Received::Whole(chunks) => (Some(UpBody::whole(&chunks)), Some(chunks), None),
-            Received::Streaming(b, w) => (Some(b), None, Some(w)),
-        }
-    };
-
-    let mut last = Refusal::Upstream("no target");
-    let mut last_target = None;
-    let mut req: Option<Request<UpBody>> = None;
-    let mut tries = Tries::new(up);
-    while tries.next() {
-        if tries.retried() {
-            up.stats.retries.inc();
-        }
-        let target = match up.pick() {
-            Ok((_, t)) => t,
-            // What a try that was made failed with says more than that none is left.
-            Err(_) if last_target.is_some() => break,
-            Err(r) => {
-                if matches!(r, Refusal::NoHealthyTarget) {
-                    up.stats.no_healthy.inc();
-                }
-                last = r;
-                break;
-            }
-        };
-        last_target = Some(target);
-        let mut r = match req.take() {
-            Some(r) => r,
-            None => {
-                let Some(b) = body.take() else { break };
-                let mut r = Request::new(b);
-                *r.method_mut() = method.clone();
-                *r.uri_mut() = Uri::from(pq.clone());
-                *r.version_mut() = Version::HTTP_11;
-                *r.headers_mut() = std::mem::take(&mut headers);
-                r
-            }
-        };
-        if !hop.preserve_host {
-            r.headers_mut().insert(header::HOST, target.host.clone());
-        }
-
-        let (mut tx, reused) = match target.hyper_conn(up).await {
-            Ok(c) => c,
-            Err(Refusal::UpstreamBusy) => {
-                log_failure(up, hop.route, target, &Refusal::UpstreamBusy);
-                return Err(Refusal::UpstreamBusy);
-            }
-            Err(e) => {
-                up.outcome(target, false);
-                last = e;
-                // Nothing was sent: the request can go to the next target.
-                req = Some(r);
-                tries.spend_new();
-                continue;
-            }
-        };
-        if !reused {
-            tries.spend_new();
-        }
-        match tokio::time::timeout(up.cfg.connect_timeout, tx.ready()).await {
-            Ok(Ok(())) => {}
-            // Closed while idle, or never became ready: nothing was sent.
-            _ => {
-                req = Some(r);
-                continue;
-            }
-        }
-        // Kept for a replay: only idempotent requests whose body was read whole, and only
-        // when a kept-alive connection closes under them (the backend closed it while idle).
-        let replay = match (&whole, reused && is_idempotent(&method)) {
-            (Some(chunks), true) => Some(clone_head(&r, chunks)),
-            _ => None,
-        };
-        let sent = await_head(
-            tx.try_send_request(r),
-            watch.as_deref(),
-            up.cfg.response_timeout,
-            hop.body_timeout,
-        )
-        .await;
-        let mut err = match sent {
-            Err(refusal) => {
-                if matches!(refusal, Refusal::UpstreamTimeout) {
-                    up.outcome(target, false);
-                }
-                log_failure(up, hop.route, target, &refusal);
-                return Err(refusal);
-            }
-            Ok(Ok(mut resp)) => {
-                up.outcome(target, !resp.status().is_server_error());
-                let stale_length = headers::rewrite_response(resp.headers_mut());
-                let pool = (!stale_length).then(|| target.pool.clone());
-                let read_timeout = up.cfg.read_timeout;
-                if let Some(n) = hop.note_target {
-                    let _ = n.set(target.name.clone());
-                }
-                return Ok(resp.map(|b| PooledBody::new(b, tx, pool, read_timeout)));
-            }
-            Ok(Err(e)) => e,
-        };
-        if let Some(fault) = watch.as_ref().and_then(|w| w.fault()) {
-            return Err(fault.refusal());
-        }
-        if let Some(unsent) = err.take_message() {
-            // The connection failed before the request was written: safe to send again.
-            req = Some(unsent);
-            continue;
-        }
-        let err = err.into_error();
-        match classify(&err) {
-            Failure::Stale if replay.is_some() => {
-                tracing::debug!(upstream = %up.cfg.name, error = %err, "connection closed under the request; replaying");
-                last = Refusal::Upstream("connection closed");
-                req = replay;
-            }
-            Failure::Stale | Failure::Other => {
-                up.outcome(target, false);
-                let refusal = Refusal::Upstream("connection reset or closed");
-                log_failure(up, hop.route, target, &refusal);
-                tracing::debug!(upstream = %up.cfg.name, error = %err, "upstream failed");
-                return Err(refusal);
-            }
-        }
-    }
-    if let Some(t) = last_target {
-        log_failure(up, hop.route, t, &last);
-    }
-    Err(last)
-}
-
-/// Waits for the response head. While the body streams, a stall of `body_timeout` ends
-/// the wait (408 when the client stopped sending, 504 when the upstream stopped reading);
-/// once it has ended, the upstream has `response_timeout` to answer.
-async fn await_head<F: Future>(
-    fut: F,
-    watch: Option<&BodyWatch>,
-    response_timeout: Duration,
-    body_timeout: Duration,
-) -> Result<F::Output, Refusal> {
-    tokio::pin!(fut);
-    if let Some(w) = watch {
-        loop {
-            let stall_at = w.last_moved() + body_timeout;
-            tokio::select! {
-                out = &mut fut => return Ok(out),
-                _ = w.finished() => break,
-                _ = tokio::time::sleep_until(stall_at) => {
-                    if w.last_moved() + body_timeout <= tokio::time::Instant::now() {
-                        return Err(if w.waiting_on_client() {
-                            Refusal::RequestTimeout
-                        } else {
-                            Refusal::UpstreamTimeout
-                        });
-                    }
-                }
-            }
-        }
-    }
-    tokio::time::timeout(response_timeout, fut)
-        .await
-        .map_err(|_| Refusal::UpstreamTimeout)
+    Box::pin(with_body::forward_hyper(up, method, pq, headers, body, hop)).await
 }
 
 /// Counts a 502, 503 or 504, and logs it at info at most once a second per upstream.
@@ -816,14 +526,4 @@ async fn forward_lean(
         log_failure(up, hop.route, t, &last);
     }
     Err(last)
-}
-
-/// A copy of a request whose body was read whole, for a replay.
-fn clone_head(r: &Request<UpBody>, chunks: &[Bytes]) -> Request<UpBody> {
-    let mut c = Request::new(UpBody::whole(chunks));
-    *c.method_mut() = r.method().clone();
-    *c.uri_mut() = r.uri().clone();
-    *c.version_mut() = r.version();
-    *c.headers_mut() = r.headers().clone();
-    c
 }
