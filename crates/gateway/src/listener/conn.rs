@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 use tollgate_config::ListenerConfig;
 
 /// The protocol builders of one listener, made once.
@@ -47,6 +46,11 @@ macro_rules! h2_limits {
 }
 
 impl Builders {
+    /// Whether the listener serves cleartext HTTP/2 beside HTTP/1.1.
+    pub fn h2c(&self) -> bool {
+        self.auto.is_some()
+    }
+
     /// Builders for `cfg`'s limits.
     pub fn new(cfg: &ListenerConfig) -> Self {
         let mut h1 = http1::Builder::new();
@@ -87,43 +91,75 @@ impl Builders {
 /// The server's stop signal as a connection sees it.
 #[derive(Clone)]
 pub struct Stop {
-    /// Set before `rx` is told, and read at each poll: an atomic load.
+    /// Set before `notify` is told, and read at each poll: an atomic load.
     pub flag: Arc<AtomicBool>,
-    /// Wakes the connection when the server stops.
-    pub rx: watch::Receiver<bool>,
+    /// Wakes every connection when the server stops.
+    pub notify: Arc<tokio::sync::Notify>,
 }
 
-/// Runs `conn` to its end; once the server stops, asks it to close gracefully (finish
-/// in-flight requests, then close) and waits for that. The watch's wait is polled once, to
-/// register the connection's waker (a task's waker stays the same); after that each poll
-/// reads the flag, where re-polling the wait would take the channel's lock, shared by every
-/// connection, at every poll of every connection.
-async fn drive<F, E>(conn: F, stop: Stop, shutdown: impl FnOnce(Pin<&mut F>)) -> Result<(), E>
+pin_project_lite::pin_project! {
+    /// A connection run to its end: once the server stops, it is asked to close gracefully
+    /// (finish in-flight requests, then close), and `done` gets its result. A struct, not an
+    /// async fn, so that the connection's state is stored once (an async fn keeps its
+    /// arguments beside what it awaits) and an idle connection costs no more than it must.
+    /// The stop notification is polled once, to register the task's waker (which stays the
+    /// same); each later poll reads the flag.
+    pub struct Drive<F, S, D> {
+        #[pin]
+        conn: F,
+        #[pin]
+        stopped: tokio::sync::futures::OwnedNotified,
+        flag: Arc<AtomicBool>,
+        registered: bool,
+        shutdown: Option<S>,
+        done: Option<D>,
+    }
+}
+
+impl<F, E, S, D> Future for Drive<F, S, D>
 where
     F: Future<Output = Result<(), E>>,
+    S: FnOnce(Pin<&mut F>),
+    D: FnOnce(Result<(), E>),
 {
-    tokio::pin!(conn);
-    let Stop { flag, mut rx } = stop;
-    let changed = rx.changed();
-    tokio::pin!(changed);
-    let mut registered = false;
-    let mut shutdown = Some(shutdown);
-    std::future::poll_fn(|cx| {
-        if shutdown.is_some() {
-            if !registered {
-                registered = true;
-                // Ready only if the server is gone or already stopping; the flag says which.
-                let _ = changed.as_mut().poll(cx);
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let mut this = self.project();
+        if this.shutdown.is_some() {
+            if !*this.registered {
+                *this.registered = true;
+                let _ = this.stopped.as_mut().poll(cx);
             }
-            if flag.load(Ordering::Acquire) {
-                if let Some(f) = shutdown.take() {
-                    f(conn.as_mut());
+            if this.flag.load(Ordering::Acquire) {
+                if let Some(f) = this.shutdown.take() {
+                    f(this.conn.as_mut());
                 }
             }
         }
-        conn.as_mut().poll(cx)
-    })
-    .await
+        let r = std::task::ready!(this.conn.poll(cx));
+        if let Some(d) = this.done.take() {
+            d(r);
+        }
+        std::task::Poll::Ready(())
+    }
+}
+
+/// Runs `conn` until it ends, closing it gracefully when `stop` fires; `done` gets the result.
+fn drive<F, E, S, D>(conn: F, stop: Stop, shutdown: S, done: D) -> Drive<F, S, D>
+where
+    F: Future<Output = Result<(), E>>,
+    S: FnOnce(Pin<&mut F>),
+    D: FnOnce(Result<(), E>),
+{
+    Drive {
+        conn,
+        stopped: stop.notify.notified_owned(),
+        flag: stop.flag,
+        registered: false,
+        shutdown: Some(shutdown),
+        done: Some(done),
+    }
 }
 
 /// The service every protocol serves: the gateway's request path.
@@ -145,67 +181,70 @@ fn service(
     })
 }
 
-/// Serves HTTP/1.1 (and h2c, when the listener has it) on a cleartext connection.
-pub async fn serve_plain(
+/// Serves HTTP/1.1 on a cleartext connection: the whole task is this one future, so an
+/// idle keep-alive connection holds hyper's state and little else. `done` runs at the end.
+pub fn serve_h1(
     gw: Arc<Gateway>,
     stream: TcpStream,
     info: Arc<ConnInfo>,
     b: &Builders,
     stop: Stop,
-) {
-    let r = match &b.auto {
-        // Boxed, so that plain HTTP/1.1 connections do not carry HTTP/2's state: a task's
-        // future is as large as its largest branch.
-        Some(a) => Box::pin(serve_h2c(gw, stream, info.clone(), a, stop)).await,
-        None => drive(
-            b.h1.serve_connection(TokioIo::new(stream), service(gw, info.clone()))
-                .with_upgrades(),
-            stop,
-            |c| c.graceful_shutdown(),
-        )
-        .await
-        .map_err(|e| {
-            if e.is_parse_version_h2() {
-                h2_preface_on_h1(&info);
+    done: impl FnOnce() + Send + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
+    let conn =
+        b.h1.serve_connection(TokioIo::new(stream), service(gw, info.clone()))
+            .with_upgrades();
+    drive(
+        conn,
+        stop,
+        |c| c.graceful_shutdown(),
+        move |r| {
+            if let Err(e) = r {
+                if e.is_parse_version_h2() {
+                    h2_preface_on_h1(&info);
+                }
+                tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
             }
-            e.to_string()
-        }),
-    };
-    if let Err(e) = r {
-        tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
-    }
+            done();
+        },
+    )
 }
 
 /// HTTP/2 with prior knowledge and HTTP/1.1 on one cleartext connection.
-async fn serve_h2c(
+pub async fn serve_h2c(
     gw: Arc<Gateway>,
     mut stream: TcpStream,
     info: Arc<ConnInfo>,
-    a: &auto::Builder<TokioExecutor>,
+    b: &Builders,
     stop: Stop,
-) -> Result<(), String> {
+) {
+    let Some(a) = &b.auto else { return };
     match first_line(&stream, info.listener.header_timeout).await {
         FirstLine::Http => {}
         // Nothing within the header timeout: closed, as an idle HTTP/1.1 connection is.
-        FirstLine::Silent => return Ok(()),
+        FirstLine::Silent => return,
         FirstLine::Other => {
             tracing::debug!(peer = ?info.peer_ip, "neither HTTP/1 nor an HTTP/2 preface: closed");
             // Take in what came (it has arrived), so that the close is a FIN, not a reset.
             let mut sink = [0u8; 256];
             let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await;
             let _ = stream.shutdown().await;
-            return Ok(());
+            return;
         }
     }
-    let svc = service(gw, info);
+    let svc = service(gw, info.clone());
     drive(
         a.serve_connection_with_upgrades(TokioIo::new(stream), svc)
             .into_owned(),
         stop,
         |c| c.graceful_shutdown(),
+        move |r| {
+            if let Err(e) = r {
+                tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
+            }
+        },
     )
     .await
-    .map_err(|e| e.to_string())
 }
 
 /// What the first bytes on an h2c listener say.
@@ -342,18 +381,26 @@ async fn serve_stream<S>(
 {
     let svc = service(gw, info.clone());
     let io = TokioIo::new(stream);
-    let r = if h2 {
-        drive(b.h2.serve_connection(io, svc), stop, |c| {
-            c.graceful_shutdown()
-        })
+    let log = move |r: Result<(), hyper::Error>| {
+        if let Err(e) = r {
+            tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
+        }
+    };
+    if h2 {
+        drive(
+            b.h2.serve_connection(io, svc),
+            stop,
+            |c| c.graceful_shutdown(),
+            log,
+        )
         .await
     } else {
-        drive(b.h1.serve_connection(io, svc).with_upgrades(), stop, |c| {
-            c.graceful_shutdown()
-        })
+        drive(
+            b.h1.serve_connection(io, svc).with_upgrades(),
+            stop,
+            |c| c.graceful_shutdown(),
+            log,
+        )
         .await
-    };
-    if let Err(e) = r {
-        tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
     }
 }

@@ -87,6 +87,7 @@ pub struct Server {
     addrs: Vec<SocketAddr>,
     stop: watch::Sender<bool>,
     stopping: Arc<std::sync::atomic::AtomicBool>,
+    notify: Arc<tokio::sync::Notify>,
     accept_loops: JoinSet<()>,
     connections: TaskTracker,
 }
@@ -96,6 +97,7 @@ impl Server {
     pub fn start(gw: Arc<Gateway>, bound: Vec<(TcpListener, ListenerConfig)>) -> Server {
         let (stop, _) = watch::channel(false);
         let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let notify = Arc::new(tokio::sync::Notify::new());
         let connections = TaskTracker::new();
         let mut accept_loops = JoinSet::new();
         let mut addrs = Vec::new();
@@ -105,9 +107,10 @@ impl Server {
                 gw.clone(),
                 sock,
                 Arc::new(cfg),
+                stop.subscribe(),
                 conn::Stop {
                     flag: stopping.clone(),
-                    rx: stop.subscribe(),
+                    notify: notify.clone(),
                 },
                 connections.clone(),
             ));
@@ -116,6 +119,7 @@ impl Server {
             addrs,
             stop,
             stopping,
+            notify,
             accept_loops,
             connections,
         }
@@ -131,6 +135,7 @@ impl Server {
     pub async fn shutdown(mut self, drain: Duration) -> bool {
         self.stopping
             .store(true, std::sync::atomic::Ordering::Release);
+        self.notify.notify_waiters();
         let _ = self.stop.send(true);
         while self.accept_loops.join_next().await.is_some() {}
         self.connections.close();
@@ -209,10 +214,10 @@ async fn accept_loop(
     gw: Arc<Gateway>,
     sock: TcpListener,
     cfg: Arc<ListenerConfig>,
+    mut stop_accepting: watch::Receiver<bool>,
     stop: conn::Stop,
     connections: TaskTracker,
 ) {
-    let mut stop_accepting = stop.rx.clone();
     let builders = Arc::new(conn::Builders::new(&cfg));
     let cap = Arc::new(Semaphore::new(cfg.max_connections));
     let mut errors = AcceptErrors::default();
@@ -225,9 +230,18 @@ async fn accept_loop(
         metrics.connections_total.inc();
         metrics.connections_open.inc();
         let (gw, cfg, b, stop) = (gw.clone(), cfg.clone(), builders.clone(), stop.clone());
+        if cfg.tls.is_none() && !b.h2c() {
+            // The common case: the task is the connection itself, nothing wrapped around it.
+            let mut info = ConnInfo::new(peer, cfg);
+            info.permit = Some(permit);
+            let done = move || {
+                metrics.connections_open.dec();
+            };
+            connections.spawn(conn::serve_h1(gw, stream, Arc::new(info), &b, stop, done));
+            continue;
+        }
         connections.spawn(async move {
-            // Boxed: a task's future is as large as its largest branch, and the TLS and
-            // HTTP/2 states would otherwise be paid by every idle HTTP/1.1 connection.
+            // Boxed: a task's future is as large as its largest branch.
             if cfg.tls.is_some() {
                 let served = conn::serve_tls(gw, stream, peer, permit, cfg, &b, stop);
                 if let Err(e) = Box::pin(served).await {
@@ -237,8 +251,7 @@ async fn accept_loop(
             } else {
                 let mut info = ConnInfo::new(peer, cfg);
                 info.permit = Some(permit);
-                let info = Arc::new(info);
-                conn::serve_plain(gw, stream, info, &b, stop).await;
+                Box::pin(conn::serve_h2c(gw, stream, Arc::new(info), &b, stop)).await;
             }
             metrics.connections_open.dec();
         });
