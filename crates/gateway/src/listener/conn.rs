@@ -293,10 +293,18 @@ fn h2_preface_on_h1(info: &ConnInfo) {
     }
 }
 
-/// What a TLS listener answers a client that speaks plain HTTP to it.
-const PLAIN_ON_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
-connection: close\r\ncontent-length: 87\r\n\r\n\
-{\"status\":400,\"error\":\"plain HTTP sent to a TLS port; use https:// for this address\"}\n";
+/// The body a TLS listener answers a client that speaks plain HTTP to it.
+const PLAIN_ON_TLS: &str =
+    "{\"status\":400,\"error\":\"plain HTTP sent to a TLS port; use https:// for this address\"}\n";
+
+/// The whole answer to plain HTTP on a TLS port, its length taken from the body.
+fn plain_on_tls() -> String {
+    format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n\
+         content-length: {}\r\n\r\n{PLAIN_ON_TLS}",
+        PLAIN_ON_TLS.len()
+    )
+}
 
 /// Why a TLS connection never reached HTTP.
 #[derive(Debug, thiserror::Error)]
@@ -342,7 +350,7 @@ pub async fn serve_tls(
         if first[0].is_ascii_uppercase() {
             let mut s = stream;
             let _ = tokio::time::timeout(timeout, async {
-                let _ = s.write_all(PLAIN_ON_TLS).await;
+                let _ = s.write_all(plain_on_tls().as_bytes()).await;
                 let _ = s.shutdown().await;
             })
             .await;
