@@ -153,6 +153,19 @@ pub enum Received {
     Streaming(UpBody, Arc<BodyWatch>),
 }
 
+/// Refuses (413) a request whose declared `Content-Length` is larger than `max`, before
+/// any of its body is read.
+pub fn check_declared(headers: &http::HeaderMap, max: u64) -> Result<(), Refusal> {
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(Refusal::PayloadTooLarge);
+    }
+    Ok(())
+}
+
 /// Reads up to [`BUFFER`] bytes of the client's body (none when `stream_at_once`), each
 /// piece within `timeout`. The client's faults come back as refusals.
 pub async fn receive(

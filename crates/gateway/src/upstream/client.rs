@@ -127,13 +127,7 @@ pub(super) async fn forward(
     use http::header;
     use hyper::body::Body as _;
 
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > hop.max_body) {
-        return Err(Refusal::PayloadTooLarge);
-    }
+    super::body::check_declared(&headers, hop.max_body)?;
     let (mut streaming, whole) = match body {
         Some(b) if !b.is_end_stream() => {
             match receive(b, hop.max_body, hop.body_timeout, hop.stream_body).await? {
@@ -157,15 +151,10 @@ pub(super) async fn forward(
     let client_host = headers.get(header::HOST).cloned();
     let mut last = Refusal::Upstream("no target");
     for attempt in 0..up.targets.len().max(1) {
-        let target = match up.pick() {
+        let target = match up.pick(attempt > 0) {
             Ok((_, t)) => t,
-            // What a try that was made failed with says more than that none is left.
-            Err(_) if attempt > 0 => break,
-            Err(r) => {
-                if matches!(r, Refusal::NoHealthyTarget) {
-                    up.stats.no_healthy.inc();
-                }
-                last = r;
+            Err(none) => {
+                last = none.unwrap_or(last);
                 break;
             }
         };

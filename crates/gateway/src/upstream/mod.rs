@@ -196,11 +196,13 @@ impl Upstream {
             .collect()
     }
 
-    /// The next healthy target, round-robin, with its index; 503 when none is healthy.
-    fn pick(&self) -> Result<(usize, &Target), Refusal> {
+    /// The next healthy target, round-robin, with its index. When there is none: after a
+    /// try that was made (`tried`), `Err(None)`, since that try's failure is the answer;
+    /// otherwise the refusal, counted when it is for want of a healthy target (503).
+    fn pick(&self, tried: bool) -> Result<(usize, &Target), Option<Refusal>> {
         let n = self.targets.len();
         if n == 0 {
-            return Err(Refusal::Upstream("no target"));
+            return Err(Some(Refusal::Upstream("no target")));
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         for k in 0..n {
@@ -209,7 +211,11 @@ impl Upstream {
                 return Ok((i, t));
             }
         }
-        Err(Refusal::NoHealthyTarget)
+        if tried {
+            return Err(None);
+        }
+        self.stats.no_healthy.inc();
+        Err(Some(Refusal::NoHealthyTarget))
     }
 
     /// Notes how a request to `t` went, for passive health checks: connect failures,
@@ -447,15 +453,10 @@ async fn forward_lean(
         if tries.retried() {
             up.stats.retries.inc();
         }
-        let (key, target) = match up.pick() {
+        let (key, target) = match up.pick(last_target.is_some()) {
             Ok(t) => t,
-            // What a try that was made failed with says more than that none is left.
-            Err(_) if last_target.is_some() => break,
-            Err(r) => {
-                if matches!(r, Refusal::NoHealthyTarget) {
-                    up.stats.no_healthy.inc();
-                }
-                last = r;
+            Err(none) => {
+                last = none.unwrap_or(last);
                 break;
             }
         };

@@ -42,11 +42,9 @@ pub async fn upgrade(
     let client = up
         .upgrade_client()
         .ok_or(Refusal::Upstream("no client for upgrades"))?;
-    let (_, target) = up.pick().inspect_err(|r| {
-        if matches!(r, Refusal::NoHealthyTarget) {
-            up.stats.no_healthy.inc();
-        }
-    })?;
+    let (_, target) = up
+        .pick(false)
+        .map_err(|none| none.unwrap_or(Refusal::NoHealthyTarget))?;
     let uri = client
         .uri(&target.name, &pq)
         .ok_or(Refusal::BadRequest("invalid request target"))?;

@@ -49,13 +49,7 @@ pub(super) async fn forward_hyper(
     body: Incoming,
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > hop.max_body) {
-        return Err(Refusal::PayloadTooLarge);
-    }
+    body::check_declared(&headers, hop.max_body)?;
     // A body read whole can be sent again; a streaming one is watched for the client's faults.
     let (mut body, whole, watch) = if body.is_end_stream() {
         // No body to stream: send none (and drop a stray `Content-Length: 0`).
@@ -75,15 +69,10 @@ pub(super) async fn forward_hyper(
         if tries.retried() {
             up.stats.retries.inc();
         }
-        let target = match up.pick() {
+        let target = match up.pick(last_target.is_some()) {
             Ok((_, t)) => t,
-            // What a try that was made failed with says more than that none is left.
-            Err(_) if last_target.is_some() => break,
-            Err(r) => {
-                if matches!(r, Refusal::NoHealthyTarget) {
-                    up.stats.no_healthy.inc();
-                }
-                last = r;
+            Err(none) => {
+                last = none.unwrap_or(last);
                 break;
             }
         };
