@@ -153,56 +153,57 @@ pub fn load_ca(path: PathBuf) -> Result<CaBundle, String> {
     })
 }
 
-impl LoadedCert {
-    /// The fingerprint of what its files hold now (0 when one cannot be read).
-    fn on_disk(&self) -> u64 {
-        match (
-            std::fs::read(&self.cert_path),
-            std::fs::read(&self.key_path),
-        ) {
-            (Ok(mut c), Ok(k)) => {
-                c.extend_from_slice(&k);
-                crate::fingerprint(&c)
-            }
-            _ => 0,
+/// What the files hold now, read one after the other, as one fingerprint (0 when one
+/// cannot be read): a chain and its key, or a CA bundle, as they were fingerprinted at load.
+fn on_disk(paths: &[&Path]) -> u64 {
+    let mut all = Vec::new();
+    for p in paths {
+        match std::fs::read(p) {
+            Ok(b) => all.extend_from_slice(&b),
+            Err(_) => return 0,
         }
     }
+    crate::fingerprint(&all)
 }
 
-impl CaBundle {
-    /// The fingerprint of what its file holds now (0 when it cannot be read).
-    fn on_disk(&self) -> u64 {
-        std::fs::read(&self.path).map_or(0, |b| crate::fingerprint(&b))
-    }
-}
-
-/// Every TLS file a config names, as loaded and as on disk now: certificates and keys of
-/// listeners, client CAs, upstream CAs. Renewed certificates reload the config even when
-/// its own text did not change.
-fn tls_files(cfg: &crate::Config) -> Vec<(u64, u64)> {
+/// Every group of TLS files the config names (a chain and its key, a client CA, an upstream
+/// CA) with the fingerprint its content was loaded with. Renewed certificates reload the
+/// config even when its own text did not change.
+fn groups(cfg: &crate::Config) -> Vec<(u64, Vec<&Path>)> {
     let mut out = Vec::new();
     for l in &cfg.listeners {
         if let Some(t) = &l.tls {
             for c in &t.certificates {
-                out.push((c.fingerprint, c.on_disk()));
+                out.push((
+                    c.fingerprint,
+                    vec![c.cert_path.as_path(), c.key_path.as_path()],
+                ));
             }
             if let Some(ca) = &t.client_ca {
-                out.push((ca.fingerprint, ca.on_disk()));
+                out.push((ca.fingerprint, vec![ca.path.as_path()]));
             }
         }
     }
     for u in &cfg.upstreams {
         if let Some(ca) = &u.ca {
-            out.push((ca.fingerprint, ca.on_disk()));
+            out.push((ca.fingerprint, vec![ca.path.as_path()]));
         }
     }
     out
 }
 
+/// Every TLS file the config names, for a watcher to look at their metadata.
+pub fn paths(cfg: &crate::Config) -> Vec<&Path> {
+    groups(cfg).into_iter().flat_map(|(_, p)| p).collect()
+}
+
 /// A fingerprint of what the config's TLS files hold now, and whether that differs from
 /// what the config was loaded with; `None` when it names no TLS file.
 pub fn files_on_disk(cfg: &crate::Config) -> Option<(u64, bool)> {
-    let files = tls_files(cfg);
+    let files: Vec<(u64, u64)> = groups(cfg)
+        .iter()
+        .map(|(loaded, paths)| (*loaded, on_disk(paths)))
+        .collect();
     if files.is_empty() {
         return None;
     }

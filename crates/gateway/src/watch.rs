@@ -143,6 +143,7 @@ pub fn watch_file(
         let mut config = Watched::new(settle);
         let mut consumers = Watched::new(settle);
         let mut tried_tls: Option<u64> = None;
+        let mut tls_stats: Option<Vec<Option<Stat>>> = None;
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -168,8 +169,22 @@ pub fn watch_file(
             // Renewed certificates: tried once per content, so that a renewal caught
             // half-written (a new certificate, the old key) is retried when the key lands,
             // not every second in between.
+            // Their content is read only when their metadata moved.
             let snap = gw.snapshot();
-            let tls = tollgate_config::tls::files_on_disk(&snap.config);
+            let paths: Vec<PathBuf> = tollgate_config::tls::paths(&snap.config)
+                .into_iter()
+                .map(PathBuf::from)
+                .collect();
+            let mut stats = Vec::with_capacity(paths.len());
+            for p in &paths {
+                stats.push(tokio::fs::metadata(p).await.ok().map(|m| Stat::of(&m)));
+            }
+            let tls = if tls_stats.as_ref() == Some(&stats) {
+                None
+            } else {
+                tls_stats = Some(stats);
+                tollgate_config::tls::files_on_disk(&snap.config)
+            };
             drop(snap);
             if let Some((now, true)) = tls {
                 if tried_tls != Some(now) {
