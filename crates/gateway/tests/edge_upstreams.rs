@@ -102,7 +102,7 @@ async fn websocket_upgrades_pass_policies_once_then_join_both_ways() {
         "an upgrade passed on a route without websocket"
     );
     ws.close(None).await.expect("close");
-    let metrics = g.gw.metrics_text();
+    let metrics = metrics_with(&g.gw, "tollgate_upgrades_total 2").await;
     assert!(metrics.contains("tollgate_upgrades_total 2"), "{metrics}");
 }
 

@@ -168,7 +168,7 @@ async fn plain_http_on_a_tls_port_gets_400_and_a_stalled_handshake_is_closed() {
         .expect("write");
     let n = bounded("partial handshake closed", s.read_to_end(&mut buf)).await;
     assert!(matches!(n, Ok(0) | Err(_)));
-    let metrics = g.gw.metrics_text();
+    let metrics = metrics_with(&g.gw, "tollgate_tls_handshake_failures_total 3").await;
     let failures = metrics
         .lines()
         .find(|l| l.starts_with("tollgate_tls_handshake_failures_total "))

@@ -33,6 +33,20 @@ pub async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("{what}: no result within {DEADLINE:?}"))
 }
 
+/// The gateway's metrics once they hold `line`, or at the deadline as they are: figures
+/// counted by a connection's task as it ends can trail the client's view of the close.
+pub async fn metrics_with(gw: &Gateway, line: &str) -> String {
+    let until = tokio::time::Instant::now() + DEADLINE;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    loop {
+        tick.tick().await;
+        let m = gw.metrics_text();
+        if m.lines().any(|l| l == line) || tokio::time::Instant::now() >= until {
+            return m;
+        }
+    }
+}
+
 /// Parses a config, failing the test with every problem.
 pub fn config(yaml: &str) -> tollgate_config::Config {
     tollgate_config::from_yaml(yaml).unwrap_or_else(|e| panic!("test config invalid: {e}\n{yaml}"))
