@@ -62,7 +62,7 @@ impl UpFetch {
             upstream: route.upstream.clone(),
             peer_ip: conn.peer_ip.clone(),
             trusted: conn.trusted,
-            https: conn.tls,
+            https: conn.listener.tls.is_some(),
             strip_prefix: route.strip.clone(),
             preserve_host: route.cfg.preserve_host,
             max_body: conn.listener.max_body_bytes,
@@ -534,7 +534,7 @@ impl Gateway {
             let hop = Hop {
                 peer_ip: &conn.peer_ip,
                 trusted: conn.trusted,
-                https: conn.tls,
+                https: conn.listener.tls.is_some(),
                 strip_prefix: route.strip.as_deref(),
                 preserve_host: route.cfg.preserve_host,
                 max_body: conn.listener.max_body_bytes,

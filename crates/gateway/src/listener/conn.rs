@@ -370,7 +370,6 @@ pub async fn serve_tls(
         .and_then(|c| c.first())
         .map(|c| super::tls::client_names(c));
     let mut info = ConnInfo::new(peer, listener);
-    info.tls = true;
     info.client_names = client_names;
     info.permit = Some(permit);
     serve_stream(gw, tls_stream, Arc::new(info), b, h2, stop).await;

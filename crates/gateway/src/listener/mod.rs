@@ -26,8 +26,6 @@ pub struct ConnInfo {
     pub trusted: bool,
     /// The listener's settings.
     pub listener: Arc<ListenerConfig>,
-    /// The client came over TLS.
-    pub tls: bool,
     /// Names of the client's verified certificate (SANs, then subject CNs), under mTLS.
     pub client_names: Option<Box<[Box<str>]>>,
     /// The connection's place under `max_connections`, given back when the last holder
@@ -48,7 +46,6 @@ impl ConnInfo {
             peer_ip,
             trusted,
             listener,
-            tls: false,
             client_names: None,
             permit: None,
         }
