@@ -80,21 +80,17 @@ impl Health {
         }
     }
 
-    /// Notes an active check's result; returns the verdict when it changed.
+    /// Notes an active check's result; returns the verdict when it changed. Only the
+    /// upstream's one checking task calls it, so the streak needs no read-modify-write.
     pub fn checked(&self, ok: bool, healthy: u32, unhealthy: u32) -> Option<bool> {
-        let s = if ok {
-            self.streak
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
-                    Some(if s > 0 { s + 1 } else { 1 })
-                })
-                .map_or(1, |s| if s > 0 { s + 1 } else { 1 })
-        } else {
-            self.streak
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
-                    Some(if s < 0 { s - 1 } else { -1 })
-                })
-                .map_or(-1, |s| if s < 0 { s - 1 } else { -1 })
+        let prev = self.streak.load(Ordering::Relaxed);
+        let s = match (ok, prev) {
+            (true, p) if p > 0 => p + 1,
+            (true, _) => 1,
+            (false, p) if p < 0 => p - 1,
+            (false, _) => -1,
         };
+        self.streak.store(s, Ordering::Relaxed);
         let up = self.active_up.load(Ordering::Relaxed);
         if up && s <= -i64::from(unhealthy) {
             self.active_up.store(false, Ordering::Relaxed);
