@@ -417,6 +417,132 @@ async fn concurrent_misses_for_one_key_reach_the_backend_once() {
     assert!(collapsed > 0);
 }
 
+/// A backend whose first answer to `path` is `first` (with `Cache-Control: cc`), then `later`
+/// after a release; unsafe methods are answered at once.
+async fn stale_backend(
+    cc: &'static str,
+    later: u16,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    Arc<tokio::sync::Notify>,
+) {
+    gated_backend_with(move |req, n| {
+        if req.method() == http::Method::POST {
+            return (hyper::Response::new("done".to_string()), false);
+        }
+        let mut r = hyper::Response::new(format!("n={n}"));
+        r.headers_mut()
+            .insert("cache-control", http::HeaderValue::from_static(cc));
+        if n > 1 {
+            *r.status_mut() = http::StatusCode::from_u16(later).expect("status");
+        }
+        (r, n > 1)
+    })
+    .await
+}
+
+/// `n` concurrent GETs of `path` with key `ka`.
+fn burst(gw: &TestGateway, path: &str, n: usize) -> Vec<tokio::task::JoinHandle<Answer>> {
+    let c = TestClient::default();
+    (0..n)
+        .map(|_| {
+            let (c, url) = (c.clone(), gw.url(path));
+            tokio::spawn(async move {
+                c.request(http::Method::GET, &url, &[("X-API-Key", "ka")], "")
+                    .await
+            })
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn concurrent_requests_for_a_stale_entry_without_validators_reach_the_backend_once() {
+    let (backend, mut arrived, release) = stale_backend("max-age=1", 200).await;
+    let cfg = config(backend, true, "").replace("response_timeout: 2s", "response_timeout: 20s");
+    let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
+    let first = bounded("first", burst(&gw, "/s", 1).remove(0))
+        .await
+        .expect("join");
+    assert_eq!(first.body, "n=1");
+    clock.advance(Duration::from_secs(5));
+    let calls = burst(&gw, "/s", 100);
+    bounded("refresh upstream", arrived.recv()).await;
+    release.notify_one();
+    let mut collapsed = 0;
+    for call in calls {
+        let a = bounded("answer", call).await.expect("join");
+        assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "n=2"));
+        collapsed += usize::from(a.header("cache-status").contains("collapsed"));
+    }
+    assert!(
+        arrived.try_recv().is_err(),
+        "a second request reached the backend"
+    );
+    assert!(collapsed > 0);
+}
+
+#[tokio::test]
+async fn requests_waiting_on_a_failed_refresh_are_served_stale_within_stale_if_error() {
+    let (backend, mut arrived, release) = stale_backend("max-age=1, stale-if-error=60", 500).await;
+    let cfg = config(backend, true, "").replace("response_timeout: 2s", "response_timeout: 20s");
+    let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
+    let first = bounded("first", burst(&gw, "/s", 1).remove(0))
+        .await
+        .expect("join");
+    assert_eq!(first.body, "n=1");
+    clock.advance(Duration::from_secs(5));
+    let calls = burst(&gw, "/s", 50);
+    bounded("refresh upstream", arrived.recv()).await;
+    release.notify_one();
+    let mut statuses = Vec::new();
+    for call in calls {
+        let a = bounded("answer", call).await.expect("join");
+        assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "n=1"));
+        statuses.push(a.header("cache-status").to_string());
+    }
+    assert!(
+        arrived.try_recv().is_err(),
+        "a second request reached the failing backend"
+    );
+    assert!(statuses.contains(&"tollgate; fwd=stale; fwd-status=500".to_string()));
+    assert!(statuses.contains(&"tollgate; fwd=stale; collapsed".to_string()));
+}
+
+#[tokio::test]
+async fn an_answer_fetched_while_an_unsafe_method_invalidates_its_uri_is_not_stored() {
+    let (backend, mut arrived, release) = stale_backend("max-age=60", 200).await;
+    let cfg = config(backend, true, "");
+    let (gw, _clock) = TestGateway::with_manual_clock(&cfg).await;
+    // n=1 is answered at once and stored; a POST drops it.
+    let a = bounded("first", burst(&gw, "/x", 1).remove(0))
+        .await
+        .expect("join");
+    assert_eq!(a.body, "n=1");
+    let c = TestClient::default();
+    let post = |c: TestClient| {
+        let url = gw.url("/x");
+        async move {
+            c.request(http::Method::POST, &url, &[("X-API-Key", "ka")], "")
+                .await
+        }
+    };
+    assert_eq!(post(c.clone()).await.status.as_u16(), 200);
+    // The next GET goes upstream; while it is there, another POST lands.
+    let get = burst(&gw, "/x", 1).remove(0);
+    bounded("GET upstream", arrived.recv()).await;
+    assert_eq!(post(c.clone()).await.status.as_u16(), 200);
+    release.notify_one();
+    let a = bounded("answer", get).await.expect("join");
+    assert_eq!(a.body, "n=3");
+    assert_eq!(a.header("cache-status"), "tollgate; fwd=uri-miss");
+    // Not stored: the next GET goes upstream again.
+    let again = burst(&gw, "/x", 1).remove(0);
+    bounded("GET upstream again", arrived.recv()).await;
+    release.notify_one();
+    assert_eq!(bounded("answer", again).await.expect("join").body, "n=5");
+}
+
 #[tokio::test]
 async fn a_response_that_breaks_off_or_is_too_large_is_not_stored() {
     let s = setup().await;

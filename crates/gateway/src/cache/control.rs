@@ -98,7 +98,7 @@ fn date(headers: &HeaderMap, name: header::HeaderName) -> Option<SystemTime> {
 }
 
 /// What a stored response needs to know of its freshness.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy)]
 pub struct Freshness {
     /// How long it is fresh after it left the origin.
     pub lifetime: Duration,

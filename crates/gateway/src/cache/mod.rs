@@ -29,7 +29,7 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use store::{Entry, Store, Varies};
+use store::{Born, Entry, Store, Varies};
 use tokio::sync::watch;
 use tollgate_config::{KeyQuery, RouteCacheConfig};
 
@@ -40,7 +40,7 @@ pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 pub struct Cache {
     /// Stored responses.
     pub store: Store,
-    inflight: Arc<Mutex<HashMap<String, watch::Receiver<()>>>>,
+    inflight: Arc<Mutex<HashMap<String, watch::Receiver<bool>>>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -52,8 +52,16 @@ impl std::fmt::Debug for Cache {
 /// The first request for a key; its drop lets the others waiting for the key go on.
 struct Leader {
     key: String,
-    inflight: Arc<Mutex<HashMap<String, watch::Receiver<()>>>>,
-    _done: watch::Sender<()>,
+    inflight: Arc<Mutex<HashMap<String, watch::Receiver<bool>>>>,
+    done: watch::Sender<bool>,
+}
+
+impl Leader {
+    /// Tells the waiting requests that the upstream failed (so that they may be served
+    /// stale within `stale-if-error` instead of trying it one after the other).
+    fn failed(&self) {
+        self.done.send_replace(true);
+    }
 }
 
 impl Drop for Leader {
@@ -363,16 +371,18 @@ impl Cache {
         let url = &plain[url_start..uri_len];
         let m = &self.store.metrics;
         let mut collapsed = false;
+        // The request this one waited for found the upstream failing.
+        let mut upstream_failed = false;
         loop {
             // The key without varying headers first: most responses vary on nothing.
-            let (entry, miss) = match self.store.get(&plain) {
-                Some(e) => (Some(e), Miss::Other),
+            let (entry, miss, vary_key) = match self.store.get(&plain) {
+                Some(e) => (Some(e), Miss::Other, None),
                 None => match self.store.varies(uri) {
                     Some(v) => {
                         let key = variant_key(uri, &ask, &v, &parts.headers);
-                        (self.store.get(&key), Miss::Vary)
+                        (self.store.get(&key), Miss::Vary, Some(key))
                     }
-                    None => (None, Miss::Uri),
+                    None => (None, Miss::Uri, None),
                 },
             };
             if let Some(e) = entry {
@@ -393,7 +403,25 @@ impl Cache {
                     let status = format!("tollgate; hit; ttl={}", e.ttl(now));
                     return Ok(answer(&e, &parts, now, status));
                 }
-                return self.revalidate(&ask, uri, url, parts, e, up).await;
+                let stale_ok = !e.fresh.stale_if_error.is_zero()
+                    && e.stale_within(now, e.fresh.stale_if_error);
+                if upstream_failed && stale_ok {
+                    m.stale.fetch_add(1, Ordering::Relaxed);
+                    let status = "tollgate; fwd=stale; collapsed".to_string();
+                    return Ok(answer(&e, &parts, now, status));
+                }
+                // Stale: one request asks the upstream, the others wait for its answer.
+                let flight = vary_key.as_deref().unwrap_or(&plain);
+                let waiting = self.inflight.lock().get(flight).cloned();
+                if let (Some(rx), false) = (waiting, collapsed) {
+                    upstream_failed = Self::wait_for(rx, ask.wait).await;
+                    collapsed = true;
+                    continue;
+                }
+                let leader = self.lead(flight.to_string());
+                return self
+                    .revalidate(&ask, (uri, url), parts, e, up, leader)
+                    .await;
             }
             // A miss: wait for a request already on its way upstream for this key, once.
             let flight = plain.as_str();
@@ -416,8 +444,8 @@ impl Cache {
             }
             let waiting = self.inflight.lock().get(flight).cloned();
             match waiting {
-                Some(mut rx) if !collapsed => {
-                    let _ = tokio::time::timeout(ask.wait, rx.changed()).await;
+                Some(rx) if !collapsed => {
+                    upstream_failed = Self::wait_for(rx, ask.wait).await;
                     collapsed = true;
                     continue;
                 }
@@ -426,10 +454,11 @@ impl Cache {
             let leader = self.lead(flight.to_string());
             m.misses.fetch_add(1, Ordering::Relaxed);
             let sent = copy_parts(&parts);
+            let born = self.store.born(uri);
             let resp = up.fetch(parts).await?;
             let (resp, stored) = self.store_on_the_way(
                 &ask,
-                uri.to_string(),
+                (uri, born),
                 url.to_string(),
                 &sent,
                 resp,
@@ -467,18 +496,26 @@ impl Cache {
         }
     }
 
+    /// Waits (at most `wait`) for the request gone upstream for the same key; whether it
+    /// found the upstream failing.
+    async fn wait_for(mut rx: watch::Receiver<bool>, wait: Duration) -> bool {
+        let _ = tokio::time::timeout(wait, rx.changed()).await;
+        let failed = *rx.borrow();
+        failed
+    }
+
     /// Registers the request as the one going upstream for `flight`.
     fn lead(&self, flight: String) -> Option<Leader> {
         let mut map = self.inflight.lock();
         if map.contains_key(&flight) {
             return None;
         }
-        let (tx, rx) = watch::channel(());
+        let (tx, rx) = watch::channel(false);
         map.insert(flight.clone(), rx);
         Some(Leader {
             key: flight,
             inflight: self.inflight.clone(),
-            _done: tx,
+            done: tx,
         })
     }
 
@@ -488,7 +525,7 @@ impl Cache {
     fn store_on_the_way(
         self: &Arc<Self>,
         ask: &Ask<'_>,
-        uri: String,
+        (uri, born): (&str, Born),
         url: String,
         sent: &Parts,
         mut resp: Response<PooledBody>,
@@ -496,10 +533,12 @@ impl Cache {
         stored_status: &'static str,
         passed_status: &'static str,
     ) -> (Response<Body>, bool) {
-        match self.storable(ask, sent, &resp) {
+        // An invalidation of the URI since the request left keeps its answer out.
+        let storable = born.current().then(|| self.storable(ask, sent, &resp));
+        match storable.flatten() {
             Some(fresh) => {
                 let varies = varies_of(ask.cfg, resp.headers());
-                let key = variant_key(&uri, ask, &varies, &sent.headers);
+                let key = variant_key(uri, ask, &varies, &sent.headers);
                 let mut headers = resp.headers().clone();
                 headers.remove(header::AGE);
                 let status = resp.status();
@@ -509,7 +548,6 @@ impl Cache {
                 let cache = self.clone();
                 let collector = Collector::new(self.store.max_object, move |body| {
                     cache.store.put(
-                        uri,
                         varies,
                         key,
                         Entry {
@@ -521,6 +559,7 @@ impl Cache {
                             host,
                             path: url,
                             tags,
+                            born,
                         },
                     );
                     drop(leader);
@@ -611,6 +650,7 @@ impl Cache {
             stored_ns: ask.now_ns,
             host: e.host.clone(),
             path: e.path.clone(),
+            born: e.born.clone(),
         })
     }
 
@@ -619,11 +659,11 @@ impl Cache {
     async fn revalidate<F: Fetch>(
         self: &Arc<Self>,
         ask: &Ask<'_>,
-        uri: &str,
-        url: &str,
+        (uri, url): (&str, &str),
         parts: Parts,
         e: Arc<Entry>,
         up: Arc<F>,
+        leader: Option<Leader>,
     ) -> Result<Response<Body>, Refusal> {
         let m = &self.store.metrics;
         let has_validators =
@@ -647,13 +687,16 @@ impl Cache {
                         let varies = varies_of(ask.cfg, &fresh.headers);
                         let key = variant_key(uri, ask, &varies, &parts.headers);
                         let r = answer(&fresh, &parts, now, status);
-                        self.store.put(uri.to_string(), varies, key, fresh);
+                        self.store.put(varies, key, fresh);
                         Ok(r)
                     }
                     None => Ok(answer(&e, &parts, now, status)),
                 }
             }
             Ok(resp) if resp.status().is_server_error() && stale_ok => {
+                if let Some(l) = &leader {
+                    l.failed();
+                }
                 m.stale.fetch_add(1, Ordering::Relaxed);
                 let status = format!("tollgate; fwd=stale; fwd-status={}", resp.status().as_u16());
                 Ok(answer(&e, &parts, now, status))
@@ -669,17 +712,20 @@ impl Cache {
                 Ok(self
                     .store_on_the_way(
                         ask,
-                        uri.to_string(),
+                        (uri, e.born.clone()),
                         url.to_string(),
                         &sent,
                         resp,
-                        None,
+                        leader,
                         STALE_STORED,
                         STALE_PASSED,
                     )
                     .0)
             }
             Err(refusal) if stale_ok => {
+                if let Some(l) = &leader {
+                    l.failed();
+                }
                 m.stale.fetch_add(1, Ordering::Relaxed);
                 let code = match refusal {
                     Refusal::UpstreamTimeout => 504,
@@ -731,7 +777,7 @@ impl Cache {
                 if let Some(fresh) = cache.refreshed(&ask, &e, resp.headers()) {
                     let varies = varies_of(&cfg, &fresh.headers);
                     let key = variant_key(&uri, &ask, &varies, &sent.headers);
-                    cache.store.put(uri, varies, key, fresh);
+                    cache.store.put(varies, key, fresh);
                     cache
                         .store
                         .metrics
@@ -742,7 +788,7 @@ impl Cache {
             }
             let (resp, _) = cache.store_on_the_way(
                 &ask,
-                uri,
+                (&uri, e.born.clone()),
                 url,
                 &sent,
                 resp,

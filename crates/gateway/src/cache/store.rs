@@ -31,6 +31,23 @@ pub struct Entry {
     pub path: String,
     /// Surrogate keys (`Surrogate-Key`, `Cache-Tag`): what purges by tag match.
     pub tags: Vec<String>,
+    /// What is stored for its URI, and the URI's generation when its request went
+    /// upstream: an invalidation of the URI since then makes it unusable.
+    pub born: Born,
+}
+
+/// The URI an entry was fetched for, and that URI's generation at the time.
+#[derive(Debug, Clone)]
+pub struct Born {
+    uri: Arc<UriInfo>,
+    generation: u64,
+}
+
+impl Born {
+    /// Whether no unsafe method has invalidated the URI since.
+    pub fn current(&self) -> bool {
+        self.uri.generation.load(Ordering::Acquire) == self.generation
+    }
 }
 
 impl Entry {
@@ -69,16 +86,19 @@ impl Entry {
     }
 }
 
-/// What is stored for one URI: what its responses vary on (empty: nothing), and the keys
-/// of its variants, so that invalidating the URI touches those alone.
+/// What is stored for one URI: what its responses vary on (empty: nothing), its
+/// generation (raised by each invalidation: entries of an older one are never served),
+/// and the keys of its variants, so that invalidating the URI frees those at once.
 #[derive(Debug, Default)]
 pub struct UriInfo {
     varies: Mutex<Option<Varies>>,
+    generation: AtomicU64,
     keys: Mutex<Vec<String>>,
 }
 
-/// Most variant keys remembered per URI (past it, the oldest are forgotten, and then only
-/// eviction removes those variants).
+/// Most variant keys remembered per URI for freeing at invalidation. Past it the oldest
+/// are forgotten: the generation still keeps those variants from being served, and
+/// eviction frees them.
 const MAX_VARIANTS: usize = 4096;
 
 /// How long requests for a key whose answer could not be stored go straight upstream
@@ -115,8 +135,12 @@ pub struct CacheMetrics {
 /// The store shared by every route; outlives reloads.
 pub struct Store {
     entries: moka::sync::Cache<String, Arc<Entry>, Hasher>,
-    /// URI key → what its responses vary on and the keys of its stored variants.
-    uris: moka::sync::Cache<String, Arc<UriInfo>, Hasher>,
+    /// URI key → what its responses vary on, its generation and the keys of its stored
+    /// variants. An info lives while an entry or a request on its way upstream holds it:
+    /// dropping it earlier would let an invalidation miss entries of the URI.
+    uris: dashmap::DashMap<String, Arc<UriInfo>, Hasher>,
+    /// Stores since the last sweep of unreferenced URI infos.
+    puts: AtomicU64,
     /// Whether a response that varies was ever stored: until then no lookup needs `varies`.
     any_vary: AtomicBool,
     /// Keys whose last answer could not be stored, with the gateway clock (ns) until which
@@ -150,15 +174,14 @@ impl Store {
                 }
             })
             .build_with_hasher(Hasher::default());
-        let uris = moka::sync::Cache::builder()
-            .max_capacity(1 << 20)
-            .build_with_hasher(Hasher::default());
+        let uris = dashmap::DashMap::with_hasher(Hasher::default());
         let uncacheable = moka::sync::Cache::builder()
             .max_capacity(1 << 16)
             .build_with_hasher(Hasher::default());
         Store {
             entries,
             uris,
+            puts: AtomicU64::new(0),
             any_vary: AtomicBool::new(false),
             uncacheable,
             max_object,
@@ -175,6 +198,20 @@ impl Store {
         self.uris.get(uri)?.varies.lock().clone()
     }
 
+    /// What is stored for `uri` and its generation now: taken before a request goes
+    /// upstream, so that an invalidation while it is away keeps its answer out.
+    pub fn born(&self, uri: &str) -> Born {
+        let info = match self.uris.get(uri) {
+            Some(i) => i.clone(),
+            None => self.uris.entry(uri.to_string()).or_default().clone(),
+        };
+        let generation = info.generation.load(Ordering::Acquire);
+        Born {
+            uri: info,
+            generation,
+        }
+    }
+
     /// Notes at `now_ns` that the last answer for `flight` could not be stored.
     pub fn mark_uncacheable(&self, flight: String, now_ns: u64) {
         let until = now_ns.saturating_add(UNCACHEABLE_FOR.as_nanos() as u64);
@@ -188,14 +225,18 @@ impl Store {
             .is_some_and(|until| until > now_ns)
     }
 
-    /// The entry under `key`.
+    /// The entry under `key`, unless its URI was invalidated since it was fetched.
     pub fn get(&self, key: &str) -> Option<Arc<Entry>> {
-        self.entries.get(key)
+        self.entries.get(key).filter(|e| e.born.current())
     }
 
-    /// Stores `entry` under `key`, noting it and what it varies on (if anything) under `uri`.
-    pub fn put(&self, uri: String, varies: Varies, key: String, entry: Entry) {
-        let info = self.uris.get_with(uri, || Arc::new(UriInfo::default()));
+    /// Stores `entry` under `key`, noting it and what it varies on (if anything) under its
+    /// URI; not when the URI was invalidated while the entry's request was upstream.
+    pub fn put(&self, varies: Varies, key: String, entry: Entry) {
+        if !entry.born.current() {
+            return;
+        }
+        let info = entry.born.uri.clone();
         if varies.is_empty() {
             *info.varies.lock() = None;
         } else {
@@ -213,13 +254,31 @@ impl Store {
         }
         self.entries.insert(key, Arc::new(entry));
         self.metrics.stored.fetch_add(1, Ordering::Relaxed);
+        self.sweep_now_and_then();
     }
 
-    /// Removes every variant stored under `uri`.
-    pub fn invalidate_uri(&self, uri: &str) {
-        let Some(info) = self.uris.remove(uri) else {
+    /// Drops the URI infos nothing holds any more, once the map has grown well past the
+    /// entries (amortized: one pass per many stores).
+    fn sweep_now_and_then(&self) {
+        let n = self.puts.fetch_add(1, Ordering::Relaxed);
+        if n % 1024 != 1023 {
             return;
+        }
+        if self.uris.len() as u64 > 2 * self.entries.entry_count() + 1024 {
+            // The shard's lock is held while an info is judged: no request can take it
+            // between the count and the removal.
+            self.uris.retain(|_, info| Arc::strong_count(info) > 1);
+        }
+    }
+
+    /// Makes every variant stored under `uri` (and every answer on its way upstream for
+    /// it) unusable, and frees the variants it knows of.
+    pub fn invalidate_uri(&self, uri: &str) {
+        let info = match self.uris.get(uri) {
+            Some(i) => i.clone(),
+            None => return,
         };
+        info.generation.fetch_add(1, Ordering::AcqRel);
         let keys = std::mem::take(&mut *info.keys.lock());
         let mut n = 0;
         for k in keys {
@@ -237,7 +296,7 @@ impl Store {
         let keys: Vec<Arc<String>> = self
             .entries
             .iter()
-            .filter(|(k, v)| pred(k, v))
+            .filter(|(k, v)| v.born.current() && pred(k, v))
             .map(|(k, _)| k)
             .collect();
         for k in &keys {
@@ -253,7 +312,10 @@ impl Store {
         self.entries.run_pending_tasks();
         let n = self.entries.entry_count();
         self.entries.invalidate_all();
-        self.uris.invalidate_all();
+        for info in self.uris.iter() {
+            info.generation.fetch_add(1, Ordering::AcqRel);
+            info.keys.lock().clear();
+        }
         self.metrics.purged.fetch_add(n, Ordering::Relaxed);
         n
     }
@@ -293,4 +355,77 @@ pub fn tags(resp: &HeaderMap) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(store: &Store, uri: &str) -> Entry {
+        Entry {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(b"x"),
+            fresh: Freshness::default(),
+            stored_ns: 0,
+            host: String::new(),
+            path: uri.to_string(),
+            tags: Vec::new(),
+            born: store.born(uri),
+        }
+    }
+
+    #[test]
+    fn invalidating_a_uri_reaches_variants_past_the_remembered_ones() {
+        let store = Store::new(1 << 30, 1 << 20);
+        let n = MAX_VARIANTS + 500;
+        for i in 0..n {
+            let e = entry(&store, "u");
+            store.put(Varies::from([]), format!("u\0{i}"), e);
+        }
+        let other = entry(&store, "v");
+        store.put(Varies::from([]), "v\0".to_string(), other);
+        assert!(
+            store.get(&format!("u\0{}", 0)).is_some(),
+            "the oldest variant is stored"
+        );
+        store.invalidate_uri("u");
+        for i in 0..n {
+            assert!(
+                store.get(&format!("u\0{i}")).is_none(),
+                "variant {i} served"
+            );
+        }
+        assert!(store.get("v\0").is_some(), "another URI kept");
+    }
+
+    #[test]
+    fn an_answer_fetched_before_an_invalidation_is_not_stored() {
+        let store = Store::new(1 << 30, 1 << 20);
+        let e = entry(&store, "u");
+        store.invalidate_uri("u");
+        store.put(Varies::from([]), "u\0".to_string(), e);
+        assert!(store.get("u\0").is_none());
+        let e = entry(&store, "u");
+        store.put(Varies::from([]), "u\0".to_string(), e);
+        assert!(store.get("u\0").is_some(), "fetched after: stored");
+    }
+
+    #[test]
+    fn uri_infos_are_dropped_with_their_entries() {
+        // Room for a few entries only: most are evicted as new URIs come.
+        let store = Store::new(16 * 1024, 1 << 20);
+        for i in 0..20_000 {
+            let uri = format!("u{i}");
+            let e = entry(&store, &uri);
+            store.put(Varies::from([]), format!("{uri}\0"), e);
+        }
+        store.entries.run_pending_tasks();
+        let infos = store.uris.len() as u64;
+        assert!(
+            infos <= 2 * store.entries.entry_count() + 2048,
+            "{infos} URI infos kept for {} entries",
+            store.entries.entry_count()
+        );
+    }
 }

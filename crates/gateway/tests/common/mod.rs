@@ -300,24 +300,44 @@ pub async fn gated_backend() -> (
     tokio::sync::mpsc::UnboundedReceiver<()>,
     Arc<tokio::sync::Notify>,
 ) {
+    gated_backend_with(|_, _| (hyper::Response::new("late".to_string()), true)).await
+}
+
+/// A backend that answers `answer(request, n)` (n counts requests from 1), after a release
+/// when it says so. Each gated request is reported when it arrives.
+pub async fn gated_backend_with<F>(
+    answer: F,
+) -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    Arc<tokio::sync::Notify>,
+)
+where
+    F: Fn(&Request<Incoming>, usize) -> (hyper::Response<String>, bool) + Send + Sync + 'static,
+{
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = l.local_addr().expect("addr");
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let release = Arc::new(tokio::sync::Notify::new());
     let r2 = release.clone();
+    let answer = Arc::new(answer);
+    let count = Arc::new(AtomicUsize::new(0));
     tokio::spawn(async move {
         loop {
             let Ok((s, _)) = l.accept().await else { return };
             let (tx, release) = (tx.clone(), r2.clone());
+            let (answer, count) = (answer.clone(), count.clone());
             tokio::spawn(async move {
-                let svc = service_fn(move |_req: Request<Incoming>| {
+                let svc = service_fn(move |req: Request<Incoming>| {
                     let (tx, release) = (tx.clone(), release.clone());
+                    let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+                    let (resp, gated) = answer(&req, n);
                     async move {
-                        let _ = tx.send(());
-                        release.notified().await;
-                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from_static(
-                            b"late",
-                        ))))
+                        if gated {
+                            let _ = tx.send(());
+                            release.notified().await;
+                        }
+                        Ok::<_, Infallible>(resp.map(|b| Full::new(Bytes::from(b))))
                     }
                 });
                 let _ = http1::Builder::new()
