@@ -9,6 +9,7 @@ use crate::snapshot::{Route, Snapshot};
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::HeaderValue;
+use smallvec::SmallVec;
 use std::borrow::Cow;
 use tollgate_config::AuthConfig;
 
@@ -40,11 +41,12 @@ pub fn authenticate(
             one_key(&mut key, Cow::Borrowed(k))?;
         }
     }
-    let mut in_query = false;
+    // Where the credentials start in the query: stripped without matching names again.
+    let mut in_query: SmallVec<[usize; 2]> = SmallVec::new();
     if let (false, Some(q)) = (auth.query.is_empty(), parts.uri.query()) {
-        for (name, value) in params(q) {
+        for (at, name, value) in params(q) {
             if is_credential(name, &auth.query) {
-                in_query = true;
+                in_query.push(at);
                 one_key(&mut key, percent_decode(value))?;
             }
         }
@@ -60,8 +62,8 @@ pub fn authenticate(
         for name in &auth.header {
             parts.headers.remove(name);
         }
-        if in_query {
-            strip_params(parts, &auth.query);
+        if !in_query.is_empty() {
+            strip_pieces(parts, &in_query);
         }
     }
     set_consumer(snap, auth, consumer, parts);
@@ -88,12 +90,14 @@ fn one_key<'a>(found: &mut Option<Cow<'a, str>>, key: Cow<'a, str>) -> Result<()
     }
 }
 
-/// The query's parameters as raw `(name, value)`. `;` separates them as well as `&`, as
-/// some backends read it.
-fn params(query: &str) -> impl Iterator<Item = (&str, &str)> {
-    query
-        .split(['&', ';'])
-        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+/// The query's parameters as raw `(offset, name, value)`, the offset being where the
+/// parameter starts in `query`. `;` separates them as well as `&`, as some backends read it.
+fn params(query: &str) -> impl Iterator<Item = (usize, &str, &str)> {
+    let base = query.as_ptr() as usize;
+    query.split(['&', ';']).map(move |pair| {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (pair.as_ptr() as usize - base, name, value)
+    })
 }
 
 /// Whether a raw parameter name is one of `names`, once percent-decoded, ignoring ASCII
@@ -109,18 +113,17 @@ fn is_credential(raw: &str, names: &[String]) -> bool {
     names.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
-/// Removes every parameter named in `names` from the request's query. The request goes
-/// upstream in origin form, so only the path and query are kept.
-fn strip_params(parts: &mut Parts, names: &[String]) {
+/// Removes the parameters starting at `offsets` (as [`params`] gives them) from the
+/// request's query. The request goes upstream in origin form: only path and query are kept.
+fn strip_pieces(parts: &mut Parts, offsets: &[usize]) {
     let Some(query) = parts.uri.query() else {
         return;
     };
     let path = parts.uri.path();
-    let pq = without_credentials(path, query, names);
+    let pq = without_pieces(path, query, |at, _| offsets.contains(&at));
     // Made of pieces of a valid URI, so it parses; if it somehow does not, keep the path alone.
-    let fallback = path.to_string();
     parts.uri = PathAndQuery::try_from(pq)
-        .or_else(|_| PathAndQuery::try_from(fallback))
+        .or_else(|_| PathAndQuery::try_from(path.to_string()))
         .map(http::Uri::from)
         .unwrap_or_default();
 }
@@ -128,6 +131,12 @@ fn strip_params(parts: &mut Parts, names: &[String]) {
 /// `path?query` without the parameters named in `names` (matched as [`authenticate`]
 /// matches them); the other pieces keep their separators.
 pub fn without_credentials(path: &str, query: &str, names: &[String]) -> String {
+    without_pieces(path, query, |_, name| is_credential(name, names))
+}
+
+/// `path?query` without the pieces `drop(offset in query, raw name)` picks; the other
+/// pieces keep their separators.
+fn without_pieces(path: &str, query: &str, drop: impl Fn(usize, &str) -> bool) -> String {
     let mut pq = String::with_capacity(path.len() + 1 + query.len());
     pq.push_str(path);
     let mut first = true;
@@ -141,7 +150,7 @@ pub fn without_credentials(path: &str, query: &str, names: &[String]) -> String 
             .unwrap_or(rest.len());
         let pair = &rest[..end];
         let k = pair.split_once('=').map_or(pair, |(k, _)| k);
-        if !is_credential(k, names) {
+        if !drop(query.len() - rest.len(), k) {
             pq.push(if first { '?' } else { sep });
             pq.push_str(pair);
             first = false;
@@ -205,7 +214,7 @@ mod tests {
         assert!(is_credential("apikey%5B0%5D", &names));
         assert!(!is_credential("apikeyx", &names));
         let found: Vec<_> = params("a=1;apikey=2&b").collect();
-        assert_eq!(found, [("a", "1"), ("apikey", "2"), ("b", "")]);
+        assert_eq!(found, [(0, "a", "1"), (4, "apikey", "2"), (13, "b", "")]);
         assert_eq!(percent_decode("k%2B1"), "k+1");
         assert_eq!(percent_decode("bad%zz"), "bad%zz");
         assert_eq!(percent_decode("end%4"), "end%4");
@@ -221,7 +230,13 @@ mod tests {
             ("/p?apikey=t1", "/p"),
         ] {
             let (mut parts, _) = http::Request::get(q).body(()).expect("req").into_parts();
-            strip_params(&mut parts, &names);
+            let (path, query) = (parts.uri.path(), parts.uri.query().unwrap_or(""));
+            assert_eq!(without_credentials(path, query, &names), want, "{q}");
+            let at: Vec<usize> = params(query)
+                .filter(|(_, name, _)| is_credential(name, &names))
+                .map(|(at, _, _)| at)
+                .collect();
+            strip_pieces(&mut parts, &at);
             assert_eq!(parts.uri.to_string(), want, "{q}");
         }
     }
