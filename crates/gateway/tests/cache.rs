@@ -456,9 +456,17 @@ fn burst(gw: &TestGateway, path: &str, n: usize) -> Vec<tokio::task::JoinHandle<
         .collect()
 }
 
-#[tokio::test]
-async fn concurrent_requests_for_a_stale_entry_without_validators_reach_the_backend_once() {
-    let (backend, mut arrived, release) = stale_backend("max-age=1", 200).await;
+/// A gateway before [`stale_backend`] whose entry for `/s` (`n=1`) has gone stale by its
+/// clock. Waiters may wait long: the machine may be busy.
+async fn stale_entry(
+    cc: &'static str,
+    later: u16,
+) -> (
+    TestGateway,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    Arc<tokio::sync::Notify>,
+) {
+    let (backend, arrived, release) = stale_backend(cc, later).await;
     let cfg = config(backend, true, "").replace("response_timeout: 2s", "response_timeout: 20s");
     let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
     let first = bounded("first", burst(&gw, "/s", 1).remove(0))
@@ -466,6 +474,12 @@ async fn concurrent_requests_for_a_stale_entry_without_validators_reach_the_back
         .expect("join");
     assert_eq!(first.body, "n=1");
     clock.advance(Duration::from_secs(5));
+    (gw, arrived, release)
+}
+
+#[tokio::test]
+async fn concurrent_requests_for_a_stale_entry_without_validators_reach_the_backend_once() {
+    let (gw, mut arrived, release) = stale_entry("max-age=1", 200).await;
     let calls = burst(&gw, "/s", 100);
     bounded("refresh upstream", arrived.recv()).await;
     release.notify_one();
@@ -484,14 +498,7 @@ async fn concurrent_requests_for_a_stale_entry_without_validators_reach_the_back
 
 #[tokio::test]
 async fn requests_waiting_on_a_failed_refresh_are_served_stale_within_stale_if_error() {
-    let (backend, mut arrived, release) = stale_backend("max-age=1, stale-if-error=60", 500).await;
-    let cfg = config(backend, true, "").replace("response_timeout: 2s", "response_timeout: 20s");
-    let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
-    let first = bounded("first", burst(&gw, "/s", 1).remove(0))
-        .await
-        .expect("join");
-    assert_eq!(first.body, "n=1");
-    clock.advance(Duration::from_secs(5));
+    let (gw, mut arrived, release) = stale_entry("max-age=1, stale-if-error=60", 500).await;
     let calls = burst(&gw, "/s", 50);
     bounded("refresh upstream", arrived.recv()).await;
     release.notify_one();

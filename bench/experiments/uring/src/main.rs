@@ -12,7 +12,9 @@ const BUF: usize = 16 * 1024;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let [_, engine, listen, upstream] = &args[..] else {
-        eprintln!("usage: uring-spike tokio|monoio-epoll|monoio-uring|monoio-uring-defer LISTEN UPSTREAM");
+        eprintln!(
+            "usage: uring-spike tokio|monoio-epoll|monoio-uring|monoio-uring-defer LISTEN UPSTREAM"
+        );
         std::process::exit(2);
     };
     let listen: SocketAddr = listen.parse().expect("listen address");
@@ -69,7 +71,9 @@ mod tokio_engine {
         rt.block_on(async move {
             let l = TcpListener::bind(listen).await.expect("bind");
             loop {
-                let Ok((s, peer)) = l.accept().await else { continue };
+                let Ok((s, peer)) = l.accept().await else {
+                    continue;
+                };
                 let _ = s.set_nodelay(true);
                 tokio::spawn(conn(s, peer, upstream));
             }
@@ -95,7 +99,9 @@ mod tokio_engine {
                     Action::Answer(bytes) => out.extend_from_slice(bytes),
                     Action::Forward(req) => {
                         if up.is_none() {
-                            let Ok(s) = TcpStream::connect(upstream).await else { return };
+                            let Ok(s) = TcpStream::connect(upstream).await else {
+                                return;
+                            };
                             let _ = s.set_nodelay(true);
                             up = Some(s);
                         }
@@ -138,7 +144,9 @@ mod monoio_engine {
     pub async fn serve(listen: SocketAddr, upstream: SocketAddr) {
         let l = TcpListener::bind(listen).expect("bind");
         loop {
-            let Ok((s, peer)) = l.accept().await else { continue };
+            let Ok((s, peer)) = l.accept().await else {
+                continue;
+            };
             let _ = s.set_nodelay(true);
             monoio::spawn(conn(s, peer, upstream));
         }
@@ -166,7 +174,9 @@ mod monoio_engine {
                     Action::Answer(bytes) => out.extend_from_slice(bytes),
                     Action::Forward(req) => {
                         if up.is_none() {
-                            let Ok(s) = TcpStream::connect(upstream).await else { return };
+                            let Ok(s) = TcpStream::connect(upstream).await else {
+                                return;
+                            };
                             let _ = s.set_nodelay(true);
                             up = Some(s);
                         }

@@ -92,7 +92,13 @@ pub fn response_len(buf: &[u8]) -> Option<usize> {
         .headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok())
+        .and_then(|h| {
+            std::str::from_utf8(h.value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
         .unwrap_or(0);
     (buf.len() >= head + body).then_some(head + body)
 }
