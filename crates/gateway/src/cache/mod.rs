@@ -4,8 +4,9 @@
 //! - fresh entry: answered here (`Age`, `Cache-Status: tollgate; hit; ttl=N`), 304 to a
 //!   client whose `If-None-Match` / `If-Modified-Since` it satisfies, HEAD from a stored GET;
 //! - stale within `stale-while-revalidate`: answered stale, refreshed once in the background;
-//! - stale otherwise: revalidated with the stored validators (a 304 refreshes the entry);
-//!   when the upstream fails or answers 5xx within `stale-if-error`, answered stale;
+//! - stale otherwise: revalidated with the stored validators (a 304 refreshes the entry) by
+//!   one request while the others for the key wait for it; when the upstream fails or
+//!   answers 5xx within `stale-if-error`, answered stale (the waiting ones too);
 //! - miss: concurrent requests for one key wait for the first one's answer (bounded by the
 //!   upstream's `response_timeout`) and are served from it, or go upstream themselves if it
 //!   was not stored; the first streams its answer to its client and stores a copy at its end.
