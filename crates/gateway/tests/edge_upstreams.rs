@@ -106,6 +106,91 @@ async fn websocket_upgrades_pass_policies_once_then_join_both_ways() {
     assert!(metrics.contains("tollgate_upgrades_total 2"), "{metrics}");
 }
 
+/// A backend that answers an upgrade with 101, then sends `n` bytes while it reads (and
+/// drops) whatever comes.
+async fn raw_stream_upgrade_backend(n: usize) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read_exact(&mut byte).await.is_err() {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let answer = "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: raw\r\n\r\n";
+                if s.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+                let (mut r, mut w) = s.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut r, &mut tokio::io::sink()).await;
+                });
+                let chunk = vec![9u8; 1 << 20];
+                for _ in 0..n >> 20 {
+                    if w.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_joined_connection_carries_both_ways_while_one_side_does_not_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // More than the socket buffers on the way hold, each way.
+    const N: usize = 64 << 20;
+    let backend = raw_stream_upgrade_backend(N).await;
+    let y = yaml(
+        backend,
+        "routes:\n  - {name: raw, path_prefix: /raw/, upstream: backend, websocket: true}\n",
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    let mut c = TcpStream::connect(g.addr).await.expect("connect");
+    c.write_all(b"GET /raw/x HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: raw\r\n\r\n")
+        .await
+        .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        bounded("101", c.read_exact(&mut byte)).await.expect("read");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    // The client sends all it has before it reads: the backend's stream must wait at the
+    // client while the upload goes on.
+    let (mut r, mut w) = c.into_split();
+    bounded("upload while the download waits", async {
+        let chunk = vec![7u8; 1 << 20];
+        for _ in 0..N >> 20 {
+            w.write_all(&chunk).await.expect("upload");
+        }
+    })
+    .await;
+    let mut got = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    bounded("download read", async {
+        loop {
+            let n = r.read(&mut buf).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+    })
+    .await;
+    assert_eq!(got, N);
+}
+
 /// A backend answering `status` to every request (and to `/health`), counting requests.
 async fn status_backend(status: Arc<AtomicUsize>) -> (SocketAddr, Arc<AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -12,6 +12,7 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -115,42 +116,60 @@ pub async fn upgrade(
 }
 
 /// Copies both ways until both sides have closed (a side's end of input is passed on as a
-/// half-close), either fails, or nothing moves for `idle`.
+/// half-close), either fails, or nothing moves either way for `idle`. The two directions
+/// run at once: a side that is slow to read never holds up the other direction.
 async fn join<A, B>(a: A, b: B, idle: Duration)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let (mut ar, mut aw) = tokio::io::split(a);
-    let (mut br, mut bw) = tokio::io::split(b);
-    let mut abuf = vec![0u8; 16 * 1024];
-    let mut bbuf = vec![0u8; 16 * 1024];
-    let (mut a_open, mut b_open) = (true, true);
-    while a_open || b_open {
-        tokio::select! {
-            r = ar.read(&mut abuf), if a_open => match r {
-                Ok(0) | Err(_) => {
-                    a_open = false;
-                    let _ = bw.shutdown().await;
-                }
-                Ok(n) => {
-                    if bw.write_all(&abuf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            },
-            r = br.read(&mut bbuf), if b_open => match r {
-                Ok(0) | Err(_) => {
-                    b_open = false;
-                    let _ = aw.shutdown().await;
-                }
-                Ok(n) => {
-                    if aw.write_all(&bbuf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            },
-            _ = tokio::time::sleep(idle) => return,
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    let start = tokio::time::Instant::now();
+    // When bytes last moved either way, in ms since `start`.
+    let moved = AtomicU64::new(0);
+    let both = async {
+        tokio::try_join!(
+            one_way(ar, bw, start, &moved),
+            one_way(br, aw, start, &moved)
+        )
+    };
+    let quiet = async {
+        loop {
+            let last = start + Duration::from_millis(moved.load(Ordering::Relaxed));
+            if last + idle <= tokio::time::Instant::now() {
+                return;
+            }
+            tokio::time::sleep_until(last + idle).await;
         }
+    };
+    tokio::select! {
+        _ = both => {}
+        _ = quiet => {}
+    }
+}
+
+/// Copies `from` into `to` until `from` ends or fails to read (then half-closes `to`),
+/// noting in `moved` when bytes last went through. A failed write ends it, and the join.
+async fn one_way<R, W>(
+    mut from: R,
+    mut to: W,
+    start: tokio::time::Instant,
+    moved: &AtomicU64,
+) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = from.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            let _ = to.shutdown().await;
+            return Ok(());
+        }
+        to.write_all(&buf[..n]).await?;
+        let ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        moved.store(ms, Ordering::Relaxed);
     }
 }
