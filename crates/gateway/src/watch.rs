@@ -13,7 +13,7 @@
 
 use crate::gateway::{fingerprint, Gateway};
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -155,14 +155,8 @@ pub fn watch_file(
             let file = snap.config.consumers_file.clone();
             drop(snap);
             if let Some(read) = config.look(&path, gw.running_fingerprint()).await {
-                let bytes = match read {
-                    Some(b) => Some(b),
-                    None => tokio::fs::read(&path).await.ok(),
-                };
-                if let Some(bytes) = bytes {
-                    tracing::info!(path = %path.display(), "config file changed");
-                    let (g, p) = (gw.clone(), path.clone());
-                    let _ = tokio::task::spawn_blocking(move || g.reload_bytes(&p, &bytes)).await;
+                tracing::info!(path = %path.display(), "config file changed");
+                if reload(&gw, &path, read).await {
                     continue;
                 }
             }
@@ -190,10 +184,7 @@ pub fn watch_file(
                 if tried_tls != Some(now) {
                     tried_tls = Some(now);
                     tracing::info!("a TLS certificate, key or CA file changed");
-                    if let Ok(bytes) = tokio::fs::read(&path).await {
-                        let (g, p) = (gw.clone(), path.clone());
-                        let _ =
-                            tokio::task::spawn_blocking(move || g.reload_bytes(&p, &bytes)).await;
+                    if reload(&gw, &path, None).await {
                         continue;
                     }
                 }
@@ -203,14 +194,26 @@ pub fn watch_file(
                 tracing::info!(path = %f.path.display(), "consumers file changed");
                 // Known changed: straight to the reload, which reads it once more to load
                 // it (`reload_file` would read it a second time to fingerprint it).
-                let Ok(bytes) = tokio::fs::read(&path).await else {
-                    continue;
-                };
-                let (g, p) = (gw.clone(), path.clone());
-                let _ = tokio::task::spawn_blocking(move || g.reload_bytes(&p, &bytes)).await;
+                reload(&gw, &path, None).await;
             }
         }
     })
+}
+
+/// Reloads the config at `path` (its content `bytes` if already read) on a blocking
+/// thread, so that traffic goes on while a large consumers file loads. Whether the file
+/// could be read.
+async fn reload(gw: &Arc<Gateway>, path: &Path, bytes: Option<Vec<u8>>) -> bool {
+    let bytes = match bytes {
+        Some(b) => b,
+        None => match tokio::fs::read(path).await {
+            Ok(b) => b,
+            Err(_) => return false,
+        },
+    };
+    let (g, p) = (gw.clone(), path.to_path_buf());
+    let _ = tokio::task::spawn_blocking(move || g.reload_bytes(&p, &bytes)).await;
+    true
 }
 
 #[cfg(test)]
