@@ -422,6 +422,26 @@ impl Tries {
     fn spend_new(&mut self) {
         self.new = self.new.saturating_sub(1);
     }
+
+    /// No connection to `target` could be had (`e`). A full pool ends the request (503,
+    /// counted and logged): `Err`. Any other failure counts against the target and spends
+    /// a new connection; the next try may go on: `Ok` with the refusal to answer if none
+    /// is left.
+    fn no_conn(
+        &mut self,
+        up: &Upstream,
+        route: &str,
+        target: &Target,
+        e: Refusal,
+    ) -> Result<Refusal, Refusal> {
+        if matches!(e, Refusal::UpstreamBusy) {
+            log_failure(up, route, target, &e);
+            return Err(e);
+        }
+        up.outcome(target, false);
+        self.spend_new();
+        Ok(e)
+    }
 }
 
 fn connect_refusal(up: &Upstream, e: &ConnectError) -> Refusal {
@@ -470,14 +490,8 @@ async fn forward_lean(
         }
         let (conn, reused) = match target.raw_conn(up).await {
             Ok(c) => c,
-            Err(Refusal::UpstreamBusy) => {
-                log_failure(up, hop.route, target, &Refusal::UpstreamBusy);
-                return Err(Refusal::UpstreamBusy);
-            }
             Err(e) => {
-                up.outcome(target, false);
-                last = e;
-                tries.spend_new();
+                last = tries.no_conn(up, hop.route, target, e)?;
                 continue;
             }
         };

@@ -95,16 +95,10 @@ pub(super) async fn forward_hyper(
 
         let (mut tx, reused) = match target.hyper_conn(up).await {
             Ok(c) => c,
-            Err(Refusal::UpstreamBusy) => {
-                log_failure(up, hop.route, target, &Refusal::UpstreamBusy);
-                return Err(Refusal::UpstreamBusy);
-            }
             Err(e) => {
-                up.outcome(target, false);
-                last = e;
+                last = tries.no_conn(up, hop.route, target, e)?;
                 // Nothing was sent: the request can go to the next target.
                 req = Some(r);
-                tries.spend_new();
                 continue;
             }
         };
