@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A listener's TLS settings and the material they name.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsConfig {
     /// Chains and keys, in file order; the first is served when no SAN matches.
     pub certificates: Vec<LoadedCert>,
@@ -21,17 +21,6 @@ pub struct TlsConfig {
     /// Accept TLS 1.2 (else 1.3 only).
     pub tls12: bool,
 }
-
-impl PartialEq for TlsConfig {
-    fn eq(&self, other: &Self) -> bool {
-        self.certificates == other.certificates
-            && self.client_ca == other.client_ca
-            && self.client_auth_required == other.client_auth_required
-            && self.tls12 == other.tls12
-    }
-}
-
-impl Eq for TlsConfig {}
 
 /// One certificate chain and its private key.
 #[derive(Debug, Clone)]
@@ -55,6 +44,8 @@ impl PartialEq for LoadedCert {
             && self.fingerprint == other.fingerprint
     }
 }
+
+impl Eq for LoadedCert {}
 
 /// CA certificates from a PEM bundle.
 #[derive(Debug, Clone)]
