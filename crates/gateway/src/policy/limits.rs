@@ -25,14 +25,15 @@ fn ratelimit_value(prefix: &str, remaining: u64, reset: Duration) -> HeaderValue
     HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("\"limit\";r=0;t=1"))
 }
 
-/// Counts the request against all of the consumer's limits, or refuses with 429.
+/// Counts the request against all of the consumer's limits (those of its plan's slot),
+/// or refuses with 429.
 pub fn check(
     snap: &Snapshot,
     route: &Route,
     consumer: usize,
+    slot: usize,
     clock: &dyn Clock,
 ) -> Result<Option<Standing>, Refusal> {
-    let slot = snap.counters.plan_slot(consumer);
     let Some(set) = route
         .limit_sets
         .get(slot)

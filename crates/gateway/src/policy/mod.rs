@@ -63,7 +63,7 @@ pub fn run(
     if let Some(c) = consumer {
         authz::authorize(snap, route, c)?;
         admitted.plan_slot = snap.counters.plan_slot(c);
-        admitted.standing = limits::check(snap, route, c, clock)?;
+        admitted.standing = limits::check(snap, route, c, admitted.plan_slot, clock)?;
     }
     Ok(Verdict::Forward(admitted))
 }
