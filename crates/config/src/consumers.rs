@@ -144,12 +144,8 @@ impl Consumers {
     /// The consumer a presented key identifies: as written, else (when the table holds
     /// digests) by its SHA-256.
     pub fn by_key(&self, key: &[u8]) -> Option<usize> {
-        let h = self.hasher.hash_one(key);
-        if let Some(&k) = self
-            .by_key
-            .find(h, |&k| &self.keys[span(&self.key_ends, k as usize)] == key)
-        {
-            return Some(self.key_owner[k as usize] as usize);
+        if let Some(owner) = self.plain_owner(key) {
+            return Some(owner);
         }
         if self.digests.is_empty() {
             return None;
