@@ -2,13 +2,15 @@
 """Instructions per request, user space only, for tollgate and nginx side by side.
 
     python3 bench/callgrind.py [--systems tollgate,nginx] [--scenarios 1,6] [--top 15]
+                               [--tollgate-config FILE]
 
 Each system serves a seed scenario under `valgrind --tool=callgrind` (pinned like
 bench/seed.py), twice: 2,000 requests, then 22,000 (`tollgate bench -c 20`). The difference
 divided by 20,000 is the steady cost of one request, start-up and shutdown cancelled out.
 Prints, per system and scenario, instructions per request and the functions that cost the
 most (self cost, per request, from the larger run minus the smaller). Counts are repeatable
-whatever else the machine does; they leave out the kernel.
+whatever else the machine does; they leave out the kernel. `--tollgate-config` runs tollgate
+on another file (e.g. bench/scenario-1-access-log.yaml) with the scenario's request.
 """
 
 import argparse
@@ -26,9 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL, LARGE = 2_000, 22_000
 
 
-def run_once(system, scenario, n, out, tmp):
+def run_once(system, scenario, n, out, tmp, config=None):
     if system == "tollgate":
-        cmd = [str(seed.BIN), "run", "--config", str(ROOT / f"examples/seed/scenario-{scenario}.yaml")]
+        config = config or str(ROOT / f"examples/seed/scenario-{scenario}.yaml")
+        cmd = [str(seed.BIN), "run", "--config", config]
     elif system == "nginx":
         prefix = Path(tmp) / f"nginx-{scenario}"
         prefix.mkdir(exist_ok=True)
@@ -99,6 +102,7 @@ def main():
     ap.add_argument("--systems", default="tollgate,nginx")
     ap.add_argument("--scenarios", default="1,6")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--tollgate-config", help="run tollgate on this file instead of the scenario's")
     args = ap.parse_args()
     backend = subprocess.Popen(["taskset", "-c", seed.LOAD_CPU, str(seed.BIN), "echo", "--listen", seed.BACKEND],
                                stderr=subprocess.DEVNULL)
@@ -107,8 +111,8 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             for s in args.scenarios.split(","):
                 for system in args.systems.split(","):
-                    small = run_once(system, s, SMALL, f"{tmp}/{system}-{s}-small.out", tmp)
-                    large = run_once(system, s, LARGE, f"{tmp}/{system}-{s}-large.out", tmp)
+                    small = run_once(system, s, SMALL, f"{tmp}/{system}-{s}-small.out", tmp, args.tollgate_config)
+                    large = run_once(system, s, LARGE, f"{tmp}/{system}-{s}-large.out", tmp, args.tollgate_config)
                     per = (large[0] - small[0]) / (LARGE - SMALL)
                     print(f"\n## {system}, scenario {s}: {per:,.0f} instructions per request")
                     diffs = {f: (large[1].get(f, 0) - small[1].get(f, 0)) / (LARGE - SMALL)

@@ -17,7 +17,7 @@ const NO_PLAN: u32 = u32::MAX;
 
 /// Every consumer: name, plan and keys, by index.
 pub struct Consumers {
-    names: Vec<u8>,
+    names: String,
     /// End of each name in `names` (its start is the previous end).
     name_ends: Vec<u32>,
     plans: Vec<u32>,
@@ -80,7 +80,7 @@ impl Consumers {
     /// An empty table with room for `consumers` consumers holding `keys` keys in all.
     pub fn with_capacity(consumers: usize, keys: usize) -> Self {
         Consumers {
-            names: Vec::with_capacity(consumers * 8),
+            names: String::with_capacity(consumers * 8),
             name_ends: Vec::with_capacity(consumers),
             plans: Vec::with_capacity(consumers),
             by_name: HashTable::with_capacity(consumers),
@@ -103,8 +103,9 @@ impl Consumers {
         self.key_ends.reserve(more);
         self.key_owner.reserve(more);
         let (names, ends) = (&self.names, &self.name_ends);
-        self.by_name
-            .reserve(more, |&i| hasher.hash_one(&names[span(ends, i as usize)]));
+        self.by_name.reserve(more, |&i| {
+            hasher.hash_one(&names.as_bytes()[span(ends, i as usize)])
+        });
         let (keys, kends) = (&self.keys, &self.key_ends);
         self.by_key
             .reserve(more, |&i| hasher.hash_one(&keys[span(kends, i as usize)]));
@@ -122,7 +123,8 @@ impl Consumers {
 
     /// Consumer `i`'s name (names are printable ASCII, checked when added).
     pub fn name(&self, i: usize) -> &str {
-        std::str::from_utf8(&self.names[span(&self.name_ends, i)]).unwrap_or("")
+        // A `String` arena: slicing it checks two boundaries, not the whole name.
+        self.names.get(span(&self.name_ends, i)).unwrap_or("")
     }
 
     /// Consumer `i`'s plan: an index into [`crate::Config::plans`].
@@ -209,15 +211,16 @@ impl Consumers {
             return Err(Conflict::TooLarge);
         }
         let me = self.len() as u32;
-        self.names.extend_from_slice(name.as_bytes());
+        self.names.push_str(name);
         self.name_ends.push(self.names.len() as u32);
         self.plans
             .push(plan.and_then(|p| u32::try_from(p).ok()).unwrap_or(NO_PLAN));
         let hasher = self.hasher.clone();
         let h = hasher.hash_one(name.as_bytes());
         let (names, ends) = (&self.names, &self.name_ends);
-        self.by_name
-            .insert_unique(h, me, |&i| hasher.hash_one(&names[span(ends, i as usize)]));
+        self.by_name.insert_unique(h, me, |&i| {
+            hasher.hash_one(&names.as_bytes()[span(ends, i as usize)])
+        });
         for k in keys {
             self.keys.extend_from_slice(k.as_bytes());
             self.key_ends.push(self.keys.len() as u32);
@@ -270,7 +273,7 @@ impl Consumers {
         self.digest_owner.shrink_to_fit();
         let (names, ends) = (&self.names, &self.name_ends);
         self.by_name
-            .shrink_to_fit(|&i| hasher.hash_one(&names[span(ends, i as usize)]));
+            .shrink_to_fit(|&i| hasher.hash_one(&names.as_bytes()[span(ends, i as usize)]));
         let (keys, kends) = (&self.keys, &self.key_ends);
         self.by_key
             .shrink_to_fit(|&i| hasher.hash_one(&keys[span(kends, i as usize)]));

@@ -678,15 +678,15 @@ impl Gateway {
         }
         let pending = match (log, logged) {
             (Some(log), Some((uri, bytes_in))) => {
+                let start = trace.start;
                 let rec = Record {
                     wall_ns: wall_ns.unwrap_or(0),
                     request_id: trace.request_id.clone(),
                     client: conn.peer_ip.clone(),
                     method,
                     uri,
-                    redact: snap.credential_params.clone(),
                     route: trace.route.map(|r| r.name.clone()),
-                    consumer: consumer.map(Arc::from),
+                    consumer: trace.consumer,
                     status,
                     bytes_in,
                     bytes_out: 0,
@@ -699,8 +699,9 @@ impl Gateway {
                         .route
                         .filter(|r| r.cfg.cache.is_some())
                         .and_then(|_| resp.headers().get(cache::CACHE_STATUS).cloned()),
+                    snap,
                 };
-                Some((Box::new(rec), trace.start, log))
+                Some((Box::new(rec), start, log))
             }
             _ => None,
         };

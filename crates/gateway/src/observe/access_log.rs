@@ -9,11 +9,11 @@
 
 use crate::observe::metrics::Metrics;
 use crate::response::Body;
+use crate::snapshot::Snapshot;
 use bytes::Bytes;
 use http::{HeaderValue, Method};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use parking_lot::Mutex;
-use std::borrow::Cow;
 use std::io::Write;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,12 +37,14 @@ pub struct Record {
     /// copy: holding the request's own bytes would keep the connection's read buffer from
     /// being reused.
     pub uri: String,
-    /// Query parameters that carry keys, removed from the logged target.
-    pub redact: Arc<[String]>,
+    /// The snapshot the request was served on: it names the consumer and the query
+    /// parameters that carry keys (removed from the logged target). The request's own
+    /// reference, moved here when it is done, so it costs nothing.
+    pub snap: Arc<Snapshot>,
     /// The route taken.
     pub route: Option<Arc<str>>,
-    /// The authenticated consumer.
-    pub consumer: Option<Arc<str>>,
+    /// The authenticated consumer, by index in `snap`.
+    pub consumer: Option<usize>,
     /// Response status.
     pub status: u16,
     /// Request body bytes declared by `Content-Length` (none when chunked).
@@ -176,9 +178,14 @@ struct Writer {
     metrics: Arc<Metrics>,
     /// A failure was reported and nothing has succeeded since: stay quiet.
     failing: bool,
-    line: Vec<u8>,
+    /// Lines formatted and not yet written, and how many.
+    buf: Vec<u8>,
+    lines: u64,
     clock: Clock,
 }
+
+/// The writer writes its buffer once it holds this much, and at the end of every batch.
+const WRITE_AT: usize = 64 * 1024;
 
 impl Writer {
     fn new(target: LogTarget, metrics: Arc<Metrics>) -> Self {
@@ -187,7 +194,8 @@ impl Writer {
             out: None,
             metrics,
             failing: false,
-            line: Vec::with_capacity(512),
+            buf: Vec::with_capacity(WRITE_AT + 4096),
+            lines: 0,
             clock: Clock::default(),
         };
         w.open();
@@ -196,15 +204,13 @@ impl Writer {
 
     fn open(&mut self) {
         let out: std::io::Result<Box<dyn Write + Send>> = match &self.target {
-            LogTarget::Stdout => Ok(Box::new(std::io::BufWriter::with_capacity(
-                64 * 1024,
-                std::io::stdout(),
-            ))),
+            // Lines are written in batches from the writer's own buffer: no second buffer.
+            LogTarget::Stdout => Ok(Box::new(std::io::stdout())),
             LogTarget::File(p) => std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(p)
-                .map(|f| Box::new(std::io::BufWriter::with_capacity(64 * 1024, f)) as _),
+                .map(|f| Box::new(f) as _),
         };
         match out {
             Ok(o) => {
@@ -244,8 +250,13 @@ impl Writer {
             let reopen = shared.reopen.swap(false, Ordering::AcqRel);
             std::mem::swap(&mut batch, &mut *shared.queue.lock());
             for rec in batch.drain(..) {
-                self.write(&rec);
+                write_line(&rec, &mut self.clock, &mut self.buf);
+                self.lines += 1;
+                if self.buf.len() >= WRITE_AT {
+                    self.write_out();
+                }
             }
+            self.write_out();
             self.flush();
             // Lines queued before the reopen was asked for go to the old file, as nginx
             // does with its buffers: logrotate moved it, and compresses it later.
@@ -271,36 +282,31 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, rec: &Record) {
-        self.line.clear();
-        write_line(rec, &mut self.clock, &mut self.line);
-        let Some(o) = self.out.as_mut() else {
-            self.metrics.log_dropped.inc();
+    /// Writes the formatted lines and counts them as written or dropped.
+    fn write_out(&mut self) {
+        let lines = std::mem::take(&mut self.lines);
+        if lines == 0 {
+            return;
+        }
+        let result = self.out.as_mut().map(|o| o.write_all(&self.buf));
+        self.buf.clear();
+        let Some(result) = result else {
+            self.metrics.log_dropped.inc_by(lines);
             return;
         };
-        match o.write_all(&self.line) {
+        match result {
             Ok(()) => {
-                self.metrics.log_lines.inc();
+                self.metrics.log_lines.inc_by(lines);
                 if self.failing {
                     self.failing = false;
                     tracing::info!(path = %self.path(), "access log writable again");
                 }
             }
             Err(e) => {
-                self.metrics.log_dropped.inc();
+                self.metrics.log_dropped.inc_by(lines);
                 self.failed(&e);
             }
         }
-    }
-}
-
-/// The logged target: path and query, without any parameter that carries a key.
-pub fn logged_target<'a>(target: &'a str, redact: &[String]) -> Cow<'a, str> {
-    match target.split_once('?') {
-        Some((path, q)) if !redact.is_empty() => {
-            Cow::Owned(crate::policy::auth::without_credentials(path, q, redact))
-        }
-        _ => Cow::Borrowed(target),
     }
 }
 
@@ -317,6 +323,7 @@ struct Json<'a> {
 
 impl Json<'_> {
     /// A string member that may need escaping (`key` is `,"name":`).
+    #[inline(always)]
     fn str(&mut self, key: &[u8], v: Option<&str>) {
         self.out.extend_from_slice(key);
         match v {
@@ -327,18 +334,39 @@ impl Json<'_> {
 
     /// A string member known to need no escaping: validated ids, addresses, names the
     /// config checked, the gateway's own words.
-    fn plain(&mut self, key: &[u8], v: Option<&str>) {
+    #[inline(always)]
+    fn plain(&mut self, key: &[u8], v: Option<&[u8]>) {
         self.out.extend_from_slice(key);
         match v {
             Some(v) => {
                 self.out.push(b'"');
-                self.out.extend_from_slice(v.as_bytes());
+                self.out.extend_from_slice(v);
                 self.out.push(b'"');
             }
             None => self.out.extend_from_slice(b"null"),
         }
     }
 
+    /// The target without the parameters that carry keys (`redact`), written as it is
+    /// cut: no copy of the cut target is made.
+    fn target(&mut self, key: &[u8], target: &str, redact: &[String]) {
+        self.out.extend_from_slice(key);
+        self.out.push(b'"');
+        match target.bytes().position(|b| b == b'?') {
+            Some(i) if !redact.is_empty() => {
+                escape_into(self.out, &target[..i]);
+                let out = &mut *self.out;
+                crate::policy::auth::kept_pieces(&target[i + 1..], redact, |sep, piece| {
+                    out.push(sep);
+                    escape_into(out, piece);
+                });
+            }
+            _ => escape_into(self.out, target),
+        }
+        self.out.push(b'"');
+    }
+
+    #[inline(always)]
     fn num(&mut self, key: &[u8], v: Option<u64>) {
         self.out.extend_from_slice(key);
         match v {
@@ -350,6 +378,7 @@ impl Json<'_> {
     }
 
     /// Nanoseconds as milliseconds with three decimals (whole microseconds).
+    #[inline(always)]
     fn ms(&mut self, key: &[u8], ns: Option<u64>) {
         self.out.extend_from_slice(key);
         let Some(ns) = ns else {
@@ -374,11 +403,36 @@ fn needs_escape(c: u8) -> bool {
     c < 0x20 || c == b'"' || c == b'\\'
 }
 
+/// Whether any byte of `b` must be escaped, eight bytes at a time: a byte below 0x20, a
+/// quote or a backslash (bytes of 0x80 and above are UTF-8 and pass).
+fn any_needs_escape(b: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // A byte of `x` is below `n` (n <= 0x80): the classic exact "has less" test.
+    let below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGH;
+    let mut chunks = b.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        let x = u64::from_le_bytes(w);
+        if below(x, 0x20) | below(x ^ (ONES * 0x22), 1) | below(x ^ (ONES * 0x5c), 1) != 0 {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&c| needs_escape(c))
+}
+
 /// A JSON string: quoted, with `"`, `\\` and control characters escaped.
 fn escape(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
+    escape_into(out, s);
+    out.push(b'"');
+}
+
+/// The inside of a JSON string: `s` with `"`, `\\` and control characters escaped.
+fn escape_into(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
-    let plain = !b.iter().any(|&c| needs_escape(c));
+    let plain = !any_needs_escape(b);
     if plain {
         out.extend_from_slice(b);
     } else {
@@ -399,7 +453,6 @@ fn escape(out: &mut Vec<u8>, s: &str) {
             }
         }
     }
-    out.push(b'"');
 }
 
 /// The RFC 3339 time of a line, made once a second and completed with milliseconds.
@@ -435,18 +488,20 @@ impl Clock {
 }
 
 fn write_line(rec: &Record, clock: &mut Clock, out: &mut Vec<u8>) {
-    let target = logged_target(&rec.uri, &rec.redact);
     out.extend_from_slice(b"{\"time\":");
     clock.write(rec.wall_ns, out);
     let mut j = Json { out };
     // Ids are validated to need no escaping; addresses, methods, limit names and targets
     // cannot hold a quote or a backslash.
-    j.plain(b",\"request_id\":", Some(text(&rec.request_id)));
-    j.plain(b",\"client\":", Some(text(&rec.client)));
-    j.plain(b",\"method\":", Some(rec.method.as_str()));
-    j.str(b",\"path\":", Some(&target));
+    j.plain(b",\"request_id\":", Some(rec.request_id.as_bytes()));
+    j.plain(b",\"client\":", Some(rec.client.as_bytes()));
+    j.plain(b",\"method\":", Some(rec.method.as_str().as_bytes()));
+    j.target(b",\"path\":", &rec.uri, &rec.snap.credential_params);
     j.str(b",\"route\":", rec.route.as_deref());
-    j.str(b",\"consumer\":", rec.consumer.as_deref());
+    j.str(
+        b",\"consumer\":",
+        rec.consumer.map(|c| rec.snap.consumer_name(c)),
+    );
     j.num(b",\"status\":", Some(u64::from(rec.status)));
     j.num(b",\"bytes_in\":", rec.bytes_in);
     j.num(b",\"bytes_out\":", Some(rec.bytes_out));
@@ -455,9 +510,12 @@ fn write_line(rec: &Record, clock: &mut Clock, out: &mut Vec<u8>) {
         Some(u64::try_from(rec.duration.as_nanos()).unwrap_or(u64::MAX)),
     );
     j.ms(b",\"upstream_ms\":", rec.upstream_ns);
-    j.plain(b",\"upstream_target\":", rec.target.as_deref());
-    j.plain(b",\"refusal\":", rec.refusal);
-    j.plain(b",\"limit\":", rec.limit.as_deref());
+    j.plain(
+        b",\"upstream_target\":",
+        rec.target.as_deref().map(str::as_bytes),
+    );
+    j.plain(b",\"refusal\":", rec.refusal.map(str::as_bytes));
+    j.plain(b",\"limit\":", rec.limit.as_deref().map(str::as_bytes));
     j.str(b",\"cache\":", rec.cache.as_ref().map(text));
     j.out.extend_from_slice(b"}\n");
 }
@@ -531,16 +589,48 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_word_test_for_escapes_agrees_with_the_byte_test() {
+        let mut cases: Vec<Vec<u8>> = vec![Vec::new(), b"/plain/path?x=1&y=2".to_vec()];
+        for bad in [0u8, 0x1f, b'"', b'\\', b'\n'] {
+            for at in 0..20 {
+                let mut v = b"abcdefghijklmnopqrst".to_vec();
+                v[at] = bad;
+                cases.push(v);
+            }
+        }
+        // Bytes next to the limits, and UTF-8 (high bit set), never need escaping.
+        cases.push(vec![
+            0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xff, 0xc3, 0xa9,
+        ]);
+        for c in &cases {
+            assert_eq!(
+                any_needs_escape(c),
+                c.iter().any(|&b| needs_escape(b)),
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
     fn lines_are_json_with_escapes_and_fixed_decimals() {
+        let cfg = tollgate_config::from_yaml(
+            "listeners: [{address: '127.0.0.1:0'}]\n\
+             upstreams: {b: {targets: ['127.0.0.1:1']}}\n\
+             plans: {p: {}}\n\
+             consumers: [{name: c\"1, keys: [k1], plan: p}]\n\
+             routes: [{name: r, path_prefix: /, upstream: b, auth: {query: [ApiKey]}}]\n",
+        )
+        .expect("config");
+        let snap = Arc::new(Snapshot::build(cfg, &crate::snapshot::Registry::default()));
         let rec = Record {
             wall_ns: 1_795_375_742_123_456_789,
             request_id: HeaderValue::from_static("abc"),
             client: HeaderValue::from_static("10.0.0.7"),
             method: Method::GET,
-            uri: "/p?x=1&ApiKey=s3cret".into(),
-            redact: Arc::from(vec!["apikey".to_string()]),
+            uri: "/p?x=1&apikey=s3cret;y=\"".into(),
+            snap,
             route: Some(Arc::from("r\"q")),
-            consumer: None,
+            consumer: Some(0),
             status: 200,
             bytes_in: None,
             bytes_out: 27,
@@ -557,9 +647,10 @@ mod tests {
         assert!(text.ends_with('\n'));
         let v: serde_json::Value = serde_json::from_str(&text).expect("json");
         assert_eq!(v["time"], "2026-11-22T19:29:02.123Z");
-        assert_eq!(v["path"], "/p?x=1");
+        assert_eq!(v["path"], "/p?x=1;y=\"");
         assert_eq!(v["route"], "r\"q");
-        assert_eq!(v["consumer"], serde_json::Value::Null);
+        assert_eq!(v["consumer"], "c\"1");
+        assert_eq!(v["limit"], serde_json::Value::Null);
         assert_eq!(v["duration_ms"], 1.235);
         assert_eq!(v["upstream_ms"], 5.0);
         assert_eq!(v["bytes_in"], serde_json::Value::Null);
