@@ -23,10 +23,11 @@ use http::HeaderValue;
 use http::{Method, Request, Response};
 use http_body_util::Either;
 use hyper::body::{Body as _, Incoming};
+use smallvec::SmallVec;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tollgate_config::{Config, ConfigError};
 
@@ -54,6 +55,9 @@ struct UpFetch {
     body_timeout: Duration,
     route: Arc<str>,
     stats: Arc<crate::observe::metrics::RouteStats>,
+    /// How long the last fetch waited for the answer's head, nanoseconds: the request
+    /// that went upstream reads it instead of timing the cache around the fetch.
+    took_ns: AtomicU64,
 }
 
 impl UpFetch {
@@ -69,6 +73,7 @@ impl UpFetch {
             body_timeout: conn.listener.body_timeout,
             route: route.name.clone(),
             stats: route.stats.clone(),
+            took_ns: AtomicU64::new(0),
         }
     }
 }
@@ -92,7 +97,9 @@ impl cache::Fetch for UpFetch {
         };
         let t = Instant::now();
         let r = upstream::fetch(&self.upstream, parts, hop).await;
-        self.stats.upstream(t.elapsed().as_secs_f64());
+        let ns = nanos(t);
+        self.took_ns.store(ns, Ordering::Relaxed);
+        self.stats.upstream(ns as f64 / 1e9);
         r
     }
 }
@@ -574,21 +581,21 @@ impl Gateway {
                 credentials: route.cfg.auth.as_ref().map_or(&[], |a| a.query.as_slice()),
                 wait: route.upstream.cfg.response_timeout,
                 now_ns: self.clock.now_nanos(),
-                wall: SystemTime::UNIX_EPOCH + Duration::from_nanos(self.clock.wall_nanos()),
+                clock: &self.clock,
             };
-            let t = Instant::now();
             let mut resp =
                 if matches!(parts.method, Method::GET | Method::HEAD) && body.is_end_stream() {
                     let fetch = Arc::new(UpFetch::new(route, conn));
                     // Boxed: the cache's future is the largest branch, and every request's
                     // future is moved into place whole (into hyper's connection, or a new
                     // task per HTTP/2 stream).
-                    let resp = Box::pin(self.cache.serve(ask, parts, fetch)).await?;
+                    let resp = Box::pin(self.cache.serve(ask, parts, fetch.clone())).await?;
                     if cache::went_upstream(&resp) {
-                        trace.upstream_ns = Some(nanos(t));
+                        trace.upstream_ns = Some(fetch.took_ns.load(Ordering::Relaxed));
                     }
                     resp
                 } else {
+                    let t = Instant::now();
                     let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));
                     let resp = upstream::forward(&route.upstream, parts, body, hop).await;
                     upstream_time(trace, route, t);
@@ -622,8 +629,7 @@ impl Gateway {
         let mut trace = Trace::new(id);
         let method = req.method().clone();
         let log = self.access_log.load_full();
-        // Read once, for the log line and the usage history.
-        let wall_ns = (log.is_some() || self.analytics.is_some()).then(|| self.clock.wall_nanos());
+        let wall_ns = self.analytics.is_some().then(|| self.clock.wall_nanos());
         let logged = log.as_ref().map(|_| {
             let bytes_in = req
                 .headers()
@@ -634,8 +640,8 @@ impl Gateway {
                     (!req.headers().contains_key(http::header::TRANSFER_ENCODING)).then_some(0)
                 });
             let target = req.uri().path_and_query().map_or_else(
-                || req.uri().path().to_string(),
-                |pq| pq.as_str().to_string(),
+                || SmallVec::from_slice(req.uri().path().as_bytes()),
+                |pq| SmallVec::from_slice(pq.as_str().as_bytes()),
             );
             (target, bytes_in)
         });
@@ -678,10 +684,9 @@ impl Gateway {
         }
         let pending = match (log, logged) {
             (Some(log), Some((uri, bytes_in))) => {
-                let start = trace.start;
                 let rec = Record {
-                    wall_ns: wall_ns.unwrap_or(0),
-                    request_id: trace.request_id.clone(),
+                    start: trace.start,
+                    request_id: SmallVec::from_slice(trace.request_id.as_bytes()),
                     client: conn.peer_ip.clone(),
                     method,
                     uri,
@@ -701,7 +706,7 @@ impl Gateway {
                         .and_then(|_| resp.headers().get(cache::CACHE_STATUS).cloned()),
                     snap,
                 };
-                Some((Box::new(rec), start, log))
+                Some((Box::new(rec), log))
             }
             _ => None,
         };

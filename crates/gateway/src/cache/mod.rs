@@ -18,6 +18,7 @@
 pub mod control;
 pub mod store;
 
+use crate::clock::Clock;
 use crate::response::{full, Body, Refusal};
 use crate::upstream::{Collector, PooledBody};
 use bytes::Bytes;
@@ -85,8 +86,16 @@ pub struct Ask<'a> {
     pub wait: Duration,
     /// The gateway's clock, nanoseconds (monotonic).
     pub now_ns: u64,
-    /// Wall time, for `Date` and `Expires`.
-    pub wall: SystemTime,
+    /// The gateway's clock: wall time, for `Date` and `Expires`, is read from it only when
+    /// an answer is judged for storing (most requests are hits or never-stored misses).
+    pub clock: &'a Arc<dyn Clock>,
+}
+
+impl Ask<'_> {
+    /// Wall time now.
+    fn wall(&self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_nanos(self.clock.wall_nanos())
+    }
 }
 
 /// Sends a request upstream for the cache (a GET or HEAD without a body).
@@ -125,7 +134,9 @@ fn host_into(parts: &Parts, out: &mut String) {
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .map_or("", crate::inbound::host_only);
-    out.extend(host.chars().map(|c| c.to_ascii_lowercase()));
+    let start = out.len();
+    out.push_str(host);
+    out[start..].make_ascii_lowercase();
 }
 
 /// Appends what [`variant_key`] adds to a URI key.
@@ -159,8 +170,15 @@ fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut String) {
     url.push_str(path);
     let Some(q) = query else { return };
     let mut sep = '?';
-    for pair in q.split('&') {
-        let name = pair.split_once('=').map_or(pair, |(n, _)| n);
+    // Byte loops: the pieces are short, and `str` searchers cost more than they save.
+    let mut rest = q;
+    loop {
+        let end = rest.bytes().position(|b| b == b'&').unwrap_or(rest.len());
+        let pair = &rest[..end];
+        let name = pair
+            .bytes()
+            .position(|b| b == b'=')
+            .map_or(pair, |i| &pair[..i]);
         let keep = match &ask.cfg.key_query {
             KeyQuery::All => true,
             KeyQuery::None => false,
@@ -171,6 +189,10 @@ fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut String) {
             url.push_str(pair);
             sep = '&';
         }
+        if end == rest.len() {
+            return;
+        }
+        rest = &rest[end + 1..];
     }
 }
 
@@ -602,7 +624,7 @@ impl Cache {
             h,
             sent.headers.contains_key(header::AUTHORIZATION),
             ask.cfg.default_ttl,
-            ask.wall,
+            ask.wall(),
         )
     }
 
@@ -640,7 +662,7 @@ impl Cache {
             &headers,
             false,
             ask.cfg.default_ttl,
-            ask.wall,
+            ask.wall(),
         )?;
         Some(Entry {
             status: e.status,
@@ -760,7 +782,7 @@ impl Cache {
         let credentials = ask.credentials.to_vec();
         let (uri, url, e, cache) = (uri.to_string(), url.to_string(), e.clone(), self.clone());
         let now_ns = ask.now_ns;
-        let wall = ask.wall;
+        let clock = ask.clock.clone();
         tokio::spawn(async move {
             let ask = Ask {
                 cfg: &cfg,
@@ -769,7 +791,7 @@ impl Cache {
                 credentials: &credentials,
                 wait: Duration::ZERO,
                 now_ns,
-                wall,
+                clock: &clock,
             };
             let Ok(resp) = up.fetch(copy_parts(&sent)).await else {
                 return;

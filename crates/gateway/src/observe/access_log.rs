@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::io::Write;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,10 +26,13 @@ use tollgate_config::{AccessLogConfig, LogTarget};
 /// What one request did, as the access log writes it.
 #[derive(Debug)]
 pub struct Record {
-    /// When the request arrived (wall clock, nanoseconds since the epoch).
-    pub wall_ns: u64,
+    /// When the request arrived. The writer turns it into wall-clock time against one
+    /// reading of both clocks per batch: no wall-clock read per request.
+    pub start: Instant,
     /// `X-Request-Id`.
-    pub request_id: HeaderValue,
+    /// A copy held inline (a generated id is 32 bytes): a clone of the header would be
+    /// freed by the writer, and a client's id would hold the connection's read buffer.
+    pub request_id: SmallVec<[u8; 32]>,
     /// The client's address.
     pub client: HeaderValue,
     /// Method.
@@ -36,7 +40,7 @@ pub struct Record {
     /// Path and query as the client sent them; credentials are removed when written. A
     /// copy: holding the request's own bytes would keep the connection's read buffer from
     /// being reused.
-    pub uri: String,
+    pub uri: SmallVec<[u8; 96]>,
     /// The snapshot the request was served on: it names the consumer and the query
     /// parameters that carry keys (removed from the logged target). The request's own
     /// reference, moved here when it is done, so it costs nothing.
@@ -249,8 +253,14 @@ impl Writer {
             let syncs = std::mem::take(&mut *shared.syncs.lock());
             let reopen = shared.reopen.swap(false, Ordering::AcqRel);
             std::mem::swap(&mut batch, &mut *shared.queue.lock());
+            let (wall, mono) = (SystemTime::now(), Instant::now());
+            let wall_ns = wall
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
             for rec in batch.drain(..) {
-                write_line(&rec, &mut self.clock, &mut self.buf);
+                let ago = u64::try_from(mono.saturating_duration_since(rec.start).as_nanos());
+                let arrived = wall_ns.saturating_sub(ago.unwrap_or(u64::MAX));
+                write_line(&rec, arrived, &mut self.clock, &mut self.buf);
                 self.lines += 1;
                 if self.buf.len() >= WRITE_AT {
                     self.write_out();
@@ -487,16 +497,19 @@ impl Clock {
     }
 }
 
-fn write_line(rec: &Record, clock: &mut Clock, out: &mut Vec<u8>) {
+/// Writes `rec`'s line; it arrived at `arrived_ns` (wall clock, since the epoch).
+fn write_line(rec: &Record, arrived_ns: u64, clock: &mut Clock, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"time\":");
-    clock.write(rec.wall_ns, out);
+    clock.write(arrived_ns, out);
     let mut j = Json { out };
     // Ids are validated to need no escaping; addresses, methods, limit names and targets
     // cannot hold a quote or a backslash.
-    j.plain(b",\"request_id\":", Some(rec.request_id.as_bytes()));
+    j.plain(b",\"request_id\":", Some(&rec.request_id));
     j.plain(b",\"client\":", Some(rec.client.as_bytes()));
     j.plain(b",\"method\":", Some(rec.method.as_str().as_bytes()));
-    j.target(b",\"path\":", &rec.uri, &rec.snap.credential_params);
+    // A copy of a `&str`: always UTF-8.
+    let uri = std::str::from_utf8(&rec.uri).unwrap_or("");
+    j.target(b",\"path\":", uri, &rec.snap.credential_params);
     j.str(b",\"route\":", rec.route.as_deref());
     j.str(
         b",\"consumer\":",
@@ -525,18 +538,18 @@ fn write_line(rec: &Record, clock: &mut Clock, out: &mut Vec<u8>) {
 /// frames through.
 pub struct Logged {
     inner: Body,
-    pending: Option<(Box<Record>, Instant, Arc<AccessLog>)>,
+    pending: Option<(Box<Record>, Arc<AccessLog>)>,
 }
 
 impl Logged {
     /// `body`, logging `rec` at its end when given.
-    pub fn new(inner: Body, pending: Option<(Box<Record>, Instant, Arc<AccessLog>)>) -> Self {
+    pub fn new(inner: Body, pending: Option<(Box<Record>, Arc<AccessLog>)>) -> Self {
         Logged { inner, pending }
     }
 
     fn finish(&mut self) {
-        if let Some((mut rec, start, log)) = self.pending.take() {
-            rec.duration = start.elapsed();
+        if let Some((mut rec, log)) = self.pending.take() {
+            rec.duration = rec.start.elapsed();
             log.log(rec);
         }
     }
@@ -561,7 +574,7 @@ impl HttpBody for Logged {
         if this.pending.is_some() {
             match &polled {
                 Poll::Ready(Some(Ok(f))) => {
-                    if let (Some(d), Some((rec, _, _))) = (f.data_ref(), this.pending.as_mut()) {
+                    if let (Some(d), Some((rec, _))) = (f.data_ref(), this.pending.as_mut()) {
                         rec.bytes_out += d.len() as u64;
                     }
                     if this.inner.is_end_stream() {
@@ -623,11 +636,11 @@ mod tests {
         .expect("config");
         let snap = Arc::new(Snapshot::build(cfg, &crate::snapshot::Registry::default()));
         let rec = Record {
-            wall_ns: 1_795_375_742_123_456_789,
-            request_id: HeaderValue::from_static("abc"),
+            start: Instant::now(),
+            request_id: SmallVec::from_slice(b"abc"),
             client: HeaderValue::from_static("10.0.0.7"),
             method: Method::GET,
-            uri: "/p?x=1&apikey=s3cret;y=\"".into(),
+            uri: SmallVec::from_slice(b"/p?x=1&apikey=s3cret;y=\""),
             snap,
             route: Some(Arc::from("r\"q")),
             consumer: Some(0),
@@ -642,7 +655,12 @@ mod tests {
             cache: None,
         };
         let mut out = Vec::new();
-        write_line(&rec, &mut Clock::default(), &mut out);
+        write_line(
+            &rec,
+            1_795_375_742_123_456_789,
+            &mut Clock::default(),
+            &mut out,
+        );
         let text = String::from_utf8(out).expect("utf8");
         assert!(text.ends_with('\n'));
         let v: serde_json::Value = serde_json::from_str(&text).expect("json");
