@@ -714,3 +714,25 @@ async fn after_an_answer_that_could_not_be_stored_caching_resumes_within_five_se
     );
     assert_eq!(s.upstream(), 3);
 }
+
+#[tokio::test]
+async fn a_key_that_passes_leaves_the_other_keys_cached() {
+    let s = setup().await;
+    let first = s.get("/nostore").await;
+    assert_eq!(first.header("cache-status"), "tollgate; fwd=uri-miss");
+    // `/nostore` now goes straight upstream for a while; `/fresh` is looked up and stored.
+    let again = s.get("/nostore").await;
+    assert_eq!(again.status.as_u16(), 200);
+    assert_eq!(again.header("cache-status"), "tollgate; fwd=uri-miss");
+    assert_eq!(
+        s.get("/fresh").await.header("cache-status"),
+        "tollgate; fwd=uri-miss; stored"
+    );
+    let hit = s.get("/fresh").await;
+    assert!(
+        hit.header("cache-status").starts_with("tollgate; hit"),
+        "{}",
+        hit.header("cache-status")
+    );
+    assert_eq!(s.upstream(), 3);
+}

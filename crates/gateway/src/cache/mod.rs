@@ -72,6 +72,39 @@ impl Drop for Leader {
     }
 }
 
+/// The `Cache-Status` of a request sent straight upstream because the last answer for its
+/// key could not be stored.
+pub const PASS_STATUS: &str = "tollgate; fwd=uri-miss";
+
+/// A request's key, built once: the URI key (route, host, path and keyed query), then the
+/// variant without varying headers. The URI key and the URL are slices of it.
+#[derive(Debug)]
+pub struct Key {
+    plain: String,
+    url_start: usize,
+    uri_len: usize,
+}
+
+impl Key {
+    /// The key of the request `parts` asks on its route.
+    pub fn of(ask: &Ask<'_>, parts: &Parts) -> Key {
+        let mut plain = String::with_capacity(128);
+        plain.push_str(ask.route);
+        plain.push('\u{0}');
+        host_into(parts, &mut plain);
+        plain.push('\u{0}');
+        let url_start = plain.len();
+        url_into(parts.uri.path(), parts.uri.query(), ask, &mut plain);
+        let uri_len = plain.len();
+        variant_into(ask, &ask.cfg.key_headers, &parts.headers, &mut plain);
+        Key {
+            plain,
+            url_start,
+            uri_len,
+        }
+    }
+}
+
 /// What the cache needs of a request and its route.
 pub struct Ask<'a> {
     /// The route's caching.
@@ -372,31 +405,43 @@ impl Cache {
         }
     }
 
+    /// Whether the last answer for `key` could not be stored, a few seconds ago at most
+    /// (Varnish's hit-for-pass): then the request goes straight upstream, as on a route
+    /// without a cache, with [`PASS_STATUS`]. Counted as a miss.
+    pub fn passes(&self, key: &Key, now_ns: u64) -> bool {
+        let pass = self.store.is_uncacheable(&key.plain, now_ns);
+        if pass {
+            self.store.metrics.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        pass
+    }
+
     /// Answers a GET or HEAD from the cache, or through `up` and stores what may be stored.
     pub async fn serve<F: Fetch>(
         self: &Arc<Self>,
         ask: Ask<'_>,
+        key: Key,
         parts: Parts,
         up: Arc<F>,
     ) -> Result<Response<Body>, Refusal> {
-        // One string: the URI key (route, host, path and keyed query), then the variant
-        // without varying headers. The URI key and the URL are slices of it.
-        let mut plain = String::with_capacity(128);
-        plain.push_str(ask.route);
-        plain.push('\u{0}');
-        host_into(&parts, &mut plain);
-        plain.push('\u{0}');
-        let url_start = plain.len();
-        url_into(parts.uri.path(), parts.uri.query(), &ask, &mut plain);
-        let uri_len = plain.len();
-        variant_into(&ask, &ask.cfg.key_headers, &parts.headers, &mut plain);
-        let uri = &plain[..uri_len];
-        let url = &plain[url_start..uri_len];
+        let plain = key.plain;
+        let uri = &plain[..key.uri_len];
+        let url = &plain[key.url_start..key.uri_len];
         let m = &self.store.metrics;
         let mut collapsed = false;
         // The request this one waited for found the upstream failing.
         let mut upstream_failed = false;
         loop {
+            // Checked again after waiting for another request's answer, which may have
+            // found its answer could not be stored.
+            if collapsed && self.store.is_uncacheable(&plain, ask.now_ns) {
+                m.misses.fetch_add(1, Ordering::Relaxed);
+                let resp = up.fetch(parts).await?;
+                return Ok(with_status(
+                    resp.map(http_body_util::Either::Left),
+                    Miss::Uri.status(false),
+                ));
+            }
             // The key without varying headers first: most responses vary on nothing.
             let (entry, miss, vary_key) = match self.store.get(&plain) {
                 Some(e) => (Some(e), Miss::Other, None),
@@ -456,15 +501,6 @@ impl Cache {
                     miss.status(false),
                 ));
             }
-            if self.store.is_uncacheable(flight, ask.now_ns) {
-                // Its last answer could not be stored: straight upstream, no waiting.
-                m.misses.fetch_add(1, Ordering::Relaxed);
-                let resp = up.fetch(parts).await?;
-                return Ok(with_status(
-                    resp.map(http_body_util::Either::Left),
-                    miss.status(false),
-                ));
-            }
             let waiting = self.inflight.lock().get(flight).cloned();
             match waiting {
                 Some(rx) if !collapsed => {
@@ -489,8 +525,10 @@ impl Cache {
                 miss.status(true),
                 miss.status(false),
             );
-            if !stored {
-                self.store.mark_uncacheable(flight.to_string(), ask.now_ns);
+            if stored {
+                self.store.cacheable_again(flight);
+            } else {
+                self.store.mark_uncacheable(flight, ask.now_ns);
             }
             return Ok(resp);
         }

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 use parking_lot::Mutex;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,6 +109,55 @@ pub const UNCACHEABLE_FOR: Duration = Duration::from_secs(5);
 /// foldhash: moka's default SipHash costs more than the rest of a lookup.
 type Hasher = foldhash::fast::RandomState;
 
+/// Slots of the [`PassTable`].
+const PASS_SLOTS: usize = 16_384;
+
+/// Varnish's hit-for-pass markers: for each key whose last answer could not be stored,
+/// the gateway clock (ns) until which its requests go straight upstream. A direct-mapped
+/// table of (hash of the key, until): checked before the store, at the cost of one hash
+/// and two loads, with no allocation and no housekeeping. It is lossy by design: a marker
+/// overwritten by another key's only sends one more request down the storing path, and a
+/// torn read at worst keeps one key passing a little longer.
+struct PassTable {
+    slots: Box<[(AtomicU64, AtomicU64)]>,
+    hasher: Hasher,
+}
+
+impl PassTable {
+    fn new() -> Self {
+        PassTable {
+            slots: (0..PASS_SLOTS)
+                .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
+                .collect(),
+            hasher: Hasher::default(),
+        }
+    }
+
+    /// `key`'s slot and tag (never 0, the tag of an empty slot).
+    fn slot(&self, key: &str) -> (&(AtomicU64, AtomicU64), u64) {
+        let h = self.hasher.hash_one(key);
+        // The low bits pick the slot; the whole hash is the tag.
+        let i = usize::try_from(h % PASS_SLOTS as u64).unwrap_or(0);
+        (&self.slots[i], h | 1)
+    }
+
+    fn mark(&self, key: &str, until: u64) {
+        let ((tag, at), t) = self.slot(key);
+        at.store(until, Ordering::Relaxed);
+        tag.store(t, Ordering::Release);
+    }
+
+    /// Until when `key` passes (0: it does not).
+    fn until(&self, key: &str) -> u64 {
+        let ((tag, at), t) = self.slot(key);
+        if tag.load(Ordering::Acquire) == t {
+            at.load(Ordering::Relaxed)
+        } else {
+            0
+        }
+    }
+}
+
 /// The request headers that form a key, by name.
 pub type Varies = Arc<[HeaderName]>;
 
@@ -143,9 +193,9 @@ pub struct Store {
     puts: AtomicU64,
     /// Whether a response that varies was ever stored: until then no lookup needs `varies`.
     any_vary: AtomicBool,
-    /// Keys whose last answer could not be stored, with the gateway clock (ns) until which
-    /// requests for them go straight upstream, neither waiting for one another nor storing.
-    uncacheable: moka::sync::Cache<String, u64, Hasher>,
+    /// Keys whose last answer could not be stored: requests for them go straight upstream
+    /// for a while, neither looking up, nor waiting for one another, nor storing.
+    uncacheable: PassTable,
     /// Largest response stored.
     pub max_object: u64,
     /// Counters.
@@ -175,9 +225,7 @@ impl Store {
             })
             .build_with_hasher(Hasher::default());
         let uris = dashmap::DashMap::with_hasher(Hasher::default());
-        let uncacheable = moka::sync::Cache::builder()
-            .max_capacity(1 << 16)
-            .build_with_hasher(Hasher::default());
+        let uncacheable = PassTable::new();
         Store {
             entries,
             uris,
@@ -213,16 +261,19 @@ impl Store {
     }
 
     /// Notes at `now_ns` that the last answer for `flight` could not be stored.
-    pub fn mark_uncacheable(&self, flight: String, now_ns: u64) {
+    pub fn mark_uncacheable(&self, flight: &str, now_ns: u64) {
         let until = now_ns.saturating_add(UNCACHEABLE_FOR.as_nanos() as u64);
-        self.uncacheable.insert(flight, until);
+        self.uncacheable.mark(flight, until);
+    }
+
+    /// An answer for `flight` was stored: requests for it look up again.
+    pub fn cacheable_again(&self, flight: &str) {
+        self.uncacheable.mark(flight, 0);
     }
 
     /// Whether an answer for `flight` could not be stored within [`UNCACHEABLE_FOR`].
     pub fn is_uncacheable(&self, flight: &str, now_ns: u64) -> bool {
-        self.uncacheable
-            .get(flight)
-            .is_some_and(|until| until > now_ns)
+        self.uncacheable.until(flight) > now_ns
     }
 
     /// The entry under `key`, unless its URI was invalidated since it was fetched.
