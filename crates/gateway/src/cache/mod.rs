@@ -416,6 +416,18 @@ impl Cache {
         pass
     }
 
+    /// A miss that neither waits nor stores: `up`'s answer as it comes, with `status`.
+    async fn straight_upstream<F: Fetch>(
+        &self,
+        up: &F,
+        parts: Parts,
+        status: &'static str,
+    ) -> Result<Response<Body>, Refusal> {
+        self.store.metrics.misses.fetch_add(1, Ordering::Relaxed);
+        let resp = up.fetch(parts).await?;
+        Ok(with_status(resp.map(http_body_util::Either::Left), status))
+    }
+
     /// Answers a GET or HEAD from the cache, or through `up` and stores what may be stored.
     pub async fn serve<F: Fetch>(
         self: &Arc<Self>,
@@ -435,12 +447,7 @@ impl Cache {
             // Checked again after waiting for another request's answer, which may have
             // found its answer could not be stored.
             if collapsed && self.store.is_uncacheable(&plain, ask.now_ns) {
-                m.misses.fetch_add(1, Ordering::Relaxed);
-                let resp = up.fetch(parts).await?;
-                return Ok(with_status(
-                    resp.map(http_body_util::Either::Left),
-                    Miss::Uri.status(false),
-                ));
+                return self.straight_upstream(&*up, parts, PASS_STATUS).await;
             }
             // The key without varying headers first: most responses vary on nothing.
             let (entry, miss, vary_key) = match self.store.get(&plain) {
@@ -494,12 +501,9 @@ impl Cache {
             // A miss: wait for a request already on its way upstream for this key, once.
             let flight = plain.as_str();
             if parts.method == Method::HEAD {
-                m.misses.fetch_add(1, Ordering::Relaxed);
-                let resp = up.fetch(parts).await?;
-                return Ok(with_status(
-                    resp.map(http_body_util::Either::Left),
-                    miss.status(false),
-                ));
+                return self
+                    .straight_upstream(&*up, parts, miss.status(false))
+                    .await;
             }
             let waiting = self.inflight.lock().get(flight).cloned();
             match waiting {
