@@ -109,19 +109,14 @@ async fn websocket_upgrades_pass_policies_once_then_join_both_ways() {
 /// A backend that answers an upgrade with 101, then sends `n` bytes while it reads (and
 /// drops) whatever comes.
 async fn raw_stream_upgrade_backend(n: usize) -> SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = l.local_addr().expect("addr");
     tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    if s.read_exact(&mut byte).await.is_err() {
-                        return;
-                    }
-                    head.push(byte[0]);
+                if read_head(&mut s).await.is_none() {
+                    return;
                 }
                 let answer = "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: raw\r\n\r\n";
                 if s.write_all(answer.as_bytes()).await.is_err() {
@@ -159,13 +154,8 @@ async fn a_joined_connection_carries_both_ways_while_one_side_does_not_read() {
     c.write_all(b"GET /raw/x HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: raw\r\n\r\n")
         .await
         .expect("write");
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        bounded("101", c.read_exact(&mut byte)).await.expect("read");
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    let head = bounded("101", read_head(&mut c)).await.expect("read");
+    assert!(head.starts_with("HTTP/1.1 101"), "{head:?}");
     // The client sends all it has before it reads: the backend's stream must wait at the
     // client while the upload goes on.
     let (mut r, mut w) = c.into_split();
