@@ -165,12 +165,9 @@ pub fn watch_file(
             // not every second in between.
             // Their content is read only when their metadata moved.
             let snap = gw.snapshot();
-            let paths: Vec<PathBuf> = tollgate_config::tls::paths(&snap.config)
-                .into_iter()
-                .map(PathBuf::from)
-                .collect();
+            let paths = tollgate_config::tls::paths(&snap.config);
             let mut stats = Vec::with_capacity(paths.len());
-            for p in &paths {
+            for p in paths {
                 stats.push(tokio::fs::metadata(p).await.ok().map(|m| Stat::of(&m)));
             }
             let tls = if tls_stats.as_ref() == Some(&stats) {
