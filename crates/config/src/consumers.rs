@@ -1,6 +1,10 @@
 //! Consumers compiled into a compact table, so a million of them fit in well under 128 bytes
-//! each: names and keys live in two byte arenas, plans in a `u32` array, and three hash
-//! tables of `u32` indices find a consumer by name, by key and by key digest.
+//! each: names and keys live in two byte arenas, each consumer's name end and plan side by
+//! side, and three hash tables find a consumer by name, by key and by key digest.
+//!
+//! A key lookup with a million consumers misses the CPU caches at every step, so the steps
+//! are few: the key table's slot holds where the key's bytes are (their length in front of
+//! them) and who owns it, and the owner's plan sits beside its name's end.
 //!
 //! Keys may be given as SHA-256 digests (`key_sha256`) so that a consumers file holds no
 //! secrets. A key a client presents is looked up as written first; only when that misses and
@@ -15,20 +19,32 @@ pub type KeyDigest = [u8; 32];
 
 const NO_PLAN: u32 = u32::MAX;
 
+/// A consumer's place in the name arena and its plan, read together.
+#[derive(Debug, Clone, Copy)]
+struct Person {
+    /// End of the name in `names` (its start is the previous consumer's end).
+    name_end: u32,
+    plan: u32,
+}
+
+/// A key (or digest) and its owner, as the lookup tables hold them.
+#[derive(Debug, Clone, Copy)]
+struct KeyRef {
+    /// Where the key starts in `keys` (its length first, LEB128), or the digest's index.
+    at: u32,
+    owner: u32,
+}
+
 /// Every consumer: name, plan and keys, by index.
 pub struct Consumers {
     names: String,
-    /// End of each name in `names` (its start is the previous end).
-    name_ends: Vec<u32>,
-    plans: Vec<u32>,
+    people: Vec<Person>,
     by_name: HashTable<u32>,
+    /// Each key, its length first (LEB128).
     keys: Vec<u8>,
-    key_ends: Vec<u32>,
-    key_owner: Vec<u32>,
-    by_key: HashTable<u32>,
+    by_key: HashTable<KeyRef>,
     digests: Vec<KeyDigest>,
-    digest_owner: Vec<u32>,
-    by_digest: HashTable<u32>,
+    by_digest: HashTable<KeyRef>,
     /// Random per table: keys are chosen by clients, so they cannot be aimed at one bucket.
     hasher: foldhash::fast::RandomState,
 }
@@ -37,7 +53,7 @@ impl std::fmt::Debug for Consumers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumers")
             .field("len", &self.len())
-            .field("keys", &self.key_owner.len())
+            .field("keys", &self.by_key.len())
             .field("digests", &self.digests.len())
             .finish()
     }
@@ -66,9 +82,42 @@ pub enum Conflict {
     TooLarge,
 }
 
-fn span(ends: &[u32], i: usize) -> std::ops::Range<usize> {
-    let start = if i == 0 { 0 } else { ends[i - 1] as usize };
-    start..ends[i] as usize
+fn span(people: &[Person], i: usize) -> std::ops::Range<usize> {
+    let start = if i == 0 {
+        0
+    } else {
+        people[i - 1].name_end as usize
+    };
+    start..people[i].name_end as usize
+}
+
+/// The key stored at `at` in the key arena (its length first, LEB128).
+fn key_at(keys: &[u8], at: u32) -> &[u8] {
+    let mut at = at as usize;
+    let mut len = 0usize;
+    let mut shift = 0;
+    while let Some(&b) = keys.get(at) {
+        at += 1;
+        len |= usize::from(b & 0x7f) << shift;
+        shift += 7;
+        if b < 0x80 || shift > 28 {
+            break;
+        }
+    }
+    keys.get(at..at + len).unwrap_or(&[])
+}
+
+/// Appends `key` to `keys`, its length first; returns where it starts.
+fn put_key(keys: &mut Vec<u8>, key: &[u8]) -> u32 {
+    let at = keys.len() as u32;
+    let mut len = key.len();
+    while len >= 0x80 {
+        keys.push((len as u8 & 0x7f) | 0x80);
+        len >>= 7;
+    }
+    keys.push(len as u8);
+    keys.extend_from_slice(key);
+    at
 }
 
 /// The SHA-256 digest of a key, as `key_sha256` entries give it.
@@ -81,15 +130,11 @@ impl Consumers {
     pub fn with_capacity(consumers: usize, keys: usize) -> Self {
         Consumers {
             names: String::with_capacity(consumers * 8),
-            name_ends: Vec::with_capacity(consumers),
-            plans: Vec::with_capacity(consumers),
+            people: Vec::with_capacity(consumers),
             by_name: HashTable::with_capacity(consumers),
             keys: Vec::new(),
-            key_ends: Vec::with_capacity(keys),
-            key_owner: Vec::with_capacity(keys),
             by_key: HashTable::with_capacity(keys),
             digests: Vec::new(),
-            digest_owner: Vec::new(),
             by_digest: HashTable::new(),
             hasher: foldhash::fast::RandomState::default(),
         }
@@ -98,38 +143,35 @@ impl Consumers {
     /// Makes room for `more` consumers with a key each.
     pub fn reserve(&mut self, more: usize) {
         let hasher = self.hasher.clone();
-        self.name_ends.reserve(more);
-        self.plans.reserve(more);
-        self.key_ends.reserve(more);
-        self.key_owner.reserve(more);
-        let (names, ends) = (&self.names, &self.name_ends);
+        self.people.reserve(more);
+        let (names, people) = (&self.names, &self.people);
         self.by_name.reserve(more, |&i| {
-            hasher.hash_one(&names.as_bytes()[span(ends, i as usize)])
+            hasher.hash_one(&names.as_bytes()[span(people, i as usize)])
         });
-        let (keys, kends) = (&self.keys, &self.key_ends);
+        let keys = &self.keys;
         self.by_key
-            .reserve(more, |&i| hasher.hash_one(&keys[span(kends, i as usize)]));
+            .reserve(more, |r| hasher.hash_one(key_at(keys, r.at)));
     }
 
     /// Number of consumers.
     pub fn len(&self) -> usize {
-        self.name_ends.len()
+        self.people.len()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.name_ends.is_empty()
+        self.people.is_empty()
     }
 
     /// Consumer `i`'s name (names are printable ASCII, checked when added).
     pub fn name(&self, i: usize) -> &str {
         // A `String` arena: slicing it checks two boundaries, not the whole name.
-        self.names.get(span(&self.name_ends, i)).unwrap_or("")
+        self.names.get(span(&self.people, i)).unwrap_or("")
     }
 
     /// Consumer `i`'s plan: an index into [`crate::Config::plans`].
     pub fn plan(&self, i: usize) -> Option<usize> {
-        match self.plans[i] {
+        match self.people[i].plan {
             NO_PLAN => None,
             p => Some(p as usize),
         }
@@ -158,15 +200,15 @@ impl Consumers {
     fn by_digest(&self, d: &KeyDigest) -> Option<usize> {
         let h = self.hasher.hash_one(d);
         self.by_digest
-            .find(h, |&k| self.digests[k as usize] == *d)
-            .map(|&k| self.digest_owner[k as usize] as usize)
+            .find(h, |r| self.digests[r.at as usize] == *d)
+            .map(|r| r.owner as usize)
     }
 
     fn plain_owner(&self, key: &[u8]) -> Option<usize> {
         let h = self.hasher.hash_one(key);
         self.by_key
-            .find(h, |&k| &self.keys[span(&self.key_ends, k as usize)] == key)
-            .map(|&k| self.key_owner[k as usize] as usize)
+            .find(h, |r| key_at(&self.keys, r.at) == key)
+            .map(|r| r.owner as usize)
     }
 
     /// Adds a consumer. Nothing is added when the name or a key is already taken.
@@ -205,41 +247,41 @@ impl Consumers {
         }
         let too_big = |len: usize, add: usize| u32::try_from(len + add).is_err();
         if too_big(self.names.len(), name.len())
-            || too_big(self.keys.len(), keys.iter().map(|k| k.len()).sum())
+            || too_big(self.keys.len(), keys.iter().map(|k| k.len() + 5).sum())
+            || too_big(self.digests.len(), digests.len())
             || too_big(self.len(), 1)
         {
             return Err(Conflict::TooLarge);
         }
         let me = self.len() as u32;
         self.names.push_str(name);
-        self.name_ends.push(self.names.len() as u32);
-        self.plans
-            .push(plan.and_then(|p| u32::try_from(p).ok()).unwrap_or(NO_PLAN));
+        self.people.push(Person {
+            name_end: self.names.len() as u32,
+            plan: plan.and_then(|p| u32::try_from(p).ok()).unwrap_or(NO_PLAN),
+        });
         let hasher = self.hasher.clone();
         let h = hasher.hash_one(name.as_bytes());
-        let (names, ends) = (&self.names, &self.name_ends);
+        let (names, people) = (&self.names, &self.people);
         self.by_name.insert_unique(h, me, |&i| {
-            hasher.hash_one(&names.as_bytes()[span(ends, i as usize)])
+            hasher.hash_one(&names.as_bytes()[span(people, i as usize)])
         });
         for k in keys {
-            self.keys.extend_from_slice(k.as_bytes());
-            self.key_ends.push(self.keys.len() as u32);
-            self.key_owner.push(me);
-            let ix = (self.key_owner.len() - 1) as u32;
-            let (bytes, ends) = (&self.keys, &self.key_ends);
-            self.by_key
-                .insert_unique(hasher.hash_one(k.as_bytes()), ix, |&i| {
-                    hasher.hash_one(&bytes[span(ends, i as usize)])
-                });
+            let at = put_key(&mut self.keys, k.as_bytes());
+            let bytes = &self.keys;
+            self.by_key.insert_unique(
+                hasher.hash_one(k.as_bytes()),
+                KeyRef { at, owner: me },
+                |r| hasher.hash_one(key_at(bytes, r.at)),
+            );
         }
         for d in digests {
+            let at = self.digests.len() as u32;
             self.digests.push(*d);
-            self.digest_owner.push(me);
-            let ix = (self.digests.len() - 1) as u32;
             let all = &self.digests;
-            self.by_digest.insert_unique(hasher.hash_one(d), ix, |&i| {
-                hasher.hash_one(all[i as usize])
-            });
+            self.by_digest
+                .insert_unique(hasher.hash_one(d), KeyRef { at, owner: me }, |r| {
+                    hasher.hash_one(all[r.at as usize])
+                });
         }
         Ok(me as usize)
     }
@@ -251,34 +293,81 @@ impl Consumers {
         if self.digests.is_empty() {
             return Vec::new();
         }
-        (0..self.key_owner.len())
-            .filter_map(|k| {
-                let d = key_digest(&self.keys[span(&self.key_ends, k)]);
-                let owner = self.key_owner[k] as usize;
-                self.by_digest(&d).map(|other| (owner, other))
+        let mut found: Vec<(usize, usize)> = self
+            .by_key
+            .iter()
+            .filter_map(|r| {
+                let d = key_digest(key_at(&self.keys, r.at));
+                self.by_digest(&d).map(|other| (r.owner as usize, other))
             })
-            .collect()
+            .collect();
+        found.sort_unstable();
+        found
     }
 
     /// Gives back memory reserved beyond what the table holds.
     pub fn shrink_to_fit(&mut self) {
         let hasher = self.hasher.clone();
         self.names.shrink_to_fit();
-        self.name_ends.shrink_to_fit();
-        self.plans.shrink_to_fit();
+        self.people.shrink_to_fit();
         self.keys.shrink_to_fit();
-        self.key_ends.shrink_to_fit();
-        self.key_owner.shrink_to_fit();
         self.digests.shrink_to_fit();
-        self.digest_owner.shrink_to_fit();
-        let (names, ends) = (&self.names, &self.name_ends);
+        let (names, people) = (&self.names, &self.people);
         self.by_name
-            .shrink_to_fit(|&i| hasher.hash_one(&names.as_bytes()[span(ends, i as usize)]));
-        let (keys, kends) = (&self.keys, &self.key_ends);
+            .shrink_to_fit(|&i| hasher.hash_one(&names.as_bytes()[span(people, i as usize)]));
+        let keys = &self.keys;
         self.by_key
-            .shrink_to_fit(|&i| hasher.hash_one(&keys[span(kends, i as usize)]));
+            .shrink_to_fit(|r| hasher.hash_one(key_at(keys, r.at)));
         let all = &self.digests;
         self.by_digest
-            .shrink_to_fit(|&i| hasher.hash_one(all[i as usize]));
+            .shrink_to_fit(|r| hasher.hash_one(all[r.at as usize]));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_of_every_length_class_are_found_by_their_owner() {
+        let keys: Vec<String> = [1, 127, 128, 300, 16_383, 16_384, 70_000]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| char::from(b'a' + i as u8).to_string().repeat(n))
+            .collect();
+        let mut t = Consumers::default();
+        for (i, k) in keys.iter().enumerate() {
+            let me = t.push(&format!("c{i}"), Some(i), &[k.as_str()], &[]);
+            assert_eq!(me, Ok(i));
+        }
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(t.by_key(k.as_bytes()), Some(i), "key of length {}", k.len());
+            assert_eq!(t.plan(i), Some(i));
+            assert_eq!(t.name(i), format!("c{i}"));
+        }
+        // A prefix or an extension of a stored key is another key.
+        assert_eq!(t.by_key(&keys[3].as_bytes()[1..]), None);
+        assert_eq!(t.by_key(format!("{}b", keys[1]).as_bytes()), None);
+        t.shrink_to_fit();
+        assert_eq!(t.by_key(keys[6].as_bytes()), Some(6));
+    }
+
+    #[test]
+    fn hashed_keys_name_their_owner_and_clashes_are_reported_in_order() {
+        let mut t = Consumers::default();
+        assert_eq!(t.push("a", None, &["k1", "k2"], &[]), Ok(0));
+        assert_eq!(t.push("b", None, &[], &[key_digest(b"k2")]), Ok(1));
+        assert_eq!(t.push("c", None, &[], &[key_digest(b"k1")]), Ok(2));
+        assert_eq!(t.by_key(b"k2"), Some(0), "the plain key is looked up first");
+        assert_eq!(t.plan(1), None);
+        assert_eq!(t.cross_conflicts(), vec![(0, 1), (0, 2)]);
+        assert_eq!(
+            t.push("d", None, &[], &[key_digest(b"k1")]),
+            Err(Conflict::Key { other: 2, at: 0 })
+        );
+        assert_eq!(
+            t.push("e", None, &["k3", "k1"], &[]),
+            Err(Conflict::Key { other: 0, at: 1 })
+        );
     }
 }
