@@ -161,15 +161,16 @@ pub struct Now {
 }
 
 impl LimitCell {
-    /// Local counters for "`requests` per `window`" (window: a whole number of seconds, ≥ 1 s).
-    pub fn new(id: u64, requests: u64, window: Duration) -> Self {
+    /// Local counters for "`requests` per `window`" (window: a whole number of seconds, ≥ 1 s),
+    /// known in the state file as `key`.
+    pub fn new(id: u64, requests: u64, window: Duration, key: Arc<str>) -> Self {
         LimitCell {
             id,
             requests,
             window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
             state: CellState::new(Counter::Local(Window::default())),
             shared: None,
-            key: Arc::from(""),
+            key,
             dirty: None,
         }
     }
@@ -180,6 +181,7 @@ impl LimitCell {
         requests: u64,
         window: Duration,
         shared: crate::cluster::SharedLimit,
+        key: Arc<str>,
     ) -> Self {
         LimitCell {
             id,
@@ -187,7 +189,7 @@ impl LimitCell {
             window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
             state: CellState::new(Counter::Shared(crate::cluster::Lease::default())),
             shared: Some(Box::new(shared)),
-            key: Arc::from(""),
+            key,
             dirty: None,
         }
     }
@@ -353,7 +355,12 @@ mod tests {
     }
 
     fn cell(id: u64, n: u64, secs: u64) -> Arc<LimitCell> {
-        Arc::new(LimitCell::new(id, n, Duration::from_secs(secs)))
+        Arc::new(LimitCell::new(
+            id,
+            n,
+            Duration::from_secs(secs),
+            Arc::from("test"),
+        ))
     }
 
     fn check(cells: &[Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Refused> {

@@ -11,6 +11,7 @@
 use super::persist::Saved;
 use super::{DirtyQueue, LimitCell, Now};
 use crate::cluster::Cluster;
+use hashbrown::HashTable;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -21,7 +22,8 @@ use tollgate_config::{Consumers, LimitConfig};
 
 const SHARDS: usize = 64;
 
-type Shard = Mutex<HashMap<Arc<str>, Arc<LimitCell>, foldhash::fast::RandomState>>;
+/// Cells by the hash of their key (a table of pointers: the key is the cell's own).
+type Shard = Mutex<HashTable<Arc<LimitCell>>>;
 
 /// Every limit cell in use, by identity.
 pub struct Live {
@@ -43,15 +45,48 @@ impl std::fmt::Debug for Live {
     }
 }
 
+/// Who a cell counts: a consumer across its plan's routes, or on one route only.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    /// The route whose own limit this is (`None`: a plan's limit).
+    pub route: Option<&'a str>,
+    /// The consumer's name.
+    pub consumer: &'a str,
+}
+
+impl Scope<'_> {
+    /// `consumer:NAME` or `route:R:consumer:NAME`, as the state file and Redis name it.
+    fn write(&self, out: &mut impl Extend<u8>) {
+        if let Some(r) = self.route {
+            out.extend(*b"route:");
+            out.extend(r.bytes());
+            out.extend(*b":");
+        }
+        out.extend(*b"consumer:");
+        out.extend(self.consumer.bytes());
+    }
+}
+
+/// A cell's identity, built on the stack: most fit, and a lookup that finds the cell
+/// allocates nothing.
+type KeyBuf = SmallVec<[u8; 96]>;
+
 /// The identity of a cell: who is counted and the limit, as the state file keys it.
 /// Names never hold a tab.
-pub(crate) fn cell_key(scope: &str, limit: &LimitConfig) -> String {
+fn cell_key(scope: Scope<'_>, limit: &LimitConfig) -> KeyBuf {
     let mut n = itoa::Buffer::new();
     let mut w = itoa::Buffer::new();
-    let (n, w) = (n.format(limit.requests), w.format(limit.window.as_secs()));
-    let mut k = String::with_capacity(scope.len() + limit.name.len() + n.len() + w.len() + 3);
-    for part in [scope, "\t", &limit.name, "\t", n, "\t", w] {
-        k.push_str(part);
+    let mut k = KeyBuf::new();
+    scope.write(&mut k);
+    for part in [
+        "\t",
+        &limit.name,
+        "\t",
+        n.format(limit.requests),
+        "\t",
+        w.format(limit.window.as_secs()),
+    ] {
+        k.extend_from_slice(part.as_bytes());
     }
     k
 }
@@ -81,54 +116,73 @@ impl Live {
         self.cluster.as_ref()
     }
 
-    fn shard(&self, key: &str) -> &Shard {
-        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
     }
 
-    /// The cell counting `limit` for `scope` (`consumer:NAME` or `route:R:consumer:NAME`),
-    /// made if none is in use.
-    pub fn cell(&self, scope: &str, limit: &LimitConfig, now: Now) -> Arc<LimitCell> {
+    /// The shard of a key's hash: bits that neither the table's buckets (low bits) nor its
+    /// tags (top seven) use.
+    fn shard(&self, h: u64) -> &Shard {
+        &self.shards[(h >> 32) as usize % SHARDS]
+    }
+
+    /// The cell counting `limit` for `scope`, made if none is in use.
+    pub fn cell(&self, scope: Scope<'_>, limit: &LimitConfig, now: Now) -> Arc<LimitCell> {
         let key = cell_key(scope, limit);
-        let mut shard = self.shard(&key).lock();
-        if let Some(c) = shard.get(key.as_str()) {
-            if !c.state.lock().retired {
-                return c.clone();
+        let h = self.hash(&key);
+        let mut shard = self.shard(h).lock();
+        let found = shard.find_entry(h, |c| c.key.as_bytes() == key.as_slice());
+        if let Ok(e) = &found {
+            if !e.get().state.lock().retired {
+                return e.get().clone();
             }
         }
+        let cell = Arc::new(self.make(scope, limit, &key, now));
+        match found {
+            Ok(mut e) => *e.get_mut() = cell.clone(),
+            Err(absent) => {
+                absent
+                    .into_table()
+                    .insert_unique(h, cell.clone(), |c| self.hash(c.key.as_bytes()));
+            }
+        }
+        cell
+    }
+
+    /// A new cell for `limit` of `scope`, with its restored counts if the state file had
+    /// them.
+    fn make(&self, scope: Scope<'_>, limit: &LimitConfig, key: &[u8], now: Now) -> LimitCell {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let key: Arc<str> = Arc::from(key);
-        let mut cell = match &self.cluster {
-            Some(cluster) => LimitCell::new_shared(
-                id,
-                limit.requests,
-                limit.window,
-                cluster.limit(scope, limit),
-            ),
-            None => LimitCell::new(id, limit.requests, limit.window),
-        };
-        cell.key = key.clone();
-        if cell.shared.is_none() {
+        // Every part is a `str`, so the key is one.
+        let key: Arc<str> = Arc::from(String::from_utf8_lossy(key));
+        let Some(cluster) = &self.cluster else {
+            let mut cell = LimitCell::new(id, limit.requests, limit.window, key);
             cell.dirty = self.dirty.clone();
-            let saved = if self.restoring.load(Ordering::Acquire) {
-                let mut r = self.restored.lock();
-                let s = r.remove(&key);
-                if r.is_empty() {
-                    self.restoring.store(false, Ordering::Release);
-                }
-                s
-            } else {
-                None
-            };
-            if let Some(s) = saved {
+            if let Some(s) = self.take_restored(&cell.key) {
                 let slot_ns = cell.slot_ns();
                 if let super::Counter::Local(w) = &mut cell.state.get_mut().counter {
                     *w = s.window_at(slot_ns, now);
                 }
             }
+            return cell;
+        };
+        let mut name = Vec::new();
+        scope.write(&mut name);
+        let shared = cluster.limit(&String::from_utf8_lossy(&name), limit);
+        LimitCell::new_shared(id, limit.requests, limit.window, shared, key)
+    }
+
+    /// The counts the state file had for `key`, if any are still waiting.
+    fn take_restored(&self, key: &Arc<str>) -> Option<Saved> {
+        if !self.restoring.load(Ordering::Acquire) {
+            return None;
         }
-        let cell = Arc::new(cell);
-        shard.insert(key, cell.clone());
-        cell
+        let mut r = self.restored.lock();
+        let s = r.remove(key);
+        if r.is_empty() {
+            self.restoring.store(false, Ordering::Release);
+        }
+        s
     }
 
     /// Cells in use.
@@ -146,14 +200,14 @@ impl Live {
         let mut retired = 0;
         for s in self.shards.iter() {
             let mut shard = s.lock();
-            shard.retain(|_, c| {
+            shard.retain(|c| {
                 let keep = !c.idle(now, true);
                 retired += usize::from(!keep);
                 keep
             });
             // A burst of consumers leaves a large table behind: give it back.
             if shard.capacity() > 64 && shard.len() * 4 < shard.capacity() {
-                shard.shrink_to_fit();
+                shard.shrink_to_fit(|c| self.hash(c.key.as_bytes()));
             }
         }
         retired
@@ -213,19 +267,14 @@ impl Counters {
         if let Some(g) = &*slot {
             return g.clone();
         }
-        let name = self.consumers.name(i);
+        let consumer = self.consumers.name(i);
         let layout = &self.layouts[self.plan_slot(i)];
-        let mut plan_scope = String::with_capacity(9 + name.len());
-        plan_scope.push_str("consumer:");
-        plan_scope.push_str(name);
         let group: Group = layout
             .limits
             .iter()
-            .map(|(limit, route)| match route {
-                None => self.live.cell(&plan_scope, limit, now),
-                Some(r) => self
-                    .live
-                    .cell(&format!("route:{r}:consumer:{name}"), limit, now),
+            .map(|(limit, route)| {
+                let route = route.as_deref();
+                self.live.cell(Scope { route, consumer }, limit, now)
             })
             .collect();
         let g = Arc::new(group);
