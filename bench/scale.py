@@ -14,8 +14,9 @@ bench/seed.py (gateway on CPU 1; echo backend and wrk on CPU 0):
 2. memory: resident memory (PSS summed over nginx's master and worker) with N consumers,
    minus the same server with 3 consumers, divided by N; for tollgate also after every
    consumer has called once (their counters made), and once those counters are retired;
-3. CPU per request: `wrk` with a Lua script picking each request's key, once uniformly
-   over all N keys and once always the same key; rounds interleaved, medians, ratio;
+3. CPU per request: `wrk` with a Lua script drawing a key uniformly over all N keys for
+   each request, and sending it (uniform) or the first key instead (hot), so the load
+   generator works the same in both; rounds interleaved, medians, ratio;
 4. reload: a paced load (`tollgate bench --rate 2000`) while tollgate reloads the N
    consumers (SIGHUP): failures and p99 against the same load without a reload.
 
@@ -153,19 +154,21 @@ def settled_pss(pid, seconds=10.0):
     return last
 
 
-def wrk_script(tmp, keys_file):
-    path = Path(tmp) / ("uniform.lua" if keys_file else "hot.lua")
-    if keys_file:
-        path.write_text(f"""
+def wrk_script(tmp, keys_file, hot):
+    """wrk's request script: a key drawn uniformly from `keys_file` each request, or (hot)
+    the same draw with the first key sent every time, so that both cost the load generator
+    the same and only the gateway's side differs."""
+    path = Path(tmp) / ("hot.lua" if hot else "uniform.lua")
+    path.write_text(f"""
 local keys = {{}}
 for line in io.lines("{keys_file}") do keys[#keys + 1] = line end
 math.randomseed(os.time())
+local hot = {"keys[1]" if hot else "nil"}
 request = function()
-  return wrk.format("GET", "/test/?apikey=" .. keys[math.random(#keys)])
+  local k = keys[math.random(#keys)]
+  return wrk.format("GET", "/test/?apikey=" .. (hot or k))
 end
 """)
-    else:
-        path.write_text(f'request = function() return wrk.format("GET", "/test/?apikey={key_of(0)}") end\n')
     return path
 
 
@@ -261,7 +264,8 @@ def main():
             out["tollgate_check_s"] = round(time.monotonic() - t, 2)
             if chk.returncode != 0:
                 die(f"check failed: {chk.stderr.decode()}")
-            scripts = {"uniform": wrk_script(tmp, Path(tmp) / "keys.txt"), "hot": wrk_script(tmp, None)}
+            keys = Path(tmp) / "keys.txt"
+            scripts = {"uniform": wrk_script(tmp, keys, False), "hot": wrk_script(tmp, keys, True)}
             for system in ("tollgate", "nginx"):
                 proc, _ = start(system, small[system], tmp)
                 base = settled_pss(proc.pid)
