@@ -312,6 +312,11 @@ def main():
                 out[system]["cpu_us_uniform"] = round(med["uniform"], 2)
                 out[system]["cpu_us_hot"] = round(med["hot"], 2)
                 out[system]["uniform_over_hot"] = round(med["uniform"] / med["hot"], 3)
+                # Each round's two arms run back to back, so their ratio is less exposed to
+                # the machine's drift over the whole run than the ratio of the medians.
+                per_round = [u["cpu_us"] / h["cpu_us"] for u, h in zip(cpu[(system, "uniform")], cpu[(system, "hot")])]
+                out[system]["uniform_over_hot_per_round"] = [round(r, 3) for r in per_round]
+                out[system]["uniform_over_hot_median_of_rounds"] = round(statistics.median(per_round), 3)
                 out[system]["rps_uniform"] = round(rps["uniform"])
                 out[system]["rps_hot"] = round(rps["hot"])
                 out[system]["non2xx"] = sum(r["non2xx"] for k in scripts for r in cpu[(system, k)])
