@@ -320,3 +320,57 @@ impl Counters {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn limit() -> LimitConfig {
+        LimitConfig {
+            name: "per-minute".into(),
+            requests: 60,
+            window: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn cell_keys_keep_the_state_files_format() {
+        let plan = Scope {
+            route: None,
+            consumer: "acme",
+        };
+        let route = Scope {
+            route: Some("orders"),
+            consumer: "acme",
+        };
+        assert_eq!(
+            cell_key(plan, &limit()).as_slice(),
+            b"consumer:acme\tper-minute\t60\t60"
+        );
+        assert_eq!(
+            cell_key(route, &limit()).as_slice(),
+            b"route:orders:consumer:acme\tper-minute\t60\t60"
+        );
+    }
+
+    #[test]
+    fn one_identity_is_one_cell_until_it_is_retired() {
+        let live = Live::new(None, None);
+        let now = Now { mono: 1, wall: 1 };
+        let who = |consumer| Scope {
+            route: None,
+            consumer,
+        };
+        let a = live.cell(who("a"), &limit(), now);
+        assert!(Arc::ptr_eq(&a, &live.cell(who("a"), &limit(), now)));
+        let b = live.cell(who("b"), &limit(), now);
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert_eq!(&*a.key, "consumer:a\tper-minute\t60\t60");
+        assert_eq!(live.len(), 2);
+        a.state.lock().retired = true;
+        let again = live.cell(who("a"), &limit(), now);
+        assert!(!Arc::ptr_eq(&a, &again), "a retired cell is replaced");
+        assert_eq!(live.len(), 2);
+    }
+}
