@@ -1,15 +1,18 @@
 //! Consumers compiled into a compact table, so a million of them fit in well under 128 bytes
-//! each: names and keys live in two byte arenas, each consumer's name end and plan side by
-//! side, and three hash tables find a consumer by name, by key and by key digest.
+//! each: names live in a byte arena, each consumer's name end and plan side by side, and
+//! three tables find a consumer by name, by key (its fingerprint) and by key digest.
 //!
 //! A key lookup with a million consumers misses the CPU caches at every step, so the steps
-//! are few: the key table's slot holds where the key's bytes are (their length in front of
-//! them) and who owns it, and the owner's plan sits beside its name's end.
+//! are few: plain keys are found by a keyed fingerprint whose slot names the owner
+//! (see `key_table`), with no key bytes to read, and the owner's plan sits beside its
+//! name's end. The keys' bytes are kept only while the table is built, to check them
+//! against the hashed keys.
 //!
 //! Keys may be given as SHA-256 digests (`key_sha256`) so that a consumers file holds no
 //! secrets. A key a client presents is looked up as written first; only when that misses and
 //! the table holds digests is it hashed (one SHA-256 of the key, ≈ 0.1–0.3 µs).
 
+use crate::key_table::KeyTable;
 use hashbrown::HashTable;
 use sha2::{Digest, Sha256};
 use std::hash::BuildHasher;
@@ -40,9 +43,12 @@ pub struct Consumers {
     names: String,
     people: Vec<Person>,
     by_name: HashTable<u32>,
-    /// Each key, its length first (LEB128).
+    /// Plain keys by fingerprint.
+    plain: KeyTable,
+    /// While the table is built: each plain key, its length first (LEB128), and where each
+    /// is with its owner (for [`Consumers::cross_conflicts`]).
     keys: Vec<u8>,
-    by_key: HashTable<KeyRef>,
+    key_list: Vec<KeyRef>,
     digests: Vec<KeyDigest>,
     by_digest: HashTable<KeyRef>,
     /// Random per table: keys are chosen by clients, so they cannot be aimed at one bucket.
@@ -53,7 +59,7 @@ impl std::fmt::Debug for Consumers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumers")
             .field("len", &self.len())
-            .field("keys", &self.by_key.len())
+            .field("keys", &self.plain.len())
             .field("digests", &self.digests.len())
             .finish()
     }
@@ -132,8 +138,9 @@ impl Consumers {
             names: String::with_capacity(consumers * 8),
             people: Vec::with_capacity(consumers),
             by_name: HashTable::with_capacity(consumers),
+            plain: KeyTable::with_capacity(keys),
             keys: Vec::new(),
-            by_key: HashTable::with_capacity(keys),
+            key_list: Vec::new(),
             digests: Vec::new(),
             by_digest: HashTable::new(),
             hasher: foldhash::fast::RandomState::default(),
@@ -148,9 +155,7 @@ impl Consumers {
         self.by_name.reserve(more, |&i| {
             hasher.hash_one(&names.as_bytes()[span(people, i as usize)])
         });
-        let keys = &self.keys;
-        self.by_key
-            .reserve(more, |r| hasher.hash_one(key_at(keys, r.at)));
+        self.plain.reserve(more);
     }
 
     /// Number of consumers.
@@ -205,10 +210,7 @@ impl Consumers {
     }
 
     fn plain_owner(&self, key: &[u8]) -> Option<usize> {
-        let h = self.hasher.hash_one(key);
-        self.by_key
-            .find(h, |r| key_at(&self.keys, r.at) == key)
-            .map(|r| r.owner as usize)
+        self.plain.get(key).map(|o| o as usize)
     }
 
     /// Adds a consumer. Nothing is added when the name or a key is already taken.
@@ -266,13 +268,10 @@ impl Consumers {
             hasher.hash_one(&names.as_bytes()[span(people, i as usize)])
         });
         for k in keys {
+            // Checked free above, so this adds it.
+            let _ = self.plain.insert(k.as_bytes(), me);
             let at = put_key(&mut self.keys, k.as_bytes());
-            let bytes = &self.keys;
-            self.by_key.insert_unique(
-                hasher.hash_one(k.as_bytes()),
-                KeyRef { at, owner: me },
-                |r| hasher.hash_one(key_at(bytes, r.at)),
-            );
+            self.key_list.push(KeyRef { at, owner: me });
         }
         for d in digests {
             let at = self.digests.len() as u32;
@@ -287,14 +286,15 @@ impl Consumers {
     }
 
     /// Pairs of consumers where one's plain key is the other's hashed key: `(plain key's
-    /// owner, digest's owner)`. Checked once the table is built (one SHA-256 per plain key,
-    /// and only when the table holds both kinds).
+    /// owner, digest's owner)`. Checked once the table is built and before
+    /// [`Consumers::shrink_to_fit`], which drops the plain keys' bytes (one SHA-256 per plain
+    /// key, and only when the table holds both kinds).
     pub fn cross_conflicts(&self) -> Vec<(usize, usize)> {
         if self.digests.is_empty() {
             return Vec::new();
         }
         let mut found: Vec<(usize, usize)> = self
-            .by_key
+            .key_list
             .iter()
             .filter_map(|r| {
                 let d = key_digest(key_at(&self.keys, r.at));
@@ -305,19 +305,19 @@ impl Consumers {
         found
     }
 
-    /// Gives back memory reserved beyond what the table holds.
+    /// Gives back memory reserved beyond what the table holds, and the plain keys' bytes:
+    /// lookups need only their fingerprints.
     pub fn shrink_to_fit(&mut self) {
         let hasher = self.hasher.clone();
         self.names.shrink_to_fit();
         self.people.shrink_to_fit();
-        self.keys.shrink_to_fit();
+        self.keys = Vec::new();
+        self.key_list = Vec::new();
+        self.plain.shrink_to_fit();
         self.digests.shrink_to_fit();
         let (names, people) = (&self.names, &self.people);
         self.by_name
             .shrink_to_fit(|&i| hasher.hash_one(&names.as_bytes()[span(people, i as usize)]));
-        let keys = &self.keys;
-        self.by_key
-            .shrink_to_fit(|r| hasher.hash_one(key_at(keys, r.at)));
         let all = &self.digests;
         self.by_digest
             .shrink_to_fit(|r| hasher.hash_one(all[r.at as usize]));

@@ -10,6 +10,7 @@ pub mod consumers;
 mod consumers_file;
 pub mod error;
 pub mod file;
+mod key_table;
 pub mod model;
 pub mod parse;
 pub mod tls;
