@@ -45,32 +45,37 @@ pub fn check(
         mono: clock.now_nanos(),
         wall: clock.wall_nanos(),
     };
-    // A cell retired between the lookup and the check is looked up again; the sweeper
-    // retires only idle cells, so a second try finds fresh ones.
+    // A cell retired by the sweeper before this request reached it is dropped from the
+    // consumer's slot and the cells are looked up again: the sweeper retires only idle
+    // cells, so a second try finds fresh ones.
     for _ in 0..4 {
-        let group = snap.counters.group(consumer, now);
         // Locks are taken in cell id order; `order[k]` is the limit the k-th cell counts.
         let mut order: SmallVec<[(u64, usize); 4]> = SmallVec::new();
-        for (ix, &p) in set.positions.iter().enumerate() {
-            if let Some(c) = group.get(p) {
-                order.push((c.id, ix));
+        let checked = snap.counters.with_group(consumer, now, |group| {
+            for (ix, &p) in set.positions.iter().enumerate() {
+                if let Some(c) = group.get(p) {
+                    order.push((c.id, ix));
+                }
             }
-        }
-        order.sort_unstable();
-        let cells: SmallVec<[&Arc<LimitCell>; 4]> = order
-            .iter()
-            .filter_map(|&(_, ix)| group.get(set.positions[ix]))
-            .collect();
+            order.sort_unstable();
+            let cells: SmallVec<[&Arc<LimitCell>; 4]> = order
+                .iter()
+                .filter_map(|&(_, ix)| group.get(set.positions[ix]))
+                .collect();
+            let checked = limiter::check(&cells, now);
+            drop(cells);
+            if let Err(Refused::Retired) = checked {
+                group.clear();
+            }
+            checked
+        });
         let info_of = |k: usize| order.get(k).map_or(0, |o| o.1);
-        return match limiter::check(&cells, now) {
+        return match checked {
             Ok(s) => Ok(s.map(|s| Standing {
                 index: info_of(s.index),
                 ..s
             })),
-            Err(Refused::Retired) => {
-                snap.counters.forget(consumer, &group);
-                continue;
-            }
+            Err(Refused::Retired) => continue,
             Err(Refused::Limit(s)) => {
                 let info = &set.info[info_of(s.index)];
                 info.refused.inc();
