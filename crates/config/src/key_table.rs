@@ -79,16 +79,19 @@ impl KeyTable {
 
     /// The owner of `key`.
     pub(crate) fn get(&self, key: &[u8]) -> Option<u32> {
-        let fingerprint = self.fingerprint(key);
+        self.find(&self.fingerprint(key))
+    }
+
+    fn find(&self, fingerprint: &[u32; 3]) -> Option<u32> {
         let n = self.slots.len();
-        let mut i = Self::home(&fingerprint, n);
+        let mut i = Self::home(fingerprint, n);
         // The table always has a free slot, which ends every probe.
         for _ in 0..n {
             let s = &self.slots[i];
             if s.owner == FREE {
                 return None;
             }
-            if s.fingerprint == fingerprint {
+            if s.fingerprint == *fingerprint {
                 return Some(s.owner);
             }
             i = if i + 1 == n { 0 } else { i + 1 };
@@ -99,7 +102,7 @@ impl KeyTable {
     /// Adds `key` for `owner`, or names the consumer already holding it.
     pub(crate) fn insert(&mut self, key: &[u8], owner: u32) -> Result<(), u32> {
         let fingerprint = self.fingerprint(key);
-        if let Some(other) = self.get(key) {
+        if let Some(other) = self.find(&fingerprint) {
             return Err(other);
         }
         if room_for(self.len + 1) > self.slots.len() {
