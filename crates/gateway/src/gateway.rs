@@ -583,43 +583,44 @@ impl Gateway {
                 now_ns: self.clock.now_nanos(),
                 clock: &self.clock,
             };
-            let mut resp =
-                if matches!(parts.method, Method::GET | Method::HEAD) && body.is_end_stream() {
-                    let key = cache::Key::of(&ask, &parts);
-                    if self.cache.passes(&key, ask.now_ns) {
-                        // Nothing to look up or store: the plain path, as without a cache.
-                        let t = Instant::now();
-                        let resp = upstream::forward(&route.upstream, parts, body, hop).await;
-                        upstream_time(trace, route, t);
-                        let mut resp = resp?.map(Either::Left);
-                        resp.headers_mut().insert(
-                            cache::CACHE_STATUS,
-                            HeaderValue::from_static(cache::PASS_STATUS),
-                        );
-                        policy::decorate(route, &admitted, resp.headers_mut());
-                        return Ok(resp);
-                    }
+            let mut resp = if matches!(parts.method, Method::GET | Method::HEAD)
+                && body.is_end_stream()
+            {
+                let key = cache::Key::of(&ask, &parts);
+                if self.cache.passes(&key, ask.now_ns) {
+                    // Nothing to look up or store: the plain path, as without a cache.
+                    let t = Instant::now();
+                    let resp = upstream::forward(&route.upstream, parts, body, hop).await;
+                    upstream_time(trace, route, t);
+                    let mut resp = resp?.map(Either::Left);
+                    resp.headers_mut().insert(
+                        cache::CACHE_STATUS,
+                        HeaderValue::from_static(cache::PASS_STATUS),
+                    );
+                    resp
+                } else {
                     let fetch = Arc::new(UpFetch::new(route, conn));
-                    // Boxed: the cache's future is the largest branch, and every request's
-                    // future is moved into place whole (into hyper's connection, or a new
-                    // task per HTTP/2 stream).
+                    // Boxed: the cache's future is the largest branch, and every
+                    // request's future is moved into place whole (into hyper's
+                    // connection, or a new task per HTTP/2 stream).
                     let resp = Box::pin(self.cache.serve(ask, key, parts, fetch.clone())).await?;
                     if cache::went_upstream(&resp) {
                         trace.upstream_ns = Some(fetch.took_ns.load(Ordering::Relaxed));
                     }
                     resp
-                } else {
-                    let t = Instant::now();
-                    let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));
-                    let resp = upstream::forward(&route.upstream, parts, body, hop).await;
-                    upstream_time(trace, route, t);
-                    let resp = resp?;
-                    let ok = resp.status().is_success() || resp.status().is_redirection();
-                    if let (Some(sent), true) = (sent, ok) {
-                        self.cache.invalidate(&ask, &sent, resp.headers());
-                    }
-                    resp.map(Either::Left)
-                };
+                }
+            } else {
+                let t = Instant::now();
+                let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));
+                let resp = upstream::forward(&route.upstream, parts, body, hop).await;
+                upstream_time(trace, route, t);
+                let resp = resp?;
+                let ok = resp.status().is_success() || resp.status().is_redirection();
+                if let (Some(sent), true) = (sent, ok) {
+                    self.cache.invalidate(&ask, &sent, resp.headers());
+                }
+                resp.map(Either::Left)
+            };
             policy::decorate(route, &admitted, resp.headers_mut());
             Ok(resp)
         }
