@@ -147,6 +147,14 @@ impl PassTable {
         tag.store(t, Ordering::Release);
     }
 
+    /// Stops `key` passing, leaving a slot that another key holds as it is.
+    fn clear(&self, key: &str) {
+        let ((tag, at), t) = self.slot(key);
+        if tag.load(Ordering::Acquire) == t {
+            at.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Until when `key` passes (0: it does not).
     fn until(&self, key: &str) -> u64 {
         let ((tag, at), t) = self.slot(key);
@@ -268,7 +276,7 @@ impl Store {
 
     /// An answer for `flight` was stored: requests for it look up again.
     pub fn cacheable_again(&self, flight: &str) {
-        self.uncacheable.mark(flight, 0);
+        self.uncacheable.clear(flight);
     }
 
     /// Whether an answer for `flight` could not be stored within [`UNCACHEABLE_FOR`].
