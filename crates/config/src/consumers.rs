@@ -12,9 +12,10 @@
 //! secrets. A key a client presents is looked up as written first; only when that misses and
 //! the table holds digests is it hashed (one SHA-256 of the key, ≈ 0.1–0.3 µs).
 
-use crate::key_table::KeyTable;
+use crate::key_table::{Fingerprint, KeyTable};
 use hashbrown::HashTable;
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 use std::hash::BuildHasher;
 
 /// A SHA-256 digest of an API key.
@@ -224,9 +225,17 @@ impl Consumers {
         if let Some(other) = self.find(name) {
             return Err(Conflict::Name(other));
         }
-        for (j, k) in keys.iter().enumerate() {
-            if let Some(other) = self.plain_owner(k.as_bytes()) {
-                return Err(Conflict::Key { other, at: j });
+        // Each key fingerprinted once, to check it and then to add it.
+        let prints: SmallVec<[Fingerprint; 2]> = keys
+            .iter()
+            .map(|k| self.plain.fingerprint(k.as_bytes()))
+            .collect();
+        for (j, (k, f)) in keys.iter().zip(&prints).enumerate() {
+            if let Some(other) = self.plain.find(f) {
+                return Err(Conflict::Key {
+                    other: other as usize,
+                    at: j,
+                });
             }
             if keys[..j].contains(k) {
                 return Err(Conflict::Key {
@@ -267,9 +276,9 @@ impl Consumers {
         self.by_name.insert_unique(h, me, |&i| {
             hasher.hash_one(&names.as_bytes()[span(people, i as usize)])
         });
-        for k in keys {
+        for (k, f) in keys.iter().zip(prints) {
             // Checked free above, so this adds it.
-            let _ = self.plain.insert(k.as_bytes(), me);
+            let _ = self.plain.insert(f, me);
             let at = put_key(&mut self.keys, k.as_bytes());
             self.key_list.push(KeyRef { at, owner: me });
         }

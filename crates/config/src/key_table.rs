@@ -12,6 +12,9 @@
 use siphasher::sip128::{Hasher128, SipHasher24};
 use std::hash::{BuildHasher, Hasher};
 
+/// A key's fingerprint under one table's secret.
+pub(crate) type Fingerprint = [u32; 3];
+
 /// Marks a free slot.
 const FREE: u32 = u32::MAX;
 
@@ -20,7 +23,7 @@ const FREE: u32 = u32::MAX;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C, align(16))]
 struct Slot {
-    fingerprint: [u32; 3],
+    fingerprint: Fingerprint,
     owner: u32,
 }
 
@@ -64,7 +67,8 @@ impl KeyTable {
         self.len
     }
 
-    fn fingerprint(&self, key: &[u8]) -> [u32; 3] {
+    /// `key`'s fingerprint in this table.
+    pub(crate) fn fingerprint(&self, key: &[u8]) -> Fingerprint {
         let mut h = SipHasher24::new_with_keys(self.secret.0, self.secret.1);
         h.write(key);
         let f = h.finish128();
@@ -72,7 +76,7 @@ impl KeyTable {
     }
 
     /// Where a fingerprint's probe starts: its first 64 bits scaled to the table's size.
-    fn home(fingerprint: &[u32; 3], slots: usize) -> usize {
+    fn home(fingerprint: &Fingerprint, slots: usize) -> usize {
         let x = u64::from(fingerprint[0]) | (u64::from(fingerprint[1]) << 32);
         ((u128::from(x) * slots as u128) >> 64) as usize
     }
@@ -82,7 +86,8 @@ impl KeyTable {
         self.find(&self.fingerprint(key))
     }
 
-    fn find(&self, fingerprint: &[u32; 3]) -> Option<u32> {
+    /// The owner of the key with this fingerprint.
+    pub(crate) fn find(&self, fingerprint: &Fingerprint) -> Option<u32> {
         let n = self.slots.len();
         let mut i = Self::home(fingerprint, n);
         // The table always has a free slot, which ends every probe.
@@ -99,9 +104,9 @@ impl KeyTable {
         None
     }
 
-    /// Adds `key` for `owner`, or names the consumer already holding it.
-    pub(crate) fn insert(&mut self, key: &[u8], owner: u32) -> Result<(), u32> {
-        let fingerprint = self.fingerprint(key);
+    /// Adds the key with this fingerprint for `owner`, or names the consumer already
+    /// holding it.
+    pub(crate) fn insert(&mut self, fingerprint: Fingerprint, owner: u32) -> Result<(), u32> {
         if let Some(other) = self.find(&fingerprint) {
             return Err(other);
         }
@@ -159,9 +164,11 @@ mod tests {
     fn keys_are_found_through_growth_and_shrinking_and_others_are_not() {
         let mut t = KeyTable::default();
         for i in 0..5_000u32 {
-            assert_eq!(t.insert(format!("key-{i}").as_bytes(), i), Ok(()));
+            let f = t.fingerprint(format!("key-{i}").as_bytes());
+            assert_eq!(t.insert(f, i), Ok(()));
         }
-        assert_eq!(t.insert(b"key-42", 7), Err(42), "a key held already");
+        let f = t.fingerprint(b"key-42");
+        assert_eq!(t.insert(f, 7), Err(42), "a key held already");
         assert_eq!(t.len(), 5_000);
         t.reserve(100_000);
         for round in 0..2 {
@@ -186,7 +193,8 @@ mod tests {
     fn a_full_table_of_one_still_answers() {
         let mut t = KeyTable::with_capacity(1);
         assert_eq!(t.get(b"k"), None);
-        assert_eq!(t.insert(b"k", 0), Ok(()));
+        let f = t.fingerprint(b"k");
+        assert_eq!(t.insert(f, 0), Ok(()));
         assert_eq!(t.get(b"k"), Some(0));
         assert_eq!(t.get(b"j"), None);
     }
