@@ -2,11 +2,12 @@
 //! knowledge on `h2c` listeners, TLS handshakes bounded by the header timeout, and a
 //! graceful close when the server shuts down.
 
+use super::h2::{self, Streams};
 use super::ConnInfo;
 use crate::gateway::Gateway;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,14 +17,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tollgate_config::ListenerConfig;
+use tollgate_config::{Http2Config, ListenerConfig};
 
-/// The protocol builders of one listener, made once.
+/// The protocol builders of one listener, made once. HTTP/2 builders are made per
+/// connection, each with the executor that keeps its streams in its task ([`Streams`]).
 #[derive(Clone)]
 pub struct Builders {
     h1: http1::Builder,
-    h2: http2::Builder<TokioExecutor>,
-    auto: Option<auto::Builder<TokioExecutor>>,
+    /// The listener's HTTP/2 limits and HTTP/1.1 head limits, for the per-connection builders.
+    http2: Http2Config,
+    header_timeout: std::time::Duration,
+    max_header_bytes: usize,
+    max_headers: usize,
+    h2c: bool,
     /// The TLS config the listener started with, for when a reload dropped the listener
     /// (listener changes wait for a restart; its connections keep being served).
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -32,8 +38,8 @@ pub struct Builders {
 /// Applies the listener's HTTP/2 limits to a builder (hyper's and hyper-util's differ in
 /// type, not in these methods).
 macro_rules! h2_limits {
-    ($b:expr, $cfg:expr) => {{
-        let h = &$cfg.http2;
+    ($b:expr, $h:expr) => {{
+        let h = $h;
         $b.timer(TokioTimer::new())
             .max_concurrent_streams(h.max_concurrent_streams)
             .max_header_list_size(h.max_header_list_size)
@@ -48,7 +54,7 @@ macro_rules! h2_limits {
 impl Builders {
     /// Whether the listener serves cleartext HTTP/2 beside HTTP/1.1.
     pub fn h2c(&self) -> bool {
-        self.auto.is_some()
+        self.h2c
     }
 
     /// Builders for `cfg`'s limits.
@@ -63,28 +69,43 @@ impl Builders {
         if cfg.max_headers != 100 {
             h1.max_headers(cfg.max_headers);
         }
-        let mut h2 = http2::Builder::new(TokioExecutor::new());
-        h2_limits!(h2, cfg);
-        let auto = cfg.h2c.then(|| {
-            let mut a = auto::Builder::new(TokioExecutor::new());
-            let mut b1 = a.http1();
-            b1.timer(TokioTimer::new())
-                .keep_alive(true)
-                .header_read_timeout(cfg.header_timeout)
-                .max_buf_size(cfg.max_header_bytes.max(8192));
-            if cfg.max_headers != 100 {
-                b1.max_headers(cfg.max_headers);
-            }
-            let mut b2 = a.http2();
-            h2_limits!(b2, cfg);
-            a
-        });
         let tls = cfg.tls.as_ref().and_then(|t| {
             super::tls::server_config(t)
                 .map_err(|e| tracing::error!(listener = %cfg.address, "TLS config: {e}"))
                 .ok()
         });
-        Builders { h1, h2, auto, tls }
+        Builders {
+            h1,
+            http2: cfg.http2.clone(),
+            header_timeout: cfg.header_timeout,
+            max_header_bytes: cfg.max_header_bytes,
+            max_headers: cfg.max_headers,
+            h2c: cfg.h2c,
+            tls,
+        }
+    }
+
+    /// An HTTP/2 builder for one connection whose streams go to `streams`.
+    fn h2(&self, streams: Streams) -> http2::Builder<Streams> {
+        let mut h2 = http2::Builder::new(streams);
+        h2_limits!(h2, &self.http2);
+        h2
+    }
+
+    /// An HTTP/1.1-or-HTTP/2 builder for one h2c connection whose streams go to `streams`.
+    fn auto(&self, streams: Streams) -> auto::Builder<Streams> {
+        let mut a = auto::Builder::new(streams);
+        let mut b1 = a.http1();
+        b1.timer(TokioTimer::new())
+            .keep_alive(true)
+            .header_read_timeout(self.header_timeout)
+            .max_buf_size(self.max_header_bytes.max(8192));
+        if self.max_headers != 100 {
+            b1.max_headers(self.max_headers);
+        }
+        let mut b2 = a.http2();
+        h2_limits!(b2, &self.http2);
+        a
     }
 }
 
@@ -218,7 +239,9 @@ pub async fn serve_h2c(
     b: &Builders,
     stop: Stop,
 ) {
-    let Some(a) = &b.auto else { return };
+    if !b.h2c {
+        return;
+    }
     match first_line(&stream, info.listener.header_timeout).await {
         FirstLine::Http => {}
         // Nothing within the header timeout: closed, as an idle HTTP/1.1 connection is.
@@ -233,9 +256,12 @@ pub async fn serve_h2c(
         }
     }
     let svc = service(gw, info.clone());
-    drive(
+    let streams = Streams::default();
+    let a = b.auto(streams.clone());
+    h2::Drive::new(
         a.serve_connection_with_upgrades(TokioIo::new(stream), svc)
             .into_owned(),
+        streams,
         stop,
         |c| c.graceful_shutdown(),
         move |r| {
@@ -394,8 +420,10 @@ async fn serve_stream<S>(
         }
     };
     if h2 {
-        drive(
-            b.h2.serve_connection(io, svc),
+        let streams = Streams::default();
+        h2::Drive::new(
+            b.h2(streams.clone()).serve_connection(io, svc),
+            streams,
             stop,
             |c| c.graceful_shutdown(),
             log,
