@@ -3,7 +3,11 @@
 nginx and HAProxy terminating TLS 1.3 with the same certificate, HTTP/1.1 with keep-alive
 and HTTP/2, interleaved rounds.
 
-    python3 bench/tls.py [--rounds 5] [--duration 5] [--scenarios 1,6] [--out FILE.json]
+    python3 bench/tls.py [--rounds 5] [--duration 5] [--scenarios 1,6] [--protocols h1,h2]
+                         [--systems tollgate,nginx,haproxy] [--build LABEL=BINARY ...] [--out FILE.json]
+
+`--build` adds another tollgate binary as a system of its own (named `tollgate:LABEL`), to
+compare builds in the same interleaved rounds as the peers.
 
 Each gateway is pinned to CPU 1 and proxies to the echo backend (`tollgate echo`, kept-alive
 HTTP/1.1) on CPU 0, where the load generator h2load (nghttp2-client) runs too:
@@ -30,6 +34,8 @@ from procs import die, stop, wait_port
 
 ROOT = seed.ROOT
 SYSTEMS = ["tollgate", "nginx", "haproxy"]
+# Extra tollgate builds by system name (`tollgate:LABEL`), from --build.
+BUILDS = {}
 PROTOCOLS = {"h1": ["--h1", "-c", "50", "-m", "1"], "h2": ["-c", "10", "-m", "5"]}
 
 
@@ -71,8 +77,8 @@ def configs(tmp, scenario, cert, key, both):
 
 def start(system, scenario, tmp):
     n = scenario
-    if system == "tollgate":
-        cmd = [str(seed.BIN), "run", "--config", str(tmp / f"tollgate-{n}.yaml")]
+    if system.startswith("tollgate"):
+        cmd = [BUILDS.get(system, str(seed.BIN)), "run", "--config", str(tmp / f"tollgate-{n}.yaml")]
     elif system == "nginx":
         prefix = tmp / f"nginx-prefix-{n}"
         prefix.mkdir(exist_ok=True)
@@ -126,8 +132,22 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--scenarios", default="1,6")
+    ap.add_argument("--protocols", default="h1,h2")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--build", action="append", default=[], metavar="LABEL=BINARY")
     ap.add_argument("--out")
     args = ap.parse_args()
+    systems = args.systems.split(",")
+    for b in args.build:
+        label, _, path = b.partition("=")
+        if not path or not Path(path).is_file():
+            die(f"--build {b}: expected LABEL=BINARY with an existing binary")
+        BUILDS[f"tollgate:{label}"] = path
+        systems.append(f"tollgate:{label}")
+    protocols = args.protocols.split(",")
+    if any(p not in PROTOCOLS for p in protocols) or any(
+            s not in SYSTEMS and s not in BUILDS for s in systems):
+        die(f"protocols are {list(PROTOCOLS)}; systems are {SYSTEMS} and --build labels")
     for tool in ["h2load", "nginx", "haproxy", "openssl", "taskset"]:
         if subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True).returncode:
             die(f"{tool} is needed (apt-get install nghttp2-client nginx haproxy openssl util-linux)")
@@ -144,9 +164,9 @@ def main():
         wait_port(seed.BACKEND, backend)
         try:
             for r in range(args.rounds):
-                order = SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]
+                order = systems if r % 2 == 0 else systems[::-1]
                 for s in scenarios:
-                    for proto in PROTOCOLS:
+                    for proto in protocols:
                         for system in order:
                             res = one(system, s, proto, args.duration, tmp)
                             res["round"] = r
@@ -155,16 +175,17 @@ def main():
                                   f"{res['cpu_us']:.1f} µs CPU/req", file=sys.stderr)
         finally:
             stop(backend)
-    print("\n| scenario | protocol | system | req/s (median) | CPU µs/req (median) | CPU ÷ best peer |")
+    print("\n| scenario | protocol | system | req/s (median) | CPU µs/req (median) | CPU ÷ best peer (or first system) |")
     print("|---|---|---|---|---|---|")
     for s in args.scenarios.split(","):
-        for proto in PROTOCOLS:
+        for proto in protocols:
             med = {}
-            for system in SYSTEMS:
+            for system in systems:
                 xs = [x for x in runs if x["system"] == system and x["scenario"] == s and x["proto"] == proto]
                 med[system] = (statistics.median(x["rps"] for x in xs), statistics.median(x["cpu_us"] for x in xs))
-            best = min(med["nginx"][1], med["haproxy"][1])
-            for system in SYSTEMS:
+            peers = [med[p][1] for p in ("nginx", "haproxy") if p in med]
+            best = min(peers) if peers else med[systems[0]][1]
+            for system in systems:
                 rps, cpu = med[system]
                 print(f"| {s} | {proto} | {system} | {rps:.0f} | {cpu:.1f} | {cpu / best:.2f} |")
     if args.out:
