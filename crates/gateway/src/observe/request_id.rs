@@ -8,7 +8,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A new id: 128 bits from a per-thread generator seeded at random, so making one takes
-/// no lock and no system call.
+/// no lock and no system call. Marked sensitive, see [`unindexed`].
 pub fn generate() -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let n = fastrand::u128(..);
@@ -16,7 +16,16 @@ pub fn generate() -> HeaderValue {
     for (i, b) in out.iter_mut().enumerate() {
         *b = HEX[usize::try_from((n >> (124 - 4 * i)) & 0xf).unwrap_or(0)];
     }
-    HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    unindexed(HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("0")))
+}
+
+/// `v` marked sensitive, which HTTP/2's header compression (HPACK) sends as a literal
+/// never indexed: an id is new in every message, so indexing it would only evict useful
+/// entries from the connection's table and make every later id compare against a chain of
+/// old ones. HTTP/1.1 ignores the mark.
+pub fn unindexed(mut v: HeaderValue) -> HeaderValue {
+    v.set_sensitive(true);
+    v
 }
 
 /// Whether a client's id may be kept: 1 to 200 visible ASCII characters, none that would
@@ -35,7 +44,7 @@ pub fn pick(headers: &HeaderMap, trusted: bool) -> HeaderValue {
         let mut all = headers.get_all(&X_REQUEST_ID).iter();
         if let (Some(v), None) = (all.next(), all.next()) {
             if acceptable(v) {
-                return v.clone();
+                return unindexed(v.clone());
             }
         }
     }
@@ -53,6 +62,10 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.as_bytes().iter().all(u8::is_ascii_hexdigit));
         assert_ne!(a, b);
+        assert!(
+            a.is_sensitive(),
+            "sent as a never-indexed literal in HTTP/2"
+        );
     }
 
     #[test]
