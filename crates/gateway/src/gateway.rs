@@ -566,9 +566,12 @@ impl Gateway {
                     return Ok(resp);
                 }
             }
+            // Every way upstream is boxed: a request's future is moved into place whole
+            // (into hyper's connection, or its HTTP/2 stream), and a refused request
+            // should not pay to move the largest branch it never takes.
             let Some(cc) = &route.cfg.cache else {
                 let t = Instant::now();
-                let resp = upstream::forward(&route.upstream, parts, body, hop).await;
+                let resp = Box::pin(upstream::forward(&route.upstream, parts, body, hop)).await;
                 upstream_time(trace, route, t);
                 let mut resp = resp?.map(Either::Left);
                 policy::decorate(route, &admitted, resp.headers_mut());
@@ -590,7 +593,7 @@ impl Gateway {
                 if self.cache.passes(&key, ask.now_ns) {
                     // Nothing to look up or store: the plain path, as without a cache.
                     let t = Instant::now();
-                    let resp = upstream::forward(&route.upstream, parts, body, hop).await;
+                    let resp = Box::pin(upstream::forward(&route.upstream, parts, body, hop)).await;
                     upstream_time(trace, route, t);
                     let mut resp = resp?.map(Either::Left);
                     resp.headers_mut().insert(
@@ -600,9 +603,6 @@ impl Gateway {
                     resp
                 } else {
                     let fetch = Arc::new(UpFetch::new(route, conn));
-                    // Boxed: the cache's future is the largest branch, and every
-                    // request's future is moved into place whole (into hyper's
-                    // connection, or a new task per HTTP/2 stream).
                     let resp = Box::pin(self.cache.serve(ask, key, parts, fetch.clone())).await?;
                     if cache::went_upstream(&resp) {
                         trace.upstream_ns = Some(fetch.took_ns.load(Ordering::Relaxed));
@@ -612,7 +612,7 @@ impl Gateway {
             } else {
                 let t = Instant::now();
                 let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));
-                let resp = upstream::forward(&route.upstream, parts, body, hop).await;
+                let resp = Box::pin(upstream::forward(&route.upstream, parts, body, hop)).await;
                 upstream_time(trace, route, t);
                 let resp = resp?;
                 let ok = resp.status().is_success() || resp.status().is_redirection();
