@@ -1,6 +1,7 @@
 //! HTTP/2 to clients in cleartext (h2c with prior knowledge), the HTTP/2 guards against
-//! rapid-reset and CONTINUATION floods, an HTTP/2 preface on an HTTP/1-only listener, and
-//! h2spec's conformance run against a TLS and an h2c listener.
+//! rapid-reset and CONTINUATION floods, an HTTP/2 preface on an HTTP/1-only listener, the
+//! streams of one connection served side by side, and h2spec's conformance run against a
+//! TLS and an h2c listener.
 
 mod common;
 
@@ -254,4 +255,64 @@ async fn h2spec_passes_on_tls_and_h2c_listeners() {
     );
     let g = TestGateway::start(&tls, SystemClock::new()).await;
     run_h2spec(g.addr, true).await;
+}
+
+#[tokio::test]
+async fn the_streams_of_one_connection_do_not_wait_for_each_other() {
+    // The streams of a connection run in the connection's task: one waiting on its
+    // upstream must not hold up another, nor its answer the connection's other traffic.
+    let (backend, mut arrived, release) = gated_backend_with(|req, _| {
+        let gated = req.uri().path() == "/slow";
+        (hyper::Response::new(req.uri().path().to_string()), gated)
+    })
+    .await;
+    let mut g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
+    let (tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let get = |path: &str| {
+        let mut tx = tx.clone();
+        let req = Request::builder()
+            .uri(format!("http://api.test{path}"))
+            .body(Empty::<Bytes>::new())
+            .expect("req");
+        async move {
+            let resp = tx.send_request(req).await.expect("response");
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let slow = tokio::spawn(get("/slow"));
+    bounded("the slow stream reaches the backend", arrived.recv()).await;
+    for _ in 0..3 {
+        assert_eq!(
+            bounded("a stream beside a waiting one", get("/fast")).await,
+            (200, "/fast".to_string())
+        );
+        assert_eq!(
+            bounded("a refusal beside a waiting one", get("/keyed/x"))
+                .await
+                .0,
+            401
+        );
+    }
+    assert!(
+        !slow.is_finished(),
+        "the slow stream was answered before its release"
+    );
+    // A server that stops still answers the stream in flight, then reports itself drained.
+    let server = g.server.take().expect("server");
+    let shutdown = tokio::spawn(server.shutdown(std::time::Duration::from_secs(10)));
+    release.notify_one();
+    let (status, body) = bounded("the slow stream once released", slow)
+        .await
+        .expect("task");
+    assert_eq!((status, body.as_str()), (200, "/slow"));
+    assert!(
+        bounded("drained", shutdown).await.expect("join"),
+        "the connection closed once its last stream was answered"
+    );
 }
