@@ -30,6 +30,9 @@ struct Inbox {
     new: Mutex<Vec<StreamFuture>>,
     /// The connection's task, woken when a stream is given from outside its poll.
     waker: Mutex<Option<Waker>>,
+    /// Set while [`Drive`] polls: streams given then are taken before the poll ends, and
+    /// waking the task would only poll it once more for nothing.
+    polling: AtomicBool,
 }
 
 impl<F> hyper::rt::Executor<F> for Streams
@@ -40,8 +43,10 @@ where
         self.0.new.lock().push(Box::pin(fut));
         // hyper gives streams while the connection is polled, i.e. from the task that
         // takes them; the wake-up is for any other caller.
-        if let Some(w) = self.0.waker.lock().as_ref() {
-            w.wake_by_ref();
+        if !self.0.polling.load(Ordering::Relaxed) {
+            if let Some(w) = self.0.waker.lock().as_ref() {
+                w.wake_by_ref();
+            }
         }
     }
 }
@@ -56,6 +61,8 @@ pin_project_lite::pin_project! {
         conn_done: bool,
         streams: FuturesUnordered<StreamFuture>,
         inbox: Streams,
+        // Swapped with the inbox's list, so that neither is allocated again.
+        taken: Vec<StreamFuture>,
         #[pin]
         stopped: tokio::sync::futures::OwnedNotified,
         flag: Arc<AtomicBool>,
@@ -79,6 +86,7 @@ impl<F, S, D> Drive<F, S, D> {
             conn_done: false,
             streams: FuturesUnordered::new(),
             inbox,
+            taken: Vec::new(),
             stopped: stop.notify.notified_owned(),
             flag: stop.flag,
             registered: false,
@@ -110,6 +118,7 @@ where
                 }
             }
         }
+        this.inbox.0.polling.store(true, Ordering::Relaxed);
         loop {
             // The streams that can go on first: their answers queue in the connection.
             while let Poll::Ready(Some(())) = this.streams.poll_next_unpin(cx) {}
@@ -123,11 +132,16 @@ where
                     }
                 }
             }
-            let new = std::mem::take(&mut *this.inbox.0.new.lock());
-            if new.is_empty() {
+            std::mem::swap(&mut *this.inbox.0.new.lock(), this.taken);
+            if this.taken.is_empty() {
                 break;
             }
-            this.streams.extend(new);
+            this.streams.extend(this.taken.drain(..));
+        }
+        this.inbox.0.polling.store(false, Ordering::Relaxed);
+        // A stream given from elsewhere between the last look and now: poll again for it.
+        if !this.inbox.0.new.lock().is_empty() {
+            cx.waker().wake_by_ref();
         }
         if *this.conn_done && this.streams.is_empty() {
             Poll::Ready(())
