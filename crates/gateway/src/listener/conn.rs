@@ -2,7 +2,7 @@
 //! knowledge on `h2c` listeners, TLS handshakes bounded by the header timeout, and a
 //! graceful close when the server shuts down.
 
-use super::h2::{self, Streams};
+use super::h2::{Streams, WithStreams};
 use super::ConnInfo;
 use crate::gateway::Gateway;
 use hyper::server::conn::{http1, http2};
@@ -258,12 +258,14 @@ pub async fn serve_h2c(
     let svc = service(gw, info.clone());
     let streams = Streams::default();
     let a = b.auto(streams.clone());
-    h2::Drive::new(
-        a.serve_connection_with_upgrades(TokioIo::new(stream), svc)
-            .into_owned(),
-        streams,
+    drive(
+        WithStreams::new(
+            a.serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                .into_owned(),
+            streams,
+        ),
         stop,
-        |c| c.graceful_shutdown(),
+        |c| c.shutdown(|c| c.graceful_shutdown()),
         move |r| {
             if let Err(e) = r {
                 tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
@@ -421,11 +423,10 @@ async fn serve_stream<S>(
     };
     if h2 {
         let streams = Streams::default();
-        h2::Drive::new(
-            b.h2(streams.clone()).serve_connection(io, svc),
-            streams,
+        drive(
+            WithStreams::new(b.h2(streams.clone()).serve_connection(io, svc), streams),
             stop,
-            |c| c.graceful_shutdown(),
+            |c| c.shutdown(|c| c.graceful_shutdown()),
             log,
         )
         .await

@@ -4,7 +4,7 @@
 //! task of its own, and each stream's answer wakes the connection task to write it: one
 //! spawn, one wake-up and often one write (and TLS record) per request. [`Streams`] is an
 //! executor that keeps a connection's streams in the connection's own task instead, and
-//! [`Drive`] polls them there: the streams that are ready answer first, then the connection
+//! [`WithStreams`] polls them there: the streams that are ready answer first, then the connection
 //! writes all their answers at once. This is how HAProxy and nginx serve a connection's
 //! streams. One connection's streams share one core, as they do there.
 
@@ -20,7 +20,7 @@ use std::task::{Context, Poll, Waker};
 type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The executor of one HTTP/2 connection: the streams it is given wait here until the
-/// connection's [`Drive`] takes them into its own task.
+/// connection's [`WithStreams`] takes them into its own task.
 #[derive(Clone, Default)]
 pub struct Streams(Arc<Inbox>);
 
@@ -30,7 +30,7 @@ struct Inbox {
     new: Mutex<Vec<StreamFuture>>,
     /// The connection's task, woken when a stream is given from outside its poll.
     waker: Mutex<Option<Waker>>,
-    /// Set while [`Drive`] polls: streams given then are taken before the poll ends, and
+    /// Set while [`WithStreams`] polls: streams given then are taken before the poll ends, and
     /// waking the task would only poll it once more for nothing.
     polling: AtomicBool,
 }
@@ -52,71 +52,59 @@ where
 }
 
 pin_project_lite::pin_project! {
-    /// One HTTP/2 connection and its streams, run to the end in one task: ended when the
-    /// connection has ended and its last stream is done. Once the server stops, the
-    /// connection is asked to close gracefully (answer the streams it has, then GOAWAY).
-    pub struct Drive<F, S, D> {
+    /// One HTTP/2 connection and its streams, in one future: ready with the connection's
+    /// result once the connection has ended and its last stream is done.
+    pub struct WithStreams<F, E> {
         #[pin]
         conn: F,
+        // The connection's result, once it has ended.
+        ended: Option<Result<(), E>>,
         conn_done: bool,
         streams: FuturesUnordered<StreamFuture>,
         inbox: Streams,
         // Swapped with the inbox's list, so that neither is allocated again.
         taken: Vec<StreamFuture>,
-        #[pin]
-        stopped: tokio::sync::futures::OwnedNotified,
-        flag: Arc<AtomicBool>,
         registered: bool,
-        shutdown: Option<S>,
-        done: Option<D>,
     }
 }
 
-impl<F, S, D> Drive<F, S, D> {
-    /// Drives `conn`, whose builder was given `inbox` as its executor; `done` gets the
-    /// connection's result, `shutdown` is called once when `stop` fires.
-    pub fn new<E>(conn: F, inbox: Streams, stop: super::conn::Stop, shutdown: S, done: D) -> Self
-    where
-        F: Future<Output = Result<(), E>>,
-        S: FnOnce(Pin<&mut F>),
-        D: FnOnce(Result<(), E>),
-    {
-        Drive {
+impl<F, E> WithStreams<F, E>
+where
+    F: Future<Output = Result<(), E>>,
+{
+    /// `conn`, whose builder was given `inbox` as its executor, with its streams.
+    pub fn new(conn: F, inbox: Streams) -> Self {
+        WithStreams {
             conn,
+            ended: None,
             conn_done: false,
             streams: FuturesUnordered::new(),
             inbox,
             taken: Vec::new(),
-            stopped: stop.notify.notified_owned(),
-            flag: stop.flag,
             registered: false,
-            shutdown: Some(shutdown),
-            done: Some(done),
+        }
+    }
+
+    /// Calls `f` on the connection (to close it gracefully) unless it has ended.
+    pub fn shutdown(self: Pin<&mut Self>, f: impl FnOnce(Pin<&mut F>)) {
+        let this = self.project();
+        if !*this.conn_done {
+            f(this.conn);
         }
     }
 }
 
-impl<F, E, S, D> Future for Drive<F, S, D>
+impl<F, E> Future for WithStreams<F, E>
 where
     F: Future<Output = Result<(), E>>,
-    S: FnOnce(Pin<&mut F>),
-    D: FnOnce(Result<(), E>),
 {
-    type Output = ();
+    type Output = Result<(), E>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
         let mut this = self.project();
         if !*this.registered {
             *this.registered = true;
-            let _ = this.stopped.as_mut().poll(cx);
             *this.inbox.0.waker.lock() = Some(cx.waker().clone());
-        }
-        if this.flag.load(Ordering::Acquire) {
-            if let Some(f) = this.shutdown.take() {
-                if !*this.conn_done {
-                    f(this.conn.as_mut());
-                }
-            }
         }
         this.inbox.0.polling.store(true, Ordering::Relaxed);
         loop {
@@ -127,9 +115,7 @@ where
             if !*this.conn_done {
                 if let Poll::Ready(r) = this.conn.as_mut().poll(cx) {
                     *this.conn_done = true;
-                    if let Some(d) = this.done.take() {
-                        d(r);
-                    }
+                    *this.ended = Some(r);
                 }
             }
             std::mem::swap(&mut *this.inbox.0.new.lock(), this.taken);
@@ -143,10 +129,12 @@ where
         if !this.inbox.0.new.lock().is_empty() {
             cx.waker().wake_by_ref();
         }
-        if *this.conn_done && this.streams.is_empty() {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
+        match this.ended.take() {
+            Some(r) if this.streams.is_empty() => Poll::Ready(r),
+            kept => {
+                *this.ended = kept;
+                Poll::Pending
+            }
         }
     }
 }
