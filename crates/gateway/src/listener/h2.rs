@@ -4,9 +4,9 @@
 //! task of its own, and each stream's answer wakes the connection task to write it: one
 //! spawn, one wake-up and often one write (and TLS record) per request. [`Streams`] is an
 //! executor that keeps a connection's streams in the connection's own task instead, and
-//! [`WithStreams`] polls them there: the streams that are ready answer first, then the connection
-//! writes all their answers at once. This is how HAProxy and nginx serve a connection's
-//! streams. One connection's streams share one core, as they do there.
+//! [`WithStreams`] polls them there: the streams that are ready answer first, then the
+//! connection writes all their answers at once. This is how HAProxy and nginx serve a
+//! connection's streams. One connection's streams share one core, as they do there.
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use parking_lot::Mutex;
@@ -30,8 +30,8 @@ struct Inbox {
     new: Mutex<Vec<StreamFuture>>,
     /// The connection's task, woken when a stream is given from outside its poll.
     waker: Mutex<Option<Waker>>,
-    /// Set while [`WithStreams`] polls: streams given then are taken before the poll ends, and
-    /// waking the task would only poll it once more for nothing.
+    /// Set while [`WithStreams`] polls: streams given then are taken before the poll ends,
+    /// and waking the task would only poll it once more for nothing.
     polling: AtomicBool,
 }
 
