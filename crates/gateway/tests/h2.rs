@@ -1,6 +1,7 @@
 //! HTTP/2 to clients in cleartext (h2c with prior knowledge), the HTTP/2 guards against
 //! rapid-reset and CONTINUATION floods, an HTTP/2 preface on an HTTP/1-only listener, the
-//! streams of one connection served side by side, and h2spec's conformance run against a
+//! streams of one connection served side by side (bodies beyond the flow-control windows
+//! included), and h2spec's conformance run against a
 //! TLS and an h2c listener.
 
 mod common;
@@ -315,4 +316,50 @@ async fn the_streams_of_one_connection_do_not_wait_for_each_other() {
         bounded("drained", shutdown).await.expect("join"),
         "the connection closed once its last stream was answered"
     );
+}
+
+#[tokio::test]
+async fn request_bodies_larger_than_the_flow_control_windows_pass_both_ways() {
+    // Two uploads at once on one connection, each larger than the stream window (256 KiB)
+    // and together larger than the connection window (1 MiB): they pass only if the
+    // connection's task sends window updates as the streams in it read their bodies.
+    let (backend, _) = inspect_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
+    let (tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let upload = |n: u8| {
+        let mut tx = tx.clone();
+        let body: Vec<u8> = (0..1_500_000u32)
+            .map(|i| b'a' + ((i % 26) as u8 + n) % 26)
+            .collect();
+        let req = Request::builder()
+            .method("POST")
+            .uri("http://api.test/upload")
+            .body(http_body_util::Full::new(Bytes::from(body.clone())))
+            .expect("req");
+        async move {
+            let resp = tx.send_request(req).await.expect("response");
+            let status = resp.status().as_u16();
+            let got = resp.into_body().collect().await.expect("body").to_bytes();
+            (status, got.ends_with(&body), got.len() - body.len())
+        }
+    };
+    let (a, b) = bounded("two large uploads", async {
+        tokio::join!(tokio::spawn(upload(0)), tokio::spawn(upload(7)))
+    })
+    .await;
+    for (status, echoed, head) in [a.expect("task"), b.expect("task")] {
+        assert_eq!(status, 200);
+        assert!(
+            echoed,
+            "the backend got the body whole and it came back whole"
+        );
+        assert!(
+            head > 0 && head < 2_000,
+            "head of {head} bytes before the body"
+        );
+    }
 }
