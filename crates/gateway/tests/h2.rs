@@ -1,8 +1,7 @@
 //! HTTP/2 to clients in cleartext (h2c with prior knowledge), the HTTP/2 guards against
 //! rapid-reset and CONTINUATION floods, an HTTP/2 preface on an HTTP/1-only listener, the
 //! streams of one connection served side by side (bodies beyond the flow-control windows
-//! included), and h2spec's conformance run against a
-//! TLS and an h2c listener.
+//! included), and h2spec's conformance run against a TLS and an h2c listener.
 
 mod common;
 
