@@ -24,7 +24,9 @@ use http::{Method, Request, Response};
 use http_body_util::Either;
 use hyper::body::{Body as _, Incoming};
 use smallvec::SmallVec;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -566,14 +568,10 @@ impl Gateway {
                     return Ok(resp);
                 }
             }
-            // Every way upstream is boxed: a request's future is moved into place whole
-            // (into hyper's connection, or its HTTP/2 stream), and a refused request
-            // should not pay to move the largest branch it never takes.
             let Some(cc) = &route.cfg.cache else {
-                let t = Instant::now();
-                let resp = Box::pin(upstream::forward(&route.upstream, parts, body, hop)).await;
-                upstream_time(trace, route, t);
-                let mut resp = resp?.map(Either::Left);
+                let mut resp = forward_timed(trace, route, parts, body, hop)
+                    .await?
+                    .map(Either::Left);
                 policy::decorate(route, &admitted, resp.headers_mut());
                 return Ok(resp);
             };
@@ -592,10 +590,9 @@ impl Gateway {
                 let key = cache::Key::of(&ask, &parts);
                 if self.cache.passes(&key, ask.now_ns) {
                     // Nothing to look up or store: the plain path, as without a cache.
-                    let t = Instant::now();
-                    let resp = Box::pin(upstream::forward(&route.upstream, parts, body, hop)).await;
-                    upstream_time(trace, route, t);
-                    let mut resp = resp?.map(Either::Left);
+                    let mut resp = forward_timed(trace, route, parts, body, hop)
+                        .await?
+                        .map(Either::Left);
                     resp.headers_mut().insert(
                         cache::CACHE_STATUS,
                         HeaderValue::from_static(cache::PASS_STATUS),
@@ -610,11 +607,8 @@ impl Gateway {
                     resp
                 }
             } else {
-                let t = Instant::now();
                 let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));
-                let resp = Box::pin(upstream::forward(&route.upstream, parts, body, hop)).await;
-                upstream_time(trace, route, t);
-                let resp = resp?;
+                let resp = forward_timed(trace, route, parts, body, hop).await?;
                 let ok = resp.status().is_success() || resp.status().is_redirection();
                 if let (Some(sent), true) = (sent, ok) {
                     self.cache.invalidate(&ask, &sent, resp.headers());
@@ -743,6 +737,24 @@ fn nanos(since: Instant) -> u64 {
 }
 
 /// Notes the wait for an upstream's answer in the trace and the route's histogram.
+/// Forwards a request to the route's upstream, noting how long the upstream took. Boxed: a
+/// request's future is moved into place whole (into hyper's connection, or its HTTP/2
+/// stream), and a refused request should not pay to move the largest branch it never takes.
+fn forward_timed<'a, 's: 'a>(
+    trace: &'a mut Trace<'s>,
+    route: &'a crate::snapshot::Route,
+    parts: http::request::Parts,
+    body: Incoming,
+    hop: upstream::Hop<'a>,
+) -> Pin<Box<dyn Future<Output = Result<Response<upstream::PooledBody>, Refusal>> + Send + 'a>> {
+    Box::pin(async move {
+        let t = Instant::now();
+        let resp = upstream::forward(&route.upstream, parts, body, hop).await;
+        upstream_time(trace, route, t);
+        resp
+    })
+}
+
 fn upstream_time(trace: &mut Trace<'_>, route: &crate::snapshot::Route, since: Instant) {
     let ns = nanos(since);
     trace.upstream_ns = Some(ns);
