@@ -34,7 +34,8 @@ struct Person {
 /// A key (or digest) and its owner, as the lookup tables hold them.
 #[derive(Debug, Clone, Copy)]
 struct KeyRef {
-    /// Where the key starts in `keys` (its length first, LEB128), or the digest's index.
+    /// Where the key ends in `keys` (it starts where the one before it ends), or the
+    /// digest's index.
     at: u32,
     owner: u32,
 }
@@ -46,8 +47,8 @@ pub struct Consumers {
     by_name: HashTable<u32>,
     /// Plain keys by fingerprint.
     plain: KeyTable,
-    /// While the table is built: each plain key, its length first (LEB128), and where each
-    /// is with its owner (for [`Consumers::cross_conflicts`]).
+    /// While the table is built: each plain key, end to end, and where each ends with its
+    /// owner (for [`Consumers::cross_conflicts`]).
     keys: Vec<u8>,
     key_list: Vec<KeyRef>,
     digests: Vec<KeyDigest>,
@@ -98,33 +99,10 @@ fn span(people: &[Person], i: usize) -> std::ops::Range<usize> {
     start..people[i].name_end as usize
 }
 
-/// The key stored at `at` in the key arena (its length first, LEB128).
-fn key_at(keys: &[u8], at: u32) -> &[u8] {
-    let mut at = at as usize;
-    let mut len = 0usize;
-    let mut shift = 0;
-    while let Some(&b) = keys.get(at) {
-        at += 1;
-        len |= usize::from(b & 0x7f) << shift;
-        shift += 7;
-        if b < 0x80 || shift > 28 {
-            break;
-        }
-    }
-    keys.get(at..at + len).unwrap_or(&[])
-}
-
-/// Appends `key` to `keys`, its length first; returns where it starts.
-fn put_key(keys: &mut Vec<u8>, key: &[u8]) -> u32 {
-    let at = keys.len() as u32;
-    let mut len = key.len();
-    while len >= 0x80 {
-        keys.push((len as u8 & 0x7f) | 0x80);
-        len >>= 7;
-    }
-    keys.push(len as u8);
-    keys.extend_from_slice(key);
-    at
+/// The `k`-th plain key in the key arena.
+fn key_at<'a>(keys: &'a [u8], list: &[KeyRef], k: usize) -> &'a [u8] {
+    let start = if k == 0 { 0 } else { list[k - 1].at as usize };
+    keys.get(start..list[k].at as usize).unwrap_or(&[])
 }
 
 /// The SHA-256 digest of a key, as `key_sha256` entries give it.
@@ -258,7 +236,7 @@ impl Consumers {
         }
         let too_big = |len: usize, add: usize| u32::try_from(len + add).is_err();
         if too_big(self.names.len(), name.len())
-            || too_big(self.keys.len(), keys.iter().map(|k| k.len() + 5).sum())
+            || too_big(self.keys.len(), keys.iter().map(|k| k.len()).sum())
             || too_big(self.digests.len(), digests.len())
             || too_big(self.len(), 1)
         {
@@ -279,7 +257,8 @@ impl Consumers {
         for (k, f) in keys.iter().zip(prints) {
             // Checked free above, so this adds it.
             let _ = self.plain.insert(f, me);
-            let at = put_key(&mut self.keys, k.as_bytes());
+            self.keys.extend_from_slice(k.as_bytes());
+            let at = self.keys.len() as u32;
             self.key_list.push(KeyRef { at, owner: me });
         }
         for d in digests {
@@ -302,12 +281,11 @@ impl Consumers {
         if self.digests.is_empty() {
             return Vec::new();
         }
-        let mut found: Vec<(usize, usize)> = self
-            .key_list
-            .iter()
-            .filter_map(|r| {
-                let d = key_digest(key_at(&self.keys, r.at));
-                self.by_digest(&d).map(|other| (r.owner as usize, other))
+        let mut found: Vec<(usize, usize)> = (0..self.key_list.len())
+            .filter_map(|k| {
+                let d = key_digest(key_at(&self.keys, &self.key_list, k));
+                let owner = self.key_list[k].owner as usize;
+                self.by_digest(&d).map(|other| (owner, other))
             })
             .collect();
         found.sort_unstable();
