@@ -182,3 +182,33 @@ routes:
     assert!(gw.gw.metrics_text().contains("tollgate_limit_cells 0"));
     assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
 }
+
+#[tokio::test]
+async fn a_state_path_that_is_a_folder_keeps_the_counters_in_a_file_inside_it() {
+    let backend = echo_backend().await;
+    let dir = tempdir("state-folder");
+    let folder = dir.join("state");
+    std::fs::create_dir(&folder).expect("mkdir");
+    std::fs::write(folder.join("notes.txt"), b"kept").expect("write");
+    let cfg = stateful(backend, &folder, "[{requests: 2, per: 1d}]");
+    let (gw, _) = start_at(&cfg, Duration::from_secs(1_000)).await;
+    assert_eq!(codes(&gw, "t1", 1).await, [200]);
+    assert_eq!(gw.gw.flush_state(), 2);
+    let metrics = gw.gw.metrics_text();
+    assert!(
+        metrics.contains("tollgate_state_errors_total 0"),
+        "{metrics}"
+    );
+    drop(gw);
+    // The folder is left as it was, with the state file beside what it held.
+    assert!(folder.join("state.db").is_file());
+    assert_eq!(
+        std::fs::read(folder.join("notes.txt")).expect("read"),
+        b"kept"
+    );
+    assert!(!dir.join("state.corrupt").exists());
+    let (gw, _) = start_at(&cfg, Duration::from_secs(1_000)).await;
+    assert_eq!(codes(&gw, "t1", 2).await, [200, 429]);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}

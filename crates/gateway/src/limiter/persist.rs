@@ -7,7 +7,7 @@
 //! Each row keeps the clocks it was written at, so on start its counts are placed on the
 //! new process's clock: a count stays as long as it had left to live (the wall time since
 //! the write is taken off; a slot boundary in between rounds towards counting longer, never
-//! shorter). Windows that have passed are dropped. A state file that cannot be read is
+//! shorter). Windows that have passed are dropped. A state file whose content cannot be read is
 //! reported with its path and set aside, and the node starts empty; one that cannot be
 //! written is reported and counted while the gateway goes on serving.
 
@@ -144,6 +144,46 @@ fn open_db(path: &Path) -> Result<Connection, StateError> {
     crate::sqlite::open(path, SCHEMA).map_err(db_err(path))
 }
 
+/// The file counters are kept in: `path`, or `state.db` inside it when it is a folder.
+fn file_of(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        let file = path.join("state.db");
+        tracing::info!(folder = %path.display(), file = %file.display(), "state.path is a folder; counters are kept in a file inside it");
+        file
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// Whether SQLite refused a file for what it holds (not a database, damaged), rather than
+/// for where it is (permissions, a read-only disk, a missing folder).
+fn is_unsound(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) => matches!(f.code, NotADatabase | DatabaseCorrupt),
+        // `PRAGMA quick_check` found damage.
+        rusqlite::Error::InvalidQuery => true,
+        _ => false,
+    }
+}
+
+/// Moves an unreadable state file aside to `PATH.corrupt` (with its journal files gone), so
+/// it can be looked at and a fresh one takes its place.
+fn set_aside(path: &Path) {
+    let aside = PathBuf::from(format!("{}.corrupt", path.display()));
+    match std::fs::rename(path, &aside) {
+        Ok(()) => {
+            for ext in ["-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{ext}", path.display()));
+            }
+            tracing::warn!(path = %path.display(), aside = %aside.display(), "unreadable state file moved aside");
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "unreadable state file not moved aside: {e}")
+        }
+    }
+}
+
 fn read_all(c: &Connection, wall: u64) -> rusqlite::Result<HashMap<Arc<str>, Saved>> {
     let mut stmt =
         c.prepare("SELECT key, wall, mono, slot_ns, head, slots FROM windows WHERE expires > ?1")?;
@@ -198,21 +238,24 @@ impl std::fmt::Debug for StateStore {
 }
 
 impl StateStore {
-    /// Opens the state file and reads the windows that have not passed. A file that cannot
-    /// be read is reported, moved aside (`.corrupt`) and replaced by an empty one; one that
-    /// cannot be made is reported, and writing is tried again at each flush.
+    /// Opens the state file and reads the windows that have not passed. A path that is a
+    /// folder holds the file as `state.db`. A file whose content is not a sound database is
+    /// reported, moved aside (`.corrupt`) and replaced by an empty one; one that cannot be
+    /// opened (permissions, a read-only disk, a missing folder) is reported and left as it
+    /// is, and writing is tried again at each flush.
     pub fn open(
         cfg: &StateConfig,
         clock: Arc<dyn Clock>,
     ) -> (Arc<StateStore>, HashMap<Arc<str>, Saved>) {
-        let path = cfg.path.clone();
+        let path = file_of(&cfg.path);
         let stats = Arc::new(StateStats::default());
         let existed = path.exists();
         let wall = clock.wall_nanos();
-        let (db, saved) = match open_db(&path).and_then(|c| {
-            let saved = read_all(&c, wall).map_err(db_err(&path))?;
+        let opened = crate::sqlite::open(&path, SCHEMA).and_then(|c| {
+            let saved = read_all(&c, wall)?;
             Ok((c, saved))
-        }) {
+        });
+        let (db, saved) = match opened {
             Ok((c, saved)) => {
                 if existed {
                     tracing::info!(path = %path.display(), windows = saved.len(), "limit counters restored");
@@ -223,14 +266,10 @@ impl StateStore {
             }
             Err(e) => {
                 stats.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!("{e}; counters start empty");
-                let aside = PathBuf::from(format!("{}.corrupt", path.display()));
-                let moved = existed && std::fs::rename(&path, &aside).is_ok();
-                if moved {
-                    for ext in ["-wal", "-shm"] {
-                        let _ = std::fs::remove_file(format!("{}{ext}", path.display()));
-                    }
-                    tracing::warn!(path = %path.display(), aside = %aside.display(), "unreadable state file moved aside");
+                let bad_content = is_unsound(&e) && path.is_file();
+                tracing::error!("{}; counters start empty", db_err(&path)(e));
+                if bad_content {
+                    set_aside(&path);
                 }
                 (open_db(&path).ok(), HashMap::new())
             }
