@@ -301,6 +301,10 @@ async fn metrics_count_requests_refusals_limits_latency_and_connections() {
     // No series per consumer unless asked for.
     assert!(!t.contains("tollgate_consumer_requests_total{"), "{t}");
     assert!(t.trim_end().ends_with("# EOF"));
+    // Every metric is described by one sentence.
+    for help in t.lines().filter(|l| l.starts_with("# HELP ")) {
+        assert!(help.ends_with('.') && !help.ends_with(".."), "{help}");
+    }
 }
 
 #[tokio::test]

@@ -213,30 +213,31 @@ impl Metrics {
             codes: codes.clone(),
             live: live.clone(),
         }));
+        // Help texts end without a period: the encoder adds one.
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "requests",
-            "Requests answered, by route, method and status class.",
+            "Requests answered, by route, method and status class",
             requests.clone(),
         );
         let duration: Family<RouteLabel, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(latency);
         registry.register(
             "request_duration_seconds",
-            "Time from the request head to the response head, by route.",
+            "Time from the request head to the response head, by route",
             duration.clone(),
         );
         let upstream_duration: Family<RouteLabel, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(latency);
         registry.register(
             "upstream_duration_seconds",
-            "Time waiting for the upstream's response head, by route.",
+            "Time waiting for the upstream's response head, by route",
             upstream_duration.clone(),
         );
         let by_reason = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "refusals",
-            "Requests the gateway answered itself, by reason.",
+            "Requests the gateway answered itself, by reason",
             by_reason.clone(),
         );
         let refusals = REASONS
@@ -246,103 +247,103 @@ impl Metrics {
         let limit_refusals = Family::<LimitLabel, Counter>::default();
         registry.register(
             "limit_refusals",
-            "Requests refused with 429, by the limit that refused.",
+            "Requests refused with 429, by the limit that refused",
             limit_refusals.clone(),
         );
         let per_consumer = Family::<ConsumerLabels, Counter>::default();
         registry.register(
             "consumer_requests",
-            "Requests by consumer and status class (with metrics.per_consumer).",
+            "Requests by consumer and status class (with metrics.per_consumer)",
             per_consumer.clone(),
         );
         let failures = Family::<FailureLabels, Counter>::default();
         registry.register(
             "upstream_failures",
-            "Requests that got no usable answer from the upstream (kind: error 502, timeout 504, busy 503).",
+            "Requests that got no usable answer from the upstream (kind: error 502, timeout 504, busy 503)",
             failures.clone(),
         );
         let connect_errors = Family::<UpstreamLabel, Counter>::default();
         registry.register(
             "upstream_connect_errors",
-            "Upstream connections that could not be opened.",
+            "Upstream connections that could not be opened",
             connect_errors.clone(),
         );
         let retries = Family::<UpstreamLabel, Counter>::default();
         registry.register(
             "upstream_retries",
-            "Requests sent again on another connection or target.",
+            "Requests sent again on another connection or target",
             retries.clone(),
         );
         let taken_out = Family::<UpstreamLabel, Counter>::default();
         registry.register(
             "upstream_targets_taken_out",
-            "Times a target was taken out of rotation by passive or active health checks.",
+            "Times a target was taken out of rotation by passive or active health checks",
             taken_out.clone(),
         );
         let connections_open = Gauge::default();
         registry.register(
             "client_connections",
-            "Client connections open now.",
+            "Client connections open now",
             connections_open.clone(),
         );
         let connections_total = Counter::default();
         registry.register(
             "client_connections_accepted",
-            "Client connections accepted.",
+            "Client connections accepted",
             connections_total.clone(),
         );
         let tls_failures = Counter::default();
         registry.register(
             "tls_handshake_failures",
-            "TLS connections that never reached HTTP: failed or stalled handshakes, plain HTTP.",
+            "TLS connections that never reached HTTP: failed or stalled handshakes, plain HTTP",
             tls_failures.clone(),
         );
         let upgrades = Counter::default();
         registry.register(
             "upgrades",
-            "Connections upgraded (WebSocket) and joined to an upstream.",
+            "Connections upgraded (WebSocket) and joined to an upstream",
             upgrades.clone(),
         );
         let upgrades_open = Gauge::default();
         registry.register(
             "upgrades_open",
-            "Upgraded connections open now.",
+            "Upgraded connections open now",
             upgrades_open.clone(),
         );
         let reloads = Counter::default();
         registry.register(
             "config_reloads",
-            "Configs applied by reloads.",
+            "Configs applied by reloads",
             reloads.clone(),
         );
         let reload_errors = Counter::default();
         registry.register(
             "config_reload_errors",
-            "Configs rejected by reloads (the old config kept serving).",
+            "Configs rejected by reloads (the old config kept serving)",
             reload_errors.clone(),
         );
         let log_lines = Counter::default();
         registry.register(
             "access_log_lines",
-            "Access log lines written.",
+            "Access log lines written",
             log_lines.clone(),
         );
         let log_dropped = Counter::default();
         registry.register(
             "access_log_dropped",
-            "Access log lines dropped: the writer fell behind or could not write.",
+            "Access log lines dropped: the writer fell behind or could not write",
             log_dropped.clone(),
         );
         let log_errors = Counter::default();
         registry.register(
             "access_log_errors",
-            "Access log files that could not be opened or written.",
+            "Access log files that could not be opened or written",
             log_errors.clone(),
         );
         let analytics_errors = Counter::default();
         registry.register(
             "analytics_errors",
-            "Usage-history batches that could not be stored.",
+            "Usage-history batches that could not be stored",
             analytics_errors.clone(),
         );
         let unrouted = Arc::new(route_stats("", &requests, &duration, &upstream_duration));
