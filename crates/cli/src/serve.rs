@@ -78,6 +78,16 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
         }
     };
     let admin = cfg.admin.clone();
+    // What each listener speaks, for the log line that says where it listens.
+    let schemes: Vec<(&str, &str)> = cfg
+        .listeners
+        .iter()
+        .map(|l| match (&l.tls, l.h2c) {
+            (Some(_), _) => ("https", " (HTTP/1.1 and HTTP/2)"),
+            (None, true) => ("http", " (HTTP/1.1 and h2c)"),
+            (None, false) => ("http", ""),
+        })
+        .collect();
     let gw = Gateway::new(cfg, SystemClock::new());
     if let (true, Some(e)) = (analytics_required, gw.analytics_error()) {
         tracing::error!("{e}; not starting, since `analytics.required` is true");
@@ -103,8 +113,9 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
         }
     }
     let server = Server::start(gw.clone(), bound);
-    for a in server.local_addrs() {
-        tracing::info!("listening on http://{a}");
+    // Listeners are bound in the order the config lists them.
+    for (a, (scheme, protocols)) in server.local_addrs().iter().zip(&schemes) {
+        tracing::info!("listening on {scheme}://{a}{protocols}");
     }
     if let Some(b) = banner {
         println!("{b}");

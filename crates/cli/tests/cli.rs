@@ -84,6 +84,8 @@ struct Gateway {
     child: Child,
     lines: mpsc::Receiver<String>,
     addr: SocketAddr,
+    /// The log line that said where the first listener listens.
+    listening: String,
 }
 
 impl Gateway {
@@ -114,10 +116,16 @@ impl Gateway {
             child,
             lines,
             addr: "0.0.0.0:0".parse().expect("addr"),
+            listening: String::new(),
         };
         let line = g.wait_for("listening on http://");
-        let addr = line.rsplit("http://").next().expect("addr").trim();
+        let addr = line
+            .rsplit("http://")
+            .next()
+            .and_then(|a| a.split_whitespace().next())
+            .expect("addr");
         g.addr = addr.parse().expect("listen address");
+        g.listening = line;
         g
     }
 
@@ -317,6 +325,32 @@ fn demo_says_nothing_of_itself_when_it_cannot_listen() {
     assert!(!stdout.contains("Try:"), "banner printed: {stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot"), "{stderr}");
+}
+
+#[test]
+fn run_says_what_each_listener_speaks() {
+    let dir = temp_dir("schemes");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+    std::fs::write(dir.join("c.pem"), cert.cert.pem()).expect("write cert");
+    std::fs::write(dir.join("c.key"), cert.signing_key.serialize_pem()).expect("write key");
+    let (backend, _echo) = echo_backend();
+    let file = dir.join("tollgate.yaml");
+    let tls_port = free_port();
+    std::fs::write(
+        &file,
+        format!(
+            "listeners:\n  - {{address: \"127.0.0.1:0\", h2c: true}}\n  - {{address: \"127.0.0.1:{tls_port}\", tls: {{certificates: [{{cert: c.pem, key: c.key}}]}}}}\nupstreams: {{backend: {{targets: [\"{backend}\"]}}}}\nroutes: [{{path_prefix: /, upstream: backend}}]\n"
+        ),
+    )
+    .expect("write config");
+    let mut g = Gateway::start(&file);
+    let h2c = format!("listening on http://{} (HTTP/1.1 and h2c)", g.addr);
+    assert!(g.listening.ends_with(&h2c), "{}", g.listening);
+    let tls = g.wait_for("listening on https://");
+    let expected = format!("listening on https://127.0.0.1:{tls_port} (HTTP/1.1 and HTTP/2)");
+    assert!(tls.ends_with(&expected), "{tls}");
+    drop(g);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
