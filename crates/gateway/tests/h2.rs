@@ -65,19 +65,41 @@ async fn h2c_serves_http2_and_http1_on_one_port_with_the_same_policies() {
 }
 
 #[tokio::test]
-async fn an_http2_preface_on_an_http1_listener_is_closed() {
+async fn an_http2_preface_on_an_http1_listener_gets_goaway_and_a_clean_close() {
     let backend = echo_backend().await;
     let g = TestGateway::start(
         &yaml(backend, "routes: [{path_prefix: /, upstream: backend}]\n"),
         SystemClock::new(),
     )
     .await;
-    let answer = raw(g.addr, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
-    // Closed; hyper may say 505 first.
-    assert!(
-        answer.is_empty() || answer.starts_with("HTTP/1.1 505"),
-        "{answer:?}"
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut hello = PREFACE.to_vec();
+    hello.extend(frame(0x4, 0, 0, &[]));
+    s.write_all(&hello).await.expect("write");
+    // The server's preface (an empty SETTINGS), then GOAWAY for no stream: HTTP/1.1 required.
+    let mut answer = [0u8; 26];
+    bounded("refusal", s.read_exact(&mut answer))
+        .await
+        .expect("read refusal");
+    assert_eq!(answer[..9], frame(0x4, 0, 0, &[])[..]);
+    assert_eq!(
+        answer[9..],
+        frame(0x7, 0, 0, &[0, 0, 0, 0, 0, 0, 0, 0xd])[..]
     );
+    // What the client sends next is taken in, and its close is answered by a close, not a
+    // reset.
+    s.write_all(&frame(0x4, 0x1, 0, &[])).await.expect("write");
+    s.shutdown().await.expect("shutdown");
+    let mut rest = Vec::new();
+    let n = bounded("close", s.read_to_end(&mut rest)).await;
+    assert_eq!(n.expect("a clean end, not a reset"), 0, "{rest:?}");
+    // HTTP/1.1 on the same listener is served as ever.
+    let ok = raw(
+        g.addr,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
 }
 
 /// One HTTP/2 frame.

@@ -2,6 +2,7 @@
 //! knowledge on `h2c` listeners, TLS handshakes bounded by the header timeout, and a
 //! graceful close when the server shuts down.
 
+use super::h1_only::{said_once, H1Only};
 use super::h2::{Streams, WithStreams};
 use super::ConnInfo;
 use crate::gateway::Gateway;
@@ -213,7 +214,7 @@ pub fn serve_h1(
     done: impl FnOnce() + Send + 'static,
 ) -> impl Future<Output = ()> + Send + 'static {
     let conn =
-        b.h1.serve_connection(TokioIo::new(stream), service(gw, info.clone()))
+        b.h1.serve_connection(TokioIo::new(H1Only::new(stream)), service(gw, info.clone()))
             .with_upgrades();
     drive(
         conn,
@@ -221,8 +222,9 @@ pub fn serve_h1(
         |c| c.graceful_shutdown(),
         move |r| {
             if let Err(e) = r {
+                // A preface that came in pieces gets past `H1Only` to hyper.
                 if e.is_parse_version_h2() {
-                    h2_preface_on_h1(&info);
+                    said_once(Some(info.listener.address));
                 }
                 tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
             }
@@ -306,18 +308,6 @@ async fn first_line(stream: &TcpStream, timeout: std::time::Duration) -> FirstLi
             FirstLine::Other
         }
         _ => FirstLine::Http,
-    }
-}
-
-/// An HTTP/2 preface on a listener without `h2c`: hyper closes the connection; say why,
-/// once per process, at info.
-fn h2_preface_on_h1(info: &ConnInfo) {
-    static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        tracing::info!(
-            listener = %info.listener.address,
-            "a client sent an HTTP/2 preface to a listener without `h2c: true`; closed (said once)"
-        );
     }
 }
 
