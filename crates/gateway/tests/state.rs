@@ -212,3 +212,22 @@ async fn a_state_path_that_is_a_folder_keeps_the_counters_in_a_file_inside_it() 
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_database_of_another_shape_is_set_aside_like_a_damaged_one() {
+    let backend = echo_backend().await;
+    let dir = tempdir("state-other");
+    let db = dir.join("state.db");
+    {
+        let c = rusqlite::Connection::open(&db).expect("open");
+        c.execute_batch("CREATE TABLE windows (name TEXT); INSERT INTO windows VALUES ('x');")
+            .expect("schema");
+    }
+    let cfg = stateful(backend, &db, "[{requests: 2, per: 1d}]");
+    let (gw, _) = start_at(&cfg, Duration::from_secs(1_000)).await;
+    assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
+    assert!(dir.join("state.db.corrupt").is_file());
+    assert_eq!(gw.gw.flush_state(), 2, "the new file takes the counts");
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}

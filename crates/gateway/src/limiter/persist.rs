@@ -251,10 +251,14 @@ impl StateStore {
         let stats = Arc::new(StateStats::default());
         let existed = path.exists();
         let wall = clock.wall_nanos();
-        let opened = crate::sqlite::open(&path, SCHEMA).and_then(|c| {
-            let saved = read_all(&c, wall)?;
-            Ok((c, saved))
-        });
+        // With whether a failure is the file's content: an open refused as not a sound
+        // database, or a database whose windows cannot be read (another schema).
+        let opened = crate::sqlite::open(&path, SCHEMA)
+            .map_err(|e| (is_unsound(&e), e))
+            .and_then(|c| {
+                let saved = read_all(&c, wall).map_err(|e| (true, e))?;
+                Ok((c, saved))
+            });
         let (db, saved) = match opened {
             Ok((c, saved)) => {
                 if existed {
@@ -264,9 +268,9 @@ impl StateStore {
                 }
                 (Some(c), saved)
             }
-            Err(e) => {
+            Err((unsound, e)) => {
                 stats.errors.fetch_add(1, Ordering::Relaxed);
-                let bad_content = is_unsound(&e) && path.is_file();
+                let bad_content = unsound && path.is_file();
                 tracing::error!("{}; counters start empty", db_err(&path)(e));
                 if bad_content {
                     set_aside(&path);
