@@ -3,6 +3,7 @@
 over all of them, against nginx doing the same (`map` of the 1M keys + `limit_req`).
 
     python3 bench/scale.py [--consumers 1000000] [--rounds 5] [--duration 5]
+                           [--cpu-only] [--without-limits]
 
 Generates N consumers with one 32-character key each and one limit (1,000,000 per second,
 so nothing is refused and every request goes through the limiter), as a tollgate
@@ -19,6 +20,11 @@ bench/seed.py (gateway on CPU 1; echo backend and wrk on CPU 0):
    generator works the same in both; rounds interleaved, medians, ratio;
 4. reload: a paced load (`tollgate bench --rate 2000`) while tollgate reloads the N
    consumers (SIGHUP): failures and p99 against the same load without a reload.
+
+`--cpu-only` runs step 3 alone. `--without-limits` drops the limit from both systems (no
+plan limit in tollgate, no `limit_req` in nginx), which leaves what finding the consumer
+by its key costs: run with and without it to see which part of a cold consumer's cost is
+the lookup and which the counting.
 
 Prints one JSON object. Needs nginx and wrk; loopback only; every loop is bounded.
 """
@@ -61,15 +67,16 @@ def generate(n, tmp):
             kt.write(k + "\n")
 
 
-def tollgate_config(tmp, consumers_file):
+def tollgate_config(tmp, consumers_file, limits=True):
     cf = f"consumers_file: {consumers_file}\n" if consumers_file else \
         "consumers:\n  - {name: c0, keys: [" + key_of(0) + "], plan: basic}\n" \
         "  - {name: c1, keys: [" + key_of(1) + "], plan: basic}\n" \
         "  - {name: c2, keys: [" + key_of(2) + "], plan: basic}\n"
+    plan = "{limits: [{requests: 1000000, per: 1s, name: rate}]}" if limits else "{}"
     text = f"""server: {{watch_config: false}}
 listeners: [{{address: "{GATEWAY}"}}]
 upstreams: {{backend: {{targets: ["{BACKEND}"]}}}}
-plans: {{basic: {{limits: [{{requests: 1000000, per: 1s, name: rate}}]}}}}
+plans: {{basic: {plan}}}
 {cf}routes:
   - {{name: test, path_prefix: /test/, upstream: backend, auth: {{query: [apikey]}}}}
 """
@@ -78,7 +85,7 @@ plans: {{basic: {{limits: [{{requests: 1000000, per: 1s, name: rate}}]}}}}
     return path
 
 
-def nginx_config(tmp, map_file):
+def nginx_config(tmp, map_file, limits=True):
     maps = f"include {map_file};" if map_file else \
         " ".join(f"{key_of(i)} c{i};" for i in range(3))
     text = f"""worker_processes 1;
@@ -91,14 +98,14 @@ http {{
     map_hash_max_size 4194304;
     map_hash_bucket_size 128;
     map $arg_apikey $consumer {{ default ""; {maps} }}
-    limit_req_zone $consumer zone=perconsumer:256m rate=1000000r/s;
+    {"limit_req_zone $consumer zone=perconsumer:256m rate=1000000r/s;" if limits else ""}
     limit_req_status 429;
     upstream backend {{ server {BACKEND}; keepalive 256; }}
     server {{
         listen {GATEWAY} backlog=4096;
         location /test/ {{
             if ($consumer = "") {{ return 401 '{{"status":401,"error":"unknown API key"}}'; }}
-            limit_req zone=perconsumer burst=1000 nodelay;
+            {"limit_req zone=perconsumer burst=1000 nodelay;" if limits else ""}
             proxy_pass http://backend;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -240,14 +247,18 @@ def main():
     ap.add_argument("--consumers", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=int, default=5)
+    ap.add_argument("--cpu-only", action="store_true", help="only the CPU per request (step 3)")
+    ap.add_argument("--without-limits", action="store_true",
+                    help="no limit in either system: the key lookup alone")
     args = ap.parse_args()
+    limits = not args.without_limits
     for tool in ("nginx", "wrk", "taskset"):
         if not shutil.which(tool):
             die(f"needs {tool}")
     if not BIN.exists():
         die("build first: cargo build --release")
     n = args.consumers
-    out = {"consumers": n}
+    out = {"consumers": n, "limits": limits}
     backend = subprocess.Popen(["taskset", "-c", seed.LOAD_CPU, str(BIN), "echo", "--listen", BACKEND],
                                stderr=subprocess.DEVNULL)
     wait_port(BACKEND, backend)
@@ -256,9 +267,10 @@ def main():
             t = time.monotonic()
             generate(n, tmp)
             print(f"generated {n} consumers in {time.monotonic() - t:.1f}s", file=sys.stderr)
-            big = {"tollgate": tollgate_config(tmp, Path(tmp) / "consumers.jsonl"),
-                   "nginx": nginx_config(tmp, Path(tmp) / "keys.map")}
-            small = {"tollgate": tollgate_config(tmp, None), "nginx": nginx_config(tmp, None)}
+            big = {"tollgate": tollgate_config(tmp, Path(tmp) / "consumers.jsonl", limits),
+                   "nginx": nginx_config(tmp, Path(tmp) / "keys.map", limits)}
+            small = {"tollgate": tollgate_config(tmp, None, limits),
+                     "nginx": nginx_config(tmp, None, limits)}
             t = time.monotonic()
             chk = subprocess.run([str(BIN), "check", "--config", str(big["tollgate"])], capture_output=True)
             out["tollgate_check_s"] = round(time.monotonic() - t, 2)
@@ -267,6 +279,9 @@ def main():
             keys = Path(tmp) / "keys.txt"
             scripts = {"uniform": wrk_script(tmp, keys, False), "hot": wrk_script(tmp, keys, True)}
             for system in ("tollgate", "nginx"):
+                out[system] = {}
+                if args.cpu_only:
+                    continue
                 proc, _ = start(system, small[system], tmp)
                 base = settled_pss(proc.pid)
                 stop(proc)
