@@ -224,7 +224,7 @@ pub fn serve_h1(
             if let Err(e) = r {
                 // A preface that came in pieces gets past `H1Only` to hyper.
                 if e.is_parse_version_h2() {
-                    said_once(Some(info.listener.address));
+                    said_once(Some(info.listener.address), false);
                 }
                 tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
             }
