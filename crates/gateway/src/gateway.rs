@@ -736,7 +736,6 @@ fn nanos(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Notes the wait for an upstream's answer in the trace and the route's histogram.
 /// Forwards a request to the route's upstream, noting how long the upstream took. Boxed: a
 /// request's future is moved into place whole (into hyper's connection, or its HTTP/2
 /// stream), and a refused request should not pay to move the largest branch it never takes.
@@ -755,6 +754,7 @@ fn forward_timed<'a, 's: 'a>(
     })
 }
 
+/// Notes the wait for an upstream's answer in the trace and the route's histogram.
 fn upstream_time(trace: &mut Trace<'_>, route: &crate::snapshot::Route, since: Instant) {
     let ns = nanos(since);
     trace.upstream_ns = Some(ns);
