@@ -57,9 +57,8 @@ pin_project_lite::pin_project! {
     pub struct WithStreams<F, E> {
         #[pin]
         conn: F,
-        // The connection's result, once it has ended.
+        // The connection's result, once it has ended (it is not polled after).
         ended: Option<Result<(), E>>,
-        conn_done: bool,
         streams: FuturesUnordered<StreamFuture>,
         inbox: Streams,
         // Swapped with the inbox's list, so that neither is allocated again.
@@ -77,7 +76,6 @@ where
         WithStreams {
             conn,
             ended: None,
-            conn_done: false,
             streams: FuturesUnordered::new(),
             inbox,
             taken: Vec::new(),
@@ -88,7 +86,7 @@ where
     /// Calls `f` on the connection (to close it gracefully) unless it has ended.
     pub fn shutdown(self: Pin<&mut Self>, f: impl FnOnce(Pin<&mut F>)) {
         let this = self.project();
-        if !*this.conn_done {
+        if this.ended.is_none() {
             f(this.conn);
         }
     }
@@ -112,9 +110,8 @@ where
             while let Poll::Ready(Some(())) = this.streams.poll_next_unpin(cx) {}
             // Then the connection: it writes what the streams queued, reads what came and
             // accepts new streams into the inbox.
-            if !*this.conn_done {
+            if this.ended.is_none() {
                 if let Poll::Ready(r) = this.conn.as_mut().poll(cx) {
-                    *this.conn_done = true;
                     *this.ended = Some(r);
                 }
             }
@@ -129,12 +126,11 @@ where
         if !this.inbox.0.new.lock().is_empty() {
             cx.waker().wake_by_ref();
         }
-        match this.ended.take() {
-            Some(r) if this.streams.is_empty() => Poll::Ready(r),
-            kept => {
-                *this.ended = kept;
-                Poll::Pending
+        if this.streams.is_empty() {
+            if let Some(r) = this.ended.take() {
+                return Poll::Ready(r);
             }
         }
+        Poll::Pending
     }
 }
