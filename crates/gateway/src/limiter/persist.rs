@@ -272,10 +272,12 @@ impl StateStore {
                 stats.errors.fetch_add(1, Ordering::Relaxed);
                 let bad_content = unsound && path.is_file();
                 tracing::error!("{}; counters start empty", db_err(&path)(e));
-                if bad_content {
+                // A fresh file where a bad one was; otherwise the first flush tries again.
+                let db = bad_content.then(|| {
                     set_aside(&path);
-                }
-                (open_db(&path).ok(), HashMap::new())
+                    open_db(&path).ok()
+                });
+                (db.flatten(), HashMap::new())
             }
         };
         let store = Arc::new(StateStore {
