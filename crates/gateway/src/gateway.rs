@@ -401,6 +401,9 @@ impl Gateway {
             );
         }
         let snapshot = Snapshot::build(config, &self.registry);
+        // Counts the old table kept in its slots move to cells, where the new one finds
+        // them.
+        old.counters.settle_all(self.now());
         self.snapshot.store(Arc::new(snapshot));
         self.metrics.reloads.inc();
         self.status.send_modify(|s| {

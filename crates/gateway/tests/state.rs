@@ -173,14 +173,21 @@ routes:
 "#,
     );
     let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
-    assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
+    // Calls within one sub-window (a tenth of the window) are counted without a cell.
+    assert_eq!(codes(&gw, "t1", 1).await, [200]);
+    assert!(gw.gw.metrics_text().contains("tollgate_limit_cells 0"));
+    // A call in a later one, while the first still counts, needs the whole window.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(codes(&gw, "t1", 2).await, [200, 429]);
+    assert!(gw.gw.metrics_text().contains("tollgate_limit_cells 1"));
     // Still counting: nothing retired.
     assert_eq!(gw.gw.sweep(), 0);
-    assert!(gw.gw.metrics_text().contains("tollgate_limit_cells 1"));
+    // The second call stops counting 11 s after its sub-window began.
     clock.advance(Duration::from_secs(11));
     assert_eq!(gw.gw.sweep(), 1);
     assert!(gw.gw.metrics_text().contains("tollgate_limit_cells 0"));
     assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
+    assert!(gw.gw.metrics_text().contains("tollgate_limit_cells 0"));
 }
 
 #[tokio::test]

@@ -14,9 +14,12 @@
 //! Limits shared with other nodes are counted differently, in fixed windows with tokens
 //! leased from Redis: see [`crate::cluster`].
 //!
-//! Counters are created when a consumer first calls ([`table`]), written to the state file
-//! when one is configured ([`persist`]), and retired once every window has passed.
+//! A limit whose counts all sit in one sub-window is kept as two numbers in the consumer's
+//! table slot ([`light`]); a cell is made when a consumer calls in a second sub-window while
+//! the first still counts ([`table`]), written to the state file when one is configured
+//! ([`persist`]), and retired once every window has passed.
 
+pub mod light;
 pub mod persist;
 pub mod table;
 
@@ -59,6 +62,61 @@ impl Window {
             }
         }
         self.head = now_slot;
+    }
+
+    /// The window holding `count` requests in slot `slot` and nothing else.
+    pub(crate) fn single(slot: u64, count: u64) -> Window {
+        let mut w = Window {
+            head: slot,
+            total: count,
+            ..Window::default()
+        };
+        w.slots[(slot % SLOTS as u64) as usize] = count;
+        w
+    }
+
+    /// `(slot, count)` when every count is in one slot (or there is none), as
+    /// [`Window::single`] would make it.
+    pub(crate) fn as_single(&self) -> Option<(u64, u64)> {
+        if self.total == 0 {
+            return Some((self.head, 0));
+        }
+        for back in 0..=SUB.min(self.head) {
+            let slot = self.head - back;
+            match self.slots[(slot % SLOTS as u64) as usize] {
+                0 => {}
+                n if n == self.total => return Some((slot, n)),
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// Adds `other`'s counts to these (both moved to the later head first).
+    pub(crate) fn merge(&mut self, other: &Window) {
+        let mut other = other.clone();
+        let head = self.head.max(other.head);
+        self.advance(head);
+        other.advance(head);
+        for (mine, theirs) in self.slots.iter_mut().zip(other.slots) {
+            *mine += theirs;
+        }
+        self.total += other.total;
+    }
+
+    /// Moves to `now` and, when `requests` are already counted, returns the wait until
+    /// one more would pass.
+    fn full(&mut self, requests: u64, slot_ns: u64, now: u64) -> Option<u64> {
+        self.advance(now / slot_ns);
+        (self.total >= requests).then(|| self.wait_for(self.total + 1 - requests, slot_ns, now))
+    }
+
+    /// Counts one request in the current slot; returns what is left.
+    fn count_one(&mut self, requests: u64) -> u64 {
+        let slot = (self.head % SLOTS as u64) as usize;
+        self.slots[slot] += 1;
+        self.total += 1;
+        requests.saturating_sub(self.total)
     }
 
     /// Nanoseconds from `now` until `need` counted requests have left the window.
@@ -241,6 +299,59 @@ enum Room {
     Shared(crate::cluster::Admit),
 }
 
+/// What the limits of one check say so far: the refusal to give (the limit that frees up
+/// last, a store that is down before any limit) or the tightest standing.
+#[derive(Default)]
+struct Tally {
+    refused: Option<Refused>,
+    tightest: Option<Standing>,
+}
+
+impl Tally {
+    /// Limit `index` is used up until `wait` nanoseconds from now.
+    fn full(&mut self, index: usize, wait: u64) {
+        let later = match self.refused {
+            None => true,
+            Some(Refused::Limit(r)) => wait > r.reset.as_nanos() as u64,
+            Some(_) => false,
+        };
+        if later {
+            self.refused = Some(Refused::Limit(Standing {
+                index,
+                remaining: 0,
+                reset: Duration::from_nanos(wait),
+            }));
+        }
+    }
+
+    /// A shared limit refused with `r`.
+    fn shared(&mut self, index: usize, r: Refused) {
+        let replace = match (self.refused, r) {
+            (None, _) | (_, Refused::StoreDown) => true,
+            (Some(Refused::Limit(old)), Refused::Limit(new)) => new.reset > old.reset,
+            (Some(_), _) => false,
+        };
+        if replace {
+            self.refused = Some(match r {
+                Refused::Limit(s) => Refused::Limit(Standing { index, ..s }),
+                other => other,
+            });
+        }
+    }
+
+    /// Whether a limit with `remaining` left would be the tightest so far.
+    fn tighter(&self, remaining: u64) -> bool {
+        self.tightest.is_none_or(|t| remaining < t.remaining)
+    }
+
+    /// Notes an admitted limit's standing.
+    fn admitted(&mut self, s: Standing) {
+        if self.tighter(s.remaining) {
+            self.tightest = Some(s);
+        }
+    }
+}
+
 /// Checks every limit together. If all have room, counts the request in each and returns
 /// the standing of the tightest one; otherwise counts nothing and returns the standing of
 /// the limit that refused (the one that frees up last).
@@ -252,7 +363,7 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
     }
     let mut guards: SmallVec<[(MutexGuard<'_, CellState>, Room); 4]> =
         SmallVec::with_capacity(cells.len());
-    let mut refused: Option<Refused> = None;
+    let mut tally = Tally::default();
     for (index, cell) in cells.iter().enumerate() {
         let mut state = cell.state.lock();
         if state.retired {
@@ -260,22 +371,8 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
         }
         let room = match &mut state.counter {
             Counter::Local(w) => {
-                let slot_ns = cell.slot_ns();
-                w.advance(now.mono / slot_ns);
-                if w.total >= cell.requests {
-                    let wait = w.wait_for(w.total + 1 - cell.requests, slot_ns, now.mono);
-                    let later = match refused {
-                        None => true,
-                        Some(Refused::Limit(r)) => wait > r.reset.as_nanos() as u64,
-                        Some(_) => false,
-                    };
-                    if later {
-                        refused = Some(Refused::Limit(Standing {
-                            index,
-                            remaining: 0,
-                            reset: Duration::from_nanos(wait),
-                        }));
-                    }
+                if let Some(wait) = w.full(cell.requests, cell.slot_ns(), now.mono) {
+                    tally.full(index, wait);
                 }
                 Room::Local
             }
@@ -283,19 +380,7 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
                 Some(shared) => match shared.room(cell, l, now.wall) {
                     Ok(admit) => Room::Shared(admit),
                     Err(r) => {
-                        let replace = match (refused, r) {
-                            (None, _) | (_, Refused::StoreDown) => true,
-                            (Some(Refused::Limit(old)), Refused::Limit(new)) => {
-                                new.reset > old.reset
-                            }
-                            (Some(_), _) => false,
-                        };
-                        if replace {
-                            refused = Some(match r {
-                                Refused::Limit(s) => Refused::Limit(Standing { index, ..s }),
-                                other => other,
-                            });
-                        }
+                        tally.shared(index, r);
                         Room::Local
                     }
                 },
@@ -304,10 +389,9 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
         };
         guards.push((state, room));
     }
-    if let Some(r) = refused {
+    if let Some(r) = tally.refused {
         return Err(r);
     }
-    let mut tightest: Option<Standing> = None;
     for (index, (cell, (state, room))) in cells.iter().zip(guards.iter_mut()).enumerate() {
         if !state.dirty {
             if let Some(q) = &cell.dirty {
@@ -317,11 +401,8 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
         }
         let standing = match (&mut state.counter, room) {
             (Counter::Local(w), _) => {
-                let slot = (w.head % SLOTS as u64) as usize;
-                w.slots[slot] += 1;
-                w.total += 1;
-                let remaining = cell.requests - w.total;
-                if tightest.is_some_and(|t| remaining >= t.remaining) {
+                let remaining = w.count_one(cell.requests);
+                if !tally.tighter(remaining) {
                     continue;
                 }
                 Standing {
@@ -336,11 +417,49 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
             },
             (Counter::Shared(_), Room::Local) => continue,
         };
-        if tightest.is_none_or(|t| standing.remaining < t.remaining) {
-            tightest = Some(standing);
+        tally.admitted(standing);
+    }
+    Ok(tally.tightest)
+}
+
+/// One local limit counted outside any cell: its window and its terms.
+#[derive(Debug, Clone)]
+pub(crate) struct Plain {
+    pub(crate) window: Window,
+    /// Requests allowed per window.
+    pub(crate) requests: u64,
+    /// Sub-window length in nanoseconds.
+    pub(crate) slot_ns: u64,
+}
+
+/// [`check`] for windows held by the caller (no locks, no cluster): the same rules, the
+/// same answer.
+pub(crate) fn check_plain(limits: &mut [Plain], now: u64) -> Result<Option<Standing>, Refused> {
+    let mut tally = Tally::default();
+    for (index, l) in limits.iter_mut().enumerate() {
+        if let Some(wait) = l.window.full(l.requests, l.slot_ns, now) {
+            tally.full(index, wait);
         }
     }
-    Ok(tightest)
+    if let Some(r) = tally.refused {
+        return Err(r);
+    }
+    for (index, l) in limits.iter_mut().enumerate() {
+        let remaining = l.window.count_one(l.requests);
+        if tally.tighter(remaining) {
+            tally.admitted(Standing {
+                index,
+                remaining,
+                reset: Duration::from_nanos(l.window.wait_for(1, l.slot_ns, now)),
+            });
+        }
+    }
+    Ok(tally.tightest)
+}
+
+/// Sub-window length in nanoseconds of a limit over `window`.
+pub(crate) fn slot_ns_of(window: Duration) -> u64 {
+    (u64::try_from(window.as_nanos()).unwrap_or(u64::MAX) / SUB).max(1)
 }
 
 #[cfg(test)]

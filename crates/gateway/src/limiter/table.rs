@@ -1,22 +1,26 @@
-//! Counters made when a consumer first calls, not for every consumer in the config, and
-//! dropped once all their windows have passed: a million consumers cost their table entry
-//! (40 bytes: a lock and room for two cells' pointers) until they call.
+//! Each consumer's counters, kept in its slot of the snapshot's table while they are light
+//! (see [`light`]) and in cells otherwise: a million consumers cost their slot (40 bytes:
+//! a lock and room for two limits' counts or two cells' pointers), whether they call or not.
 //!
 //! [`Live`] owns every cell in use, by identity (consumer, scope, limit), across reloads:
 //! a limit that did not change keeps its counts. Each snapshot has a [`Counters`] table,
-//! one slot per consumer, holding that consumer's cells in the snapshot's layout so the
-//! request path takes one slot lock instead of hashing names. The sweeper retires idle
-//! cells; a request that meets a retired cell looks the consumer up again.
+//! one slot per consumer, so the request path takes one slot lock instead of hashing
+//! names. Counts stay in slots only while one table exists (and limits are neither shared
+//! nor written to a state file): before a new table serves, the old one moves its counts
+//! to cells ([`Counters::settle_all`]), and the new one looks a consumer's cells up on its
+//! first call. The sweeper retires idle cells; a request that meets a retired cell looks
+//! the consumer up again.
 
+use super::light::{self, Checked, Lights};
 use super::persist::Saved;
-use super::{DirtyQueue, LimitCell, Now};
+use super::{Counter, DirtyQueue, LimitCell, Now, Refused, Standing, Window};
 use crate::cluster::Cluster;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tollgate_config::{Consumers, LimitConfig};
 
@@ -37,6 +41,9 @@ pub struct Live {
     restoring: std::sync::atomic::AtomicBool,
     /// Where cells with unwritten counts go, when counters are kept on disk.
     dirty: Option<Arc<DirtyQueue>>,
+    /// [`Counters`] tables in existence: counts stay in slots (see [`light`]) only while
+    /// there is one, so no other table can make a cell for a consumer a slot counts.
+    tables: AtomicUsize,
 }
 
 impl std::fmt::Debug for Live {
@@ -102,7 +109,25 @@ impl Live {
             restored: Mutex::default(),
             restoring: Default::default(),
             dirty,
+            tables: AtomicUsize::new(0),
         }
+    }
+
+    /// Whether counts may be kept in table slots now: one table, limits on this node
+    /// alone, and no state file to write them to.
+    fn light_ok(&self) -> bool {
+        self.cluster.is_none() && self.dirty.is_none() && self.tables.load(Ordering::Acquire) == 1
+    }
+
+    /// The cell in use counting `limit` for `scope`, if there is one.
+    fn find(&self, scope: Scope<'_>, limit: &LimitConfig) -> Option<Arc<LimitCell>> {
+        let key = cell_key(scope, limit);
+        let h = self.hash(&key);
+        let shard = self.shard(h).lock();
+        shard
+            .find(h, |c| c.key.as_bytes() == key.as_slice())
+            .filter(|c| !c.state.lock().retired)
+            .cloned()
     }
 
     /// Counts to apply to cells as they are made (from the state file).
@@ -225,13 +250,30 @@ pub struct Layout {
 /// A consumer's cells, in its plan's [`Layout`] order.
 pub type Group = SmallVec<[Arc<LimitCell>; 2]>;
 
-/// One snapshot's cache of each consumer's cells.
+/// What a table knows of one consumer's counts.
+#[derive(Debug, Default)]
+enum Slot {
+    /// Not looked at since the table was made (or its cells were retired): cells may be
+    /// in use from an earlier config.
+    #[default]
+    Unknown,
+    /// Counts held here, no cell (see [`light`]).
+    Light(Lights),
+    /// The consumer's cells.
+    Cells(Group),
+}
+
+/// One snapshot's cache of each consumer's counters.
 pub struct Counters {
-    /// Each consumer's cells, held in its slot (empty until its first call): a request goes
-    /// from the slot straight to the cells, one cache miss fewer than through a pointer.
-    slots: Box<[Mutex<Group>]>,
+    /// Each consumer's counts or cells, held in its slot: a request goes from the slot
+    /// straight to them, one cache miss fewer than through a pointer.
+    slots: Box<[Mutex<Slot>]>,
     /// By plan slot: plan index, or `plans.len()` for consumers without a plan.
     layouts: Vec<Layout>,
+    /// By plan slot: whether its limits may be counted in the slot ([`light::fits`]).
+    light: Vec<bool>,
+    /// Made when no other table and no cell existed: a slot not yet looked at has no cell.
+    fresh: bool,
     consumers: Arc<Consumers>,
     live: Arc<Live>,
 }
@@ -244,15 +286,28 @@ impl std::fmt::Debug for Counters {
     }
 }
 
+impl Drop for Counters {
+    fn drop(&mut self) {
+        self.live.tables.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Counters {
     /// An empty table for `consumers`, their cells laid out by `layouts` (one per plan,
     /// then one for no plan).
+    ///
+    /// While an older table exists, no slot of either keeps counts of its own. Before
+    /// this table serves, [`Counters::settle_all`] must be called on the one it replaces.
     pub fn new(consumers: Arc<Consumers>, layouts: Vec<Layout>, live: Arc<Live>) -> Counters {
+        let others = live.tables.fetch_add(1, Ordering::AcqRel);
+        let fresh = others == 0 && live.is_empty();
         Counters {
             slots: (0..consumers.len())
-                .map(|_| Mutex::new(Group::new()))
+                .map(|_| Mutex::new(Slot::Unknown))
                 .collect(),
+            light: layouts.iter().map(|l| light::fits(&l.limits)).collect(),
             layouts,
+            fresh,
             consumers,
             live,
         }
@@ -265,25 +320,135 @@ impl Counters {
             .unwrap_or(self.layouts.len().saturating_sub(1))
     }
 
-    /// Runs `f` on consumer `i`'s cells, made (or found in use since an earlier config) on
-    /// first call, under the consumer's slot lock. `f` may clear them (one was retired):
-    /// the next call makes them again.
-    pub fn with_group<R>(&self, i: usize, now: Now, f: impl FnOnce(&mut Group) -> R) -> R {
-        let mut slot = self.slots[i].lock();
-        if slot.is_empty() {
-            let consumer = self.consumers.name(i);
-            let layout = &self.layouts[self.plan_slot(i)];
-            slot.extend(layout.limits.iter().map(|(limit, route)| {
-                let route = route.as_deref();
-                self.live.cell(Scope { route, consumer }, limit, now)
-            }));
+    /// Checks consumer `i`'s limits at `positions` of its layout and, if all have room,
+    /// counts the request in each ([`super::check`]). A standing's `index` is its place in
+    /// `positions`.
+    pub fn check(
+        &self,
+        i: usize,
+        positions: &[usize],
+        now: Now,
+    ) -> Result<Option<Standing>, Refused> {
+        let ls = self.plan_slot(i);
+        let layout = &self.layouts[ls];
+        // A cell retired by the sweeper before this request reached it is dropped from
+        // the slot and looked up again: the sweeper retires only idle cells, so a second
+        // try finds fresh ones.
+        for _ in 0..4 {
+            let mut slot = self.slots[i].lock();
+            // Under the slot lock, so that `settle_all` sees any count kept here.
+            let light = self.light[ls] && self.live.light_ok();
+            if light && matches!(*slot, Slot::Unknown) {
+                *slot = self.look_up(i, layout, now);
+            }
+            match &mut *slot {
+                Slot::Light(lights) if light => {
+                    return match light::check(lights, &layout.limits, positions, now.mono) {
+                        Checked::Kept(checked) => checked,
+                        Checked::Grown(checked, windows) => {
+                            *slot = Slot::Cells(self.cells_with(i, layout, &windows, now));
+                            checked
+                        }
+                    };
+                }
+                Slot::Light(lights) => {
+                    let windows = windows_of(lights, layout);
+                    *slot = Slot::Cells(self.cells_with(i, layout, &windows, now));
+                }
+                Slot::Unknown => *slot = Slot::Cells(self.cells_with(i, layout, &[], now)),
+                Slot::Cells(_) => {}
+            }
+            let Slot::Cells(group) = &*slot else {
+                continue;
+            };
+            match check_cells(group, positions, now) {
+                Err(Refused::Retired) => *slot = Slot::Unknown,
+                checked => return checked,
+            }
         }
-        f(&mut slot)
+        Err(Refused::Retired)
     }
 
-    /// Consumer `i`'s cells, made on first call (see [`Counters::with_group`]).
+    /// An unknown slot's state when counts may be kept in it: the consumer's cells if any
+    /// are in use, else empty counts.
+    fn look_up(&self, i: usize, layout: &Layout, now: Now) -> Slot {
+        if !self.fresh {
+            let consumer = self.consumers.name(i);
+            let any = layout.limits.iter().any(|(limit, route)| {
+                let route = route.as_deref();
+                self.live.find(Scope { route, consumer }, limit).is_some()
+            });
+            if any {
+                return Slot::Cells(self.cells_with(i, layout, &[], now));
+            }
+        }
+        Slot::Light(Lights::default())
+    }
+
+    /// Consumer `i`'s cells, found in use or made, with `windows` (in layout order; none
+    /// for a plain lookup) added to their counts.
+    fn cells_with(&self, i: usize, layout: &Layout, windows: &[Window], now: Now) -> Group {
+        let consumer = self.consumers.name(i);
+        let mut group = Group::new();
+        for (k, (limit, route)) in layout.limits.iter().enumerate() {
+            let scope = Scope {
+                route: route.as_deref(),
+                consumer,
+            };
+            let mut cell = self.live.cell(scope, limit, now);
+            if let Some(w) = windows.get(k).filter(|w| w.total > 0) {
+                // A cell retired between its lookup and here is replaced by the next
+                // lookup: counts are never added to a retired one.
+                for _ in 0..4 {
+                    let mut state = cell.state.lock();
+                    if !state.retired {
+                        if let Counter::Local(mine) = &mut state.counter {
+                            mine.merge(w);
+                        }
+                        break;
+                    }
+                    drop(state);
+                    cell = self.live.cell(scope, limit, now);
+                }
+            }
+            group.push(cell);
+        }
+        group
+    }
+
+    /// Consumer `i`'s cells, made if it has none: counts kept in its slot move to them.
+    fn with_cells<R>(&self, i: usize, now: Now, f: impl FnOnce(&Group) -> R) -> R {
+        let layout = &self.layouts[self.plan_slot(i)];
+        let mut slot = self.slots[i].lock();
+        let windows = match &*slot {
+            Slot::Cells(g) if !g.iter().any(|c| c.state.lock().retired) => return f(g),
+            Slot::Light(lights) => windows_of(lights, layout),
+            _ => Vec::new(),
+        };
+        let group = self.cells_with(i, layout, &windows, now);
+        let out = f(&group);
+        *slot = Slot::Cells(group);
+        out
+    }
+
+    /// Consumer `i`'s cells (see [`Counters::with_cells`]).
     pub fn group(&self, i: usize, now: Now) -> Group {
-        self.with_group(i, now, |g| g.clone())
+        self.with_cells(i, now, |g| g.clone())
+    }
+
+    /// Moves every count kept in a slot to cells, so that a table made after this one
+    /// finds them (call before the new table serves).
+    pub fn settle_all(&self, now: Now) {
+        for i in 0..self.slots.len() {
+            let layout = &self.layouts[self.plan_slot(i)];
+            let counting = match &*self.slots[i].lock() {
+                Slot::Light(lights) => light::in_use(lights, &layout.limits, now.mono),
+                _ => false,
+            };
+            if counting {
+                self.with_cells(i, now, |_| ());
+            }
+        }
     }
 
     /// Clears the slots whose cells were retired, so their memory goes. Returns how many.
@@ -291,27 +456,69 @@ impl Counters {
         let mut cleared = 0;
         for s in self.slots.iter() {
             let mut slot = s.lock();
-            if slot.iter().any(|c| c.state.lock().retired) {
-                *slot = Group::new();
-                cleared += 1;
+            if let Slot::Cells(g) = &*slot {
+                if g.iter().any(|c| c.state.lock().retired) {
+                    *slot = Slot::Unknown;
+                    cleared += 1;
+                }
             }
         }
         cleared
     }
 
-    /// Consumers with cells, and their cells, up to `max`.
-    pub fn active(&self, max: usize) -> Vec<(usize, Group)> {
+    /// Consumers with counts in their windows at `now`, and their cells (made for those
+    /// whose counts were kept in their slot), up to `max`.
+    pub fn active(&self, max: usize, now: Now) -> Vec<(usize, Group)> {
         let mut out = Vec::new();
-        for (i, s) in self.slots.iter().enumerate() {
+        for i in 0..self.slots.len() {
             if out.len() >= max {
                 break;
             }
-            let g = s.lock();
-            if !g.is_empty() {
-                out.push((i, g.clone()));
+            let layout = &self.layouts[self.plan_slot(i)];
+            let counting = match &*self.slots[i].lock() {
+                Slot::Unknown => false,
+                Slot::Light(lights) => light::in_use(lights, &layout.limits, now.mono),
+                Slot::Cells(g) => !g.is_empty(),
+            };
+            if counting {
+                out.push((i, self.group(i, now)));
             }
         }
         out
+    }
+}
+
+/// The windows light counts stand for, in layout order.
+fn windows_of(lights: &Lights, layout: &Layout) -> Vec<Window> {
+    lights
+        .iter()
+        .take(layout.limits.len())
+        .map(|l| l.window())
+        .collect()
+}
+
+/// [`super::check`] on the cells of `group` at `positions`, locked in id order; a
+/// standing's `index` is its place in `positions`.
+fn check_cells(group: &Group, positions: &[usize], now: Now) -> Result<Option<Standing>, Refused> {
+    // `order[k]`: the id of the k-th cell locked and the place of its limit in `positions`.
+    let mut order: SmallVec<[(u64, usize); 4]> = positions
+        .iter()
+        .enumerate()
+        .filter_map(|(ix, &p)| group.get(p).map(|c| (c.id, ix)))
+        .collect();
+    order.sort_unstable();
+    let cells: SmallVec<[&Arc<LimitCell>; 4]> = order
+        .iter()
+        .filter_map(|&(_, ix)| group.get(positions[ix]))
+        .collect();
+    let place = |s: Standing| Standing {
+        index: order.get(s.index).map_or(0, |o| o.1),
+        ..s
+    };
+    match super::check(&cells, now) {
+        Ok(s) => Ok(s.map(place)),
+        Err(Refused::Limit(s)) => Err(Refused::Limit(place(s))),
+        Err(other) => Err(other),
     }
 }
 
@@ -368,30 +575,124 @@ mod tests {
         assert_eq!(live.len(), 2);
     }
 
-    #[test]
-    fn a_cleared_slot_is_filled_again_with_fresh_cells() {
+    const S: u64 = 1_000_000_000;
+
+    fn at(secs: u64) -> Now {
+        Now {
+            mono: secs * S,
+            wall: secs * S,
+        }
+    }
+
+    /// A table of consumers `a` and `b` on one plan of 3 per minute.
+    fn table(live: &Arc<Live>) -> Counters {
         let mut consumers = Consumers::default();
-        assert_eq!(consumers.push("a", Some(0), &["k"], &[]), Ok(0));
+        assert_eq!(consumers.push("a", Some(0), &["ka"], &[]), Ok(0));
+        assert_eq!(consumers.push("b", Some(0), &["kb"], &[]), Ok(1));
         let layouts = vec![
             Layout {
-                limits: vec![(limit(), None)],
+                limits: vec![(
+                    LimitConfig {
+                        requests: 3,
+                        ..limit()
+                    },
+                    None,
+                )],
             },
             Layout::default(),
         ];
+        Counters::new(Arc::new(consumers), layouts, live.clone())
+    }
+
+    /// Admitted (true) or refused, for consumer `i` at `now`.
+    fn admit(c: &Counters, i: usize, now: Now) -> bool {
+        match c.check(i, &[0], now) {
+            Ok(_) => true,
+            Err(Refused::Limit(_)) => false,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn a_cleared_slot_is_filled_again_with_fresh_cells() {
         let live = Arc::new(Live::new(None, None));
-        let counters = Counters::new(Arc::new(consumers), layouts, live.clone());
-        let now = Now { mono: 1, wall: 1 };
-        assert!(counters.active(10).is_empty(), "nothing made before a call");
-        let first = counters.with_group(0, now, |g| g[0].clone());
-        assert_eq!(&*first.key, "consumer:a\tper-minute\t60\t60");
+        let counters = table(&live);
+        let now = at(1);
+        assert!(
+            counters.active(10, now).is_empty(),
+            "nothing made before a call"
+        );
+        let first = counters.group(0, now)[0].clone();
+        assert_eq!(&*first.key, "consumer:a\tper-minute\t3\t60");
         assert!(Arc::ptr_eq(&first, &counters.group(0, now)[0]));
         first.state.lock().retired = true;
-        counters.with_group(0, now, |g| g.clear());
-        let again = counters.with_group(0, now, |g| g[0].clone());
+        let again = counters.group(0, now)[0].clone();
         assert!(!Arc::ptr_eq(&first, &again));
-        assert_eq!(counters.active(10).len(), 1);
+        assert_eq!(counters.active(10, now).len(), 1);
         again.state.lock().retired = true;
         assert_eq!(counters.sweep(), 1);
-        assert!(counters.active(10).is_empty());
+        assert!(counters.active(10, now).is_empty());
+    }
+
+    #[test]
+    fn calls_in_one_sub_window_make_no_cell_and_a_later_one_moves_them_to_one() {
+        let live = Arc::new(Live::new(None, None));
+        let counters = table(&live);
+        assert!(admit(&counters, 0, at(0)));
+        assert!(admit(&counters, 0, at(1)));
+        assert_eq!(live.len(), 0, "both in the sub-window [0 s, 6 s)");
+        assert_eq!(counters.active(10, at(1)).len(), 1, "and seen as active");
+        assert_eq!(live.len(), 1, "listing them made their cell");
+        let cell = counters.group(0, at(1))[0].clone();
+        assert_eq!(cell.used(at(1)), 2);
+        assert!(admit(&counters, 0, at(7)));
+        assert!(
+            !admit(&counters, 0, at(8)),
+            "3 per minute, wherever they are counted"
+        );
+        assert_eq!(cell.used(at(8)), 3);
+        // Consumer b calls once in each of two sub-windows: a cell from the second on.
+        assert!(admit(&counters, 1, at(0)));
+        assert_eq!(live.len(), 1);
+        assert!(admit(&counters, 1, at(7)));
+        assert_eq!(live.len(), 2);
+        assert!(admit(&counters, 1, at(8)));
+        assert!(!admit(&counters, 1, at(9)));
+    }
+
+    #[test]
+    fn counts_kept_in_slots_carry_over_to_the_next_table() {
+        let live = Arc::new(Live::new(None, None));
+        let old = table(&live);
+        assert!(admit(&old, 0, at(0)));
+        assert!(admit(&old, 0, at(0)));
+        assert_eq!(live.len(), 0);
+        let new = table(&live);
+        // While both exist, a request on the old table counts in a cell too.
+        assert!(admit(&old, 1, at(0)));
+        assert_eq!(live.len(), 1);
+        old.settle_all(at(0));
+        assert_eq!(live.len(), 2, "a's counts moved to a cell");
+        assert!(admit(&new, 0, at(1)));
+        assert!(!admit(&new, 0, at(1)), "a's two earlier calls still count");
+        assert!(admit(&old, 1, at(1)));
+        assert!(admit(&new, 1, at(2)));
+        assert!(!admit(&new, 1, at(2)));
+        drop(old);
+        // Alone now, the new table keeps counts in slots again once the cells are gone.
+        assert!(!admit(&new, 0, at(3)));
+        assert_eq!(live.sweep(at(100)), 2);
+        assert_eq!(new.sweep(), 2);
+        assert!(admit(&new, 0, at(100)));
+        assert!(admit(&new, 1, at(100)));
+        assert_eq!(live.len(), 0);
+    }
+
+    #[test]
+    fn counters_kept_on_disk_or_shared_always_take_cells() {
+        let live = Arc::new(Live::new(None, Some(Arc::default())));
+        let counters = table(&live);
+        assert!(admit(&counters, 0, at(0)));
+        assert_eq!(live.len(), 1);
     }
 }

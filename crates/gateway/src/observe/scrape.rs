@@ -105,7 +105,7 @@ impl Collector for Scraped {
             gauge(
                 &mut e,
                 "limit_cells",
-                "Limit counters in use (made on a consumer's first call, retired once idle).",
+                "Limit counter cells in use (made when a consumer calls again within a window, retired once idle).",
                 cells.len() as u64,
             )?;
         }

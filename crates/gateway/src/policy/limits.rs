@@ -3,12 +3,10 @@
 //! shared limit cannot be checked and the cluster fails closed.
 
 use crate::clock::Clock;
-use crate::limiter::{self, LimitCell, Now, Refused, Standing};
+use crate::limiter::{Now, Refused, Standing};
 use crate::response::{secs_up, Refusal, RATELIMIT, RATELIMIT_POLICY};
 use crate::snapshot::{Route, Snapshot};
 use http::{HeaderMap, HeaderValue};
-use smallvec::SmallVec;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// `"name";r=REMAINING;t=RESET`, from the limit's precomputed prefix (on every admitted
@@ -45,51 +43,24 @@ pub fn check(
         mono: clock.now_nanos(),
         wall: clock.wall_nanos(),
     };
-    // A cell retired by the sweeper before this request reached it is dropped from the
-    // consumer's slot and the cells are looked up again: the sweeper retires only idle
-    // cells, so a second try finds fresh ones.
-    for _ in 0..4 {
-        // Locks are taken in cell id order; `order[k]` is the limit the k-th cell counts.
-        let mut order: SmallVec<[(u64, usize); 4]> = SmallVec::new();
-        let checked = snap.counters.with_group(consumer, now, |group| {
-            for (ix, &p) in set.positions.iter().enumerate() {
-                if let Some(c) = group.get(p) {
-                    order.push((c.id, ix));
-                }
-            }
-            order.sort_unstable();
-            let cells: SmallVec<[&Arc<LimitCell>; 4]> = order
-                .iter()
-                .filter_map(|&(_, ix)| group.get(set.positions[ix]))
-                .collect();
-            let checked = limiter::check(&cells, now);
-            drop(cells);
-            if let Err(Refused::Retired) = checked {
-                group.clear();
-            }
-            checked
-        });
-        let info_of = |k: usize| order.get(k).map_or(0, |o| o.1);
-        return match checked {
-            Ok(s) => Ok(s.map(|s| Standing {
-                index: info_of(s.index),
-                ..s
-            })),
-            Err(Refused::Retired) => continue,
-            Err(Refused::Limit(s)) => {
-                let info = &set.info[info_of(s.index)];
-                info.refused.inc();
-                Err(Refusal::RateLimited {
-                    limit: info.label.clone(),
-                    retry_after: s.reset,
-                    policy: set.policy.clone(),
-                    ratelimit: ratelimit_value(&info.ratelimit_prefix, 0, s.reset),
-                })
-            }
-            Err(Refused::StoreDown) => Err(Refusal::LimitStoreDown),
-        };
+    match snap.counters.check(consumer, &set.positions, now) {
+        Ok(s) => Ok(s),
+        Err(Refused::Limit(s)) => {
+            let Some(info) = set.info.get(s.index) else {
+                return Err(Refusal::LimitStoreDown);
+            };
+            info.refused.inc();
+            Err(Refusal::RateLimited {
+                limit: info.label.clone(),
+                retry_after: s.reset,
+                policy: set.policy.clone(),
+                ratelimit: ratelimit_value(&info.ratelimit_prefix, 0, s.reset),
+            })
+        }
+        // A shared limit that cannot be checked, or cells retired under the request
+        // again and again (the sweeper retires only idle ones, so this does not last).
+        Err(Refused::StoreDown | Refused::Retired) => Err(Refusal::LimitStoreDown),
     }
-    Err(Refusal::LimitStoreDown)
 }
 
 /// Adds `RateLimit-Policy` and `RateLimit` (for the tightest limit) to a response.
