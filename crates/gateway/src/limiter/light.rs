@@ -4,14 +4,15 @@
 //! With a million consumers most calls are a consumer's only call in its windows: making a
 //! cell for it (a key, a hash table entry, 184 bytes) and retiring it later cost more than
 //! the rest of the check. A limit whose counts all sit in one sub-window is two numbers
-//! (the sub-window and the count), the same window [`super::Window::single`] spells out,
-//! so it is checked by the same rules ([`super::check_plain`]) and stays in the slot.
-//! Only a call in a later sub-window while earlier counts still count needs the full
-//! window: then the consumer's cells are made with these counts ([`super::table`]).
+//! (the sub-window and the count), the window [`super::Window::single`] spells out, and
+//! [`check`] gives the answer [`super::check`] gives on that window. Only a call in a later
+//! sub-window while earlier counts still count needs the full window: then the consumer's
+//! cells are made with these counts ([`super::table`]).
 
-use super::{check_plain, slot_ns_of, Plain, Refused, Standing, Window};
+use super::{slot_ns_of, Refused, Standing, Tally, Window, SLOTS};
 use smallvec::SmallVec;
 use std::sync::Arc;
+use std::time::Duration;
 use tollgate_config::LimitConfig;
 
 /// Limits a slot holds without cells; a plan with more takes cells on first call.
@@ -33,15 +34,6 @@ impl Light {
     /// The full window these counts stand for.
     pub(crate) fn window(self) -> Window {
         Window::single(u64::from(self.slot), u64::from(self.count))
-    }
-
-    /// `w` as light counts, when all of its counts are in one sub-window and fit.
-    fn of(w: &Window) -> Option<Light> {
-        let (slot, count) = w.as_single()?;
-        Some(Light {
-            slot: u32::try_from(slot).ok()?,
-            count: u32::try_from(count).ok()?,
-        })
     }
 }
 
@@ -71,62 +63,119 @@ pub enum Checked {
     Grown(Result<Option<Standing>, Refused>, Vec<Window>),
 }
 
+/// One checked limit: where its counts stand at the time of the check.
+struct Seen {
+    /// Its place in the layout and in `positions`.
+    at: usize,
+    ix: usize,
+    requests: u64,
+    slot_ns: u64,
+    /// The sub-window of `now`.
+    now_slot: u64,
+    /// Its sub-window and count, the count 0 once the window has passed.
+    slot: u64,
+    count: u64,
+}
+
+impl Seen {
+    /// When the counts of the oldest sub-window counted stop counting (ns).
+    fn ends(&self) -> u64 {
+        let oldest = if self.count == 0 {
+            self.now_slot
+        } else {
+            self.slot
+        };
+        oldest
+            .saturating_add(SLOTS as u64)
+            .saturating_mul(self.slot_ns)
+    }
+
+    /// The full window after counting one more request.
+    fn counted(&self) -> Window {
+        let mut w = Window::single(self.slot, self.count);
+        w.advance(self.now_slot);
+        w.count_one(self.requests);
+        w
+    }
+}
+
 /// Checks the limits at `positions` of the layout `limits` against `lights` and counts
-/// the request in each if all have room, like [`super::check`]. A standing's `index` is
-/// its place in `positions`.
+/// the request in each if all have room: the same rules and answer as [`super::check`]
+/// on the windows these counts stand for, in a few operations on two numbers a limit. A
+/// standing's `index` is its place in `positions`.
 pub fn check(
     lights: &mut Lights,
     limits: &[(LimitConfig, Option<Arc<str>>)],
     positions: &[usize],
     now: u64,
 ) -> Checked {
-    // The positions in the layout (all of them, as snapshots build them), with their
-    // place in `positions`.
-    let mut at: SmallVec<[(usize, usize); MAX]> = SmallVec::new();
-    let mut plain: SmallVec<[Plain; MAX]> = SmallVec::new();
-    for (ix, &p) in positions.iter().enumerate() {
-        if let (Some((limit, _)), Some(light)) = (limits.get(p), lights.get(p)) {
-            at.push((p, ix));
-            plain.push(Plain {
-                window: light.window(),
-                requests: limit.requests,
-                slot_ns: slot_ns_of(limit.window),
-            });
+    let mut seen: SmallVec<[Seen; MAX]> = SmallVec::new();
+    let mut tally = Tally::default();
+    for (ix, &at) in positions.iter().enumerate() {
+        let (Some((limit, _)), Some(light)) = (limits.get(at), lights.get(at)) else {
+            continue;
+        };
+        let slot_ns = slot_ns_of(limit.window);
+        let now_slot = now / slot_ns;
+        let slot = u64::from(light.slot);
+        let passed = now_slot >= slot.saturating_add(SLOTS as u64);
+        let s = Seen {
+            at,
+            ix,
+            requests: limit.requests,
+            slot_ns,
+            now_slot,
+            slot,
+            count: if passed { 0 } else { u64::from(light.count) },
+        };
+        if s.count >= s.requests {
+            let wait = if s.count == 0 {
+                slot_ns.saturating_mul(SLOTS as u64)
+            } else {
+                s.ends().saturating_sub(now)
+            };
+            tally.full(ix, wait);
         }
+        seen.push(s);
     }
-    let checked = check_plain(&mut plain, now).map(|s| s.map(|s| place(s, &at)));
-    let checked = checked.map_err(|e| match e {
-        Refused::Limit(s) => Refused::Limit(place(s, &at)),
-        other => other,
-    });
+    if let Some(r) = tally.refused {
+        return Checked::Kept(Err(r));
+    }
     let mut next = *lights;
-    for (&(p, _), l) in at.iter().zip(&plain) {
-        match Light::of(&l.window) {
-            Some(light) => next[p] = light,
-            None => {
-                let mut windows: Vec<Window> = lights
-                    .iter()
-                    .take(limits.len())
-                    .map(|l| l.window())
-                    .collect();
-                for (&(p, _), l) in at.iter().zip(plain) {
-                    windows[p] = l.window;
-                }
-                return Checked::Grown(checked, windows);
-            }
+    let mut grown = false;
+    for s in &seen {
+        let (slot, count) = if s.count == 0 {
+            (s.now_slot, 1)
+        } else {
+            (s.slot.max(s.now_slot), s.count + 1)
+        };
+        let same = s.count == 0 || s.now_slot <= s.slot;
+        match (same, u32::try_from(slot), u32::try_from(count)) {
+            (true, Ok(slot), Ok(count)) => next[s.at] = Light { slot, count },
+            _ => grown = true,
+        }
+        tally.admitted(Standing {
+            index: s.ix,
+            remaining: s.requests.saturating_sub(s.count + 1),
+            reset: Duration::from_nanos(s.ends().saturating_sub(now)),
+        });
+    }
+    let checked = Ok(tally.tightest);
+    if !grown {
+        *lights = next;
+        return Checked::Kept(checked);
+    }
+    let mut windows: Vec<Window> = lights
+        .iter()
+        .take(limits.len())
+        .map(|l| l.window())
+        .collect();
+    for s in &seen {
+        if let Some(w) = windows.get_mut(s.at) {
+            *w = s.counted();
         }
     }
-    *lights = next;
-    Checked::Kept(checked)
-}
-
-/// `s` with its index turned from a place among the checked limits into one in
-/// `positions`.
-fn place(s: Standing, at: &[(usize, usize)]) -> Standing {
-    Standing {
-        index: at.get(s.index).map_or(0, |a| a.1),
-        ..s
-    }
+    Checked::Grown(checked, windows)
 }
 
 #[cfg(test)]
@@ -187,7 +236,93 @@ mod tests {
         assert_eq!((s.index, s.remaining), (0, 3));
         assert_eq!(windows.len(), 2);
         assert_eq!((windows[0].total, windows[1].total), (2, 3));
-        assert_eq!(windows[0].as_single(), None);
+        assert_eq!(windows[0].slots.iter().filter(|&&n| n > 0).count(), 2);
+    }
+
+    /// Counts in `l` for `limit` at `now`, as a cell's `used` reports them.
+    fn used(l: Light, limit: &LimitConfig, now: u64) -> u64 {
+        let mut w = l.window();
+        w.advance(now / slot_ns_of(limit.window));
+        w.total
+    }
+
+    #[test]
+    fn light_counts_answer_as_cells_do() {
+        use super::super::{LimitCell, Now};
+        let limits = [limit(3, 1), limit(5, 2)];
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let (mut refused, mut grown) = (0, 0);
+        for _ in 0..300 {
+            let cells: Vec<Arc<LimitCell>> = (0..2)
+                .map(|k| {
+                    let (l, _) = &limits[k];
+                    Arc::new(LimitCell::new(k as u64, l.requests, l.window, "t".into()))
+                })
+                .collect();
+            let mut lights = Lights::default();
+            let mut now = rnd() % (5 * S);
+            for _ in 0..40 {
+                now += match rnd() % 4 {
+                    0 => 0,
+                    1 => rnd() % (S / 20),
+                    _ => rnd() % (S / 2),
+                };
+                let positions: &[usize] = match rnd() % 3 {
+                    0 => &[0],
+                    1 => &[1],
+                    _ => &[0, 1],
+                };
+                let refs: Vec<&Arc<LimitCell>> = positions.iter().map(|&p| &cells[p]).collect();
+                let want = super::super::check(
+                    &refs,
+                    Now {
+                        mono: now,
+                        wall: now,
+                    },
+                );
+                match check(&mut lights, &limits, positions, now) {
+                    Checked::Kept(got) => {
+                        assert_eq!(got, want, "at {now}");
+                        refused += usize::from(got.is_err());
+                        for (k, (l, _)) in limits.iter().enumerate() {
+                            assert_eq!(
+                                used(lights[k], l, now),
+                                cells[k].used(Now {
+                                    mono: now,
+                                    wall: now
+                                })
+                            );
+                        }
+                    }
+                    Checked::Grown(got, windows) => {
+                        assert_eq!(got, want, "at {now}");
+                        for (k, (l, _)) in limits.iter().enumerate() {
+                            let mut w = windows[k].clone();
+                            w.advance(now / slot_ns_of(l.window));
+                            assert_eq!(
+                                w.total,
+                                cells[k].used(Now {
+                                    mono: now,
+                                    wall: now
+                                })
+                            );
+                        }
+                        grown += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(
+            refused > 100 && grown > 100,
+            "refused {refused}, grown {grown}"
+        );
     }
 
     #[test]

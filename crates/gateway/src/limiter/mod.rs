@@ -75,23 +75,6 @@ impl Window {
         w
     }
 
-    /// `(slot, count)` when every count is in one slot (or there is none), as
-    /// [`Window::single`] would make it.
-    pub(crate) fn as_single(&self) -> Option<(u64, u64)> {
-        if self.total == 0 {
-            return Some((self.head, 0));
-        }
-        for back in 0..=SUB.min(self.head) {
-            let slot = self.head - back;
-            match self.slots[(slot % SLOTS as u64) as usize] {
-                0 => {}
-                n if n == self.total => return Some((slot, n)),
-                _ => return None,
-            }
-        }
-        None
-    }
-
     /// Adds `other`'s counts to these (both moved to the later head first).
     pub(crate) fn merge(&mut self, other: &Window) {
         let mut other = other.clone();
@@ -418,41 +401,6 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
             (Counter::Shared(_), Room::Local) => continue,
         };
         tally.admitted(standing);
-    }
-    Ok(tally.tightest)
-}
-
-/// One local limit counted outside any cell: its window and its terms.
-#[derive(Debug, Clone)]
-pub(crate) struct Plain {
-    pub(crate) window: Window,
-    /// Requests allowed per window.
-    pub(crate) requests: u64,
-    /// Sub-window length in nanoseconds.
-    pub(crate) slot_ns: u64,
-}
-
-/// [`check`] for windows held by the caller (no locks, no cluster): the same rules, the
-/// same answer.
-pub(crate) fn check_plain(limits: &mut [Plain], now: u64) -> Result<Option<Standing>, Refused> {
-    let mut tally = Tally::default();
-    for (index, l) in limits.iter_mut().enumerate() {
-        if let Some(wait) = l.window.full(l.requests, l.slot_ns, now) {
-            tally.full(index, wait);
-        }
-    }
-    if let Some(r) = tally.refused {
-        return Err(r);
-    }
-    for (index, l) in limits.iter_mut().enumerate() {
-        let remaining = l.window.count_one(l.requests);
-        if tally.tighter(remaining) {
-            tally.admitted(Standing {
-                index,
-                remaining,
-                reset: Duration::from_nanos(l.window.wait_for(1, l.slot_ns, now)),
-            });
-        }
     }
     Ok(tally.tightest)
 }
