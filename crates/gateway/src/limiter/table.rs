@@ -274,6 +274,9 @@ pub struct Counters {
     light: Vec<bool>,
     /// Made when no other table and no cell existed: a slot not yet looked at has no cell.
     fresh: bool,
+    /// Consumers whose slot was given cells (repeats allowed): the sweep visits these
+    /// rather than every slot.
+    holding: Mutex<Vec<usize>>,
     consumers: Arc<Consumers>,
     live: Arc<Live>,
 }
@@ -308,6 +311,7 @@ impl Counters {
             light: layouts.iter().map(|l| light::fits(&l.limits)).collect(),
             layouts,
             fresh,
+            holding: Mutex::default(),
             consumers,
             live,
         }
@@ -388,6 +392,7 @@ impl Counters {
     /// Consumer `i`'s cells, found in use or made, with `windows` (in layout order; none
     /// for a plain lookup) added to their counts.
     fn cells_with(&self, i: usize, layout: &Layout, windows: &[Window], now: Now) -> Group {
+        self.holding.lock().push(i);
         let consumer = self.consumers.name(i);
         let mut group = Group::new();
         for (k, (limit, route)) in layout.limits.iter().enumerate() {
@@ -452,17 +457,28 @@ impl Counters {
     }
 
     /// Clears the slots whose cells were retired, so their memory goes. Returns how many.
+    /// Only slots that were given cells are visited.
     pub fn sweep(&self) -> usize {
+        let mut visit = std::mem::take(&mut *self.holding.lock());
+        visit.sort_unstable();
+        visit.dedup();
         let mut cleared = 0;
-        for s in self.slots.iter() {
+        visit.retain(|&i| {
+            let Some(s) = self.slots.get(i) else {
+                return false;
+            };
             let mut slot = s.lock();
-            if let Slot::Cells(g) = &*slot {
-                if g.iter().any(|c| c.state.lock().retired) {
+            match &*slot {
+                Slot::Cells(g) if g.iter().any(|c| c.state.lock().retired) => {
                     *slot = Slot::Unknown;
                     cleared += 1;
+                    false
                 }
+                Slot::Cells(_) => true,
+                _ => false,
             }
-        }
+        });
+        self.holding.lock().extend(visit);
         cleared
     }
 
@@ -632,6 +648,10 @@ mod tests {
         again.state.lock().retired = true;
         assert_eq!(counters.sweep(), 1);
         assert!(counters.active(10, now).is_empty());
+        assert!(counters.holding.lock().is_empty(), "nothing left to visit");
+        counters.group(1, now);
+        assert_eq!(counters.sweep(), 0);
+        assert_eq!(*counters.holding.lock(), [1], "b's cells are visited next time");
     }
 
     #[test]
