@@ -651,7 +651,11 @@ mod tests {
         assert!(counters.holding.lock().is_empty(), "nothing left to visit");
         counters.group(1, now);
         assert_eq!(counters.sweep(), 0);
-        assert_eq!(*counters.holding.lock(), [1], "b's cells are visited next time");
+        assert_eq!(
+            *counters.holding.lock(),
+            [1],
+            "b's cells are visited next time"
+        );
     }
 
     #[test]
