@@ -208,7 +208,7 @@ impl LimitCell {
         LimitCell {
             id,
             requests,
-            window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+            window_ns: nanos(window),
             state: CellState::new(Counter::Local(Window::default())),
             shared: None,
             key,
@@ -227,7 +227,7 @@ impl LimitCell {
         LimitCell {
             id,
             requests,
-            window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+            window_ns: nanos(window),
             state: CellState::new(Counter::Shared(crate::cluster::Lease::default())),
             shared: Some(Box::new(shared)),
             key,
@@ -237,7 +237,7 @@ impl LimitCell {
 
     /// Sub-window length in nanoseconds.
     pub(crate) fn slot_ns(&self) -> u64 {
-        (self.window_ns / SUB).max(1)
+        sub_window_ns(self.window_ns)
     }
 
     /// Whether nothing is counted any more (every window has passed and, for a shared
@@ -405,9 +405,20 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
     Ok(tally.tightest)
 }
 
-/// Sub-window length in nanoseconds of a limit over `window`.
+/// Sub-window length in nanoseconds of a limit over `window`, the same as its cell's
+/// ([`LimitCell::slot_ns`]): counts kept in a slot and in a cell must agree on it.
 pub(crate) fn slot_ns_of(window: Duration) -> u64 {
-    (u64::try_from(window.as_nanos()).unwrap_or(u64::MAX) / SUB).max(1)
+    sub_window_ns(nanos(window))
+}
+
+/// Sub-window length in nanoseconds of a window of `window_ns`.
+fn sub_window_ns(window_ns: u64) -> u64 {
+    (window_ns / SUB).max(1)
+}
+
+/// `d` in nanoseconds (saturating).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
