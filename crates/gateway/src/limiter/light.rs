@@ -35,6 +35,21 @@ impl Light {
     pub(crate) fn window(self) -> Window {
         Window::single(u64::from(self.slot), u64::from(self.count))
     }
+
+    /// The count as it stands in sub-window `now_slot`: 0 once the window has passed.
+    fn counting(self, now_slot: u64) -> u64 {
+        let ends = u64::from(self.slot).saturating_add(SLOTS as u64);
+        if now_slot >= ends {
+            0
+        } else {
+            u64::from(self.count)
+        }
+    }
+}
+
+/// The full windows of the first `n` limits' counts (in layout order).
+pub(crate) fn windows(lights: &Lights, n: usize) -> Vec<Window> {
+    lights.iter().take(n).map(|l| l.window()).collect()
 }
 
 /// Whether a plan's limits can be counted light: few enough, and every count fits.
@@ -47,11 +62,10 @@ pub fn fits(limits: &[(LimitConfig, Option<Arc<str>>)]) -> bool {
 
 /// Whether any of the counts still count at `now` (monotonic nanoseconds).
 pub fn in_use(lights: &Lights, limits: &[(LimitConfig, Option<Arc<str>>)], now: u64) -> bool {
-    lights.iter().zip(limits).any(|(l, (limit, _))| {
-        let mut w = l.window();
-        w.full(u64::MAX, slot_ns_of(limit.window), now);
-        w.total > 0
-    })
+    lights
+        .iter()
+        .zip(limits)
+        .any(|(l, (limit, _))| l.counting(now / slot_ns_of(limit.window)) > 0)
 }
 
 /// What a light check did.
@@ -117,16 +131,14 @@ pub fn check(
         };
         let slot_ns = slot_ns_of(limit.window);
         let now_slot = now / slot_ns;
-        let slot = u64::from(light.slot);
-        let passed = now_slot >= slot.saturating_add(SLOTS as u64);
         let s = Seen {
             at,
             ix,
             requests: limit.requests,
             slot_ns,
             now_slot,
-            slot,
-            count: if passed { 0 } else { u64::from(light.count) },
+            slot: u64::from(light.slot),
+            count: light.counting(now_slot),
         };
         if s.count >= s.requests {
             let wait = if s.count == 0 {
@@ -147,7 +159,7 @@ pub fn check(
         let (slot, count) = if s.count == 0 {
             (s.now_slot, 1)
         } else {
-            (s.slot.max(s.now_slot), s.count + 1)
+            (s.slot, s.count + 1)
         };
         let same = s.count == 0 || s.now_slot <= s.slot;
         match (same, u32::try_from(slot), u32::try_from(count)) {
@@ -165,11 +177,7 @@ pub fn check(
         *lights = next;
         return Checked::Kept(checked);
     }
-    let mut windows: Vec<Window> = lights
-        .iter()
-        .take(limits.len())
-        .map(|l| l.window())
-        .collect();
+    let mut windows = windows(lights, limits.len());
     for s in &seen {
         if let Some(w) = windows.get_mut(s.at) {
             *w = s.counted();

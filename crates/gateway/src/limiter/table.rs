@@ -356,7 +356,7 @@ impl Counters {
                     };
                 }
                 Slot::Light(lights) => {
-                    let windows = windows_of(lights, layout);
+                    let windows = light::windows(lights, layout.limits.len());
                     *slot = Slot::Cells(self.cells_with(i, layout, &windows, now));
                 }
                 Slot::Unknown => *slot = Slot::Cells(self.cells_with(i, layout, &[], now)),
@@ -427,7 +427,7 @@ impl Counters {
         let mut slot = self.slots[i].lock();
         let windows = match &*slot {
             Slot::Cells(g) if !g.iter().any(|c| c.state.lock().retired) => return f(g),
-            Slot::Light(lights) => windows_of(lights, layout),
+            Slot::Light(lights) => light::windows(lights, layout.limits.len()),
             _ => Vec::new(),
         };
         let group = self.cells_with(i, layout, &windows, now);
@@ -502,15 +502,6 @@ impl Counters {
         }
         out
     }
-}
-
-/// The windows light counts stand for, in layout order.
-fn windows_of(lights: &Lights, layout: &Layout) -> Vec<Window> {
-    lights
-        .iter()
-        .take(layout.limits.len())
-        .map(|l| l.window())
-        .collect()
 }
 
 /// [`super::check`] on the cells of `group` at `positions`, locked in id order; a
