@@ -269,9 +269,10 @@ impl Snapshot {
         }
     }
 
-    /// Consumer `i`'s name.
+    /// Consumer `i`'s name (from its counters line, where the request finds its plan and
+    /// counts too).
     pub fn consumer_name(&self, i: usize) -> &str {
-        self.config.consumers.name(i)
+        self.counters.name(i)
     }
 
     /// Every limit consumer `i` is counted in, across the routes, once each: its cell in
@@ -297,11 +298,7 @@ impl Snapshot {
             None => true,
             Some(a) => {
                 a.consumers.binary_search(&i).is_ok()
-                    || self
-                        .config
-                        .consumers
-                        .plan(i)
-                        .is_some_and(|p| a.plans.contains(&p))
+                    || self.counters.plan(i).is_some_and(|p| a.plans.contains(&p))
             }
         }
     }

@@ -1,6 +1,7 @@
 //! Each consumer's counters, kept in its slot of the snapshot's table while they are light
-//! (see [`light`]) and in cells otherwise: a million consumers cost their slot (40 bytes:
-//! a lock and room for two limits' counts or two cells' pointers), whether they call or not.
+//! (see [`light`]) and in cells otherwise: a million consumers cost their line (64 bytes:
+//! a lock, room for two limits' counts or two cells' pointers, the plan and a short name),
+//! whether they call or not.
 //!
 //! [`Live`] owns every cell in use, by identity (consumer, scope, limit), across reloads:
 //! a limit that did not change keeps its counts. Each snapshot has a [`Counters`] table,
@@ -263,11 +264,58 @@ enum Slot {
     Cells(Group),
 }
 
+/// Longest name a [`Line`] holds; longer ones are read from the consumers table.
+const SHORT: usize = 19;
+
+/// `Line::name_len` of a name too long to be held in the line.
+const LONG: u8 = u8::MAX;
+
+/// What a request needs of consumer `i`, in one cache line: with a million consumers each
+/// of these is a cache miss (and a TLB miss), so a cold consumer's name, plan and counts
+/// come from the same line instead of three arrays.
+#[repr(C, align(64))]
+struct Line {
+    /// Counts held here, or the consumer's cells.
+    slot: Mutex<Slot>,
+    /// The consumer's layout slot: its plan, or the last for none.
+    plan: u32,
+    /// Length of `name`, or [`LONG`].
+    name_len: u8,
+    name: [u8; SHORT],
+}
+
+const _: () = assert!(
+    std::mem::size_of::<Line>() == 64,
+    "a line is one cache line"
+);
+
+impl Line {
+    fn new(name: &str, plan: usize) -> Line {
+        let mut line = Line {
+            slot: Mutex::new(Slot::Unknown),
+            plan: u32::try_from(plan).unwrap_or(u32::MAX),
+            name_len: LONG,
+            name: [0; SHORT],
+        };
+        if let Some(to) = line.name.get_mut(..name.len()) {
+            to.copy_from_slice(name.as_bytes());
+            line.name_len = name.len() as u8;
+        }
+        line
+    }
+
+    /// The name, when it is short enough to be held here.
+    fn short_name(&self) -> Option<&str> {
+        let held = self.name.get(..usize::from(self.name_len))?;
+        std::str::from_utf8(held).ok()
+    }
+}
+
 /// One snapshot's cache of each consumer's counters.
 pub struct Counters {
-    /// Each consumer's counts or cells, held in its slot: a request goes from the slot
-    /// straight to them, one cache miss fewer than through a pointer.
-    slots: Box<[Mutex<Slot>]>,
+    /// Each consumer's line: a request goes from it straight to the counts, one cache miss
+    /// fewer than through a pointer, and finds the name and plan there too.
+    slots: Box<[Line]>,
     /// By plan slot: plan index, or `plans.len()` for consumers without a plan.
     layouts: Vec<Layout>,
     /// By plan slot: whether its limits may be counted in the slot ([`light::fits`]).
@@ -304,9 +352,10 @@ impl Counters {
     pub fn new(consumers: Arc<Consumers>, layouts: Vec<Layout>, live: Arc<Live>) -> Counters {
         let others = live.tables.fetch_add(1, Ordering::AcqRel);
         let fresh = others == 0 && live.is_empty();
+        let none = layouts.len().saturating_sub(1);
         Counters {
             slots: (0..consumers.len())
-                .map(|_| Mutex::new(Slot::Unknown))
+                .map(|i| Line::new(consumers.name(i), consumers.plan(i).unwrap_or(none)))
                 .collect(),
             light: layouts.iter().map(|l| light::fits(&l.limits)).collect(),
             layouts,
@@ -319,9 +368,20 @@ impl Counters {
 
     /// The layout slot of consumer `i`: its plan, or the last for none.
     pub fn plan_slot(&self, i: usize) -> usize {
-        self.consumers
-            .plan(i)
-            .unwrap_or(self.layouts.len().saturating_sub(1))
+        self.slots[i].plan as usize
+    }
+
+    /// Consumer `i`'s plan: an index into the config's plans.
+    pub fn plan(&self, i: usize) -> Option<usize> {
+        Some(self.plan_slot(i)).filter(|&p| p + 1 < self.layouts.len())
+    }
+
+    /// Consumer `i`'s name, from its line when short (no other memory read).
+    pub fn name(&self, i: usize) -> &str {
+        match self.slots[i].short_name() {
+            Some(name) => name,
+            None => self.consumers.name(i),
+        }
     }
 
     /// Checks consumer `i`'s limits at `positions` of its layout and, if all have room,
@@ -339,7 +399,7 @@ impl Counters {
         // the slot and looked up again: the sweeper retires only idle cells, so a second
         // try finds fresh ones.
         for _ in 0..4 {
-            let mut slot = self.slots[i].lock();
+            let mut slot = self.slots[i].slot.lock();
             // Under the slot lock, so that `settle_all` sees any count kept here.
             let light = self.light[ls] && self.live.light_ok();
             if light && matches!(*slot, Slot::Unknown) {
@@ -377,7 +437,7 @@ impl Counters {
     /// are in use, else empty counts.
     fn look_up(&self, i: usize, layout: &Layout, now: Now) -> Slot {
         if !self.fresh {
-            let consumer = self.consumers.name(i);
+            let consumer = self.name(i);
             let any = layout.limits.iter().any(|(limit, route)| {
                 let route = route.as_deref();
                 self.live.find(Scope { route, consumer }, limit).is_some()
@@ -393,7 +453,7 @@ impl Counters {
     /// for a plain lookup) added to their counts.
     fn cells_with(&self, i: usize, layout: &Layout, windows: &[Window], now: Now) -> Group {
         self.holding.lock().push(i);
-        let consumer = self.consumers.name(i);
+        let consumer = self.name(i);
         let mut group = Group::new();
         for (k, (limit, route)) in layout.limits.iter().enumerate() {
             let scope = Scope {
@@ -424,7 +484,7 @@ impl Counters {
     /// Consumer `i`'s cells, made if it has none: counts kept in its slot move to them.
     fn with_cells<R>(&self, i: usize, now: Now, f: impl FnOnce(&Group) -> R) -> R {
         let layout = &self.layouts[self.plan_slot(i)];
-        let mut slot = self.slots[i].lock();
+        let mut slot = self.slots[i].slot.lock();
         let windows = match &*slot {
             Slot::Cells(g) if !g.iter().any(|c| c.state.lock().retired) => return f(g),
             Slot::Light(lights) => light::windows(lights, layout.limits.len()),
@@ -446,7 +506,7 @@ impl Counters {
     pub fn settle_all(&self, now: Now) {
         for i in 0..self.slots.len() {
             let layout = &self.layouts[self.plan_slot(i)];
-            let counting = match &*self.slots[i].lock() {
+            let counting = match &*self.slots[i].slot.lock() {
                 Slot::Light(lights) => light::in_use(lights, &layout.limits, now.mono),
                 _ => false,
             };
@@ -467,7 +527,7 @@ impl Counters {
             let Some(s) = self.slots.get(i) else {
                 return false;
             };
-            let mut slot = s.lock();
+            let mut slot = s.slot.lock();
             match &*slot {
                 Slot::Cells(g) if g.iter().any(|c| c.state.lock().retired) => {
                     *slot = Slot::Unknown;
@@ -491,7 +551,7 @@ impl Counters {
                 break;
             }
             let layout = &self.layouts[self.plan_slot(i)];
-            let counting = match &*self.slots[i].lock() {
+            let counting = match &*self.slots[i].slot.lock() {
                 Slot::Unknown => false,
                 Slot::Light(lights) => light::in_use(lights, &layout.limits, now.mono),
                 Slot::Cells(g) => !g.is_empty(),
@@ -530,184 +590,5 @@ fn check_cells(group: &Group, positions: &[usize], now: Now) -> Result<Option<St
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    fn limit() -> LimitConfig {
-        LimitConfig {
-            name: "per-minute".into(),
-            requests: 60,
-            window: Duration::from_secs(60),
-        }
-    }
-
-    #[test]
-    fn cell_keys_keep_the_state_files_format() {
-        let plan = Scope {
-            route: None,
-            consumer: "acme",
-        };
-        let route = Scope {
-            route: Some("orders"),
-            consumer: "acme",
-        };
-        assert_eq!(
-            cell_key(plan, &limit()).as_slice(),
-            b"consumer:acme\tper-minute\t60\t60"
-        );
-        assert_eq!(
-            cell_key(route, &limit()).as_slice(),
-            b"route:orders:consumer:acme\tper-minute\t60\t60"
-        );
-    }
-
-    #[test]
-    fn one_identity_is_one_cell_until_it_is_retired() {
-        let live = Live::new(None, None);
-        let now = Now { mono: 1, wall: 1 };
-        let who = |consumer| Scope {
-            route: None,
-            consumer,
-        };
-        let a = live.cell(who("a"), &limit(), now);
-        assert!(Arc::ptr_eq(&a, &live.cell(who("a"), &limit(), now)));
-        let b = live.cell(who("b"), &limit(), now);
-        assert!(!Arc::ptr_eq(&a, &b));
-        assert_eq!(&*a.key, "consumer:a\tper-minute\t60\t60");
-        assert_eq!(live.len(), 2);
-        a.state.lock().retired = true;
-        let again = live.cell(who("a"), &limit(), now);
-        assert!(!Arc::ptr_eq(&a, &again), "a retired cell is replaced");
-        assert_eq!(live.len(), 2);
-    }
-
-    const S: u64 = 1_000_000_000;
-
-    fn at(secs: u64) -> Now {
-        Now {
-            mono: secs * S,
-            wall: secs * S,
-        }
-    }
-
-    /// A table of consumers `a` and `b` on one plan of 3 per minute.
-    fn table(live: &Arc<Live>) -> Counters {
-        let mut consumers = Consumers::default();
-        assert_eq!(consumers.push("a", Some(0), &["ka"], &[]), Ok(0));
-        assert_eq!(consumers.push("b", Some(0), &["kb"], &[]), Ok(1));
-        let layouts = vec![
-            Layout {
-                limits: vec![(
-                    LimitConfig {
-                        requests: 3,
-                        ..limit()
-                    },
-                    None,
-                )],
-            },
-            Layout::default(),
-        ];
-        Counters::new(Arc::new(consumers), layouts, live.clone())
-    }
-
-    /// Admitted (true) or refused, for consumer `i` at `now`.
-    fn admit(c: &Counters, i: usize, now: Now) -> bool {
-        match c.check(i, &[0], now) {
-            Ok(_) => true,
-            Err(Refused::Limit(_)) => false,
-            Err(e) => panic!("{e:?}"),
-        }
-    }
-
-    #[test]
-    fn a_cleared_slot_is_filled_again_with_fresh_cells() {
-        let live = Arc::new(Live::new(None, None));
-        let counters = table(&live);
-        let now = at(1);
-        assert!(
-            counters.active(10, now).is_empty(),
-            "nothing made before a call"
-        );
-        let first = counters.group(0, now)[0].clone();
-        assert_eq!(&*first.key, "consumer:a\tper-minute\t3\t60");
-        assert!(Arc::ptr_eq(&first, &counters.group(0, now)[0]));
-        first.state.lock().retired = true;
-        let again = counters.group(0, now)[0].clone();
-        assert!(!Arc::ptr_eq(&first, &again));
-        assert_eq!(counters.active(10, now).len(), 1);
-        again.state.lock().retired = true;
-        assert_eq!(counters.sweep(), 1);
-        assert!(counters.active(10, now).is_empty());
-        assert!(counters.holding.lock().is_empty(), "nothing left to visit");
-        counters.group(1, now);
-        assert_eq!(counters.sweep(), 0);
-        assert_eq!(
-            *counters.holding.lock(),
-            [1],
-            "b's cells are visited next time"
-        );
-    }
-
-    #[test]
-    fn calls_in_one_sub_window_make_no_cell_and_a_later_one_moves_them_to_one() {
-        let live = Arc::new(Live::new(None, None));
-        let counters = table(&live);
-        assert!(admit(&counters, 0, at(0)));
-        assert!(admit(&counters, 0, at(1)));
-        assert_eq!(live.len(), 0, "both in the sub-window [0 s, 6 s)");
-        assert_eq!(counters.active(10, at(1)).len(), 1, "and seen as active");
-        assert_eq!(live.len(), 1, "listing them made their cell");
-        let cell = counters.group(0, at(1))[0].clone();
-        assert_eq!(cell.used(at(1)), 2);
-        assert!(admit(&counters, 0, at(7)));
-        assert!(
-            !admit(&counters, 0, at(8)),
-            "3 per minute, wherever they are counted"
-        );
-        assert_eq!(cell.used(at(8)), 3);
-        // Consumer b calls once in each of two sub-windows: a cell from the second on.
-        assert!(admit(&counters, 1, at(0)));
-        assert_eq!(live.len(), 1);
-        assert!(admit(&counters, 1, at(7)));
-        assert_eq!(live.len(), 2);
-        assert!(admit(&counters, 1, at(8)));
-        assert!(!admit(&counters, 1, at(9)));
-    }
-
-    #[test]
-    fn counts_kept_in_slots_carry_over_to_the_next_table() {
-        let live = Arc::new(Live::new(None, None));
-        let old = table(&live);
-        assert!(admit(&old, 0, at(0)));
-        assert!(admit(&old, 0, at(0)));
-        assert_eq!(live.len(), 0);
-        let new = table(&live);
-        // While both exist, a request on the old table counts in a cell too.
-        assert!(admit(&old, 1, at(0)));
-        assert_eq!(live.len(), 1);
-        old.settle_all(at(0));
-        assert_eq!(live.len(), 2, "a's counts moved to a cell");
-        assert!(admit(&new, 0, at(1)));
-        assert!(!admit(&new, 0, at(1)), "a's two earlier calls still count");
-        assert!(admit(&old, 1, at(1)));
-        assert!(admit(&new, 1, at(2)));
-        assert!(!admit(&new, 1, at(2)));
-        drop(old);
-        // Alone now, the new table keeps counts in slots again once the cells are gone.
-        assert!(!admit(&new, 0, at(3)));
-        assert_eq!(live.sweep(at(100)), 2);
-        assert_eq!(new.sweep(), 2);
-        assert!(admit(&new, 0, at(100)));
-        assert!(admit(&new, 1, at(100)));
-        assert_eq!(live.len(), 0);
-    }
-
-    #[test]
-    fn counters_kept_on_disk_or_shared_always_take_cells() {
-        let live = Arc::new(Live::new(None, Some(Arc::default())));
-        let counters = table(&live);
-        assert!(admit(&counters, 0, at(0)));
-        assert_eq!(live.len(), 1);
-    }
-}
+#[path = "table_tests.rs"]
+mod tests;

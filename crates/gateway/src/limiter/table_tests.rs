@@ -1,0 +1,203 @@
+use super::*;
+use std::time::Duration;
+
+fn limit() -> LimitConfig {
+    LimitConfig {
+        name: "per-minute".into(),
+        requests: 60,
+        window: Duration::from_secs(60),
+    }
+}
+
+#[test]
+fn cell_keys_keep_the_state_files_format() {
+    let plan = Scope {
+        route: None,
+        consumer: "acme",
+    };
+    let route = Scope {
+        route: Some("orders"),
+        consumer: "acme",
+    };
+    assert_eq!(
+        cell_key(plan, &limit()).as_slice(),
+        b"consumer:acme\tper-minute\t60\t60"
+    );
+    assert_eq!(
+        cell_key(route, &limit()).as_slice(),
+        b"route:orders:consumer:acme\tper-minute\t60\t60"
+    );
+}
+
+#[test]
+fn one_identity_is_one_cell_until_it_is_retired() {
+    let live = Live::new(None, None);
+    let now = Now { mono: 1, wall: 1 };
+    let who = |consumer| Scope {
+        route: None,
+        consumer,
+    };
+    let a = live.cell(who("a"), &limit(), now);
+    assert!(Arc::ptr_eq(&a, &live.cell(who("a"), &limit(), now)));
+    let b = live.cell(who("b"), &limit(), now);
+    assert!(!Arc::ptr_eq(&a, &b));
+    assert_eq!(&*a.key, "consumer:a\tper-minute\t60\t60");
+    assert_eq!(live.len(), 2);
+    a.state.lock().retired = true;
+    let again = live.cell(who("a"), &limit(), now);
+    assert!(!Arc::ptr_eq(&a, &again), "a retired cell is replaced");
+    assert_eq!(live.len(), 2);
+}
+
+const S: u64 = 1_000_000_000;
+
+fn at(secs: u64) -> Now {
+    Now {
+        mono: secs * S,
+        wall: secs * S,
+    }
+}
+
+/// A table of consumers `a` and `b` on one plan of 3 per minute.
+fn table(live: &Arc<Live>) -> Counters {
+    let mut consumers = Consumers::default();
+    assert_eq!(consumers.push("a", Some(0), &["ka"], &[]), Ok(0));
+    assert_eq!(consumers.push("b", Some(0), &["kb"], &[]), Ok(1));
+    let layouts = vec![
+        Layout {
+            limits: vec![(
+                LimitConfig {
+                    requests: 3,
+                    ..limit()
+                },
+                None,
+            )],
+        },
+        Layout::default(),
+    ];
+    Counters::new(Arc::new(consumers), layouts, live.clone())
+}
+
+/// Admitted (true) or refused, for consumer `i` at `now`.
+fn admit(c: &Counters, i: usize, now: Now) -> bool {
+    match c.check(i, &[0], now) {
+        Ok(_) => true,
+        Err(Refused::Limit(_)) => false,
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+#[test]
+fn a_cleared_slot_is_filled_again_with_fresh_cells() {
+    let live = Arc::new(Live::new(None, None));
+    let counters = table(&live);
+    let now = at(1);
+    assert!(
+        counters.active(10, now).is_empty(),
+        "nothing made before a call"
+    );
+    let first = counters.group(0, now)[0].clone();
+    assert_eq!(&*first.key, "consumer:a\tper-minute\t3\t60");
+    assert!(Arc::ptr_eq(&first, &counters.group(0, now)[0]));
+    first.state.lock().retired = true;
+    let again = counters.group(0, now)[0].clone();
+    assert!(!Arc::ptr_eq(&first, &again));
+    assert_eq!(counters.active(10, now).len(), 1);
+    again.state.lock().retired = true;
+    assert_eq!(counters.sweep(), 1);
+    assert!(counters.active(10, now).is_empty());
+    assert!(counters.holding.lock().is_empty(), "nothing left to visit");
+    counters.group(1, now);
+    assert_eq!(counters.sweep(), 0);
+    assert_eq!(
+        *counters.holding.lock(),
+        [1],
+        "b's cells are visited next time"
+    );
+}
+
+#[test]
+fn calls_in_one_sub_window_make_no_cell_and_a_later_one_moves_them_to_one() {
+    let live = Arc::new(Live::new(None, None));
+    let counters = table(&live);
+    assert!(admit(&counters, 0, at(0)));
+    assert!(admit(&counters, 0, at(1)));
+    assert_eq!(live.len(), 0, "both in the sub-window [0 s, 6 s)");
+    assert_eq!(counters.active(10, at(1)).len(), 1, "and seen as active");
+    assert_eq!(live.len(), 1, "listing them made their cell");
+    let cell = counters.group(0, at(1))[0].clone();
+    assert_eq!(cell.used(at(1)), 2);
+    assert!(admit(&counters, 0, at(7)));
+    assert!(
+        !admit(&counters, 0, at(8)),
+        "3 per minute, wherever they are counted"
+    );
+    assert_eq!(cell.used(at(8)), 3);
+    // Consumer b calls once in each of two sub-windows: a cell from the second on.
+    assert!(admit(&counters, 1, at(0)));
+    assert_eq!(live.len(), 1);
+    assert!(admit(&counters, 1, at(7)));
+    assert_eq!(live.len(), 2);
+    assert!(admit(&counters, 1, at(8)));
+    assert!(!admit(&counters, 1, at(9)));
+}
+
+#[test]
+fn counts_kept_in_slots_carry_over_to_the_next_table() {
+    let live = Arc::new(Live::new(None, None));
+    let old = table(&live);
+    assert!(admit(&old, 0, at(0)));
+    assert!(admit(&old, 0, at(0)));
+    assert_eq!(live.len(), 0);
+    let new = table(&live);
+    // While both exist, a request on the old table counts in a cell too.
+    assert!(admit(&old, 1, at(0)));
+    assert_eq!(live.len(), 1);
+    old.settle_all(at(0));
+    assert_eq!(live.len(), 2, "a's counts moved to a cell");
+    assert!(admit(&new, 0, at(1)));
+    assert!(!admit(&new, 0, at(1)), "a's two earlier calls still count");
+    assert!(admit(&old, 1, at(1)));
+    assert!(admit(&new, 1, at(2)));
+    assert!(!admit(&new, 1, at(2)));
+    drop(old);
+    // Alone now, the new table keeps counts in slots again once the cells are gone.
+    assert!(!admit(&new, 0, at(3)));
+    assert_eq!(live.sweep(at(100)), 2);
+    assert_eq!(new.sweep(), 2);
+    assert!(admit(&new, 0, at(100)));
+    assert!(admit(&new, 1, at(100)));
+    assert_eq!(live.len(), 0);
+}
+
+#[test]
+fn counters_kept_on_disk_or_shared_always_take_cells() {
+    let live = Arc::new(Live::new(None, Some(Arc::default())));
+    let counters = table(&live);
+    assert!(admit(&counters, 0, at(0)));
+    assert_eq!(live.len(), 1);
+}
+
+#[test]
+fn names_and_plans_are_read_from_the_line_or_the_consumers_table() {
+    let long = "a-consumer-name-longer-than-a-line-holds";
+    let exact = "n".repeat(SHORT);
+    let mut consumers = Consumers::default();
+    assert_eq!(consumers.push("a", Some(1), &["ka"], &[]), Ok(0));
+    assert_eq!(consumers.push(&exact, Some(0), &["kb"], &[]), Ok(1));
+    assert_eq!(consumers.push(long, None, &["kc"], &[]), Ok(2));
+    let layouts = vec![Layout::default(), Layout::default(), Layout::default()];
+    let counters = Counters::new(
+        Arc::new(consumers),
+        layouts,
+        Arc::new(Live::new(None, None)),
+    );
+    assert_eq!(counters.slots[1].short_name(), Some(exact.as_str()));
+    assert_eq!(counters.slots[2].short_name(), None, "too long to hold");
+    let names: Vec<&str> = (0..3).map(|i| counters.name(i)).collect();
+    assert_eq!(names, ["a", exact.as_str(), long]);
+    let plans: Vec<_> = (0..3)
+        .map(|i| (counters.plan(i), counters.plan_slot(i)))
+        .collect();
+    assert_eq!(plans, [(Some(1), 1), (Some(0), 0), (None, 2)]);
+}
