@@ -315,7 +315,7 @@ impl Line {
 pub struct Counters {
     /// Each consumer's line: a request goes from it straight to the counts, one cache miss
     /// fewer than through a pointer, and finds the name and plan there too.
-    slots: Box<[Line]>,
+    lines: Box<[Line]>,
     /// By plan slot: plan index, or `plans.len()` for consumers without a plan.
     layouts: Vec<Layout>,
     /// By plan slot: whether its limits may be counted in the slot ([`light::fits`]).
@@ -332,7 +332,7 @@ pub struct Counters {
 impl std::fmt::Debug for Counters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Counters")
-            .field("slots", &self.slots.len())
+            .field("lines", &self.lines.len())
             .finish_non_exhaustive()
     }
 }
@@ -354,7 +354,7 @@ impl Counters {
         let fresh = others == 0 && live.is_empty();
         let none = layouts.len().saturating_sub(1);
         Counters {
-            slots: (0..consumers.len())
+            lines: (0..consumers.len())
                 .map(|i| Line::new(consumers.name(i), consumers.plan(i).unwrap_or(none)))
                 .collect(),
             light: layouts.iter().map(|l| light::fits(&l.limits)).collect(),
@@ -368,7 +368,7 @@ impl Counters {
 
     /// The layout slot of consumer `i`: its plan, or the last for none.
     pub fn plan_slot(&self, i: usize) -> usize {
-        self.slots[i].plan as usize
+        self.lines[i].plan as usize
     }
 
     /// Consumer `i`'s plan: an index into the config's plans.
@@ -378,7 +378,7 @@ impl Counters {
 
     /// Consumer `i`'s name, from its line when short (no other memory read).
     pub fn name(&self, i: usize) -> &str {
-        match self.slots[i].short_name() {
+        match self.lines[i].short_name() {
             Some(name) => name,
             None => self.consumers.name(i),
         }
@@ -399,7 +399,7 @@ impl Counters {
         // the slot and looked up again: the sweeper retires only idle cells, so a second
         // try finds fresh ones.
         for _ in 0..4 {
-            let mut slot = self.slots[i].slot.lock();
+            let mut slot = self.lines[i].slot.lock();
             // Under the slot lock, so that `settle_all` sees any count kept here.
             let light = self.light[ls] && self.live.light_ok();
             if light && matches!(*slot, Slot::Unknown) {
@@ -484,7 +484,7 @@ impl Counters {
     /// Consumer `i`'s cells, made if it has none: counts kept in its slot move to them.
     fn with_cells<R>(&self, i: usize, now: Now, f: impl FnOnce(&Group) -> R) -> R {
         let layout = &self.layouts[self.plan_slot(i)];
-        let mut slot = self.slots[i].slot.lock();
+        let mut slot = self.lines[i].slot.lock();
         let windows = match &*slot {
             Slot::Cells(g) if !g.iter().any(|c| c.state.lock().retired) => return f(g),
             Slot::Light(lights) => light::windows(lights, layout.limits.len()),
@@ -504,9 +504,9 @@ impl Counters {
     /// Moves every count kept in a slot to cells, so that a table made after this one
     /// finds them (call before the new table serves).
     pub fn settle_all(&self, now: Now) {
-        for i in 0..self.slots.len() {
+        for i in 0..self.lines.len() {
             let layout = &self.layouts[self.plan_slot(i)];
-            let counting = match &*self.slots[i].slot.lock() {
+            let counting = match &*self.lines[i].slot.lock() {
                 Slot::Light(lights) => light::in_use(lights, &layout.limits, now.mono),
                 _ => false,
             };
@@ -524,7 +524,7 @@ impl Counters {
         visit.dedup();
         let mut cleared = 0;
         visit.retain(|&i| {
-            let Some(s) = self.slots.get(i) else {
+            let Some(s) = self.lines.get(i) else {
                 return false;
             };
             let mut slot = s.slot.lock();
@@ -546,12 +546,12 @@ impl Counters {
     /// whose counts were kept in their slot), up to `max`.
     pub fn active(&self, max: usize, now: Now) -> Vec<(usize, Group)> {
         let mut out = Vec::new();
-        for i in 0..self.slots.len() {
+        for i in 0..self.lines.len() {
             if out.len() >= max {
                 break;
             }
             let layout = &self.layouts[self.plan_slot(i)];
-            let counting = match &*self.slots[i].slot.lock() {
+            let counting = match &*self.lines[i].slot.lock() {
                 Slot::Unknown => false,
                 Slot::Light(lights) => light::in_use(lights, &layout.limits, now.mono),
                 Slot::Cells(g) => !g.is_empty(),

@@ -192,8 +192,8 @@ fn names_and_plans_are_read_from_the_line_or_the_consumers_table() {
         layouts,
         Arc::new(Live::new(None, None)),
     );
-    assert_eq!(counters.slots[1].short_name(), Some(exact.as_str()));
-    assert_eq!(counters.slots[2].short_name(), None, "too long to hold");
+    assert_eq!(counters.lines[1].short_name(), Some(exact.as_str()));
+    assert_eq!(counters.lines[2].short_name(), None, "too long to hold");
     let names: Vec<&str> = (0..3).map(|i| counters.name(i)).collect();
     assert_eq!(names, ["a", exact.as_str(), long]);
     let plans: Vec<_> = (0..3)
