@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Two or more tollgate builds side by side on bench/scale.py's uniform-against-hot CPU step:
+what a change does to the extra cost of a cold consumer, without the peer.
+
+    python3 bench/scale_ab.py BIN [BIN ...] [--rounds 6] [--duration 3] [--consumers 1000000]
+
+Each round starts every build once on scale.py's million consumers (the order of builds,
+and of uniform and hot within a build, alternating from round to round) and measures the
+gateway's CPU µs per request with keys drawn uniformly and with one hot key, as scale.py's
+step 3 does. Prints each round as it goes, then per build the medians, their ratio, the
+median of the rounds' ratios and the median extra µs of a cold consumer, as one JSON object.
+Loopback only; every loop is bounded by --rounds.
+"""
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import scale  # noqa: E402
+import seed  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("builds", nargs="+")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--duration", type=int, default=3)
+    ap.add_argument("--consumers", type=int, default=1_000_000)
+    args = ap.parse_args()
+    backend = subprocess.Popen(["taskset", "-c", seed.LOAD_CPU, str(seed.BIN), "echo", "--listen",
+                                seed.BACKEND], stderr=subprocess.DEVNULL)
+    scale.wait_port(seed.BACKEND, backend)
+    kinds = ["uniform", "hot"]
+    cpu = {(b, k): [] for b in args.builds for k in kinds}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            scale.generate(args.consumers, tmp)
+            cfg = scale.tollgate_config(tmp, Path(tmp) / "consumers.jsonl")
+            keys = Path(tmp) / "keys.txt"
+            scripts = {"uniform": scale.wrk_script(tmp, keys, False),
+                       "hot": scale.wrk_script(tmp, keys, True)}
+            for r in range(args.rounds):
+                flip = r % 2 == 1
+                for b in (args.builds[::-1] if flip else args.builds):
+                    proc = subprocess.Popen(
+                        ["taskset", "-c", seed.GW_CPU, b, "run", "--config", str(cfg)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        env=dict(os.environ, RUST_LOG="warn"))
+                    try:
+                        scale.wait_port(seed.GATEWAY, proc, timeout=120)
+                        for k in (kinds[::-1] if flip else kinds):
+                            x = scale.cpu_run(proc, scripts[k], args)
+                            cpu[(b, k)].append(x["cpu_us"])
+                            print(f"round {r + 1} {b} {k}: {x['cpu_us']:.2f} µs, "
+                                  f"{x['rps']:.0f} req/s", file=sys.stderr, flush=True)
+                    finally:
+                        proc.send_signal(signal.SIGTERM)
+                        proc.wait()
+                        seed.wait_port_free(seed.GATEWAY)
+    finally:
+        scale.stop(backend)
+    out = {"consumers": args.consumers, "rounds": args.rounds, "duration_s": args.duration}
+    for b in args.builds:
+        u, h = cpu[(b, "uniform")], cpu[(b, "hot")]
+        out[b] = {
+            "cpu_us_uniform": round(statistics.median(u), 2),
+            "cpu_us_hot": round(statistics.median(h), 2),
+            "uniform_over_hot": round(statistics.median(u) / statistics.median(h), 3),
+            "uniform_over_hot_median_of_rounds":
+                round(statistics.median(a / c for a, c in zip(u, h)), 3),
+            "extra_us": round(statistics.median(a - c for a, c in zip(u, h)), 2),
+        }
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
