@@ -179,6 +179,20 @@ end
     return path
 
 
+def wrk_scripts(tmp):
+    """The two arms of the CPU step, over `generate`'s keys: uniform over all, and one hot key."""
+    keys = Path(tmp) / "keys.txt"
+    return {"uniform": wrk_script(tmp, keys, False), "hot": wrk_script(tmp, keys, True)}
+
+
+def start_backend():
+    """The echo backend, pinned to the load CPU and answering."""
+    backend = subprocess.Popen(["taskset", "-c", seed.LOAD_CPU, str(BIN), "echo", "--listen", BACKEND],
+                               stderr=subprocess.DEVNULL)
+    wait_port(BACKEND, backend)
+    return backend
+
+
 def wrk(script, seconds, connections=50):
     out = subprocess.run(["taskset", "-c", seed.LOAD_CPU, "wrk", "-t1", f"-c{connections}",
                           f"-d{seconds}s", "-s", str(script), f"http://{GATEWAY}/"],
@@ -259,9 +273,7 @@ def main():
         die("build first: cargo build --release")
     n = args.consumers
     out = {"consumers": n, "limits": limits}
-    backend = subprocess.Popen(["taskset", "-c", seed.LOAD_CPU, str(BIN), "echo", "--listen", BACKEND],
-                               stderr=subprocess.DEVNULL)
-    wait_port(BACKEND, backend)
+    backend = start_backend()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             t = time.monotonic()
@@ -276,8 +288,7 @@ def main():
             out["tollgate_check_s"] = round(time.monotonic() - t, 2)
             if chk.returncode != 0:
                 die(f"check failed: {chk.stderr.decode()}")
-            keys = Path(tmp) / "keys.txt"
-            scripts = {"uniform": wrk_script(tmp, keys, False), "hot": wrk_script(tmp, keys, True)}
+            scripts = wrk_scripts(tmp)
             for system in ("tollgate", "nginx"):
                 out[system] = {}
                 if args.cpu_only:

@@ -34,18 +34,14 @@ def main():
     ap.add_argument("--duration", type=int, default=3)
     ap.add_argument("--consumers", type=int, default=1_000_000)
     args = ap.parse_args()
-    backend = subprocess.Popen(["taskset", "-c", seed.LOAD_CPU, str(seed.BIN), "echo", "--listen",
-                                seed.BACKEND], stderr=subprocess.DEVNULL)
-    scale.wait_port(seed.BACKEND, backend)
+    backend = scale.start_backend()
     kinds = ["uniform", "hot"]
     cpu = {(b, k): [] for b in args.builds for k in kinds}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             scale.generate(args.consumers, tmp)
             cfg = scale.tollgate_config(tmp, Path(tmp) / "consumers.jsonl")
-            keys = Path(tmp) / "keys.txt"
-            scripts = {"uniform": scale.wrk_script(tmp, keys, False),
-                       "hot": scale.wrk_script(tmp, keys, True)}
+            scripts = scale.wrk_scripts(tmp)
             for r in range(args.rounds):
                 flip = r % 2 == 1
                 for b in (args.builds[::-1] if flip else args.builds):

@@ -87,17 +87,13 @@ def main():
     for tool in ("valgrind", "callgrind_control", "wrk", "taskset"):
         if not shutil.which(tool):
             scale.die(f"needs {tool}")
-    backend = subprocess.Popen(["taskset", "-c", seed.LOAD_CPU, str(seed.BIN), "echo", "--listen",
-                                seed.BACKEND], stderr=subprocess.DEVNULL)
-    scale.wait_port(seed.BACKEND, backend)
+    backend = scale.start_backend()
     out = {"consumers": args.consumers}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             scale.generate(args.consumers, tmp)
             cfg = scale.tollgate_config(tmp, Path(tmp) / "consumers.jsonl")
-            keys = Path(tmp) / "keys.txt"
-            scripts = {"uniform": scale.wrk_script(tmp, keys, False),
-                       "hot": scale.wrk_script(tmp, keys, True)}
+            scripts = scale.wrk_scripts(tmp)
             for b in args.builds:
                 for kind, script in scripts.items():
                     r = measure(b, cfg, script, args.seconds, tmp)
