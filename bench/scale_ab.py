@@ -36,7 +36,7 @@ def main():
     args = ap.parse_args()
     backend = scale.start_backend()
     kinds = ["uniform", "hot"]
-    cpu = {(b, k): [] for b in args.builds for k in kinds}
+    runs = {(b, k): [] for b in args.builds for k in kinds}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             scale.generate(args.consumers, tmp)
@@ -53,9 +53,9 @@ def main():
                         scale.wait_port(seed.GATEWAY, proc, timeout=120)
                         for k in (kinds[::-1] if flip else kinds):
                             x = scale.cpu_run(proc, scripts[k], args)
-                            cpu[(b, k)].append(x["cpu_us"])
+                            runs[(b, k)].append(x)
                             print(f"round {r + 1} {b} {k}: {x['cpu_us']:.2f} µs, "
-                                  f"{x['rps']:.0f} req/s", file=sys.stderr, flush=True)
+                                  f"{x['rps']:.0f} req/s, busy {x['busy']:.2f}", file=sys.stderr, flush=True)
                     finally:
                         proc.send_signal(signal.SIGTERM)
                         proc.wait()
@@ -64,7 +64,7 @@ def main():
         scale.stop(backend)
     out = {"consumers": args.consumers, "rounds": args.rounds, "duration_s": args.duration}
     for b in args.builds:
-        u, h = cpu[(b, "uniform")], cpu[(b, "hot")]
+        u, h = ([x["cpu_us"] for x in runs[(b, k)]] for k in kinds)
         out[b] = {
             "cpu_us_uniform": round(statistics.median(u), 2),
             "cpu_us_hot": round(statistics.median(h), 2),
@@ -73,6 +73,8 @@ def main():
                 round(statistics.median(a / c for a, c in zip(u, h)), 3),
             "extra_us": round(statistics.median(a - c for a, c in zip(u, h)), 2),
         }
+        for k in kinds:
+            out[b][f"busy_{k}"] = round(statistics.median(x["busy"] for x in runs[(b, k)]), 3)
     print(json.dumps(out, indent=1))
 
 
