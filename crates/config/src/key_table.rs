@@ -9,6 +9,7 @@
 //! probability 2⁻⁹⁶, and a presented key whose fingerprint is in the table is taken as the
 //! key it was made from.
 
+use crate::huge::huge_vec;
 use siphasher::sip128::{Hasher128, SipHasher24};
 use std::hash::{BuildHasher, Hasher};
 
@@ -53,7 +54,7 @@ impl KeyTable {
         // Seeded by the standard library's per-process random keys.
         let seed = std::hash::RandomState::new();
         KeyTable {
-            slots: vec![FREE_SLOT; room_for(keys)],
+            slots: huge_vec(room_for(keys), |_| FREE_SLOT),
             len: 0,
             secret: (
                 seed.hash_one(0x6b65_7973_u64),
@@ -128,7 +129,7 @@ impl KeyTable {
     }
 
     fn resize(&mut self, slots: usize) {
-        let old = std::mem::replace(&mut self.slots, vec![FREE_SLOT; slots]);
+        let old = std::mem::replace(&mut self.slots, huge_vec(slots, |_| FREE_SLOT));
         for s in old.into_iter().filter(|s| s.owner != FREE) {
             self.place(s);
         }

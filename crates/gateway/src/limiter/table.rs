@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use tollgate_config::huge::huge_vec;
 use tollgate_config::{Consumers, LimitConfig};
 
 const SHARDS: usize = 64;
@@ -354,9 +355,12 @@ impl Counters {
         let fresh = others == 0 && live.is_empty();
         let none = layouts.len().saturating_sub(1);
         Counters {
-            lines: (0..consumers.len())
-                .map(|i| Line::new(consumers.name(i), consumers.plan(i).unwrap_or(none)))
-                .collect(),
+            // In huge pages where the kernel offers them: a cold consumer's line then costs
+            // a cache miss without a page walk (`tollgate_config::huge`).
+            lines: huge_vec(consumers.len(), |i| {
+                Line::new(consumers.name(i), consumers.plan(i).unwrap_or(none))
+            })
+            .into_boxed_slice(),
             light: layouts.iter().map(|l| light::fits(&l.limits)).collect(),
             layouts,
             fresh,
