@@ -1,5 +1,6 @@
 //! The `tollgate` binary as a user runs it: `check`, and `run` with SIGHUP and SIGTERM.
 
+use std::hash::{BuildHasher, RandomState};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -204,26 +205,44 @@ impl Drop for Echo {
 }
 
 fn echo_backend() -> (SocketAddr, Echo) {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let child = Command::new(BIN)
-        .args(["echo", "--listen", &addr.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn echo");
-    let deadline = std::time::Instant::now() + WAIT;
-    while TcpStream::connect(addr).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "echo backend did not start"
-        );
-        std::thread::yield_now();
+    for _ in 0..5 {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let mut child = Command::new(BIN)
+            .args(["echo", "--listen", &addr.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn echo");
+        let deadline = std::time::Instant::now() + WAIT;
+        // An HTTP answer, not just an accepted connection: only the echo backend gives it.
+        while !answers_http(addr) {
+            if child.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "echo backend did not start"
+            );
+            std::thread::yield_now();
+        }
+        if child.try_wait().ok().flatten().is_none() {
+            return (addr, Echo(child));
+        }
     }
-    (addr, Echo(child))
+    panic!("echo backend did not start on any of 5 ports");
+}
+
+/// Whether something at `addr` answers a request with an HTTP/1.1 status line.
+fn answers_http(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return false;
+    };
+    let mut buf = [0u8; 8];
+    s.set_read_timeout(Some(WAIT)).is_ok()
+        && s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .is_ok()
+        && s.read_exact(&mut buf).is_ok()
+        && &buf == b"HTTP/1.1"
 }
 
 #[test]
@@ -446,11 +465,23 @@ fn bench_reports_errors_by_kind() {
     );
 }
 
+/// A free loopback port below the kernel's ephemeral range (32768 and up on Linux).
+///
+/// A port from `bind(…:0)` is in that range: before the process the test starts binds it,
+/// another test's connection can take it as its local port, or a readiness check's
+/// `connect` can pick it and connect to itself (TCP simultaneous open). Below the range
+/// only listeners bound on purpose compete, and ports are handed out once per process.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static TAKEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let port = 20_000 + (RandomState::new().hash_one(taken.len()) % 12_000) as u16;
+        if !taken.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            taken.push(port);
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000");
 }
 
 /// `tollgate usage … --history 1h`, its stdout.
