@@ -1,12 +1,15 @@
 //! The `tollgate` binary as a user runs it: `check`, and `run` with SIGHUP and SIGTERM.
 
-use std::hash::{BuildHasher, RandomState};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+#[path = "../../gateway/tests/common/ports.rs"]
+mod ports;
+use ports::free_port;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 const WAIT: Duration = Duration::from_secs(20);
@@ -463,25 +466,6 @@ fn bench_reports_errors_by_kind() {
         v["errors_per_second"].as_f64().is_some_and(|e| e > 0.0),
         "{v}"
     );
-}
-
-/// A free loopback port below the kernel's ephemeral range (32768 and up on Linux).
-///
-/// A port from `bind(…:0)` is in that range: before the process the test starts binds it,
-/// another test's connection can take it as its local port, or a readiness check's
-/// `connect` can pick it and connect to itself (TCP simultaneous open). Below the range
-/// only listeners bound on purpose compete, and ports are handed out once per process.
-fn free_port() -> u16 {
-    static TAKEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
-    for _ in 0..1000 {
-        let port = 20_000 + (RandomState::new().hash_one(taken.len()) % 12_000) as u16;
-        if !taken.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            taken.push(port);
-            return port;
-        }
-    }
-    panic!("no free port in 20000..32000");
 }
 
 /// `tollgate usage … --history 1h`, its stdout.

@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate_gateway::{Clock, Gateway, ManualClock, Server};
 
+pub mod ports;
 pub mod redis;
 pub mod tls;
 

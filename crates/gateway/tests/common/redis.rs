@@ -1,37 +1,15 @@
 //! A real `redis-server` on a free loopback port, owned by the test.
 
-use std::hash::BuildHasher;
-use std::hash::RandomState;
+use super::ports::free_port;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A running redis-server; killed (by its pid) when dropped.
 pub struct RedisServer {
     pub addr: SocketAddr,
     child: Option<Child>,
-}
-
-/// A free loopback port below the kernel's ephemeral range (32768 and up on Linux).
-///
-/// A port from `bind(…:0)` is in that range: between the probe and redis-server's own
-/// bind, another test's connection can take it as its local port, or the readiness
-/// check's `connect` can pick it and connect to itself (TCP simultaneous open), and
-/// redis-server then fails to bind. Below the range only listeners bound on purpose
-/// compete, and ports are handed out once per test process.
-fn free_port() -> u16 {
-    static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
-    for _ in 0..1000 {
-        let port = 20_000 + (RandomState::new().hash_one(taken.len()) % 12_000) as u16;
-        if !taken.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            taken.push(port);
-            return port;
-        }
-    }
-    panic!("no free port in 20000..32000");
 }
 
 impl RedisServer {
