@@ -120,10 +120,11 @@ http {{
     return path
 
 
-def start(system, cfg, tmp):
-    """Starts `system` on `cfg` pinned to the gateway CPU; returns (process, seconds to ready)."""
+def start(system, cfg, tmp, binary=BIN):
+    """Starts `system` on `cfg` pinned to the gateway CPU (tollgate from `binary`); returns
+    (process, seconds to ready)."""
     if system == "tollgate":
-        cmd = [str(BIN), "run", "--config", str(cfg)]
+        cmd = [str(binary), "run", "--config", str(cfg)]
     else:
         prefix = Path(tmp) / "nginx"
         prefix.mkdir(exist_ok=True)

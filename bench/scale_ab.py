@@ -14,10 +14,7 @@ Loopback only; every loop is bounded by --rounds.
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -45,20 +42,15 @@ def main():
             for r in range(args.rounds):
                 flip = r % 2 == 1
                 for b in (args.builds[::-1] if flip else args.builds):
-                    proc = subprocess.Popen(
-                        ["taskset", "-c", seed.GW_CPU, b, "run", "--config", str(cfg)],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                        env=dict(os.environ, RUST_LOG="warn"))
+                    proc, _ = scale.start("tollgate", cfg, tmp, binary=b)
                     try:
-                        scale.wait_port(seed.GATEWAY, proc, timeout=120)
                         for k in (kinds[::-1] if flip else kinds):
                             x = scale.cpu_run(proc, scripts[k], args)
                             runs[(b, k)].append(x)
                             print(f"round {r + 1} {b} {k}: {x['cpu_us']:.2f} µs, "
                                   f"{x['rps']:.0f} req/s, busy {x['busy']:.2f}", file=sys.stderr, flush=True)
                     finally:
-                        proc.send_signal(signal.SIGTERM)
-                        proc.wait()
+                        scale.stop(proc)
                         seed.wait_port_free(seed.GATEWAY)
     finally:
         scale.stop(backend)
