@@ -100,13 +100,20 @@ fn check_host(parts: &mut Parts) -> Result<(), Refusal> {
             let s = h
                 .to_str()
                 .map_err(|_| Refusal::BadRequest("invalid Host header"))?;
-            if s.contains(['@', '/', '\\', ' ']) {
+            if !valid_host(s) {
                 return Err(Refusal::BadRequest("invalid Host header"));
             }
             Some(s)
         }
         None => None,
     };
+    // An absolute-form target's (or HTTP/2's `:authority`) host is held to the same rules,
+    // userinfo (`user@host`) included, which HTTP forbids there.
+    if let Some(auth) = parts.uri.authority() {
+        if !valid_host(auth.as_str()) {
+            return Err(Refusal::BadRequest("invalid host in request target"));
+        }
+    }
     let from_target = match (parts.uri.authority(), host) {
         (Some(auth), Some(h)) => {
             if !host_only(h).eq_ignore_ascii_case(host_only(auth.as_str())) {
@@ -130,6 +137,43 @@ fn check_host(parts: &mut Parts) -> Result<(), Refusal> {
         parts.headers.insert(header::HOST, v);
     }
     Ok(())
+}
+
+/// Whether `s` is a host every reader takes the same way (RFC 9110's `uri-host [":"
+/// port]`, held tighter): a name of letters, digits, `-` and `_` in non-empty dot-separated
+/// labels (one trailing dot allowed), or a bracketed IPv6 literal; then at most a `:` and up
+/// to five digits. Userinfo, percent-escapes, a second `:`, empty labels and other
+/// characters are refused, as nginx refuses `..` and a leading dot: a backend, cache or log
+/// could read such a value as another host than routing did (`a.example:80:80`,
+/// `secret%2eexample.com`). An empty value is a request without a host.
+pub fn valid_host(s: &str) -> bool {
+    let (name_ok, port) = match s.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((ip, port)) => (
+                ip.contains(':')
+                    && ip
+                        .bytes()
+                        .all(|c| c.is_ascii_hexdigit() || c == b':' || c == b'.'),
+                port,
+            ),
+            None => return false,
+        },
+        None => {
+            let (name, port) = s.find(':').map_or((s, ""), |i| s.split_at(i));
+            let labels = name.strip_suffix('.').unwrap_or(name);
+            let ok = labels.split('.').all(|l| {
+                !l.is_empty()
+                    && l.bytes()
+                        .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+            });
+            (ok || s.is_empty(), port)
+        }
+    };
+    name_ok
+        && (port.is_empty()
+            || port
+                .strip_prefix(':')
+                .is_some_and(|p| p.len() <= 5 && p.bytes().all(|c| c.is_ascii_digit())))
 }
 
 /// A Host value without port and trailing dot (`API.example.com.:80` → `API.example.com`).
@@ -345,6 +389,49 @@ mod tests {
         assert_eq!(routing_path("/admin;x=1/y;v=2"), "/admin/y");
         assert_eq!(routing_path("/admin;/y"), "/admin/y");
         assert!(matches!(routing_path("/plain/path"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn hosts_are_names_or_ip_literals_with_an_optional_port() {
+        for ok in [
+            "",
+            "api",
+            "Secret.Example.com.",
+            "secret.example.com.:80",
+            "a_b-c.example:8080",
+            "10.0.0.1:80",
+            "[::1]",
+            "[::1]:8080",
+            "[::ffff:10.0.0.1]",
+            "x:",
+        ] {
+            assert!(valid_host(ok), "{ok}");
+        }
+        for bad in [
+            "user@secret.example.com",
+            "secret.example.com:80@x",
+            "secret.example.com:80:80",
+            "secret.example.com:abc",
+            "secret.example.com:123456",
+            "secret.example.com..",
+            ".secret.example.com",
+            "secret..example.com",
+            "secret%2eexample.com",
+            "secret.example.com/x",
+            "secret.example.com\\",
+            "secret.example.com ",
+            "a,b",
+            ":80",
+            ".",
+            "[::1",
+            "[]",
+            "[v1.x]",
+            "[::1]x",
+            "[::1]:8o",
+            "[fe80::1%25eth0]",
+        ] {
+            assert!(!valid_host(bad), "{bad}");
+        }
     }
 
     #[test]

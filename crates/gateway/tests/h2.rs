@@ -23,12 +23,22 @@ fn h2c_yaml(backend: SocketAddr, listener: &str) -> String {
 }
 
 async fn h2_get(addr: SocketAddr, path: &str, key: Option<&str>) -> (u16, String) {
+    h2_get_at(addr, "api.test", path, key).await
+}
+
+/// A GET whose `:authority` is `authority`.
+async fn h2_get_at(
+    addr: SocketAddr,
+    authority: &str,
+    path: &str,
+    key: Option<&str>,
+) -> (u16, String) {
     let io = TokioIo::new(TcpStream::connect(addr).await.expect("connect"));
     let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
         .await
         .expect("h2 handshake");
     tokio::spawn(conn);
-    let mut req = Request::builder().uri(format!("http://api.test{path}"));
+    let mut req = Request::builder().uri(format!("http://{authority}{path}"));
     if let Some(k) = key {
         req = req.header("x-api-key", k);
     }
@@ -62,6 +72,18 @@ async fn h2c_serves_http2_and_http1_on_one_port_with_the_same_policies() {
     // HTTP/1.1 on the same listener.
     let a = TestClient::default().get(&g.url("/x")).await;
     assert_eq!(a.status, 200);
+}
+
+#[tokio::test]
+async fn an_authority_with_userinfo_is_refused_not_routed() {
+    let (backend, _) = inspect_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    // `user@host` may not stand in `:authority` (RFC 9113 §8.3.1); routed by its full text
+    // it would miss a route keyed to `host`, while a backend reads it as `host`.
+    let (status, body) = h2_get_at(g.addr, "user@api.test", "/x", None).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid host in request target"), "{body}");
+    assert_eq!(h2_get_at(g.addr, "API.test:80", "/x", None).await.0, 200);
 }
 
 #[tokio::test]

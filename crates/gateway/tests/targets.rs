@@ -142,6 +142,37 @@ async fn hosts_match_without_case_port_or_trailing_dot() {
 }
 
 #[tokio::test]
+async fn hosts_a_backend_could_read_otherwise_are_refused() {
+    let (gw, seen) = setup().await;
+    for host in [
+        "user@secret.example.com",
+        "secret.example.com:80:80",
+        "secret.example.com:x",
+        "secret.example.com..",
+        ".secret.example.com",
+        "secret%2eexample.com",
+        "secret.example.com,api",
+    ] {
+        let (status, got) = send(
+            &gw,
+            &seen,
+            &format!("GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert_eq!(status, 400, "Host: {host}");
+        assert!(got.is_none(), "Host: {host} reached the backend");
+    }
+    let (status, got) = send(
+        &gw,
+        &seen,
+        "GET http://user@secret.example.com/x HTTP/1.0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 400, "userinfo in an absolute-form target");
+    assert!(got.is_none());
+}
+
+#[tokio::test]
 async fn host_must_be_single_present_and_agree_with_the_target() {
     let (gw, seen) = setup().await;
     let bad = [
