@@ -139,6 +139,88 @@ async fn raw_stream_upgrade_backend(n: usize) -> SocketAddr {
     addr
 }
 
+/// A backend that answers every request with `answer`, then echoes what comes.
+async fn fixed_answer_backend(answer: &'static str) -> SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                if read_head(&mut s).await.is_none() {
+                    return;
+                }
+                if s.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+                let (mut r, mut w) = s.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_101_that_does_not_name_the_protocol_asked_for_is_not_joined() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for answer in [
+        "HTTP/1.1 101 Switching Protocols\r\n\r\n",
+        "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n",
+    ] {
+        let backend = fixed_answer_backend(answer).await;
+        let y = yaml(
+            backend,
+            "routes:\n  - {name: raw, path_prefix: /ws/, upstream: backend, websocket: true}\n",
+        );
+        let g = TestGateway::start(&y, SystemClock::new()).await;
+        let mut c = TcpStream::connect(g.addr).await.expect("connect");
+        c.write_all(
+            b"GET /ws/x HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+        )
+        .await
+        .expect("write");
+        let head = bounded("answer", read_head(&mut c)).await.expect("read");
+        assert!(head.starts_with("HTTP/1.1 502"), "{answer:?}: {head:?}");
+        // Not a tunnel: a request sent now is read as HTTP by the gateway, not echoed back by
+        // the backend.
+        c.write_all(b"GET /nowhere HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut rest = Vec::new();
+        bounded("rest", c.read_to_end(&mut rest))
+            .await
+            .expect("read");
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(
+            !rest.contains("GET /nowhere"),
+            "{answer:?}: tunnelled: {rest}"
+        );
+    }
+    // The same route joins a 101 that names the protocol asked for, in any case.
+    let backend = fixed_answer_backend(
+        "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: WebSocket\r\n\r\n",
+    )
+    .await;
+    let y = yaml(
+        backend,
+        "routes:\n  - {name: raw, path_prefix: /ws/, upstream: backend, websocket: true}\n",
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    let mut c = TcpStream::connect(g.addr).await.expect("connect");
+    c.write_all(
+        b"GET /ws/x HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let head = bounded("101", read_head(&mut c)).await.expect("read");
+    assert!(head.starts_with("HTTP/1.1 101"), "{head:?}");
+    c.write_all(b"ping").await.expect("write");
+    let mut got = [0u8; 4];
+    bounded("echo", c.read_exact(&mut got)).await.expect("read");
+    assert_eq!(&got, b"ping");
+}
+
 #[tokio::test]
 async fn a_joined_connection_carries_both_ways_while_one_side_does_not_read() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

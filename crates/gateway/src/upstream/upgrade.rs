@@ -85,12 +85,18 @@ pub async fn upgrade(
         headers::rewrite_response(resp.headers_mut());
         return Ok(resp.map(|b| PooledBody::plain(b, read_timeout)));
     }
+    // A 101 must name the protocol it switches to (RFC 9110 §15.2.2), and only the one asked
+    // for is joined, as Envoy does: a backend path that can be made to answer a bare 101
+    // would otherwise open a raw tunnel to the backend past every route's policies.
+    let protocol = match resp.headers().get(header::UPGRADE) {
+        Some(p) if same_protocol(p, &ask.protocol) => p.clone(),
+        _ => {
+            let refusal = Refusal::Upstream("upstream switched to a protocol not asked for");
+            super::log_failure(up, hop.route, target, &refusal);
+            return Err(refusal);
+        }
+    };
     let theirs = hyper::upgrade::on(&mut resp);
-    let protocol = resp
-        .headers()
-        .get(header::UPGRADE)
-        .cloned()
-        .unwrap_or(ask.protocol);
     headers::rewrite_response(resp.headers_mut());
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -113,6 +119,18 @@ pub async fn upgrade(
         drop(hold);
     });
     Ok(resp.map(|b| PooledBody::plain(b, read_timeout)))
+}
+
+/// Whether a 101's `Upgrade` names the protocol asked for: the first tokens agree, in any
+/// case.
+fn same_protocol(answered: &HeaderValue, asked: &HeaderValue) -> bool {
+    let first = |v: &HeaderValue| {
+        v.to_str()
+            .ok()
+            .and_then(|s| s.split(',').next())
+            .map(|s| s.trim().to_ascii_lowercase())
+    };
+    matches!((first(answered), first(asked)), (Some(a), Some(b)) if a == b && !a.is_empty())
 }
 
 /// Copies both ways until both sides have closed (a side's end of input is passed on as a
