@@ -166,6 +166,61 @@ async fn goaway(s: &mut TcpStream) -> Option<u32> {
 }
 
 #[tokio::test]
+async fn a_connection_without_streams_is_closed_after_the_header_timeout() {
+    let backend = echo_backend().await;
+    let g = TestGateway::start(
+        &h2c_yaml(backend, ", header_timeout: 300ms"),
+        SystemClock::new(),
+    )
+    .await;
+    // Idle from the start, and idle once its one stream was answered: GOAWAY NO_ERROR,
+    // then the close, although the client never answers the server's PING.
+    for requests in [0u32, 1] {
+        let mut s = TcpStream::connect(g.addr).await.expect("connect");
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(0x4, 0, 0, &[]));
+        for i in 0..requests {
+            out.extend(frame(0x1, 0x5, 2 * i + 1, GET_ROOT));
+        }
+        s.write_all(&out).await.expect("write");
+        let code = bounded("GOAWAY", goaway(&mut s)).await;
+        assert_eq!(code, Some(0), "after {requests} streams");
+        let mut rest = Vec::new();
+        bounded("close", s.read_to_end(&mut rest))
+            .await
+            .expect("a clean close");
+    }
+    // A preface that stops halfway is closed without an answer.
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    s.write_all(&PREFACE[..10]).await.expect("write");
+    let mut rest = Vec::new();
+    let n = bounded("close", s.read_to_end(&mut rest))
+        .await
+        .expect("a clean close");
+    assert_eq!(n, 0, "{rest:?}");
+    // A connection that keeps asking is served past the timeout.
+    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
+    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let until = tokio::time::Instant::now() + std::time::Duration::from_millis(900);
+    let mut served = 0;
+    while tokio::time::Instant::now() < until {
+        let req = Request::builder()
+            .uri("http://a/x")
+            .body(Empty::<Bytes>::new())
+            .expect("req");
+        let resp = bounded("request", tx.send_request(req))
+            .await
+            .expect("served on the same connection");
+        assert_eq!(resp.status(), 200);
+        served += 1;
+    }
+    assert!(served > 3, "{served}");
+}
+
+#[tokio::test]
 async fn rapid_reset_floods_get_goaway() {
     let (backend, hits) = inspect_backend().await;
     let g = TestGateway::start(

@@ -9,7 +9,6 @@ use crate::gateway::Gateway;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -25,11 +24,10 @@ use tollgate_config::{Http2Config, ListenerConfig};
 #[derive(Clone)]
 pub struct Builders {
     h1: http1::Builder,
-    /// The listener's HTTP/2 limits and HTTP/1.1 head limits, for the per-connection builders.
+    /// The listener's HTTP/2 limits, for the per-connection builders.
     http2: Http2Config,
+    /// How long a connection waits for a request head, or for an HTTP/2 stream.
     header_timeout: std::time::Duration,
-    max_header_bytes: usize,
-    max_headers: usize,
     h2c: bool,
     /// The TLS config the listener started with, for when a reload dropped the listener
     /// (listener changes wait for a restart; its connections keep being served).
@@ -79,8 +77,6 @@ impl Builders {
             h1,
             http2: cfg.http2.clone(),
             header_timeout: cfg.header_timeout,
-            max_header_bytes: cfg.max_header_bytes,
-            max_headers: cfg.max_headers,
             h2c: cfg.h2c,
             tls,
         }
@@ -91,22 +87,6 @@ impl Builders {
         let mut h2 = http2::Builder::new(streams);
         h2_limits!(h2, &self.http2);
         h2
-    }
-
-    /// An HTTP/1.1-or-HTTP/2 builder for one h2c connection whose streams go to `streams`.
-    fn auto(&self, streams: Streams) -> auto::Builder<Streams> {
-        let mut a = auto::Builder::new(streams);
-        let mut b1 = a.http1();
-        b1.timer(TokioTimer::new())
-            .keep_alive(true)
-            .header_read_timeout(self.header_timeout)
-            .max_buf_size(self.max_header_bytes.max(8192));
-        if self.max_headers != 100 {
-            b1.max_headers(self.max_headers);
-        }
-        let mut b2 = a.http2();
-        h2_limits!(b2, &self.http2);
-        a
     }
 }
 
@@ -233,7 +213,8 @@ pub fn serve_h1(
     )
 }
 
-/// HTTP/2 with prior knowledge and HTTP/1.1 on one cleartext connection.
+/// HTTP/2 with prior knowledge and HTTP/1.1 on one cleartext connection: the first bytes
+/// say which, and are then read again by the protocol's server.
 pub async fn serve_h2c(
     gw: Arc<Gateway>,
     mut stream: TcpStream,
@@ -244,70 +225,143 @@ pub async fn serve_h2c(
     if !b.h2c {
         return;
     }
-    match first_line(&stream, info.listener.header_timeout).await {
-        FirstLine::Http => {}
+    let (first, head) = first_line(&mut stream, info.listener.header_timeout).await;
+    let h2 = match first {
+        FirstLine::H2 => true,
+        FirstLine::Http1 => false,
         // Nothing within the header timeout: closed, as an idle HTTP/1.1 connection is.
         FirstLine::Silent => return,
         FirstLine::Other => {
             tracing::debug!(peer = ?info.peer_ip, "neither HTTP/1 nor an HTTP/2 preface: closed");
-            // Take in what came (it has arrived), so that the close is a FIN, not a reset.
-            let mut sink = [0u8; 256];
-            let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await;
+            // What came has been read, so the close is a FIN, not a reset.
             let _ = stream.shutdown().await;
             return;
         }
-    }
-    let svc = service(gw, info.clone());
-    let streams = Streams::default();
-    let a = b.auto(streams.clone());
-    drive(
-        WithStreams::new(
-            a.serve_connection_with_upgrades(TokioIo::new(stream), svc)
-                .into_owned(),
-            streams,
-        ),
-        stop,
-        |c| c.shutdown(|c| c.graceful_shutdown()),
-        move |r| {
-            if let Err(e) = r {
-                tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
-            }
-        },
-    )
-    .await
+    };
+    serve_stream(gw, Replay::new(head, stream), info, b, h2, stop).await
 }
 
 /// What the first bytes on an h2c listener say.
+#[derive(Debug, PartialEq)]
 enum FirstLine {
-    /// An HTTP/2 preface or an HTTP/1 request line (or a line not complete yet).
-    Http,
+    /// The HTTP/2 preface, whole.
+    H2,
+    /// An HTTP/1 request line, or the start of one.
+    Http1,
     /// Something else: a broken preface.
     Other,
-    /// Nothing within the header timeout, or the client closed.
+    /// Nothing (or only part of a preface) within the header timeout, or the client closed.
     Silent,
 }
 
-/// On an h2c listener, what the first bytes that arrived are. A broken preface is closed
-/// without an answer, as HTTP/2 requires (RFC 9113 §3.4), rather than answered as a bad
-/// HTTP/1 request. Only what arrives with the first packet is looked at.
-async fn first_line(stream: &TcpStream, timeout: std::time::Duration) -> FirstLine {
+/// The HTTP/2 client preface (RFC 9113 §3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// On an h2c listener, reads the first bytes and says what they are. A preface that comes
+/// in pieces is waited for (within the header timeout); anything else is decided from the
+/// first packet. A broken preface is closed without an answer, as HTTP/2 requires (RFC
+/// 9113 §3.4), rather than answered as a bad HTTP/1 request. Returns the bytes read.
+async fn first_line(stream: &mut TcpStream, timeout: std::time::Duration) -> (FirstLine, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut head = Vec::with_capacity(256);
     let mut buf = [0u8; 256];
-    let n = match tokio::time::timeout(timeout, stream.peek(&mut buf)).await {
-        Ok(Ok(n)) if n > 0 => n,
-        _ => return FirstLine::Silent,
-    };
-    let seen = &buf[..n];
-    const PREFACE: &[u8] = b"PRI * HTTP/2.0";
-    if seen.starts_with(PREFACE) || PREFACE.starts_with(seen) {
-        return FirstLine::Http;
-    }
-    match seen.windows(2).position(|w| w == b"\r\n") {
-        Some(end)
-            if !(seen[..end].ends_with(b" HTTP/1.1") || seen[..end].ends_with(b" HTTP/1.0")) =>
-        {
-            FirstLine::Other
+    loop {
+        let room = buf.len() - head.len();
+        let n = match tokio::time::timeout_at(deadline, stream.read(&mut buf[..room])).await {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => return (FirstLine::Silent, head),
+        };
+        head.extend_from_slice(&buf[..n]);
+        if head.starts_with(PREFACE) {
+            return (FirstLine::H2, head);
         }
-        _ => FirstLine::Http,
+        if PREFACE.starts_with(&head) {
+            continue;
+        }
+        let line = match head.windows(2).position(|w| w == b"\r\n") {
+            Some(end)
+                if !(head[..end].ends_with(b" HTTP/1.1")
+                    || head[..end].ends_with(b" HTTP/1.0")) =>
+            {
+                FirstLine::Other
+            }
+            _ => FirstLine::Http1,
+        };
+        return (line, head);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A stream whose first bytes were already read: they are read again first.
+    pub struct Replay<S> {
+        head: Vec<u8>,
+        at: usize,
+        #[pin]
+        inner: S,
+    }
+}
+
+impl<S> Replay<S> {
+    fn new(head: Vec<u8>, inner: S) -> Self {
+        Replay { head, at: 0, inner }
+    }
+}
+
+impl<S: AsyncRead> AsyncRead for Replay<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.project();
+        if *this.at < this.head.len() {
+            let k = (this.head.len() - *this.at).min(buf.remaining());
+            buf.put_slice(&this.head[*this.at..*this.at + k]);
+            *this.at += k;
+            if *this.at == this.head.len() {
+                *this.head = Vec::new();
+                *this.at = 0;
+            }
+            return std::task::Poll::Ready(Ok(()));
+        }
+        this.inner.poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite> AsyncWrite for Replay<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.project().inner.poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.project().inner.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
     }
 }
 
@@ -414,7 +468,12 @@ async fn serve_stream<S>(
     if h2 {
         let streams = Streams::default();
         drive(
-            WithStreams::new(b.h2(streams.clone()).serve_connection(io, svc), streams),
+            WithStreams::new(
+                b.h2(streams.clone()).serve_connection(io, svc),
+                streams,
+                b.header_timeout,
+                |c| c.graceful_shutdown(),
+            ),
             stop,
             |c| c.shutdown(|c| c.graceful_shutdown()),
             log,

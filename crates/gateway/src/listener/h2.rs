@@ -7,6 +7,10 @@
 //! [`WithStreams`] polls them there: the streams that are ready answer first, then the
 //! connection writes all their answers at once. This is how HAProxy and nginx serve a
 //! connection's streams. One connection's streams share one core, as they do there.
+//!
+//! [`WithStreams`] also closes a connection that has had no stream for the listener's
+//! `header_timeout` (GOAWAY, then the close), as an idle HTTP/1.1 keep-alive connection is
+//! closed: hyper's HTTP/2 server has no idle timeout of its own.
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use parking_lot::Mutex;
@@ -15,6 +19,8 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
 
 /// A stream's future, as hyper gives it.
 type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -64,6 +70,17 @@ pin_project_lite::pin_project! {
         // Swapped with the inbox's list, so that neither is allocated again.
         taken: Vec<StreamFuture>,
         registered: bool,
+        // How long the connection may stay without a stream, and since when it has been.
+        idle: Duration,
+        idle_since: Instant,
+        // Fires at `idle_since + idle` or later; reset at most once per `idle`, never per
+        // request.
+        #[pin]
+        timer: Sleep,
+        // Closes the connection gracefully once it has been idle too long.
+        close: fn(Pin<&mut F>),
+        // Set once `close` was called for idleness.
+        closing: bool,
     }
 }
 
@@ -71,8 +88,10 @@ impl<F, E> WithStreams<F, E>
 where
     F: Future<Output = Result<(), E>>,
 {
-    /// `conn`, whose builder was given `inbox` as its executor, with its streams.
-    pub fn new(conn: F, inbox: Streams) -> Self {
+    /// `conn`, whose builder was given `inbox` as its executor, with its streams; closed
+    /// with `close` once it has had no stream for `idle`.
+    pub fn new(conn: F, inbox: Streams, idle: Duration, close: fn(Pin<&mut F>)) -> Self {
+        let now = Instant::now();
         WithStreams {
             conn,
             ended: None,
@@ -80,6 +99,11 @@ where
             inbox,
             taken: Vec::new(),
             registered: false,
+            idle,
+            idle_since: now,
+            timer: tokio::time::sleep_until(now + idle),
+            close,
+            closing: false,
         }
     }
 
@@ -105,6 +129,8 @@ where
             *this.inbox.0.waker.lock() = Some(cx.waker().clone());
         }
         this.inbox.0.polling.store(true, Ordering::Relaxed);
+        // Whether any stream ran in this poll: the idle time then starts anew.
+        let mut busy = !this.streams.is_empty();
         loop {
             // The streams that can go on first: their answers queue in the connection.
             while let Poll::Ready(Some(())) = this.streams.poll_next_unpin(cx) {}
@@ -119,6 +145,7 @@ where
             if this.taken.is_empty() {
                 break;
             }
+            busy = true;
             this.streams.extend(this.taken.drain(..));
         }
         this.inbox.0.polling.store(false, Ordering::Relaxed);
@@ -130,6 +157,30 @@ where
             if let Some(r) = this.ended.take() {
                 return Poll::Ready(r);
             }
+            if busy {
+                *this.idle_since = Instant::now();
+            }
+        }
+        if this.ended.is_none() && this.timer.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            let idle_until = *this.idle_since + *this.idle;
+            if !this.streams.is_empty() {
+                this.timer.as_mut().reset(now + *this.idle);
+            } else if idle_until > now {
+                this.timer.as_mut().reset(idle_until);
+            } else if !*this.closing {
+                // Idle too long: GOAWAY; hyper closes once the client has answered its PING.
+                *this.closing = true;
+                (this.close)(this.conn.as_mut());
+                this.timer.as_mut().reset(now + *this.idle);
+                cx.waker().wake_by_ref();
+            } else {
+                // Still open, and idle, a whole period after the GOAWAY: the client never
+                // answered. Dropping the connection closes it.
+                return Poll::Ready(Ok(()));
+            }
+            // Registers the waker for the new deadline.
+            let _ = this.timer.poll(cx);
         }
         Poll::Pending
     }
