@@ -180,6 +180,8 @@ pub struct Listener {
     pub max_body_bytes: Option<Size>,
     /// Longest wait for the next piece of a request body; longer gets 408.
     pub body_timeout: Option<Dur>,
+    /// Longest wait for the client to take the next piece of an answer; longer closes.
+    pub send_timeout: Option<Dur>,
     /// Most open client connections; more wait in the listen backlog.
     pub max_connections: Option<usize>,
     /// Addresses (`10.0.0.0/8`, `127.0.0.1`) of proxies whose `X-Forwarded-*` headers are kept.

@@ -190,6 +190,9 @@ pub struct ListenerConfig {
     pub max_body_bytes: u64,
     /// Longest wait for the next piece of a request body.
     pub body_timeout: Duration,
+    /// Longest wait for the client to take more of what is written to it (nginx's
+    /// `send_timeout`); the connection is closed after.
+    pub send_timeout: Duration,
     /// Most open client connections.
     pub max_connections: usize,
     /// Proxies whose `X-Forwarded-*` headers are kept (appended to, for `-For`).

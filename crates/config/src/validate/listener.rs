@@ -53,6 +53,10 @@ pub(super) fn listeners(
         if body_timeout.is_zero() {
             p.add(format!("{at}.body_timeout"), "must be more than 0");
         }
+        let send_timeout = l.send_timeout.map_or(Duration::from_secs(60), |d| d.0);
+        if send_timeout.is_zero() {
+            p.add(format!("{at}.send_timeout"), "must be more than 0");
+        }
         let max_connections = l.max_connections.unwrap_or(10_000);
         if max_connections == 0 {
             p.add(format!("{at}.max_connections"), "must be at least 1");
@@ -88,6 +92,7 @@ pub(super) fn listeners(
             header_timeout,
             max_body_bytes: l.max_body_bytes.map_or(10 << 20, |s| s.0),
             body_timeout,
+            send_timeout,
             max_connections,
             trusted_proxies,
             trust_request_id: l.trust_request_id,

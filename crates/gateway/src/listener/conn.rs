@@ -4,6 +4,7 @@
 
 use super::h1_only::{said_once, H1Only};
 use super::h2::{Streams, WithStreams};
+use super::send_timeout::SendTimeout;
 use super::ConnInfo;
 use crate::gateway::Gateway;
 use hyper::server::conn::{http1, http2};
@@ -193,8 +194,9 @@ pub fn serve_h1(
     stop: Stop,
     done: impl FnOnce() + Send + 'static,
 ) -> impl Future<Output = ()> + Send + 'static {
+    let io = SendTimeout::new(H1Only::new(stream), info.listener.send_timeout);
     let conn =
-        b.h1.serve_connection(TokioIo::new(H1Only::new(stream)), service(gw, info.clone()))
+        b.h1.serve_connection(TokioIo::new(io), service(gw, info.clone()))
             .with_upgrades();
     drive(
         conn,
@@ -459,7 +461,7 @@ async fn serve_stream<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let svc = service(gw, info.clone());
-    let io = TokioIo::new(stream);
+    let io = TokioIo::new(SendTimeout::new(stream, info.listener.send_timeout));
     let log = move |r: Result<(), hyper::Error>| {
         if let Err(e) = r {
             tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");

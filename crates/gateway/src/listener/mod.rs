@@ -5,6 +5,7 @@
 pub mod conn;
 pub mod h1_only;
 pub mod h2;
+pub mod send_timeout;
 pub mod tls;
 
 use crate::gateway::Gateway;
