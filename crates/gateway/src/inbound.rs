@@ -147,33 +147,43 @@ fn check_host(parts: &mut Parts) -> Result<(), Refusal> {
 /// could read such a value as another host than routing did (`a.example:80:80`,
 /// `secret%2eexample.com`). An empty value is a request without a host.
 pub fn valid_host(s: &str) -> bool {
-    let (name_ok, port) = match s.strip_prefix('[') {
-        Some(rest) => match rest.split_once(']') {
-            Some((ip, port)) => (
-                ip.contains(':')
-                    && ip
-                        .bytes()
-                        .all(|c| c.is_ascii_hexdigit() || c == b':' || c == b'.'),
-                port,
-            ),
-            None => return false,
-        },
-        None => {
-            let (name, port) = s.find(':').map_or((s, ""), |i| s.split_at(i));
-            let labels = name.strip_suffix('.').unwrap_or(name);
-            let ok = labels.split('.').all(|l| {
-                !l.is_empty()
-                    && l.bytes()
-                        .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
-            });
-            (ok || s.is_empty(), port)
+    // One pass over the bytes: this runs for every request.
+    let b = s.as_bytes();
+    if b.is_empty() {
+        return true;
+    }
+    let (name_ok, port) = if b[0] == b'[' {
+        let Some(end) = b.iter().position(|&c| c == b']') else {
+            return false;
+        };
+        let ip = &b[1..end];
+        let ok = ip.contains(&b':')
+            && ip
+                .iter()
+                .all(|&c| c.is_ascii_hexdigit() || c == b':' || c == b'.');
+        (ok, &b[end + 1..])
+    } else {
+        let end = b.iter().position(|&c| c == b':').unwrap_or(b.len());
+        // Labels are not empty: no leading dot and no `..`; one trailing dot is allowed.
+        let mut after_dot = true;
+        let mut ok = end > 0;
+        for &c in &b[..end] {
+            if c == b'.' {
+                ok &= !after_dot;
+                after_dot = true;
+            } else {
+                ok &= c.is_ascii_alphanumeric() || c == b'-' || c == b'_';
+                after_dot = false;
+            }
         }
+        (ok, &b[end..])
     };
     name_ok
-        && (port.is_empty()
-            || port
-                .strip_prefix(':')
-                .is_some_and(|p| p.len() <= 5 && p.bytes().all(|c| c.is_ascii_digit())))
+        && match port.split_first() {
+            None => true,
+            Some((&b':', digits)) => digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit),
+            Some(_) => false,
+        }
 }
 
 /// A Host value without port and trailing dot (`API.example.com.:80` → `API.example.com`).
