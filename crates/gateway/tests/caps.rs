@@ -46,36 +46,6 @@ async fn a_body_that_stops_coming_gets_408_and_takes_no_upstream_connection() {
     );
 }
 
-/// A backend that answers each request with a 64 MiB body, and says when a write of it
-/// failed (its connection was closed before the body was taken).
-async fn huge_answer_backend() -> (std::net::SocketAddr, tokio::sync::mpsc::Receiver<()>) {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                if read_head(&mut s).await.is_none() {
-                    return;
-                }
-                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 64 << 20);
-                let chunk = vec![b'x'; 1 << 20];
-                let mut ok = s.write_all(head.as_bytes()).await.is_ok();
-                for _ in 0..64 {
-                    ok = ok && s.write_all(&chunk).await.is_ok();
-                }
-                if !ok {
-                    let _ = tx.send(()).await;
-                }
-            });
-        }
-    });
-    (addr, rx)
-}
-
 #[tokio::test]
 async fn a_client_that_stops_reading_is_closed_after_send_timeout() {
     let (backend, mut broke) = huge_answer_backend().await;

@@ -139,6 +139,13 @@ const GET_ROOT: &[u8] = &[0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
 
 /// Reads frames until a GOAWAY arrives (returns its error code) or the connection ends.
 async fn goaway(s: &mut TcpStream) -> Option<u32> {
+    let (_, p) = frame_of(s, 0x7).await?;
+    Some(u32::from_be_bytes(p.get(4..8)?.try_into().ok()?))
+}
+
+/// Reads frames until one of type `kind` arrives (returns its stream and payload) or the
+/// connection ends.
+async fn frame_of(s: &mut TcpStream, kind: u8) -> Option<(u32, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16384];
     loop {
@@ -155,9 +162,9 @@ async fn goaway(s: &mut TcpStream) -> Option<u32> {
             if buf.len() < at + 9 + len {
                 break;
             }
-            if buf[at + 3] == 0x7 && len >= 8 {
-                let p = &buf[at + 9..];
-                return Some(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
+            if buf[at + 3] == kind {
+                let id = u32::from_be_bytes(buf[at + 5..at + 9].try_into().ok()?) & 0x7fff_ffff;
+                return Some((id, buf[at + 9..at + 9 + len].to_vec()));
             }
             at += 9 + len;
         }
@@ -218,6 +225,31 @@ async fn a_connection_without_streams_is_closed_after_the_header_timeout() {
         served += 1;
     }
     assert!(served > 3, "{served}");
+}
+
+#[tokio::test]
+async fn a_stream_given_no_window_is_reset_after_send_timeout() {
+    let (backend, mut broke) = huge_answer_backend().await;
+    let g = TestGateway::start(
+        &h2c_yaml(backend, ", send_timeout: 300ms"),
+        SystemClock::new(),
+    )
+    .await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut out = PREFACE.to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE 0: no DATA may be sent on any stream. The client goes
+    // on reading, so the connection's writes never wait.
+    out.extend(frame(0x4, 0, 0, &[0, 0x4, 0, 0, 0, 0]));
+    out.extend(frame(0x1, 0x5, 1, GET_ROOT));
+    s.write_all(&out).await.expect("write");
+    let (id, payload) = bounded("RST_STREAM", frame_of(&mut s, 0x3))
+        .await
+        .expect("the stream was reset");
+    assert_eq!((id, payload), (1, 8u32.to_be_bytes().to_vec()), "CANCEL");
+    // And the upstream connection that fed it is let go.
+    bounded("the upstream connection closed", broke.recv())
+        .await
+        .expect("the backend saw its connection end");
 }
 
 #[tokio::test]

@@ -5,8 +5,10 @@
 use super::h1_only::{said_once, H1Only};
 use super::h2::{Streams, WithStreams};
 use super::send_timeout::SendTimeout;
+use super::stream_stall::Watched;
 use super::ConnInfo;
 use crate::gateway::Gateway;
+use crate::observe::access_log::Logged;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -181,6 +183,29 @@ fn service(
         let gw = gw.clone();
         let info = info.clone();
         async move { Ok::<_, Infallible>(gw.serve(req, &info).await) }
+    })
+}
+
+/// The service of an HTTP/2 connection: the same request path, each response body
+/// reporting its progress to its stream's future (see [`super::stream_stall`]).
+fn h2_service(
+    gw: Arc<Gateway>,
+    info: Arc<ConnInfo>,
+    streams: Streams,
+) -> impl hyper::service::Service<
+    http::Request<hyper::body::Incoming>,
+    Response = http::Response<Watched<Logged>>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<http::Response<Watched<Logged>>, Infallible>> + Send,
+> + Clone {
+    service_fn(move |req| {
+        let gw = gw.clone();
+        let info = info.clone();
+        let progress = streams.next_progress();
+        async move {
+            let resp = gw.serve(req, &info).await;
+            Ok::<_, Infallible>(resp.map(|b| Watched::new(b, progress)))
+        }
     })
 }
 
@@ -460,15 +485,16 @@ async fn serve_stream<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = service(gw, info.clone());
     let io = TokioIo::new(SendTimeout::new(stream, info.listener.send_timeout));
+    let conn_info = info.clone();
     let log = move |r: Result<(), hyper::Error>| {
         if let Err(e) = r {
-            tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
+            tracing::debug!(peer = ?conn_info.peer_ip, "connection ended: {e}");
         }
     };
     if h2 {
-        let streams = Streams::default();
+        let streams = Streams::new(info.listener.send_timeout);
+        let svc = h2_service(gw, info.clone(), streams.clone());
         drive(
             WithStreams::new(
                 b.h2(streams.clone()).serve_connection(io, svc),
@@ -482,6 +508,7 @@ async fn serve_stream<S>(
         )
         .await
     } else {
+        let svc = service(gw, info.clone());
         drive(
             b.h1.serve_connection(io, svc).with_upgrades(),
             stop,

@@ -12,6 +12,7 @@
 //! `header_timeout` (GOAWAY, then the close), as an idle HTTP/1.1 keep-alive connection is
 //! closed: hyper's HTTP/2 server has no idle timeout of its own.
 
+use super::stream_stall::{Guarded, Progress};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use parking_lot::Mutex;
 use std::future::Future;
@@ -26,12 +27,17 @@ use tokio::time::{Instant, Sleep};
 type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The executor of one HTTP/2 connection: the streams it is given wait here until the
-/// connection's [`WithStreams`] takes them into its own task.
-#[derive(Clone, Default)]
+/// connection's [`WithStreams`] takes them into its own task. Each stream is
+/// [`Guarded`] against a client that gives it no window for `send_timeout`.
+#[derive(Clone)]
 pub struct Streams(Arc<Inbox>);
 
-#[derive(Default)]
 struct Inbox {
+    /// The listener's `send_timeout`.
+    send_timeout: Duration,
+    /// The progress of the stream whose service was called last: hyper calls the service,
+    /// then gives the stream's future to [`Streams`], so the two meet here.
+    next: Mutex<Option<Arc<Progress>>>,
     /// Streams given and not yet taken.
     new: Mutex<Vec<StreamFuture>>,
     /// The connection's task, woken when a stream is given from outside its poll.
@@ -41,11 +47,34 @@ struct Inbox {
     polling: AtomicBool,
 }
 
+impl Streams {
+    /// An executor whose streams are reset after waiting on the client for `send_timeout`.
+    pub fn new(send_timeout: Duration) -> Self {
+        Streams(Arc::new(Inbox {
+            send_timeout,
+            next: Mutex::new(None),
+            new: Mutex::default(),
+            waker: Mutex::default(),
+            polling: AtomicBool::new(false),
+        }))
+    }
+
+    /// The progress of the stream whose service is being called, for its response body
+    /// ([`Watched`]); the stream's future, given next, watches it.
+    pub fn next_progress(&self) -> Arc<Progress> {
+        let progress = Arc::new(Progress::default());
+        *self.0.next.lock() = Some(progress.clone());
+        progress
+    }
+}
+
 impl<F> hyper::rt::Executor<F> for Streams
 where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, fut: F) {
+        let progress = self.0.next.lock().take().unwrap_or_default();
+        let fut = Guarded::new(fut, progress, self.0.send_timeout);
         self.0.new.lock().push(Box::pin(fut));
         // hyper gives streams while the connection is polled, i.e. from the task that
         // takes them; the wake-up is for any other caller.

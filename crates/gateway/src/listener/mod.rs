@@ -6,6 +6,7 @@ pub mod conn;
 pub mod h1_only;
 pub mod h2;
 pub mod send_timeout;
+pub mod stream_stall;
 pub mod tls;
 
 use crate::gateway::Gateway;

@@ -457,3 +457,34 @@ pub fn tempdir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).expect("temp dir");
     d
 }
+
+/// A backend that answers each request with a 64 MiB body, and says when a write of it
+/// failed (its connection was closed before the body was taken).
+pub async fn huge_answer_backend() -> (std::net::SocketAddr, tokio::sync::mpsc::Receiver<()>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                if read_head(&mut s).await.is_none() {
+                    return;
+                }
+                use tokio::io::AsyncWriteExt;
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 64 << 20);
+                let chunk = vec![b'x'; 1 << 20];
+                let mut ok = s.write_all(head.as_bytes()).await.is_ok();
+                for _ in 0..64 {
+                    ok = ok && s.write_all(&chunk).await.is_ok();
+                }
+                if !ok {
+                    let _ = tx.send(()).await;
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
