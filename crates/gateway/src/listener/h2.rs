@@ -60,7 +60,7 @@ impl Streams {
     }
 
     /// The progress of the stream whose service is being called, for its response body
-    /// ([`Watched`]); the stream's future, given next, watches it.
+    /// ([`super::stream_stall::Watched`]); the stream's future, given next, watches it.
     pub fn next_progress(&self) -> Arc<Progress> {
         let progress = Arc::new(Progress::default());
         *self.0.next.lock() = Some(progress.clone());
