@@ -10,6 +10,8 @@
 //!   header the gateway sets); every client header that spells a name the gateway owns (the
 //!   consumer header, `X-Forwarded-*`, credential headers) with `_` for `-` is removed, and
 //!   the consumer header itself is always removed: only the gateway sets it.
+//! - **Cookies**: the `cookie` fields an HTTP/2 client splits a cookie list into are joined
+//!   with `; ` (RFC 9113 §8.2.3), as an HTTP/1.1 backend expects one `Cookie` header.
 
 use crate::response::Refusal;
 use crate::snapshot::Snapshot;
@@ -44,6 +46,30 @@ pub fn prepare(snap: &Snapshot, parts: &mut Parts) -> Result<(), Refusal> {
     }
     strip_hop_headers(&mut parts.headers, &snap.owned);
     remove_owned(&mut parts.headers, &snap.owned);
+    if parts.version == Version::HTTP_2 {
+        join_cookies(&mut parts.headers)?;
+    }
+    Ok(())
+}
+
+/// Joins the `cookie` fields of an HTTP/2 request into one, separated by `; ` (RFC 9113
+/// §8.2.3: they MUST be before going to HTTP/1.1; browsers send each cookie as its own
+/// field). A single field is left as it is.
+fn join_cookies(headers: &mut HeaderMap) -> Result<(), Refusal> {
+    let mut all = headers.get_all(header::COOKIE).iter();
+    if all.next().is_none() || all.next().is_none() {
+        return Ok(());
+    }
+    let mut joined = Vec::new();
+    for v in headers.get_all(header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    let v = http::HeaderValue::from_bytes(&joined)
+        .map_err(|_| Refusal::BadRequest("invalid Cookie header"))?;
+    headers.insert(header::COOKIE, v);
     Ok(())
 }
 
@@ -399,6 +425,21 @@ mod tests {
         assert_eq!(routing_path("/admin;x=1/y;v=2"), "/admin/y");
         assert_eq!(routing_path("/admin;/y"), "/admin/y");
         assert!(matches!(routing_path("/plain/path"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn http2_cookie_fields_are_joined_into_one() {
+        let mut h = HeaderMap::new();
+        h.append(header::COOKIE, http::HeaderValue::from_static("a=1"));
+        h.append(header::COOKIE, http::HeaderValue::from_static("b=2"));
+        h.append(header::COOKIE, http::HeaderValue::from_static("c=3"));
+        join_cookies(&mut h).expect("joined");
+        let all: Vec<_> = h.get_all(header::COOKIE).iter().collect();
+        assert_eq!(all, ["a=1; b=2; c=3"]);
+        let mut one = HeaderMap::new();
+        one.insert(header::COOKIE, http::HeaderValue::from_static("a=1, b=2"));
+        join_cookies(&mut one).expect("kept");
+        assert_eq!(one[header::COOKIE], "a=1, b=2");
     }
 
     #[test]

@@ -75,6 +75,32 @@ async fn h2c_serves_http2_and_http1_on_one_port_with_the_same_policies() {
 }
 
 #[tokio::test]
+async fn cookie_fields_reach_an_http1_backend_as_one_header() {
+    let (backend, _) = inspect_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
+    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    // Browsers send each cookie as a field of its own over HTTP/2.
+    let req = Request::builder()
+        .uri("http://api.test/x")
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .body(Empty::<Bytes>::new())
+        .expect("req");
+    let resp = bounded("request", tx.send_request(req))
+        .await
+        .expect("response");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("cookie: a=1; b=2"), "{body}");
+    assert_eq!(body.matches("cookie:").count(), 1, "{body}");
+}
+
+#[tokio::test]
 async fn an_authority_with_userinfo_is_refused_not_routed() {
     let (backend, _) = inspect_backend().await;
     let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
