@@ -61,6 +61,28 @@ async fn a_response_with_length_and_chunks_is_framed_by_chunks_and_its_connectio
 }
 
 #[tokio::test]
+async fn a_length_with_a_coding_other_than_chunked_gets_502_at_once() {
+    let (backend, _) = raw_backend(|_| {
+        Some(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: identity\r\n\r\nok"
+                .to_vec(),
+        )
+    })
+    .await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    // The backend keeps its connection open: read until close would wait for read_timeout.
+    let a = bounded(
+        "answer",
+        raw(
+            gw.addr,
+            b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        ),
+    )
+    .await;
+    assert_eq!(status_of(&a), 502, "{a}");
+}
+
+#[tokio::test]
 async fn a_chunk_size_with_junk_breaks_the_response_off() {
     let (backend, _) = raw_backend(|_| {
         Some(

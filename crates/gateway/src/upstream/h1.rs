@@ -226,6 +226,12 @@ fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parsed>, H1Error
     {
         framing = Framing::Empty;
     }
+    if has_length && matches!(framing, Framing::UntilClose) && has_te {
+        // A length and a transfer coding that is not chunked (`identity`, `gzip`): no
+        // framing can be trusted (RFC 9112 §6.3 "ought to be handled as an error"), and
+        // reading until close would wait on a kept-alive connection. nginx answers 502 too.
+        return Err(H1Error::Malformed);
+    }
     if matches!(framing, Framing::UntilClose) || (has_length && has_te) {
         // Both framings in one message (RFC 9112 §6.3): frame by chunks, then close.
         keep_alive = false;
