@@ -461,6 +461,7 @@ pub fn tempdir(name: &str) -> std::path::PathBuf {
 /// A backend that answers each request with a 64 MiB body, and says when a write of it
 /// failed (its connection was closed before the body was taken).
 pub async fn huge_answer_backend() -> (std::net::SocketAddr, tokio::sync::mpsc::Receiver<()>) {
+    use tokio::io::AsyncWriteExt;
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -473,7 +474,6 @@ pub async fn huge_answer_backend() -> (std::net::SocketAddr, tokio::sync::mpsc::
                 if read_head(&mut s).await.is_none() {
                     return;
                 }
-                use tokio::io::AsyncWriteExt;
                 let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 64 << 20);
                 let chunk = vec![b'x'; 1 << 20];
                 let mut ok = s.write_all(head.as_bytes()).await.is_ok();
