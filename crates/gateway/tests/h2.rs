@@ -22,6 +22,21 @@ fn h2c_yaml(backend: SocketAddr, listener: &str) -> String {
     )
 }
 
+/// An HTTP/2 client connection (prior knowledge) to `addr`, driven in a task of its own.
+async fn h2_client<B>(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let io = TokioIo::new(TcpStream::connect(addr).await.expect("connect"));
+    let (tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    tx
+}
+
 async fn h2_get(addr: SocketAddr, path: &str, key: Option<&str>) -> (u16, String) {
     h2_get_at(addr, "api.test", path, key).await
 }
@@ -33,11 +48,7 @@ async fn h2_get_at(
     path: &str,
     key: Option<&str>,
 ) -> (u16, String) {
-    let io = TokioIo::new(TcpStream::connect(addr).await.expect("connect"));
-    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-        .await
-        .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut tx = h2_client(addr).await;
     let mut req = Request::builder().uri(format!("http://{authority}{path}"));
     if let Some(k) = key {
         req = req.header("x-api-key", k);
@@ -78,11 +89,7 @@ async fn h2c_serves_http2_and_http1_on_one_port_with_the_same_policies() {
 async fn cookie_fields_reach_an_http1_backend_as_one_header() {
     let (backend, _) = inspect_backend().await;
     let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
-    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
-    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-        .await
-        .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut tx = h2_client(g.addr).await;
     // Browsers send each cookie as a field of its own over HTTP/2.
     let req = Request::builder()
         .uri("http://api.test/x")
@@ -231,13 +238,15 @@ async fn a_connection_without_streams_is_closed_after_the_header_timeout() {
         .await
         .expect("a clean close");
     assert_eq!(n, 0, "{rest:?}");
-    // A connection that keeps asking is served past the timeout.
-    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
-    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-        .await
-        .expect("h2 handshake");
-    tokio::spawn(conn);
-    let until = tokio::time::Instant::now() + std::time::Duration::from_millis(900);
+    // A connection that keeps asking is served past the timeout (three times it). A
+    // timeout of its own, long beside any pause a busy machine puts between two requests.
+    let g = TestGateway::start(
+        &h2c_yaml(backend, ", header_timeout: 1s"),
+        SystemClock::new(),
+    )
+    .await;
+    let mut tx = h2_client(g.addr).await;
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
     let mut served = 0;
     while tokio::time::Instant::now() < until {
         let req = Request::builder()
@@ -424,11 +433,7 @@ async fn the_streams_of_one_connection_do_not_wait_for_each_other() {
     })
     .await;
     let mut g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
-    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
-    let (tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-        .await
-        .expect("h2 handshake");
-    tokio::spawn(conn);
+    let tx = h2_client(g.addr).await;
     let get = |path: &str| {
         let mut tx = tx.clone();
         let req = Request::builder()
@@ -481,11 +486,7 @@ async fn request_bodies_larger_than_the_flow_control_windows_pass_both_ways() {
     // connection's task sends window updates as the streams in it read their bodies.
     let (backend, _) = inspect_backend().await;
     let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
-    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
-    let (tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-        .await
-        .expect("h2 handshake");
-    tokio::spawn(conn);
+    let tx = h2_client(g.addr).await;
     let upload = |n: u8| {
         let mut tx = tx.clone();
         let body: Vec<u8> = (0..1_500_000u32)
