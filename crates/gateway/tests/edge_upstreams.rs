@@ -161,6 +161,26 @@ async fn fixed_answer_backend(answer: &'static str) -> SocketAddr {
     addr
 }
 
+/// Asks for a WebSocket upgrade through a gateway whose backend answers `answer`: the
+/// gateway (kept alive), the client's connection and the head it got.
+async fn upgrade_answered_by(answer: &'static str) -> (TestGateway, TcpStream, String) {
+    use tokio::io::AsyncWriteExt;
+    let backend = fixed_answer_backend(answer).await;
+    let y = yaml(
+        backend,
+        "routes:\n  - {name: raw, path_prefix: /ws/, upstream: backend, websocket: true}\n",
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    let mut c = TcpStream::connect(g.addr).await.expect("connect");
+    c.write_all(
+        b"GET /ws/x HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let head = bounded("answer", read_head(&mut c)).await.expect("read");
+    (g, c, head)
+}
+
 #[tokio::test]
 async fn a_101_that_does_not_name_the_protocol_asked_for_is_not_joined() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -168,19 +188,7 @@ async fn a_101_that_does_not_name_the_protocol_asked_for_is_not_joined() {
         "HTTP/1.1 101 Switching Protocols\r\n\r\n",
         "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n",
     ] {
-        let backend = fixed_answer_backend(answer).await;
-        let y = yaml(
-            backend,
-            "routes:\n  - {name: raw, path_prefix: /ws/, upstream: backend, websocket: true}\n",
-        );
-        let g = TestGateway::start(&y, SystemClock::new()).await;
-        let mut c = TcpStream::connect(g.addr).await.expect("connect");
-        c.write_all(
-            b"GET /ws/x HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
-        )
-        .await
-        .expect("write");
-        let head = bounded("answer", read_head(&mut c)).await.expect("read");
+        let (_g, mut c, head) = upgrade_answered_by(answer).await;
         assert!(head.starts_with("HTTP/1.1 502"), "{answer:?}: {head:?}");
         // Not a tunnel: a request sent now is read as HTTP by the gateway, not echoed back by
         // the backend.
@@ -198,22 +206,10 @@ async fn a_101_that_does_not_name_the_protocol_asked_for_is_not_joined() {
         );
     }
     // The same route joins a 101 that names the protocol asked for, in any case.
-    let backend = fixed_answer_backend(
+    let (_g, mut c, head) = upgrade_answered_by(
         "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: WebSocket\r\n\r\n",
     )
     .await;
-    let y = yaml(
-        backend,
-        "routes:\n  - {name: raw, path_prefix: /ws/, upstream: backend, websocket: true}\n",
-    );
-    let g = TestGateway::start(&y, SystemClock::new()).await;
-    let mut c = TcpStream::connect(g.addr).await.expect("connect");
-    c.write_all(
-        b"GET /ws/x HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
-    )
-    .await
-    .expect("write");
-    let head = bounded("101", read_head(&mut c)).await.expect("read");
     assert!(head.starts_with("HTTP/1.1 101"), "{head:?}");
     c.write_all(b"ping").await.expect("write");
     let mut got = [0u8; 4];
