@@ -198,13 +198,13 @@ fn h2_service(
     Error = Infallible,
     Future = impl Future<Output = Result<http::Response<Watched<Logged>>, Infallible>> + Send,
 > + Clone {
+    let svc = service(gw, info);
     service_fn(move |req| {
-        let gw = gw.clone();
-        let info = info.clone();
         let progress = streams.next_progress();
+        let answer = hyper::service::Service::call(&svc, req);
         async move {
-            let resp = gw.serve(req, &info).await;
-            Ok::<_, Infallible>(resp.map(|b| Watched::new(b, progress)))
+            let resp = answer.await?;
+            Ok(resp.map(|b| Watched::new(b, progress)))
         }
     })
 }
@@ -503,7 +503,7 @@ async fn serve_stream<S>(
                 |c| c.graceful_shutdown(),
             ),
             stop,
-            |c| c.shutdown(|c| c.graceful_shutdown()),
+            |c| c.shutdown(),
             log,
         )
         .await

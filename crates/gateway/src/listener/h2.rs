@@ -136,11 +136,12 @@ where
         }
     }
 
-    /// Calls `f` on the connection (to close it gracefully) unless it has ended.
-    pub fn shutdown(self: Pin<&mut Self>, f: impl FnOnce(Pin<&mut F>)) {
+    /// Closes the connection gracefully (with the `close` it was made with) unless it has
+    /// ended.
+    pub fn shutdown(self: Pin<&mut Self>) {
         let this = self.project();
         if this.ended.is_none() {
-            f(this.conn);
+            (this.close)(this.conn);
         }
     }
 }
