@@ -8,6 +8,7 @@ use crate::limiter::persist::StateStore;
 use crate::limiter::table::Live;
 use crate::limiter::Now;
 use crate::listener::ConnInfo;
+use crate::listener::RequestBody;
 use crate::observe::access_log::{AccessLog, Logged, Record};
 use crate::observe::analytics::{self, Analytics};
 use crate::observe::metrics::Metrics;
@@ -22,7 +23,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use http::HeaderValue;
 use http::{Method, Request, Response};
 use http_body_util::Either;
-use hyper::body::{Body as _, Incoming};
+use hyper::body::Body as _;
 use smallvec::SmallVec;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -508,7 +509,7 @@ impl Gateway {
     async fn handle<'s>(
         &self,
         snap: &'s Snapshot,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         conn: &Arc<ConnInfo>,
         trace: &mut Trace<'s>,
         note_target: Option<&upstream::AnsweredBy>,
@@ -632,7 +633,7 @@ impl Gateway {
 
     /// Handles one request on the snapshot current when it arrived: gives it an id, counts
     /// it in the metrics and the usage history, and logs it once its body has been sent.
-    pub async fn serve(&self, req: Request<Incoming>, conn: &Arc<ConnInfo>) -> Response<Logged> {
+    pub async fn serve(&self, req: Request<RequestBody>, conn: &Arc<ConnInfo>) -> Response<Logged> {
         let snap = self.snapshot.load_full();
         let id = request_id::pick(
             req.headers(),
@@ -746,7 +747,7 @@ fn forward_timed<'a, 's: 'a>(
     trace: &'a mut Trace<'s>,
     route: &'a crate::snapshot::Route,
     parts: http::request::Parts,
-    body: Incoming,
+    body: RequestBody,
     hop: upstream::Hop<'a>,
 ) -> Pin<Box<dyn Future<Output = Result<Response<upstream::PooledBody>, Refusal>> + Send + 'a>> {
     Box::pin(async move {

@@ -3,13 +3,11 @@
 //! graceful close when the server shuts down.
 
 use super::h1_only::{said_once, H1Only};
-use super::h2::{Streams, WithStreams};
+use super::h2::{Connection, Limits};
 use super::send_timeout::SendTimeout;
-use super::stream_stall::Watched;
-use super::ConnInfo;
+use super::{ConnInfo, RequestBody};
 use crate::gateway::Gateway;
-use crate::observe::access_log::Logged;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
@@ -22,12 +20,11 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate_config::{Http2Config, ListenerConfig};
 
-/// The protocol builders of one listener, made once. HTTP/2 builders are made per
-/// connection, each with the executor that keeps its streams in its task ([`Streams`]).
+/// The protocol settings of one listener, made once.
 #[derive(Clone)]
 pub struct Builders {
     h1: http1::Builder,
-    /// The listener's HTTP/2 limits, for the per-connection builders.
+    /// The listener's HTTP/2 limits.
     http2: Http2Config,
     /// How long a connection waits for a request head, or for an HTTP/2 stream.
     header_timeout: std::time::Duration,
@@ -35,22 +32,6 @@ pub struct Builders {
     /// The TLS config the listener started with, for when a reload dropped the listener
     /// (listener changes wait for a restart; its connections keep being served).
     tls: Option<Arc<rustls::ServerConfig>>,
-}
-
-/// Applies the listener's HTTP/2 limits to a builder (hyper's and hyper-util's differ in
-/// type, not in these methods).
-macro_rules! h2_limits {
-    ($b:expr, $h:expr) => {{
-        let h = $h;
-        $b.timer(TokioTimer::new())
-            .max_concurrent_streams(h.max_concurrent_streams)
-            .max_header_list_size(h.max_header_list_size)
-            .initial_stream_window_size(h.stream_window)
-            .initial_connection_window_size(h.connection_window)
-            .max_pending_accept_reset_streams(h.max_pending_resets)
-            .max_local_error_reset_streams(1024)
-            .max_send_buf_size(h.stream_window as usize);
-    }};
 }
 
 impl Builders {
@@ -83,13 +64,6 @@ impl Builders {
             h2c: cfg.h2c,
             tls,
         }
-    }
-
-    /// An HTTP/2 builder for one connection whose streams go to `streams`.
-    fn h2(&self, streams: Streams) -> http2::Builder<Streams> {
-        let mut h2 = http2::Builder::new(streams);
-        h2_limits!(h2, &self.http2);
-        h2
     }
 }
 
@@ -182,30 +156,7 @@ fn service(
     service_fn(move |req| {
         let gw = gw.clone();
         let info = info.clone();
-        async move { Ok::<_, Infallible>(gw.serve(req, &info).await) }
-    })
-}
-
-/// The service of an HTTP/2 connection: the same request path, each response body
-/// reporting its progress to its stream's future (see [`super::stream_stall`]).
-fn h2_service(
-    gw: Arc<Gateway>,
-    info: Arc<ConnInfo>,
-    streams: Streams,
-) -> impl hyper::service::Service<
-    http::Request<hyper::body::Incoming>,
-    Response = http::Response<Watched<Logged>>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<http::Response<Watched<Logged>>, Infallible>> + Send,
-> + Clone {
-    let svc = service(gw, info);
-    service_fn(move |req| {
-        let progress = streams.next_progress();
-        let answer = hyper::service::Service::call(&svc, req);
-        async move {
-            let resp = answer.await?;
-            Ok(resp.map(|b| Watched::new(b, progress)))
-        }
+        async move { Ok::<_, Infallible>(gw.serve(req.map(RequestBody::Http1), &info).await) }
     })
 }
 
@@ -485,35 +436,37 @@ async fn serve_stream<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let io = TokioIo::new(SendTimeout::new(stream, info.listener.send_timeout));
-    let conn_info = info.clone();
-    let log = move |r: Result<(), hyper::Error>| {
-        if let Err(e) = r {
-            tracing::debug!(peer = ?conn_info.peer_ip, "connection ended: {e}");
-        }
-    };
+    let io = SendTimeout::new(stream, info.listener.send_timeout);
+    let peer = info.peer_ip.clone();
     if h2 {
-        let streams = Streams::new(info.listener.send_timeout);
-        let svc = h2_service(gw, info.clone(), streams.clone());
+        let limits = Limits::new(&b.http2, b.header_timeout, info.listener.send_timeout);
+        let make = move |req| {
+            let gw = gw.clone();
+            let info = info.clone();
+            async move { gw.serve(req, &info).await }
+        };
         drive(
-            WithStreams::new(
-                b.h2(streams.clone()).serve_connection(io, svc),
-                streams,
-                b.header_timeout,
-                |c| c.graceful_shutdown(),
-            ),
+            Connection::new(io, limits, make),
             stop,
-            |c| c.shutdown(),
-            log,
+            |c| c.get_mut().shutdown(),
+            move |r: std::io::Result<()>| {
+                if let Err(e) = r {
+                    tracing::debug!(?peer, "connection ended: {e}");
+                }
+            },
         )
         .await
     } else {
         let svc = service(gw, info.clone());
         drive(
-            b.h1.serve_connection(io, svc).with_upgrades(),
+            b.h1.serve_connection(TokioIo::new(io), svc).with_upgrades(),
             stop,
             |c| c.graceful_shutdown(),
-            log,
+            move |r: Result<(), hyper::Error>| {
+                if let Err(e) = r {
+                    tracing::debug!(?peer, "connection ended: {e}");
+                }
+            },
         )
         .await
     }

@@ -2,12 +2,14 @@
 //! the request head (HTTP/2 and TLS where configured, see [`conn`]), and drain in-flight
 //! requests on shutdown.
 
+pub mod body;
 pub mod conn;
 pub mod h1_only;
 pub mod h2;
 pub mod send_timeout;
-pub mod stream_stall;
 pub mod tls;
+
+pub use body::RequestBody;
 
 use crate::gateway::Gateway;
 use http::HeaderValue;

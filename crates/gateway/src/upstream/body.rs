@@ -7,10 +7,10 @@
 //! and a whole body can be sent again. Larger bodies, and every body on routes with
 //! `request_buffering: false`, stream as they arrive, after what was read first.
 
+use crate::listener::RequestBody;
 use crate::response::Refusal;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::future::Future;
@@ -108,7 +108,7 @@ impl BodyWatch {
 
 /// The rest of a body still coming from the client.
 struct Rest {
-    incoming: Incoming,
+    incoming: RequestBody,
     /// Bytes the body may still bring before it is too large.
     allowed: u64,
     timeout: Duration,
@@ -169,7 +169,7 @@ pub fn check_declared(headers: &http::HeaderMap, max: u64) -> Result<(), Refusal
 /// Reads up to [`BUFFER`] bytes of the client's body (none when `stream_at_once`), each
 /// piece within `timeout`. The client's faults come back as refusals.
 pub async fn receive(
-    mut incoming: Incoming,
+    mut incoming: RequestBody,
     max: u64,
     timeout: Duration,
     stream_at_once: bool,

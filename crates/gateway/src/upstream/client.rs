@@ -119,7 +119,7 @@ pub(super) async fn forward(
     method: http::Method,
     pq: http::uri::PathAndQuery,
     mut headers: http::HeaderMap,
-    body: Option<hyper::body::Incoming>,
+    body: Option<crate::listener::RequestBody>,
     hop: &super::Hop<'_>,
 ) -> Result<http::Response<super::PooledBody>, crate::response::Refusal> {
     use super::body::{receive, Received};

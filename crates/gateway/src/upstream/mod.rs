@@ -25,6 +25,7 @@ pub use dial::ConnectError;
 pub use pool::{BodyError, Collector, PooledBody};
 pub use upgrade::{upgrade, UpgradeAsk};
 
+use crate::listener::RequestBody;
 use crate::observe::metrics::UpstreamStats;
 use crate::response::Refusal;
 use cap::{Cap, Slot};
@@ -32,7 +33,7 @@ use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Response, Uri};
-use hyper::body::{Body as _, Incoming};
+use hyper::body::Body as _;
 use pool::Pool;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -333,7 +334,7 @@ pub async fn fetch(
 pub async fn forward(
     up: &Upstream,
     parts: Parts,
-    body: Incoming,
+    body: RequestBody,
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
     let (method, pq, headers) = for_hop(parts, &hop);

@@ -4,12 +4,13 @@
 
 use super::body::{self, BodyWatch, Received};
 use super::{headers, is_idempotent, log_failure, Hop, PooledBody, Tries, UpBody, Upstream};
+use crate::listener::RequestBody;
 use crate::response::Refusal;
 use bytes::Bytes;
 use http::header;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri, Version};
-use hyper::body::{Body as _, Incoming};
+use hyper::body::Body as _;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::time::Duration;
@@ -46,7 +47,7 @@ pub(super) async fn forward_hyper(
     method: Method,
     pq: PathAndQuery,
     mut headers: http::HeaderMap,
-    body: Incoming,
+    body: RequestBody,
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
     body::check_declared(&headers, hop.max_body)?;

@@ -1,0 +1,69 @@
+//! The body of a client's request, whichever protocol brought it: hyper's for HTTP/1.1,
+//! the HTTP/2 server's own ([`super::h2::RecvBody`]) for HTTP/2.
+
+use super::h2::RecvBody;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// A request body as the gateway reads it.
+pub enum RequestBody {
+    /// From an HTTP/1.1 connection.
+    Http1(hyper::body::Incoming),
+    /// From an HTTP/2 stream that carries one.
+    Http2(RecvBody),
+    /// None: an HTTP/2 request whose headers ended the stream.
+    Empty,
+}
+
+/// Why a request body broke off.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestBodyError {
+    /// The HTTP/1.1 connection failed or framed the body wrongly.
+    #[error("{0}")]
+    Http1(#[from] hyper::Error),
+    /// The HTTP/2 stream was reset or its connection ended first.
+    #[error("HTTP/2 stream ended before its body: {0}")]
+    Http2(&'static str),
+}
+
+impl From<hyper::body::Incoming> for RequestBody {
+    fn from(b: hyper::body::Incoming) -> Self {
+        RequestBody::Http1(b)
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = RequestBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
+        match self.get_mut() {
+            RequestBody::Http1(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(RequestBodyError::from))),
+            RequestBody::Http2(b) => Pin::new(b).poll_frame(cx),
+            RequestBody::Empty => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Http1(b) => b.is_end_stream(),
+            RequestBody::Http2(b) => b.is_end_stream(),
+            RequestBody::Empty => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Http1(b) => b.size_hint(),
+            RequestBody::Http2(b) => b.size_hint(),
+            RequestBody::Empty => SizeHint::with_exact(0),
+        }
+    }
+}

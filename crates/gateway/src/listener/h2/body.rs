@@ -1,0 +1,156 @@
+//! A request body arriving on an HTTP/2 stream. The connection pushes DATA into it; the
+//! gateway reads it; what has been read is credited back to the client as window.
+
+use super::super::body::RequestBodyError;
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+/// What the connection and the body's reader share.
+#[derive(Default)]
+pub struct Shared {
+    chunks: VecDeque<Bytes>,
+    trailers: Option<HeaderMap>,
+    /// The client ended the stream.
+    ended: bool,
+    /// The stream broke off: why.
+    broken: Option<&'static str>,
+    /// Bytes read (or dropped unread) and not yet credited to the client.
+    released: usize,
+    /// The reader is gone: what comes is released at once.
+    dropped: bool,
+    waker: Option<Waker>,
+}
+
+/// The connection's side of a request body.
+#[derive(Clone)]
+pub struct Sender(Arc<Mutex<Shared>>);
+
+impl Sender {
+    /// A sender and the body it feeds; `length` is the declared `Content-Length`.
+    pub fn pair(length: Option<u64>) -> (Sender, RecvBody) {
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        (
+            Sender(shared.clone()),
+            RecvBody {
+                shared,
+                length,
+                done: false,
+            },
+        )
+    }
+
+    /// Hands a piece of DATA over; false when the reader is gone (credit it at once).
+    pub fn push(&self, data: Bytes) -> bool {
+        let mut s = self.0.lock();
+        if s.dropped {
+            return false;
+        }
+        if !data.is_empty() {
+            s.chunks.push_back(data);
+        }
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+        true
+    }
+
+    /// The client ended the stream, with trailers or without.
+    pub fn end(&self, trailers: Option<HeaderMap>) {
+        let mut s = self.0.lock();
+        s.ended = true;
+        s.trailers = trailers;
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// The stream broke off (reset, protocol error, connection gone).
+    pub fn break_off(&self, why: &'static str) {
+        let mut s = self.0.lock();
+        if !s.ended {
+            s.broken = Some(why);
+        }
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Takes the bytes read since the last call, and whether the reader is gone.
+    pub fn take_released(&self) -> (usize, bool) {
+        let mut s = self.0.lock();
+        (std::mem::take(&mut s.released), s.dropped)
+    }
+}
+
+/// The body of a request on an HTTP/2 stream.
+pub struct RecvBody {
+    shared: Arc<Mutex<Shared>>,
+    length: Option<u64>,
+    done: bool,
+}
+
+impl Drop for RecvBody {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        s.dropped = true;
+        let unread: usize = s.chunks.drain(..).map(|c| c.len()).sum();
+        s.released += unread;
+    }
+}
+
+impl Body for RecvBody {
+    type Data = Bytes;
+    type Error = RequestBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let mut s = this.shared.lock();
+        if let Some(c) = s.chunks.pop_front() {
+            s.released += c.len();
+            if let Some(n) = this.length.as_mut() {
+                *n = n.saturating_sub(c.len() as u64);
+            }
+            return Poll::Ready(Some(Ok(Frame::data(c))));
+        }
+        if let Some(why) = s.broken {
+            this.done = true;
+            return Poll::Ready(Some(Err(RequestBodyError::Http2(why))));
+        }
+        if s.ended {
+            this.done = true;
+            return Poll::Ready(s.trailers.take().map(|t| Ok(Frame::trailers(t))));
+        }
+        match &s.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => s.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        if self.done {
+            return true;
+        }
+        let s = self.shared.lock();
+        s.ended && s.chunks.is_empty() && s.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.length {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! One HTTP/2 server connection (RFC 9113): frames in, requests to the gateway, answers
+//! out, flow control both ways, the protocol's errors and the flood limits.
+//!
+//! Everything runs in the connection's task: the frames read in one go are handled, the
+//! streams they opened are polled at once (a refusal answers in that poll), and all the
+//! answers go out in one write.
+
+mod recv;
+mod send;
+
+use super::body::Sender;
+use super::exec::Exec;
+use super::frame::{self, code};
+use super::hpack::Decoder;
+use crate::listener::body::RequestBody;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, Request, Response};
+use http_body::Body;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::{Instant, Sleep};
+use tollgate_config::Http2Config;
+
+/// The client connection preface (RFC 9113 §3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Our SETTINGS_MAX_FRAME_SIZE: the protocol's default.
+const MAX_FRAME: usize = 16_384;
+/// Output not yet written past which nothing more is read or made.
+const WRITE_HIGH: usize = 64 * 1024;
+/// Streams we reset whose late frames are ignored rather than treated as errors.
+const RECENT_RESETS: usize = 128;
+/// Streams we may reset (malformed, refused) before the client is told to go away.
+const MAX_LOCAL_RESETS: usize = 1024;
+/// The largest window RFC 9113 §6.9.1 allows.
+const MAX_WINDOW: i64 = (1 << 31) - 1;
+
+/// A connection's limits, from the listener's config.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_streams: u32,
+    pub max_header_list: u32,
+    pub stream_window: u32,
+    pub connection_window: u32,
+    /// Streams the client may reset before their answer, net of answered ones.
+    pub max_resets: usize,
+    /// How long the connection may stay without a stream.
+    pub idle: Duration,
+    /// How long an answer may wait on the client's window.
+    pub send_timeout: Duration,
+}
+
+impl Limits {
+    /// The limits of a listener with `h`, `header_timeout` and `send_timeout`.
+    pub fn new(h: &Http2Config, idle: Duration, send_timeout: Duration) -> Self {
+        Limits {
+            max_streams: h.max_concurrent_streams,
+            max_header_list: h.max_header_list_size,
+            stream_window: h.stream_window,
+            connection_window: h.connection_window,
+            max_resets: h.max_pending_resets,
+            idle,
+            send_timeout,
+        }
+    }
+}
+
+/// A connection error: GOAWAY with this code, then the close.
+#[derive(Debug, Clone, Copy)]
+struct ConnError(u32);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Taking new streams.
+    Open,
+    /// GOAWAY sent (or received): the open streams finish, then the connection closes.
+    Closing,
+    /// GOAWAY sent for an error: what is queued is written, then the connection closes.
+    Failed,
+}
+
+/// An answer being sent.
+struct Out<B> {
+    body: B,
+    /// Data taken from the body and not yet sent (waiting for window).
+    pending: Option<Bytes>,
+    /// The body ends after `pending`.
+    end_after: bool,
+}
+
+struct Stream<B> {
+    /// The slot of the stream's future while it runs.
+    slot: Option<usize>,
+    /// Feeds the request body while the client sends it.
+    recv: Option<Sender>,
+    remote_closed: bool,
+    /// What the client may still send, and what it has been credited since the last update.
+    recv_window: i64,
+    /// Declared `Content-Length` and DATA received.
+    length: Option<u64>,
+    received: u64,
+    send_window: i64,
+    out: Option<Out<B>>,
+    /// A HEAD request: the answer has no body.
+    head: bool,
+    /// Since when the answer has waited on the client's window.
+    blocked_since: Option<Instant>,
+}
+
+/// A header block that goes on in CONTINUATION frames.
+struct Continued {
+    id: u32,
+    end_stream: bool,
+    self_dependent: bool,
+    block: BytesMut,
+}
+
+type Map<V> = HashMap<u32, V, foldhash::fast::RandomState>;
+
+/// One HTTP/2 connection, served to its end. `make` turns each request into the future
+/// of its answer.
+pub struct Connection<S, F, M, B> {
+    io: S,
+    make: M,
+    limits: Limits,
+    rbuf: BytesMut,
+    wbuf: Vec<u8>,
+    wpos: usize,
+    flush: bool,
+    read_closed: bool,
+    preface: bool,
+    got_settings: bool,
+    decoder: Decoder,
+    streams: Map<Stream<B>>,
+    exec: Exec<F>,
+    /// The stream of each slot.
+    slot_ids: Vec<u32>,
+    /// Futures that finished in the last poll of `exec`.
+    finished: Vec<(usize, Response<B>)>,
+    /// Streams with an answer to send, and request bodies being read (for credit).
+    sending: Vec<u32>,
+    bodies: Vec<(u32, Sender)>,
+    recent: VecDeque<u32>,
+    last_id: u32,
+    /// The client's SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_FRAME_SIZE.
+    peer_window: i64,
+    peer_frame: usize,
+    send_window: i64,
+    recv_window: i64,
+    /// Bytes read and not yet credited, per connection and per stream.
+    conn_credit: usize,
+    stream_credit: Map<usize>,
+    cont: Option<Continued>,
+    /// Answered streams bank one each (up to the stream limit), client resets of
+    /// unanswered streams spend one: below `-max_resets` the client is told to calm down.
+    reset_balance: i64,
+    local_resets: usize,
+    state: State,
+    timer: Pin<Box<Sleep>>,
+    idle_since: Instant,
+    busy: bool,
+    date: (u64, HeaderValue),
+    scratch: Vec<u8>,
+}
+
+impl<S, F, M, B> Connection<S, F, M, B>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    M: FnMut(Request<RequestBody>) -> F + Unpin,
+    F: Future<Output = Response<B>>,
+    B: Body<Data = Bytes> + Unpin,
+{
+    /// Serves `io`, whose first bytes are the client's preface.
+    pub fn new(io: S, limits: Limits, make: M) -> Self {
+        let now = Instant::now();
+        let mut c = Connection {
+            io,
+            make,
+            rbuf: BytesMut::with_capacity(MAX_FRAME + 9),
+            wbuf: Vec::with_capacity(4096),
+            wpos: 0,
+            flush: false,
+            read_closed: false,
+            preface: false,
+            got_settings: false,
+            decoder: Decoder::default(),
+            streams: Map::default(),
+            exec: Exec::new(),
+            slot_ids: Vec::new(),
+            finished: Vec::new(),
+            sending: Vec::new(),
+            bodies: Vec::new(),
+            recent: VecDeque::new(),
+            last_id: 0,
+            peer_window: 65_535,
+            peer_frame: MAX_FRAME,
+            send_window: 65_535,
+            recv_window: i64::from(limits.connection_window.max(65_535)),
+            conn_credit: 0,
+            stream_credit: Map::default(),
+            cont: None,
+            reset_balance: 0,
+            local_resets: 0,
+            state: State::Open,
+            timer: Box::pin(tokio::time::sleep_until(now + limits.idle)),
+            idle_since: now,
+            busy: false,
+            date: (0, HeaderValue::from_static("")),
+            scratch: Vec::new(),
+            limits,
+        };
+        let settings = [
+            (frame::MAX_CONCURRENT_STREAMS, c.limits.max_streams),
+            (frame::INITIAL_WINDOW_SIZE, c.limits.stream_window),
+            (frame::MAX_HEADER_LIST_SIZE, c.limits.max_header_list),
+        ];
+        frame::settings(&mut c.wbuf, &settings);
+        let more = c.limits.connection_window.saturating_sub(65_535);
+        if more > 0 {
+            frame::window_update(&mut c.wbuf, 0, more);
+        }
+        c
+    }
+
+    /// Stops taking new streams (GOAWAY); the connection closes once the open ones are done.
+    pub fn shutdown(&mut self) {
+        if self.state == State::Open {
+            frame::goaway(&mut self.wbuf, self.last_id, code::NO_ERROR);
+            self.state = State::Closing;
+        }
+    }
+
+    fn fail(&mut self, e: ConnError) {
+        if self.state == State::Failed {
+            return;
+        }
+        tracing::debug!(code = e.0, "HTTP/2 connection error: GOAWAY");
+        frame::goaway(&mut self.wbuf, self.last_id, e.0);
+        self.state = State::Failed;
+        self.cont = None;
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            self.remove(id, "connection error");
+        }
+    }
+
+    /// Writes what is queued; Ok(true) if anything went out.
+    fn write(&mut self, cx: &mut Context<'_>) -> std::io::Result<bool> {
+        let mut wrote = false;
+        while self.wpos < self.wbuf.len() {
+            match Pin::new(&mut self.io).poll_write(cx, &self.wbuf[self.wpos..]) {
+                Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(n)) => {
+                    self.wpos += n;
+                    wrote = true;
+                    self.flush = true;
+                }
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => return Ok(wrote),
+            }
+        }
+        self.wbuf.clear();
+        self.wpos = 0;
+        if self.flush {
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.flush = false,
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => {}
+            }
+        }
+        Ok(wrote)
+    }
+
+    fn read(&mut self, cx: &mut Context<'_>) -> std::io::Result<bool> {
+        if self.read_closed
+            || self.state == State::Failed
+            || self.wbuf.len() - self.wpos >= WRITE_HIGH
+        {
+            return Ok(false);
+        }
+        if self.rbuf.capacity() - self.rbuf.len() < 4096 {
+            self.rbuf.reserve(MAX_FRAME + 9);
+        }
+        match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf) {
+            Poll::Ready(Ok(0)) => {
+                self.read_closed = true;
+                Ok(true)
+            }
+            Poll::Ready(Ok(_)) => {
+                if let Err(e) = self.input() {
+                    self.fail(e);
+                }
+                Ok(true)
+            }
+            Poll::Ready(Err(e)) => Err(e),
+            Poll::Pending => Ok(false),
+        }
+    }
+
+    /// The timer: the idle close and answers that waited on the client too long.
+    fn timers(&mut self, cx: &mut Context<'_>) {
+        if self.timer.as_mut().poll(cx).is_pending() {
+            return;
+        }
+        let now = Instant::now();
+        let mut next = now + self.limits.idle;
+        let expired: Vec<u32> = self
+            .streams
+            .iter()
+            .filter_map(|(id, st)| {
+                let at = st.blocked_since? + self.limits.send_timeout;
+                (at <= now).then_some(*id)
+            })
+            .collect();
+        for id in expired {
+            tracing::debug!(
+                stream = id,
+                "an HTTP/2 stream got no window for send_timeout: reset"
+            );
+            self.reset(id, code::CANCEL);
+        }
+        for st in self.streams.values() {
+            if let Some(since) = st.blocked_since {
+                next = next.min(since + self.limits.send_timeout);
+            }
+        }
+        if self.streams.is_empty() {
+            let idle_until = self.idle_since + self.limits.idle;
+            if idle_until <= now {
+                // Idle too long: GOAWAY, then the close once it is written.
+                self.shutdown();
+            } else {
+                next = next.min(idle_until);
+            }
+        }
+        self.timer.as_mut().reset(next);
+        let _ = self.timer.as_mut().poll(cx);
+        // A reset or GOAWAY queued here goes out in the next poll.
+        if !self.wbuf.is_empty() {
+            cx.waker().wake_by_ref();
+        }
+    }
+}
+
+impl<S, F, M, B> Future for Connection<S, F, M, B>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    M: FnMut(Request<RequestBody>) -> F + Unpin,
+    F: Future<Output = Response<B>>,
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Output = std::io::Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        for _ in 0..64 {
+            let mut progress = this.read(cx)?;
+            // The streams that can go on: new ones, and those woken.
+            let mut finished = std::mem::take(&mut this.finished);
+            this.exec.poll(cx, |slot, resp| finished.push((slot, resp)));
+            for (slot, resp) in finished.drain(..) {
+                let id = this.slot_ids[slot];
+                this.answer(cx, id, resp);
+            }
+            this.finished = finished;
+            let sending = std::mem::take(&mut this.sending);
+            for id in &sending {
+                let keep = if this.wbuf.len() - this.wpos < WRITE_HIGH {
+                    this.pump(cx, *id)
+                } else {
+                    this.streams.get(id).is_some_and(|s| s.out.is_some())
+                };
+                if keep {
+                    this.sending.push(*id);
+                }
+            }
+            if !this.bodies.is_empty() {
+                this.credit();
+            }
+            progress |= this.write(cx)?;
+            if !progress {
+                break;
+            }
+        }
+        if this.streams.is_empty() && this.busy {
+            this.busy = false;
+            this.idle_since = Instant::now();
+        }
+        let finished = match this.state {
+            State::Failed => true,
+            State::Closing => this.streams.is_empty(),
+            State::Open => this.read_closed,
+        };
+        if this.read_closed && this.state != State::Failed {
+            // The client is gone: nothing it asked for can reach it.
+            let ids: Vec<u32> = this.streams.keys().copied().collect();
+            for id in ids {
+                this.remove(id, "client closed the connection");
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if finished && this.wbuf.is_empty() && !this.flush {
+            return Pin::new(&mut this.io).poll_shutdown(cx);
+        }
+        this.timers(cx);
+        Poll::Pending
+    }
+}

@@ -1,0 +1,269 @@
+//! Answers: headers, body as the windows allow, trailers; resets; the credit given back
+//! for what the streams read.
+
+use super::super::frame::{self, code};
+use super::super::{hpack, request};
+use super::{Connection, Out, RECENT_RESETS, WRITE_HIGH};
+use crate::listener::body::RequestBody;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+
+impl<S, F, M, B> Connection<S, F, M, B>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    M: FnMut(Request<RequestBody>) -> F + Unpin,
+    F: Future<Output = Response<B>>,
+    B: Body<Data = Bytes> + Unpin,
+{
+    /// Resets stream `id` with `code` (a stream error) and forgets it.
+    pub(super) fn reset(&mut self, id: u32, code: u32) {
+        frame::rst_stream(&mut self.wbuf, id, code);
+        self.local_resets += 1;
+        self.remove(id, "stream reset");
+        self.remember(id);
+    }
+
+    pub(super) fn remember(&mut self, id: u32) {
+        if self.recent.len() == RECENT_RESETS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(id);
+    }
+
+    /// Drops a stream: its future, and its body's feed with the reason.
+    pub(super) fn remove(&mut self, id: u32, why: &'static str) {
+        if let Some(st) = self.streams.remove(&id) {
+            if let Some(slot) = st.slot {
+                self.exec.cancel(slot);
+            }
+            if let Some(tx) = st.recv {
+                tx.break_off(why);
+            }
+        }
+    }
+
+    /// A fixed answer without a body, for a stream that never reaches the gateway.
+    pub(super) fn answer_now(&mut self, id: u32, status: StatusCode, end_stream: bool) {
+        let mut block = std::mem::take(&mut self.scratch);
+        block.clear();
+        hpack::encode_status(&mut block, status);
+        frame::header_block(&mut self.wbuf, id, &block, true, self.peer_frame);
+        self.scratch = block;
+        if !end_stream {
+            frame::rst_stream(&mut self.wbuf, id, code::NO_ERROR);
+            self.remember(id);
+        }
+    }
+
+    /// Starts the answer of stream `id`: its headers, and as much body as may go.
+    pub(super) fn answer(&mut self, cx: &mut Context<'_>, id: u32, resp: Response<B>) {
+        let Some(st) = self.streams.get_mut(&id) else {
+            return;
+        };
+        st.slot = None;
+        let (parts, body) = resp.into_parts();
+        let end = st.head || body.is_end_stream();
+        let mut block = std::mem::take(&mut self.scratch);
+        block.clear();
+        hpack::encode_status(&mut block, parts.status);
+        let (mut date, mut length) = (false, false);
+        for (n, v) in &parts.headers {
+            if request::is_connection_specific(n) {
+                continue;
+            }
+            date |= *n == http::header::DATE;
+            length |= *n == http::header::CONTENT_LENGTH;
+            hpack::encode_field(&mut block, n, v);
+        }
+        let bodiless = st.head
+            || parts.status == StatusCode::NO_CONTENT
+            || parts.status == StatusCode::NOT_MODIFIED;
+        if !length && !bodiless {
+            if let Some(n) = body.size_hint().exact() {
+                let mut digits = itoa::Buffer::new();
+                let v = HeaderValue::from_str(digits.format(n))
+                    .unwrap_or(HeaderValue::from_static("0"));
+                hpack::encode_field(&mut block, &http::header::CONTENT_LENGTH, &v);
+            }
+        }
+        if !date {
+            let now = std::time::SystemTime::now();
+            let secs = now
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            if secs != self.date.0 {
+                let v = httpdate::fmt_http_date(now);
+                self.date = (
+                    secs,
+                    HeaderValue::from_str(&v).unwrap_or(HeaderValue::from_static("")),
+                );
+            }
+            hpack::encode_field(&mut block, &http::header::DATE, &self.date.1);
+        }
+        frame::header_block(&mut self.wbuf, id, &block, end, self.peer_frame);
+        self.scratch = block;
+        if end {
+            self.done(id);
+            return;
+        }
+        st.out = Some(Out {
+            body,
+            pending: None,
+            end_after: false,
+        });
+        if self.pump(cx, id) {
+            self.sending.push(id);
+        }
+    }
+
+    /// Sends what stream `id`'s body has and the windows allow; true while it has more.
+    pub(super) fn pump(&mut self, cx: &mut Context<'_>, id: u32) -> bool {
+        loop {
+            let Some(st) = self.streams.get_mut(&id) else {
+                return false;
+            };
+            let Some(out) = st.out.as_mut() else {
+                return false;
+            };
+            if let Some(data) = out.pending.take() {
+                let end = out.end_after;
+                if data.is_empty() {
+                    frame::data(&mut self.wbuf, id, &data, end);
+                } else {
+                    let room = st
+                        .send_window
+                        .min(self.send_window)
+                        .min(self.peer_frame as i64);
+                    if room <= 0 {
+                        out.pending = Some(data);
+                        if st.blocked_since.is_none() {
+                            let now = Instant::now();
+                            st.blocked_since = Some(now);
+                            let at = now + self.limits.send_timeout;
+                            if self.timer.deadline() > at {
+                                self.timer.as_mut().reset(at);
+                            }
+                        }
+                        return true;
+                    }
+                    st.blocked_since = None;
+                    let n = data.len().min(room as usize);
+                    st.send_window -= n as i64;
+                    self.send_window -= n as i64;
+                    frame::data(&mut self.wbuf, id, &data[..n], end && n == data.len());
+                    if n < data.len() {
+                        out.pending = Some(data.slice(n..));
+                        continue;
+                    }
+                }
+                if end {
+                    self.done(id);
+                    return false;
+                }
+                if self.wbuf.len() - self.wpos >= WRITE_HIGH {
+                    return true;
+                }
+                continue;
+            }
+            match Pin::new(&mut out.body).poll_frame(cx) {
+                Poll::Pending => return true,
+                Poll::Ready(None) => {
+                    frame::data(&mut self.wbuf, id, &[], true);
+                    self.done(id);
+                    return false;
+                }
+                Poll::Ready(Some(Err(_))) => {
+                    tracing::debug!(stream = id, "answer body failed: stream reset");
+                    self.reset(id, code::INTERNAL_ERROR);
+                    return false;
+                }
+                Poll::Ready(Some(Ok(f))) => match f.into_data() {
+                    Ok(d) => {
+                        out.end_after = out.body.is_end_stream();
+                        if !d.is_empty() || out.end_after {
+                            out.pending = Some(d);
+                        }
+                    }
+                    Err(f) => {
+                        let trailers = f.into_trailers().unwrap_or_default();
+                        self.send_trailers(id, &trailers);
+                        self.done(id);
+                        return false;
+                    }
+                },
+            }
+        }
+    }
+
+    pub(super) fn send_trailers(&mut self, id: u32, trailers: &HeaderMap) {
+        let mut block = std::mem::take(&mut self.scratch);
+        block.clear();
+        for (n, v) in trailers {
+            if !request::is_connection_specific(n) {
+                hpack::encode_field(&mut block, n, v);
+            }
+        }
+        frame::header_block(&mut self.wbuf, id, &block, true, self.peer_frame);
+        self.scratch = block;
+    }
+
+    /// Stream `id`'s answer has ended. A client still sending is told to stop.
+    pub(super) fn done(&mut self, id: u32) {
+        self.reset_balance = (self.reset_balance + 1).min(i64::from(self.limits.max_streams));
+        let Some(st) = self.streams.get(&id) else {
+            return;
+        };
+        if !st.remote_closed {
+            frame::rst_stream(&mut self.wbuf, id, code::NO_ERROR);
+            self.remember(id);
+        }
+        self.remove(id, "answered before the body ended");
+    }
+
+    /// Credits the client with what the streams have read.
+    pub(super) fn credit(&mut self) {
+        let mut i = 0;
+        while i < self.bodies.len() {
+            let (id, tx) = &self.bodies[i];
+            let id = *id;
+            let (n, gone) = tx.take_released();
+            self.conn_credit += n;
+            let open = self.streams.get(&id).is_some_and(|s| !s.remote_closed);
+            if open {
+                *self.stream_credit.entry(id).or_default() += n;
+            }
+            // A reader gone has released all it will: nothing more to credit from it.
+            if gone {
+                self.bodies.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        let half = self.limits.stream_window as usize / 2;
+        let streams = &mut self.streams;
+        let wbuf = &mut self.wbuf;
+        self.stream_credit
+            .retain(|id, n| match streams.get_mut(id) {
+                Some(st) if !st.remote_closed => {
+                    if *n >= half {
+                        frame::window_update(wbuf, *id, *n as u32);
+                        st.recv_window += *n as i64;
+                        *n = 0;
+                    }
+                    true
+                }
+                _ => false,
+            });
+        if self.conn_credit >= self.limits.connection_window as usize / 2 {
+            frame::window_update(&mut self.wbuf, 0, self.conn_credit as u32);
+            self.recv_window += self.conn_credit as i64;
+            self.conn_credit = 0;
+        }
+    }
+}

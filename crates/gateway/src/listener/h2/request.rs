@@ -1,0 +1,128 @@
+//! A decoded header block made into a request, or refused as malformed (RFC 9113 §8.1.2,
+//! §8.2, §8.3): a stream error, never a guess.
+
+use super::hpack::{Field, Pseudo};
+use http::header::{HeaderMap, HeaderName};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Method, Uri, Version};
+
+/// A request's head, and its declared body length.
+pub struct Head {
+    pub parts: http::request::Parts,
+    pub length: Option<u64>,
+}
+
+/// Why a request is malformed.
+pub type Malformed = &'static str;
+
+/// Builds a request head from `fields`.
+pub fn head(fields: Vec<Field>) -> Result<Head, Malformed> {
+    let mut method = None;
+    let mut scheme = None;
+    let mut authority = None;
+    let mut path = None;
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    let mut regular = false;
+    for f in fields {
+        match f {
+            Field::Pseudo(p, v) => {
+                if regular {
+                    return Err("pseudo-header field after a regular one");
+                }
+                let slot = match p {
+                    Pseudo::Method => &mut method,
+                    Pseudo::Scheme => &mut scheme,
+                    Pseudo::Authority => &mut authority,
+                    Pseudo::Path => &mut path,
+                    Pseudo::Other => return Err("pseudo-header field not allowed in a request"),
+                };
+                if slot.replace(v).is_some() {
+                    return Err("pseudo-header field twice");
+                }
+            }
+            Field::Header(n, v) => {
+                regular = true;
+                if is_connection_specific(&n) {
+                    return Err("connection-specific header field");
+                }
+                if n == http::header::TE && v.as_bytes() != b"trailers" {
+                    return Err("te other than trailers");
+                }
+                headers.append(n, v);
+            }
+            Field::Malformed => return Err("invalid field name or value"),
+        }
+    }
+    let method = method.ok_or("no :method")?;
+    let method = Method::from_bytes(&method).map_err(|_| "invalid :method")?;
+    let authority = match authority {
+        Some(a) => Some(Authority::from_maybe_shared(a).map_err(|_| "invalid :authority")?),
+        None => None,
+    };
+    let mut uri = http::uri::Parts::default();
+    if method == Method::CONNECT {
+        // Extended CONNECT is not offered: a CONNECT names only an authority.
+        if scheme.is_some() || path.is_some() {
+            return Err("CONNECT with :scheme or :path");
+        }
+        uri.authority = Some(authority.ok_or("CONNECT without :authority")?);
+    } else {
+        let scheme = scheme.ok_or("no :scheme")?;
+        let path = path.ok_or("no :path")?;
+        let asterisk = &path[..] == b"*" && method == Method::OPTIONS;
+        if !path.starts_with(b"/") && !asterisk {
+            return Err("invalid :path");
+        }
+        uri.path_and_query =
+            Some(PathAndQuery::from_maybe_shared(path).map_err(|_| "invalid :path")?);
+        // A URI has a scheme only beside an authority.
+        if let Some(a) = authority {
+            uri.scheme = Some(Scheme::try_from(&scheme[..]).map_err(|_| "invalid :scheme")?);
+            uri.authority = Some(a);
+        }
+    }
+    let uri = Uri::from_parts(uri).map_err(|_| "invalid request target")?;
+    let mut length = None;
+    for v in headers.get_all(http::header::CONTENT_LENGTH) {
+        let n = std::str::from_utf8(v.as_bytes())
+            .ok()
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or("invalid content-length")?;
+        if length.is_some_and(|l| l != n) {
+            return Err("content-length twice, differing");
+        }
+        length = Some(n);
+    }
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = Version::HTTP_2;
+    parts.headers = headers;
+    Ok(Head { parts, length })
+}
+
+/// Trailers: regular fields only (RFC 9113 §8.1).
+pub fn trailers(fields: Vec<Field>) -> Result<HeaderMap, Malformed> {
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for f in fields {
+        match f {
+            Field::Header(n, v) if !is_connection_specific(&n) => {
+                map.append(n, v);
+            }
+            Field::Pseudo(..) => return Err("pseudo-header field in trailers"),
+            _ => return Err("invalid field in trailers"),
+        }
+    }
+    Ok(map)
+}
+
+/// The fields HTTP/2 does not carry (RFC 9113 §8.2.2).
+pub fn is_connection_specific(n: &HeaderName) -> bool {
+    use http::header::{CONNECTION, TRANSFER_ENCODING, UPGRADE};
+    *n == CONNECTION
+        || *n == TRANSFER_ENCODING
+        || *n == UPGRADE
+        || n.as_str() == "keep-alive"
+        || n.as_str() == "proxy-connection"
+}
