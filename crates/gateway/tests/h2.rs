@@ -179,6 +179,16 @@ async fn goaway(s: &mut TcpStream) -> Option<u32> {
 /// Reads frames until one of type `kind` arrives (returns its stream and payload) or the
 /// connection ends.
 async fn frame_of(s: &mut TcpStream, kind: u8) -> Option<(u32, Vec<u8>)> {
+    let (_, id, payload) = frame_where(s, |k, _| k == kind).await?;
+    Some((id, payload))
+}
+
+/// Reads frames until one whose type and stream satisfy `want` arrives (returns its type,
+/// stream and payload) or the connection ends.
+async fn frame_where(
+    s: &mut (impl tokio::io::AsyncRead + Unpin),
+    want: impl Fn(u8, u32) -> bool,
+) -> Option<(u8, u32, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16384];
     loop {
@@ -195,9 +205,9 @@ async fn frame_of(s: &mut TcpStream, kind: u8) -> Option<(u32, Vec<u8>)> {
             if buf.len() < at + 9 + len {
                 break;
             }
-            if buf[at + 3] == kind {
-                let id = u32::from_be_bytes(buf[at + 5..at + 9].try_into().ok()?) & 0x7fff_ffff;
-                return Some((id, buf[at + 9..at + 9 + len].to_vec()));
+            let id = u32::from_be_bytes(buf[at + 5..at + 9].try_into().ok()?) & 0x7fff_ffff;
+            if want(buf[at + 3], id) {
+                return Some((buf[at + 3], id, buf[at + 9..at + 9 + len].to_vec()));
             }
             at += 9 + len;
         }
@@ -519,4 +529,106 @@ async fn request_bodies_larger_than_the_flow_control_windows_pass_both_ways() {
             "head of {head} bytes before the body"
         );
     }
+}
+
+#[tokio::test]
+async fn a_client_expecting_100_continue_is_told_when_its_body_is_wanted() {
+    let backend = echo_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    // POST, http, :path /upload, :authority a, expect: 100-continue, content-length: 5.
+    let mut block = vec![0x83, 0x86, 0x04, 0x07];
+    block.extend_from_slice(b"/upload");
+    block.extend_from_slice(&[0x41, 0x01, b'a', 0x0f, 0x14, 0x0c]);
+    block.extend_from_slice(b"100-continue");
+    block.extend_from_slice(&[0x0f, 0x0d, 0x01, b'5']);
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x4, 1, &block)); // HEADERS, END_HEADERS: a body follows
+    s.write_all(&out).await.expect("write");
+    let (id, head) = bounded("100 Continue", frame_of(&mut s, 0x1))
+        .await
+        .expect("an interim answer before the body");
+    assert_eq!(id, 1);
+    assert!(
+        head.windows(3).any(|w| w == b"100"),
+        "not a 100 Continue: {head:?}"
+    );
+    s.write_all(&frame(0x0, 0x1, 1, b"hello"))
+        .await
+        .expect("write body");
+    let (id, head) = bounded("the final answer", frame_of(&mut s, 0x1))
+        .await
+        .expect("the answer");
+    assert_eq!((id, head.first()), (1, Some(&0x88)), ":status 200");
+}
+
+#[tokio::test]
+async fn refused_uploads_give_their_window_back() {
+    // 1,100 streams, each a GET with 1,000 bytes of body that the keyed route refuses
+    // (401) without reading it: 1.1 MB in all, past the connection's 1 MiB window, sent
+    // without waiting for window updates. Only if the server credits what it dropped
+    // unread is that within the window; otherwise it is a FLOW_CONTROL_ERROR.
+    let backend = echo_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut block = vec![0x82, 0x86, 0x04, 0x08];
+    block.extend_from_slice(b"/keyed/x");
+    block.extend_from_slice(&[0x41, 0x01, b'a']);
+    let body = vec![b'x'; 1_000];
+    // The client grants all the window its answers need (401s have a body).
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[0, 0x4, 0x7f, 0xff, 0xff, 0xff]));
+    out.extend(frame(0x8, 0, 0, &0x7fff_0000u32.to_be_bytes()));
+    for i in 0..1_100u32 {
+        out.extend(frame(0x1, 0x4, 2 * i + 1, &block)); // HEADERS, END_HEADERS
+        out.extend(frame(0x0, 0, 2 * i + 1, &body)); // DATA, the stream still open
+    }
+    out.extend(frame(0x1, 0x5, 2_201, GET_ROOT)); // and a last GET
+    let (mut r, mut w) = s.split();
+    let write = async {
+        w.write_all(&out).await.expect("write");
+    };
+    let (_, answer) = tokio::join!(
+        write,
+        frame_where(&mut r, |k, id| k == 0x7 || (k == 0x1 && id == 2_201))
+    );
+    let (kind, id, payload) = answer.expect("an answer to the last GET");
+    assert_eq!(
+        (kind, id),
+        (0x1, 2_201),
+        "GOAWAY instead of the last answer: {payload:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_read_its_replies_is_not_read_either() {
+    // PINGs are answered; a client that sends them without reading the answers would
+    // grow the server's queue of replies without bound. The server stops reading once
+    // 64 KiB of replies wait, so the client's writes stall long before 64 MiB.
+    let backend = echo_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    s.write_all(&out).await.expect("write");
+    let pings: Vec<u8> = (0..60_000u32)
+        .flat_map(|_| frame(0x6, 0, 0, &[1, 2, 3, 4, 5, 6, 7, 8]))
+        .collect();
+    let mut sent = 0usize;
+    let mut stalled = false;
+    while sent < 64 << 20 {
+        match tokio::time::timeout(std::time::Duration::from_secs(2), s.write_all(&pings)).await {
+            Ok(Ok(())) => sent += pings.len(),
+            Ok(Err(_)) => break,
+            Err(_) => {
+                stalled = true;
+                break;
+            }
+        }
+    }
+    assert!(
+        stalled,
+        "the server took {sent} bytes of PINGs whose answers were not read"
+    );
 }

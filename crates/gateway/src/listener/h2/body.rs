@@ -24,7 +24,12 @@ pub struct Shared {
     released: usize,
     /// The reader is gone: what comes is released at once.
     dropped: bool,
+    /// The reader has waited for data: a client that expects `100 Continue` may be told.
+    waited: bool,
     waker: Option<Waker>,
+    /// The connection's task: the reader may run in another task (hyper's client sending
+    /// the body upstream), and the connection must learn what it read to credit it.
+    conn: Option<Waker>,
 }
 
 /// The connection's side of a request body.
@@ -81,10 +86,14 @@ impl Sender {
         }
     }
 
-    /// Takes the bytes read since the last call, and whether the reader is gone.
-    pub fn take_released(&self) -> (usize, bool) {
+    /// Takes the bytes read since the last call, whether the reader is gone and whether
+    /// it has waited for data; `conn` is woken when it reads or waits next.
+    pub fn take_released(&self, conn: &Waker) -> (usize, bool, bool) {
         let mut s = self.0.lock();
-        (std::mem::take(&mut s.released), s.dropped)
+        if !s.conn.as_ref().is_some_and(|w| w.will_wake(conn)) {
+            s.conn = Some(conn.clone());
+        }
+        (std::mem::take(&mut s.released), s.dropped, s.waited)
     }
 }
 
@@ -101,6 +110,9 @@ impl Drop for RecvBody {
         s.dropped = true;
         let unread: usize = s.chunks.drain(..).map(|c| c.len()).sum();
         s.released += unread;
+        if let Some(w) = s.conn.take() {
+            w.wake();
+        }
     }
 }
 
@@ -118,6 +130,11 @@ impl Body for RecvBody {
         }
         let mut s = this.shared.lock();
         if let Some(c) = s.chunks.pop_front() {
+            if s.released == 0 {
+                if let Some(w) = &s.conn {
+                    w.wake_by_ref();
+                }
+            }
             s.released += c.len();
             if let Some(n) = this.length.as_mut() {
                 *n = n.saturating_sub(c.len() as u64);
@@ -131,6 +148,12 @@ impl Body for RecvBody {
         if s.ended {
             this.done = true;
             return Poll::Ready(s.trailers.take().map(|t| Ok(Frame::trailers(t))));
+        }
+        if !s.waited {
+            s.waited = true;
+            if let Some(w) = &s.conn {
+                w.wake_by_ref();
+            }
         }
         match &s.waker {
             Some(w) if w.will_wake(cx.waker()) => {}

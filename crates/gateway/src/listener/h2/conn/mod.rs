@@ -106,6 +106,8 @@ struct Stream<B> {
     out: Option<Out<B>>,
     /// A HEAD request: the answer has no body.
     head: bool,
+    /// The client waits for `100 Continue` before it sends the body (RFC 9110 §10.1.1).
+    expects_continue: bool,
     /// Since when the answer has waited on the client's window.
     blocked_since: Option<Instant>,
 }
@@ -356,7 +358,15 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        for _ in 0..64 {
+        // Bounded, so that a busy connection lets the other tasks run: after the last
+        // round the task is woken again rather than left waiting on readiness it has used.
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            if rounds > 64 {
+                cx.waker().wake_by_ref();
+                break;
+            }
             let mut progress = this.read(cx)?;
             // The streams that can go on: new ones, and those woken.
             let mut finished = std::mem::take(&mut this.finished);
@@ -378,7 +388,7 @@ where
                 }
             }
             if !this.bodies.is_empty() {
-                this.credit();
+                this.credit(cx);
             }
             progress |= this.write(cx)?;
             if !progress {

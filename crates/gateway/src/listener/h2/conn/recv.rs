@@ -248,6 +248,12 @@ where
             (Some(tx), RequestBody::Http2(rx))
         };
         let is_head = head.parts.method == Method::HEAD;
+        let expects_continue = !end_stream
+            && head
+                .parts
+                .headers
+                .get(http::header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         let length = head.length;
         let fut = (self.make)(Request::from_parts(head.parts, body));
         let slot = self.exec.spawn(fut);
@@ -268,6 +274,7 @@ where
                 send_window: self.peer_window,
                 out: None,
                 head: is_head,
+                expects_continue,
                 blocked_since: None,
             },
         );
@@ -311,6 +318,7 @@ where
         }
         st.recv_window -= total as i64;
         st.received += p.len() as u64;
+        st.expects_continue = false;
         let end = flags & flag::END_STREAM != 0;
         // DATA past the declared length, or an end short of it (RFC 9113 §8.1.1).
         if st

@@ -227,12 +227,21 @@ where
     }
 
     /// Credits the client with what the streams have read.
-    pub(super) fn credit(&mut self) {
+    pub(super) fn credit(&mut self, cx: &mut Context<'_>) {
         let mut i = 0;
         while i < self.bodies.len() {
             let (id, tx) = &self.bodies[i];
             let id = *id;
-            let (n, gone) = tx.take_released();
+            let (n, gone, waited) = tx.take_released(cx.waker());
+            if let Some(st) = self.streams.get_mut(&id) {
+                // Only before the answer: a 100 after it would be a protocol error.
+                if st.expects_continue && st.slot.is_some() && st.out.is_none() && waited {
+                    st.expects_continue = false;
+                    let mut block = Vec::with_capacity(5);
+                    hpack::encode_status(&mut block, StatusCode::CONTINUE);
+                    frame::header_block(&mut self.wbuf, id, &block, false, self.peer_frame);
+                }
+            }
             self.conn_credit += n;
             let open = self.streams.get(&id).is_some_and(|s| !s.remote_closed);
             if open {
