@@ -38,10 +38,14 @@ pub enum Field {
 #[derive(Debug, PartialEq, Eq)]
 pub struct CompressionError;
 
-/// A table entry: its field and its HPACK size (name + value + 32).
+/// A table entry: its field, its name on its own (a literal may reuse the name of a
+/// malformed field with a good value), and the sizes HPACK counts.
 #[derive(Debug, Clone)]
 struct Entry {
     field: Field,
+    name: NameOf,
+    name_len: usize,
+    /// Name + value + 32 (RFC 7541 §4.1).
     size: usize,
 }
 
@@ -114,14 +118,16 @@ impl Decoder {
                     (parse_name(raw), len)
                 } else {
                     let e = self.get(i)?;
-                    (NameOf::from(&e.field), name_len(&e.field, e.size))
+                    (e.name.clone(), e.name_len)
                 };
                 let value = self.string(&block, &mut at)?;
                 let size = name_len + value.len() + 32;
-                let field = make(name, value);
+                let field = make(name.clone(), value);
                 if index {
                     self.insert(Entry {
                         field: field.clone(),
+                        name,
+                        name_len,
                         size,
                     });
                 }
@@ -191,31 +197,12 @@ impl Decoder {
     }
 }
 
-/// A field's name, as a new field built from a table entry's name needs it.
+/// A field's name, parsed once.
+#[derive(Debug, Clone)]
 enum NameOf {
     Pseudo(Pseudo),
     Header(HeaderName),
     Bad,
-}
-
-impl From<&Field> for NameOf {
-    fn from(f: &Field) -> Self {
-        match f {
-            Field::Pseudo(p, _) => NameOf::Pseudo(*p),
-            Field::Header(n, _) => NameOf::Header(n.clone()),
-            Field::Malformed => NameOf::Bad,
-        }
-    }
-}
-
-/// The length of an entry's name: its size less its value and the 32 of overhead.
-fn name_len(f: &Field, size: usize) -> usize {
-    let value = match f {
-        Field::Pseudo(_, v) => v.len(),
-        Field::Header(_, v) => v.len(),
-        Field::Malformed => 0,
-    };
-    size.saturating_sub(32 + value)
 }
 
 fn parse_name(raw: Bytes) -> NameOf {
@@ -284,12 +271,14 @@ fn statics() -> &'static [Entry] {
     TABLE.get_or_init(|| {
         STATIC
             .iter()
-            .map(|(name, value)| Entry {
-                field: make(
-                    parse_name(Bytes::from_static(name.as_bytes())),
-                    Bytes::from_static(value.as_bytes()),
-                ),
-                size: name.len() + value.len() + 32,
+            .map(|(name, value)| {
+                let parsed = parse_name(Bytes::from_static(name.as_bytes()));
+                Entry {
+                    field: make(parsed.clone(), Bytes::from_static(value.as_bytes())),
+                    name: parsed,
+                    name_len: name.len(),
+                    size: name.len() + value.len() + 32,
+                }
             })
             .collect()
     })
@@ -511,6 +500,32 @@ mod tests {
             .decode(Bytes::copy_from_slice(&block), 1 << 16)
             .expect("ok");
         assert_eq!(names(&got), ["malformed", "malformed"]);
+    }
+
+    #[test]
+    fn a_name_reused_from_a_malformed_field_keeps_the_table_in_step() {
+        let mut d = Decoder::default();
+        // Indexed: "x-a" = " v" (malformed: leading space), then the same name (index 62)
+        // with "ok", indexed too. Both entries are 37 bytes, as the client counts them.
+        let block = [
+            0x40,
+            0x03,
+            b'x',
+            b'-',
+            b'a',
+            0x02,
+            b' ',
+            b'v',
+            0x40 | 62,
+            0x02,
+            b'o',
+            b'k',
+        ];
+        let got = d
+            .decode(Bytes::copy_from_slice(&block), 1 << 16)
+            .expect("ok");
+        assert_eq!(names(&got), ["malformed", "x-a=ok"]);
+        assert_eq!(d.size, 74);
     }
 
     #[test]

@@ -126,3 +126,81 @@ pub fn is_connection_specific(n: &HeaderName) -> bool {
         || n.as_str() == "keep-alive"
         || n.as_str() == "proxy-connection"
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http::HeaderValue;
+
+    fn p(which: Pseudo, v: &'static str) -> Field {
+        Field::Pseudo(which, Bytes::from_static(v.as_bytes()))
+    }
+
+    fn h(n: &'static str, v: &'static str) -> Field {
+        Field::Header(HeaderName::from_static(n), HeaderValue::from_static(v))
+    }
+
+    fn get(extra: Vec<Field>) -> Vec<Field> {
+        let mut f = vec![
+            p(Pseudo::Method, "GET"),
+            p(Pseudo::Scheme, "https"),
+            p(Pseudo::Authority, "api.test"),
+            p(Pseudo::Path, "/a?b=1"),
+        ];
+        f.extend(extra);
+        f
+    }
+
+    #[test]
+    fn builds_a_request_and_refuses_malformed_ones() {
+        let ok = head(get(vec![h("content-length", "3"), h("te", "trailers")])).expect("ok");
+        assert_eq!(ok.parts.uri, "https://api.test/a?b=1");
+        assert_eq!(ok.parts.version, Version::HTTP_2);
+        assert_eq!(ok.length, Some(3));
+        let bad: Vec<(Vec<Field>, &str)> = vec![
+            (get(vec![h("connection", "close")]), "connection-specific"),
+            (get(vec![h("te", "gzip")]), "te"),
+            (
+                get(vec![h("x-a", "1"), p(Pseudo::Path, "/")]),
+                "pseudo after regular",
+            ),
+            (get(vec![p(Pseudo::Other, "200")]), ":status in a request"),
+            (get(vec![p(Pseudo::Method, "GET")]), ":method twice"),
+            (
+                get(vec![h("content-length", "1"), h("content-length", "2")]),
+                "two lengths",
+            ),
+            (get(vec![Field::Malformed]), "a malformed field"),
+            (
+                vec![p(Pseudo::Method, "GET"), p(Pseudo::Scheme, "http")],
+                "no :path",
+            ),
+            (
+                vec![
+                    p(Pseudo::Method, "GET"),
+                    p(Pseudo::Scheme, "http"),
+                    p(Pseudo::Path, "a"),
+                ],
+                "relative :path",
+            ),
+            (
+                vec![
+                    p(Pseudo::Method, "CONNECT"),
+                    p(Pseudo::Authority, "a:1"),
+                    p(Pseudo::Path, "/"),
+                ],
+                "CONNECT with :path",
+            ),
+        ];
+        for (fields, what) in bad {
+            assert!(head(fields).is_err(), "accepted: {what}");
+        }
+        let connect = head(vec![
+            p(Pseudo::Method, "CONNECT"),
+            p(Pseudo::Authority, "a:1"),
+        ]);
+        assert_eq!(connect.expect("CONNECT").parts.uri, "a:1");
+        assert!(trailers(vec![p(Pseudo::Path, "/")]).is_err());
+    }
+}

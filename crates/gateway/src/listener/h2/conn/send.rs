@@ -131,6 +131,10 @@ where
             let Some(out) = st.out.as_mut() else {
                 return false;
             };
+            // Enough waits to be written: the rest when it is.
+            if self.wbuf.len() - self.wpos >= WRITE_HIGH {
+                return true;
+            }
             if let Some(data) = out.pending.take() {
                 let end = out.end_after;
                 if data.is_empty() {
@@ -165,9 +169,6 @@ where
                 if end {
                     self.done(id);
                     return false;
-                }
-                if self.wbuf.len() - self.wpos >= WRITE_HIGH {
-                    return true;
                 }
                 continue;
             }
