@@ -235,8 +235,8 @@ pub struct Http2 {
     pub stream_window: Option<Size>,
     /// Flow-control window per connection (default 1MiB).
     pub connection_window: Option<Size>,
-    /// Streams a client may reset before the gateway accepted them, before it is sent
-    /// GOAWAY (default 20; the rapid-reset guard).
+    /// Streams a client may reset before their answer, net of answered ones, before it is
+    /// sent GOAWAY (default 20; the rapid-reset guard).
     pub max_pending_resets: Option<usize>,
 }
 

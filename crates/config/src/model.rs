@@ -229,7 +229,8 @@ pub struct Http2Config {
     pub stream_window: u32,
     /// Flow-control window per connection, bytes.
     pub connection_window: u32,
-    /// Streams reset by the client before they were accepted, before GOAWAY.
+    /// Streams the client may reset before their answer, net of the answered ones each
+    /// banks (up to `max_concurrent_streams`), before GOAWAY.
     pub max_pending_resets: usize,
 }
 

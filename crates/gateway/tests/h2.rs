@@ -224,7 +224,7 @@ async fn a_connection_without_streams_is_closed_after_the_header_timeout() {
     )
     .await;
     // Idle from the start, and idle once its one stream was answered: GOAWAY NO_ERROR,
-    // then the close, although the client never answers the server's PING.
+    // then the close, without waiting on the client.
     for requests in [0u32, 1] {
         let mut s = TcpStream::connect(g.addr).await.expect("connect");
         let mut out = PREFACE.to_vec();
