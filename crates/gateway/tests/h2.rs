@@ -602,6 +602,41 @@ async fn refused_uploads_give_their_window_back() {
 }
 
 #[tokio::test]
+async fn data_on_a_stream_already_answered_is_credited_too() {
+    // A stream refused (401) while its client still sends: the DATA in flight after the
+    // answer, 1.1 MB of it here, is ignored but still counts against the connection's
+    // 1 MiB window, so it must be given back as well, or the next stream stalls.
+    let backend = echo_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut block = vec![0x82, 0x86, 0x04, 0x08];
+    block.extend_from_slice(b"/keyed/x");
+    block.extend_from_slice(&[0x41, 0x01, b'a']);
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[0, 0x4, 0x7f, 0xff, 0xff, 0xff]));
+    out.extend(frame(0x8, 0, 0, &0x7fff_0000u32.to_be_bytes()));
+    out.extend(frame(0x1, 0x4, 1, &block)); // HEADERS, END_HEADERS: a body follows
+    s.write_all(&out).await.expect("write");
+    let (id, _) = bounded("the refusal", frame_of(&mut s, 0x3))
+        .await
+        .expect("RST_STREAM after the answer");
+    assert_eq!(id, 1);
+    let data = frame(0x0, 0, 1, &[b'x'; 16_000]);
+    let mut out = Vec::new();
+    for _ in 0..70 {
+        out.extend_from_slice(&data);
+    }
+    out.extend(frame(0x1, 0x5, 3, GET_ROOT));
+    let (mut r, mut w) = s.split();
+    let (_, answer) = tokio::join!(
+        async { w.write_all(&out).await.expect("write") },
+        frame_where(&mut r, |k, id| k == 0x7 || (k == 0x1 && id == 3))
+    );
+    let (kind, id, payload) = answer.expect("an answer to the next GET");
+    assert_eq!((kind, id), (0x1, 3), "GOAWAY instead: {payload:?}");
+}
+
+#[tokio::test]
 async fn a_client_that_does_not_read_its_replies_is_not_read_either() {
     // PINGs are answered; a client that sends them without reading the answers would
     // grow the server's queue of replies without bound. The server stops reading once

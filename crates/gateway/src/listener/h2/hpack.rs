@@ -120,7 +120,12 @@ impl Decoder {
                     let e = self.get(i)?;
                     (e.name.clone(), e.name_len)
                 };
-                let value = self.string(&block, &mut at)?;
+                let mut value = self.string(&block, &mut at)?;
+                if index {
+                    // A slice would keep the whole read buffer it came in alive for as long
+                    // as the entry stays in the table: the table keeps a copy.
+                    value = Bytes::copy_from_slice(&value);
+                }
                 let size = name_len + value.len() + 32;
                 let field = make(name.clone(), value);
                 if index {

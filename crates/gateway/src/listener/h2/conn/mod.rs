@@ -387,7 +387,8 @@ where
                     this.sending.push(*id);
                 }
             }
-            if !this.bodies.is_empty() {
+            // Bodies being read, or DATA dropped on closed streams: window to give back.
+            if !this.bodies.is_empty() || this.conn_credit > 0 {
                 this.credit(cx);
             }
             progress |= this.write(cx)?;
