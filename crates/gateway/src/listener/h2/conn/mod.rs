@@ -99,6 +99,8 @@ struct Stream<B> {
     remote_closed: bool,
     /// What the client may still send, and what it has been credited since the last update.
     recv_window: i64,
+    /// Bytes read (or dropped unread) and not yet credited to the stream's window.
+    credit: usize,
     /// Declared `Content-Length` and DATA received.
     length: Option<u64>,
     received: u64,
@@ -110,6 +112,22 @@ struct Stream<B> {
     expects_continue: bool,
     /// Since when the answer has waited on the client's window.
     blocked_since: Option<Instant>,
+}
+
+impl<B> Stream<B> {
+    /// Owes the client `n` more bytes of window; sends the update once half the window
+    /// (`half`) is owed. Nothing is owed once the client has ended its side.
+    fn give_back(&mut self, wbuf: &mut Vec<u8>, id: u32, n: usize, half: usize) {
+        if self.remote_closed {
+            return;
+        }
+        self.credit += n;
+        if self.credit >= half {
+            frame::window_update(wbuf, id, self.credit as u32);
+            self.recv_window += self.credit as i64;
+            self.credit = 0;
+        }
+    }
 }
 
 /// A header block that goes on in CONTINUATION frames.
@@ -152,9 +170,8 @@ pub struct Connection<S, F, M, B> {
     peer_frame: usize,
     send_window: i64,
     recv_window: i64,
-    /// Bytes read and not yet credited, per connection and per stream.
+    /// Bytes read and not yet credited to the connection's window.
     conn_credit: usize,
-    stream_credit: Map<usize>,
     cont: Option<Continued>,
     /// Answered streams bank one each (up to the stream limit), client resets of
     /// unanswered streams spend one: below `-max_resets` the client is told to calm down.
@@ -202,7 +219,6 @@ where
             send_window: 65_535,
             recv_window: i64::from(limits.connection_window.max(65_535)),
             conn_credit: 0,
-            stream_credit: Map::default(),
             cont: None,
             reset_balance: 0,
             local_resets: 0,

@@ -271,6 +271,7 @@ where
                 recv_window: i64::from(self.limits.stream_window),
                 length,
                 received: 0,
+                credit: 0,
                 send_window: self.peer_window,
                 out: None,
                 head: is_head,
@@ -330,21 +331,24 @@ where
             return Ok(());
         }
         // Padding is credited at once; the data once it is read.
-        let unpaid = total - p.len();
-        self.conn_credit += unpaid;
-        *self.stream_credit.entry(id).or_default() += unpaid;
-        if let Some(tx) = &st.recv {
-            let len = p.len();
-            if !tx.push(p) {
-                // Nobody reads it: credited at once.
-                self.conn_credit += len;
-                *self.stream_credit.entry(id).or_default() += len;
-            }
-            if end {
-                st.remote_closed = true;
-                if let Some(tx) = st.recv.take() {
-                    tx.end(None);
-                }
+        let mut unread = total - p.len();
+        let len = p.len();
+        match &st.recv {
+            Some(tx) if tx.push(p) => {}
+            // Nobody reads it: credited at once.
+            _ => unread += len,
+        }
+        self.conn_credit += unread;
+        st.give_back(
+            &mut self.wbuf,
+            id,
+            unread,
+            self.limits.stream_window as usize / 2,
+        );
+        if end {
+            st.remote_closed = true;
+            if let Some(tx) = st.recv.take() {
+                tx.end(None);
             }
         }
         Ok(())

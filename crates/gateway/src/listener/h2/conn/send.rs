@@ -229,12 +229,15 @@ where
 
     /// Credits the client with what the streams have read.
     pub(super) fn credit(&mut self, cx: &mut Context<'_>) {
+        let half = self.limits.stream_window as usize / 2;
         let mut i = 0;
         while i < self.bodies.len() {
             let (id, tx) = &self.bodies[i];
             let id = *id;
             let (n, gone, waited) = tx.take_released(cx.waker());
+            self.conn_credit += n;
             if let Some(st) = self.streams.get_mut(&id) {
+                st.give_back(&mut self.wbuf, id, n, half);
                 // Only before the answer: a 100 after it would be a protocol error.
                 if st.expects_continue && st.slot.is_some() && st.out.is_none() && waited {
                     st.expects_continue = false;
@@ -243,11 +246,6 @@ where
                     frame::header_block(&mut self.wbuf, id, &block, false, self.peer_frame);
                 }
             }
-            self.conn_credit += n;
-            let open = self.streams.get(&id).is_some_and(|s| !s.remote_closed);
-            if open {
-                *self.stream_credit.entry(id).or_default() += n;
-            }
             // A reader gone has released all it will: nothing more to credit from it.
             if gone {
                 self.bodies.swap_remove(i);
@@ -255,21 +253,6 @@ where
                 i += 1;
             }
         }
-        let half = self.limits.stream_window as usize / 2;
-        let streams = &mut self.streams;
-        let wbuf = &mut self.wbuf;
-        self.stream_credit
-            .retain(|id, n| match streams.get_mut(id) {
-                Some(st) if !st.remote_closed => {
-                    if *n >= half {
-                        frame::window_update(wbuf, *id, *n as u32);
-                        st.recv_window += *n as i64;
-                        *n = 0;
-                    }
-                    true
-                }
-                _ => false,
-            });
         if self.conn_credit >= self.limits.connection_window as usize / 2 {
             frame::window_update(&mut self.wbuf, 0, self.conn_credit as u32);
             self.recv_window += self.conn_credit as i64;
