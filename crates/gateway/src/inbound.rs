@@ -21,8 +21,9 @@ use http::uri::{PathAndQuery, Uri};
 use http::Version;
 use std::borrow::Cow;
 
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+/// `Keep-Alive` and `Proxy-Connection`: hop-by-hop, and connection-specific in HTTP/2.
+pub(crate) const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+pub(crate) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Checks and rewrites the request head in place; a refusal is a 400.
 pub fn prepare(snap: &Snapshot, parts: &mut Parts) -> Result<(), Refusal> {

@@ -28,12 +28,6 @@ pub enum RequestBodyError {
     Http2(&'static str),
 }
 
-impl From<hyper::body::Incoming> for RequestBody {
-    fn from(b: hyper::body::Incoming) -> Self {
-        RequestBody::Http1(b)
-    }
-}
-
 impl Body for RequestBody {
     type Data = Bytes;
     type Error = RequestBodyError;

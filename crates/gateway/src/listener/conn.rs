@@ -3,7 +3,7 @@
 //! graceful close when the server shuts down.
 
 use super::h1_only::{said_once, H1Only};
-use super::h2::{Connection, Limits};
+use super::h2::{Connection, Limits, PREFACE};
 use super::send_timeout::SendTimeout;
 use super::{ConnInfo, RequestBody};
 use crate::gateway::Gateway;
@@ -232,9 +232,6 @@ enum FirstLine {
     Silent,
 }
 
-/// The HTTP/2 client preface (RFC 9113 §3.4).
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
 /// On an h2c listener, reads the first bytes and says what they are. A preface that comes
 /// in pieces is waited for (within the header timeout); anything else is decided from the
 /// first packet. A broken preface is closed without an answer, as HTTP/2 requires (RFC
@@ -426,6 +423,16 @@ pub async fn serve_tls(
     Ok(())
 }
 
+/// Logs how a connection from `peer` ended, if it failed (at debug: clients end
+/// connections in many ways).
+fn log_end<E: std::fmt::Display>(peer: http::HeaderValue) -> impl FnOnce(Result<(), E>) {
+    move |r| {
+        if let Err(e) = r {
+            tracing::debug!(?peer, "connection ended: {e}");
+        }
+    }
+}
+
 async fn serve_stream<S>(
     gw: Arc<Gateway>,
     stream: S,
@@ -449,11 +456,7 @@ async fn serve_stream<S>(
             Connection::new(io, limits, make),
             stop,
             |c| c.get_mut().shutdown(),
-            move |r: std::io::Result<()>| {
-                if let Err(e) = r {
-                    tracing::debug!(?peer, "connection ended: {e}");
-                }
-            },
+            log_end(peer),
         )
         .await
     } else {
@@ -462,11 +465,7 @@ async fn serve_stream<S>(
             b.h1.serve_connection(TokioIo::new(io), svc).with_upgrades(),
             stop,
             |c| c.graceful_shutdown(),
-            move |r: Result<(), hyper::Error>| {
-                if let Err(e) = r {
-                    tracing::debug!(?peer, "connection ended: {e}");
-                }
-            },
+            log_end(peer),
         )
         .await
     }

@@ -1,6 +1,9 @@
 //! HTTP/2 frame types, flags, error codes and settings (RFC 9113 §6, §7), and the frames
 //! the server writes.
 
+/// The client connection preface (RFC 9113 §3.4).
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// Frame types.
 pub mod kind {
     pub const DATA: u8 = 0x0;

@@ -20,3 +20,4 @@ mod request;
 
 pub use body::RecvBody;
 pub use conn::{Connection, Limits};
+pub(crate) use frame::PREFACE;

@@ -2,6 +2,7 @@
 //! §8.2, §8.3): a stream error, never a guess.
 
 use super::hpack::{Field, Pseudo};
+use crate::inbound::{KEEP_ALIVE, PROXY_CONNECTION};
 use http::header::{HeaderMap, HeaderName};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Uri, Version};
@@ -123,8 +124,8 @@ pub fn is_connection_specific(n: &HeaderName) -> bool {
     *n == CONNECTION
         || *n == TRANSFER_ENCODING
         || *n == UPGRADE
-        || n.as_str() == "keep-alive"
-        || n.as_str() == "proxy-connection"
+        || *n == KEEP_ALIVE
+        || *n == PROXY_CONNECTION
 }
 
 #[cfg(test)]

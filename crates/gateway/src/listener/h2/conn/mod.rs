@@ -25,8 +25,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 use tollgate_config::Http2Config;
 
-/// The client connection preface (RFC 9113 §3.4).
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Our SETTINGS_MAX_FRAME_SIZE: the protocol's default.
 const MAX_FRAME: usize = 16_384;
 /// Output not yet written past which nothing more is read or made.

@@ -2,11 +2,10 @@
 //! request bodies, settings and window.
 
 use super::super::body::Sender;
-use super::super::frame::{self, code, flag, kind};
+use super::super::frame::{self, code, flag, kind, PREFACE};
 use super::super::request;
 use super::{
     ConnError, Connection, Continued, State, Stream, MAX_FRAME, MAX_LOCAL_RESETS, MAX_WINDOW,
-    PREFACE,
 };
 use crate::listener::body::RequestBody;
 use bytes::{Buf, Bytes, BytesMut};
