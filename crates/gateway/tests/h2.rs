@@ -563,6 +563,37 @@ async fn a_client_expecting_100_continue_is_told_when_its_body_is_wanted() {
     assert_eq!((id, head.first()), (1, Some(&0x88)), ":status 200");
 }
 
+/// A header block: GET `/keyed/x` (the keyed route), http, `:authority: a`.
+fn keyed_get() -> Vec<u8> {
+    let mut block = vec![0x82, 0x86, 0x04, 0x08];
+    block.extend_from_slice(b"/keyed/x");
+    block.extend_from_slice(&[0x41, 0x01, b'a']);
+    block
+}
+
+/// The preface, then SETTINGS and WINDOW_UPDATE giving the server all the window it may
+/// want: the client's reading never holds an answer back.
+fn preface_granting_all() -> Vec<u8> {
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[0, 0x4, 0x7f, 0xff, 0xff, 0xff]));
+    out.extend(frame(0x8, 0, 0, &0x7fff_0000u32.to_be_bytes()));
+    out
+}
+
+/// Writes `out` while reading, until the answer's HEADERS on stream `last` or a GOAWAY
+/// arrives (its type, stream and payload).
+async fn send_for_answer(s: &mut TcpStream, out: &[u8], last: u32) -> (u8, u32, Vec<u8>) {
+    let (mut r, mut w) = s.split();
+    let (_, answer) = bounded("an answer or GOAWAY", async {
+        tokio::join!(
+            async { w.write_all(out).await.expect("write") },
+            frame_where(&mut r, |k, id| k == 0x7 || (k == 0x1 && id == last))
+        )
+    })
+    .await;
+    answer.expect("an answer, not the connection's end")
+}
+
 #[tokio::test]
 async fn refused_uploads_give_their_window_back() {
     // 1,100 streams, each a GET with 1,000 bytes of body that the keyed route refuses
@@ -572,28 +603,16 @@ async fn refused_uploads_give_their_window_back() {
     let backend = echo_backend().await;
     let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
     let mut s = TcpStream::connect(g.addr).await.expect("connect");
-    let mut block = vec![0x82, 0x86, 0x04, 0x08];
-    block.extend_from_slice(b"/keyed/x");
-    block.extend_from_slice(&[0x41, 0x01, b'a']);
+    let block = keyed_get();
     let body = vec![b'x'; 1_000];
     // The client grants all the window its answers need (401s have a body).
-    let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &[0, 0x4, 0x7f, 0xff, 0xff, 0xff]));
-    out.extend(frame(0x8, 0, 0, &0x7fff_0000u32.to_be_bytes()));
+    let mut out = preface_granting_all();
     for i in 0..1_100u32 {
         out.extend(frame(0x1, 0x4, 2 * i + 1, &block)); // HEADERS, END_HEADERS
         out.extend(frame(0x0, 0, 2 * i + 1, &body)); // DATA, the stream still open
     }
     out.extend(frame(0x1, 0x5, 2_201, GET_ROOT)); // and a last GET
-    let (mut r, mut w) = s.split();
-    let write = async {
-        w.write_all(&out).await.expect("write");
-    };
-    let (_, answer) = tokio::join!(
-        write,
-        frame_where(&mut r, |k, id| k == 0x7 || (k == 0x1 && id == 2_201))
-    );
-    let (kind, id, payload) = answer.expect("an answer to the last GET");
+    let (kind, id, payload) = send_for_answer(&mut s, &out, 2_201).await;
     assert_eq!(
         (kind, id),
         (0x1, 2_201),
@@ -609,12 +628,8 @@ async fn data_on_a_stream_already_answered_is_credited_too() {
     let backend = echo_backend().await;
     let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
     let mut s = TcpStream::connect(g.addr).await.expect("connect");
-    let mut block = vec![0x82, 0x86, 0x04, 0x08];
-    block.extend_from_slice(b"/keyed/x");
-    block.extend_from_slice(&[0x41, 0x01, b'a']);
-    let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &[0, 0x4, 0x7f, 0xff, 0xff, 0xff]));
-    out.extend(frame(0x8, 0, 0, &0x7fff_0000u32.to_be_bytes()));
+    let block = keyed_get();
+    let mut out = preface_granting_all();
     out.extend(frame(0x1, 0x4, 1, &block)); // HEADERS, END_HEADERS: a body follows
     s.write_all(&out).await.expect("write");
     let (id, _) = bounded("the refusal", frame_of(&mut s, 0x3))
@@ -627,12 +642,7 @@ async fn data_on_a_stream_already_answered_is_credited_too() {
         out.extend_from_slice(&data);
     }
     out.extend(frame(0x1, 0x5, 3, GET_ROOT));
-    let (mut r, mut w) = s.split();
-    let (_, answer) = tokio::join!(
-        async { w.write_all(&out).await.expect("write") },
-        frame_where(&mut r, |k, id| k == 0x7 || (k == 0x1 && id == 3))
-    );
-    let (kind, id, payload) = answer.expect("an answer to the next GET");
+    let (kind, id, payload) = send_for_answer(&mut s, &out, 3).await;
     assert_eq!((kind, id), (0x1, 3), "GOAWAY instead: {payload:?}");
 }
 
