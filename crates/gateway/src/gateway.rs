@@ -587,6 +587,9 @@ impl Gateway {
                 wait: route.upstream.cfg.response_timeout,
                 now_ns: self.clock.now_nanos(),
                 clock: &self.clock,
+                peer: &conn.peer_ip,
+                trusted: conn.trusted,
+                https: conn.listener.tls.is_some(),
             };
             let mut resp = if matches!(parts.method, Method::GET | Method::HEAD)
                 && body.is_end_stream()

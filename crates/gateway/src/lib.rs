@@ -15,6 +15,7 @@ pub mod limiter;
 pub mod listener;
 pub mod observe;
 pub mod policy;
+pub mod query;
 pub mod response;
 pub mod route;
 pub mod snapshot;

@@ -70,9 +70,15 @@ pub fn find<'s>(snap: &'s Snapshot, parts: &Parts, preflight: bool) -> Result<&'
     let mut allow: Vec<&str> = Vec::new();
     for route in &snap.routes {
         if matches(route, host, path) {
-            for m in route.cfg.methods.iter().flatten() {
-                if !allow.contains(&m.as_str()) {
-                    allow.push(m.as_str());
+            let listed = route.cfg.methods.iter().flatten().map(http::Method::as_str);
+            let open = route
+                .cfg
+                .methods
+                .is_none()
+                .then_some(method::OPEN.iter().copied());
+            for m in listed.chain(open.into_iter().flatten()) {
+                if !allow.contains(&m) {
+                    allow.push(m);
                 }
             }
         }

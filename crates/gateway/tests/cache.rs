@@ -631,7 +631,7 @@ async fn purges_by_url_prefix_tag_and_everything() {
     ));
     let purge = |json: &'static str| async move {
         let req = format!(
-            "POST /cache/purge HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{json}",
+            "POST /cache/purge HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{json}",
             json.len()
         );
         raw(admin, req.as_bytes()).await

@@ -77,7 +77,56 @@ fn method_not_allowed(allow: &'static str) -> Answer {
     r
 }
 
+/// Without a token, the admin port's only guard against web pages is the browser's: a
+/// page can send a "simple" cross-site POST (`text/plain`), and a DNS-rebound name makes
+/// the browser read answers as its own. So without a token only `Host`s that name an IP
+/// address or a loopback name (`localhost`) are answered, and a POST must be
+/// `application/json` (which no page sends cross-site without a preflight the admin port
+/// never grants) from no foreign `Origin`.
+fn same_site(req: &Request<Incoming>) -> Result<(), &'static str> {
+    let host = req
+        .headers()
+        .get(http::header::HOST)
+        .map(|h| h.to_str().unwrap_or("\u{0}"));
+    if let Some(host) = host {
+        let name = crate::inbound::host_only(host);
+        let ip = name.trim_start_matches('[').trim_end_matches(']');
+        let ok = ip.parse::<std::net::IpAddr>().is_ok()
+            || name.eq_ignore_ascii_case("localhost")
+            || name.to_ascii_lowercase().ends_with(".localhost");
+        if !ok || !crate::inbound::valid_host(host) {
+            return Err("without an admin token, only an IP address or localhost is answered");
+        }
+    }
+    if req.method() == Method::POST {
+        let json = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return Err("without an admin token, a POST must be application/json");
+        }
+        if let Some(origin) = req.headers().get(http::header::ORIGIN) {
+            let own = host.is_some_and(|h| {
+                origin.as_bytes() == format!("http://{h}").as_bytes()
+                    || origin.as_bytes() == format!("https://{h}").as_bytes()
+            });
+            if !own {
+                return Err("without an admin token, a POST from another origin is refused");
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn handle(gw: &Arc<Gateway>, req: Request<Incoming>, token: Option<&str>) -> Answer {
+    if token.is_none() {
+        if let Err(why) = same_site(&req) {
+            return error(StatusCode::FORBIDDEN, why);
+        }
+    }
     let path = req.uri().path().to_string();
     let open = path == "/healthz" || path == "/";
     if !open && !authorized(&req, token) {

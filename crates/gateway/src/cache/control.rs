@@ -27,8 +27,13 @@ pub struct Directives {
     pub stale_while_revalidate: Option<u64>,
     /// `stale-if-error`, seconds (RFC 5861).
     pub stale_if_error: Option<u64>,
+    /// `must-understand`: stored only for a status whose caching rules the cache knows,
+    /// and then `no-store` is ignored (RFC 9111 §5.2.2.3).
+    pub must_understand: bool,
     /// Something in it could not be read: the response is not cacheable.
     pub malformed: bool,
+    /// It held no directive at all.
+    pub empty: bool,
 }
 
 fn seconds(v: Option<&str>) -> Option<u64> {
@@ -42,8 +47,38 @@ fn seconds(v: Option<&str>) -> Option<u64> {
 
 /// Reads every `Cache-Control` line of `headers`.
 pub fn directives(headers: &HeaderMap) -> Directives {
-    let mut d = Directives::default();
-    for line in headers.get_all(header::CACHE_CONTROL) {
+    directives_of(headers, &header::CACHE_CONTROL)
+}
+
+/// `Surrogate-Control` (Edge Architecture): directives aimed at a gateway cache.
+const SURROGATE_CONTROL: header::HeaderName = header::HeaderName::from_static("surrogate-control");
+/// `CDN-Cache-Control` (RFC 9213): directives aimed at caches run by the provider.
+const CDN_CACHE_CONTROL: header::HeaderName = header::HeaderName::from_static("cdn-cache-control");
+
+/// The directives a response gives this cache (RFC 9213 §2.1): those of the first
+/// targeted field on its list (`Surrogate-Control`, then `CDN-Cache-Control`) with a
+/// valid, non-empty value, or else `Cache-Control`'s. The bool says whether a targeted
+/// field was used: then `Expires` is not read either.
+pub fn response_directives(resp: &HeaderMap) -> (Directives, bool) {
+    for name in [SURROGATE_CONTROL, CDN_CACHE_CONTROL] {
+        if resp.contains_key(&name) {
+            let d = directives_of(resp, &name);
+            if !d.malformed && !d.empty {
+                return (d, true);
+            }
+        }
+    }
+    (directives(resp), false)
+}
+
+/// Reads every line of the directives field `name`. A directive aimed at another device
+/// (`max-age=60;edge2` in `Surrogate-Control`) is not this cache's and is skipped.
+fn directives_of(headers: &HeaderMap, name: &header::HeaderName) -> Directives {
+    let mut d = Directives {
+        empty: true,
+        ..Directives::default()
+    };
+    for line in headers.get_all(name) {
         let Ok(line) = line.to_str() else {
             d.malformed = true;
             continue;
@@ -53,6 +88,10 @@ pub fn directives(headers: &HeaderMap) -> Directives {
             if item.is_empty() {
                 continue;
             }
+            if *name == SURROGATE_CONTROL && item.contains(';') {
+                continue;
+            }
+            d.empty = false;
             let (name, value) = match item.split_once('=') {
                 Some((n, v)) => (n.trim(), Some(v.trim())),
                 None => (item, None),
@@ -70,6 +109,7 @@ pub fn directives(headers: &HeaderMap) -> Directives {
                 "private" => d.private = true,
                 "public" => d.public = true,
                 "must-revalidate" | "proxy-revalidate" => d.must_revalidate = true,
+                "must-understand" => d.must_understand = true,
                 "max-age" => timed(&mut d, |d| &mut d.max_age),
                 "s-maxage" => {
                     timed(&mut d, |d| &mut d.s_maxage);
@@ -82,6 +122,24 @@ pub fn directives(headers: &HeaderMap) -> Directives {
         }
     }
     d
+}
+
+/// The `Age` a response arrived with (RFC 9111 §5.1): the first member of its value, when
+/// that is a plain non-negative integer (larger ones are taken as 2^31). Anything else (a
+/// sign, a fraction, a suffix, a parameter, quotes) makes the field invalid, and it is
+/// ignored.
+pub fn age(resp: &HeaderMap) -> Option<u64> {
+    let first = resp.get(header::AGE)?.to_str().ok()?;
+    let member = first.split(',').next()?.trim_matches([' ', '\t']);
+    if member.is_empty() || !member.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(member.parse::<u64>().unwrap_or(1 << 31).min(1 << 31))
+}
+
+/// Statuses whose caching rules this cache knows, for `must-understand`.
+fn understood(status: StatusCode) -> bool {
+    heuristic(status) || matches!(status.as_u16(), 302 | 303 | 307)
 }
 
 /// Statuses a cache may give a heuristic (default) lifetime (RFC 9110 §15.1).
@@ -133,8 +191,13 @@ pub fn storable(
     {
         return None;
     }
-    let d = directives(resp);
-    if d.malformed || d.no_store || d.private || directives(req).no_store {
+    let (d, targeted) = response_directives(resp);
+    if d.must_understand && !understood(status) {
+        return None;
+    }
+    // With `must-understand` on a status it knows, the cache ignores `no-store`.
+    let no_store = d.no_store && !d.must_understand;
+    if d.malformed || no_store || d.private || directives(req).no_store {
         return None;
     }
     if resp.get_all(header::VARY).iter().any(|v| {
@@ -150,7 +213,7 @@ pub fn storable(
     // `Date` is read only when it matters: for `Expires`, and for the age of what is kept.
     let explicit = match explicit {
         Some(l) => Some(l),
-        None if resp.contains_key(header::EXPIRES) => {
+        None if !targeted && resp.contains_key(header::EXPIRES) => {
             // An Expires that cannot be read means already expired (RFC 9111 §5.3).
             let expires = date(resp, header::EXPIRES).unwrap_or(SystemTime::UNIX_EPOCH);
             let from = date(resp, header::DATE).unwrap_or(arrived);
@@ -168,10 +231,7 @@ pub fn storable(
         // Stale at once and nothing to revalidate with: no use keeping it.
         return None;
     }
-    let age = resp
-        .get(header::AGE)
-        .and_then(|v| seconds(v.to_str().ok()))
-        .map_or(Duration::ZERO, Duration::from_secs);
+    let age = age(resp).map_or(Duration::ZERO, Duration::from_secs);
     let apparent = date(resp, header::DATE)
         .and_then(|d| arrived.duration_since(d).ok())
         .unwrap_or(Duration::ZERO);
@@ -209,6 +269,62 @@ mod tests {
             SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000),
         )
         .map(|f| f.lifetime.as_secs())
+    }
+
+    fn age_of(values: &[&str]) -> Option<u64> {
+        let pairs: Vec<(&'static str, &str)> = values.iter().map(|v| ("age", *v)).collect();
+        age(&resp(&pairs))
+    }
+
+    #[test]
+    fn only_a_plain_non_negative_age_counts() {
+        assert_eq!(age_of(&["7200"]), Some(7200));
+        assert_eq!(age_of(&["7200, 10"]), Some(7200), "first member");
+        assert_eq!(age_of(&["10", "7200"]), Some(10), "first line");
+        assert_eq!(age_of(&["99999999999999999999"]), Some(1 << 31));
+        for bad in [
+            "abc", "-7200", "7200.0", "7200s", "7200;a=b", "\"7200\"", "", "1e3",
+        ] {
+            assert_eq!(age_of(&[bad]), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn targeted_fields_take_over_from_cache_control() {
+        let h = [
+            ("cache-control", "no-store"),
+            ("surrogate-control", "max-age=30"),
+        ];
+        assert_eq!(fresh_for(200, &h, false), Some(30));
+        let h = [
+            ("cache-control", "max-age=60"),
+            ("cdn-cache-control", "no-store"),
+        ];
+        assert_eq!(fresh_for(200, &h, false), None);
+        let h = [
+            ("cache-control", "max-age=60"),
+            ("surrogate-control", "max-age=5;other-device"),
+        ];
+        assert_eq!(fresh_for(200, &h, false), Some(60), "aimed elsewhere");
+        let h = [
+            ("cache-control", "max-age=60"),
+            ("cdn-cache-control", "max-age=x"),
+        ];
+        assert_eq!(fresh_for(200, &h, false), Some(60), "invalid: not used");
+        let h = [
+            ("cdn-cache-control", "max-age=20"),
+            ("date", "Sun, 09 Sep 2001 01:46:40 GMT"),
+            ("expires", "Sun, 09 Sep 2001 01:46:40 GMT"),
+        ];
+        assert_eq!(fresh_for(200, &h, false), Some(20), "Expires ignored");
+    }
+
+    #[test]
+    fn must_understand_stores_only_known_statuses() {
+        let h = [("cache-control", "must-understand, no-store, max-age=60")];
+        assert_eq!(fresh_for(200, &h, false), Some(60));
+        assert_eq!(fresh_for(299, &h, false), None);
+        assert_eq!(fresh_for(418, &h, false), None);
     }
 
     #[test]

@@ -26,6 +26,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -83,6 +84,9 @@ pub struct Key {
     plain: String,
     url_start: usize,
     uri_len: usize,
+    /// The request may neither be answered from the cache nor stored: it names a keyed
+    /// query parameter in two spellings, or asks for `no-store`.
+    bypass: bool,
 }
 
 impl Key {
@@ -91,16 +95,17 @@ impl Key {
         let mut plain = String::with_capacity(128);
         plain.push_str(ask.route);
         plain.push('\u{0}');
-        host_into(parts, &mut plain);
+        authority_into(ask, &parts.headers, &mut plain);
         plain.push('\u{0}');
         let url_start = plain.len();
-        url_into(parts.uri.path(), parts.uri.query(), ask, &mut plain);
+        let ambiguous = url_into(parts.uri.path(), parts.uri.query(), ask, &mut plain);
         let uri_len = plain.len();
         variant_into(ask, &ask.cfg.key_headers, &parts.headers, &mut plain);
         Key {
             plain,
             url_start,
             uri_len,
+            bypass: ambiguous || asks_no_store(&parts.headers),
         }
     }
 }
@@ -122,6 +127,12 @@ pub struct Ask<'a> {
     /// The gateway's clock: wall time, for `Date` and `Expires`, is read from it only when
     /// an answer is judged for storing (most requests are hits or never-stored misses).
     pub clock: &'a Arc<dyn Clock>,
+    /// The client's address, as `X-Forwarded-For` sends it upstream.
+    pub peer: &'a HeaderValue,
+    /// The client is a trusted proxy: its `X-Forwarded-*` headers go upstream.
+    pub trusted: bool,
+    /// The client came over TLS (`X-Forwarded-Proto: https`).
+    pub https: bool,
 }
 
 impl Ask<'_> {
@@ -151,25 +162,80 @@ pub fn went_upstream<B>(resp: &http::Response<B>) -> bool {
 }
 
 /// Whether the method's success invalidates what is stored for its URI (RFC 9111 §4.4):
-/// POST, PUT, DELETE and PATCH. Other methods (a client's `PURGE` among them) never touch
-/// the cache: purging is an admin action.
+/// every method not defined as safe, unknown ones (`M-SEARCH`, a client's `PURGE`) among
+/// them. Purging by name is an admin action; a client's `PURGE` only invalidates its URI,
+/// as any unsafe request does.
 pub fn is_unsafe(m: &Method) -> bool {
-    matches!(
+    !matches!(
         *m,
-        Method::POST | Method::PUT | Method::DELETE | Method::PATCH
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
     )
 }
 
-/// Appends the request's host, lower case, without port and trailing dot.
-fn host_into(parts: &Parts, out: &mut String) {
-    let host = parts
-        .headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map_or("", crate::inbound::host_only);
+/// Whether the client asked that nothing of this exchange be stored (`no-store`): its
+/// answer is neither stored nor taken as the key's, and it is not answered from the store.
+fn asks_no_store(req: &HeaderMap) -> bool {
+    req.get_all(header::CACHE_CONTROL).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|d| d.trim().eq_ignore_ascii_case("no-store"))
+        })
+    })
+}
+
+/// Whether the request asks for a part of an answer or sets a precondition the cache does
+/// not judge itself (`Range` on a miss, `If-Match`, `If-Unmodified-Since`, `If-Range`):
+/// such a request goes upstream as it is, and what it gets is never stored nor decides
+/// anything for the key.
+fn shapes_its_answer(req: &HeaderMap) -> bool {
+    req.contains_key(header::RANGE)
+        || req.contains_key(header::IF_MATCH)
+        || req.contains_key(header::IF_UNMODIFIED_SINCE)
+        || req.contains_key(header::IF_RANGE)
+}
+
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Appends what the upstream is told of the request's scheme and host, lower case: the
+/// scheme (`X-Forwarded-Proto`), the `Host` as sent, port included, and a trusted proxy's
+/// `X-Forwarded-Host`. Two requests the upstream could answer differently never share a key.
+fn authority_into(ask: &Ask<'_>, req: &HeaderMap, out: &mut String) {
     let start = out.len();
-    out.push_str(host);
+    if ask.trusted && req.contains_key(X_FORWARDED_PROTO) {
+        store::header_for_key(req, &X_FORWARDED_PROTO, out);
+    } else {
+        out.push_str(if ask.https { "https" } else { "http" });
+    }
+    out.push('\u{0}');
+    store::header_for_key(req, &header::HOST, out);
+    if ask.trusted && req.contains_key(X_FORWARDED_HOST) {
+        out.push('\u{0}');
+        store::header_for_key(req, &X_FORWARDED_HOST, out);
+    }
     out[start..].make_ascii_lowercase();
+}
+
+/// Appends the value of `name` as the upstream receives it (for `Vary`): the
+/// `X-Forwarded-*` headers the gateway sets, the ones it drops from untrusted clients as
+/// empty, any other as the client sent it.
+fn sent_for_key(ask: &Ask<'_>, req: &HeaderMap, name: &HeaderName, out: &mut String) {
+    let n = name.as_str();
+    if n == "x-forwarded-for" {
+        if ask.trusted && req.contains_key(name) {
+            store::header_for_key(req, name, out);
+            out.push_str(", ");
+        }
+        out.push_str(&String::from_utf8_lossy(ask.peer.as_bytes()));
+    } else if n == "x-forwarded-proto" && !(ask.trusted && req.contains_key(name)) {
+        out.push_str(if ask.https { "https" } else { "http" });
+    } else if n == "x-forwarded-host" && !(ask.trusted && req.contains_key(name)) {
+        store::header_for_key(req, &header::HOST, out);
+    } else if !ask.trusted && crate::upstream::forwarding_header(n) {
+        // Dropped on the way upstream.
+    } else {
+        store::header_for_key(req, name, out);
+    }
 }
 
 /// Appends what [`variant_key`] adds to a URI key.
@@ -180,15 +246,18 @@ fn variant_into(ask: &Ask<'_>, varies: &[HeaderName], req: &HeaderMap, k: &mut S
     }
     for name in varies {
         k.push('\u{0}');
-        store::header_for_key(req, name, k);
+        sent_for_key(ask, req, name, k);
     }
 }
 
-/// The request's host, lower case, without port and trailing dot.
+/// The request's host, lower case, without port and trailing dot: what purges match.
 fn host_of(parts: &Parts) -> String {
-    let mut host = String::new();
-    host_into(parts, &mut host);
-    host
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map_or("", crate::inbound::host_only);
+    host.to_ascii_lowercase()
 }
 
 /// Path + the query parameters the route keys on (credentials left out).
@@ -198,40 +267,68 @@ fn url_of(path: &str, query: Option<&str>, ask: &Ask<'_>) -> String {
     url
 }
 
-/// Appends [`url_of`].
-fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut String) {
+/// Appends [`url_of`]; true when the query names a keyed parameter in more than one
+/// spelling (`page` and `%70age`, `PAGE`, `page[]`): backends differ on which one they
+/// read, so such a request must not share an entry with any other.
+///
+/// Parameters are matched as backends read their names ([`crate::query`]) and kept with
+/// the separator before them, so `a=1;page=2` and `a=1&page=2` are keyed apart.
+fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut String) -> bool {
     url.push_str(path);
-    let Some(q) = query else { return };
-    let mut sep = '?';
-    // Byte loops: the pieces are short, and `str` searchers cost more than they save.
-    let mut rest = q;
-    loop {
-        let end = rest.bytes().position(|b| b == b'&').unwrap_or(rest.len());
-        let pair = &rest[..end];
-        let name = pair
-            .bytes()
-            .position(|b| b == b'=')
-            .map_or(pair, |i| &pair[..i]);
+    let Some(q) = query else { return false };
+    let mut ambiguous = false;
+    // The first raw spelling seen of each keyed name.
+    let mut spelled: SmallVec<[(usize, &str); 4]> = SmallVec::new();
+    for (_, sep, raw, pair) in crate::query::pieces(q) {
+        if pair.is_empty() {
+            continue;
+        }
+        let name = crate::query::param_name(raw);
+        if ask
+            .credentials
+            .iter()
+            .any(|c| crate::query::same_param(&name, c))
+        {
+            continue;
+        }
         let keep = match &ask.cfg.key_query {
             KeyQuery::All => true,
             KeyQuery::None => false,
-            KeyQuery::Only(names) => names.iter().any(|n| n == name),
-        } && !ask.credentials.iter().any(|c| c.eq_ignore_ascii_case(name));
-        if keep && !pair.is_empty() {
-            url.push(sep);
+            KeyQuery::Only(names) => {
+                match names
+                    .iter()
+                    .position(|n| crate::query::same_param(&name, n))
+                {
+                    Some(i) => {
+                        match spelled.iter().find(|(j, _)| *j == i) {
+                            Some((_, first)) => ambiguous |= *first != raw,
+                            None => spelled.push((i, raw)),
+                        }
+                        true
+                    }
+                    None => false,
+                }
+            }
+        };
+        if keep {
+            let first = url.len() == path.len();
+            url.push(if first { '?' } else { char::from(sep) });
             url.push_str(pair);
-            sep = '&';
         }
-        if end == rest.len() {
-            return;
-        }
-        rest = &rest[end + 1..];
     }
+    ambiguous
 }
 
-/// The key of everything stored for one URI of one route and host.
-fn uri_key(route: &str, host: &str, url: &str) -> String {
-    format!("{route}\u{0}{host}\u{0}{url}")
+/// The key of everything stored for one URI of one route: the route, what the upstream
+/// is told of scheme and host ([`authority_into`]), and `url`.
+fn uri_key(ask: &Ask<'_>, req: &HeaderMap, url: &str) -> String {
+    let mut k = String::with_capacity(ask.route.len() + url.len() + 32);
+    k.push_str(ask.route);
+    k.push('\u{0}');
+    authority_into(ask, req, &mut k);
+    k.push('\u{0}');
+    k.push_str(url);
+    k
 }
 
 /// The key of one variant: the consumer (unless shared) and the request headers it varies on.
@@ -292,15 +389,97 @@ fn not_modified(req: &HeaderMap, e: &Entry) -> bool {
     matches!((since, modified), (Some(s), Some(m)) if m <= s)
 }
 
-/// The answer for `req` from `e`: whole, HEAD, or 304 to a satisfied conditional request.
+/// The part of a `len`-byte body a `Range` asks for (RFC 9110 §14): `Some(Ok(range))` for
+/// one satisfiable byte range, `Some(Err(()))` when it cannot be satisfied, `None` when the
+/// whole answer is given instead (no range, several ranges, another unit, or a form not
+/// read here).
+fn byte_range(req: &HeaderMap, len: usize) -> Option<Result<std::ops::Range<usize>, ()>> {
+    let v = req.get(header::RANGE)?.to_str().ok()?.trim();
+    let spec = v.strip_prefix("bytes=")?.trim();
+    if spec.contains(',') {
+        return None;
+    }
+    let (first, last) = spec.split_once('-')?;
+    let (first, last) = (first.trim(), last.trim());
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let num = |s: &str| {
+        s.parse::<u64>()
+            .ok()
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+    };
+    if first.is_empty() {
+        // A suffix: the last N bytes.
+        if !digits(last) {
+            return None;
+        }
+        let n = num(last)?;
+        if n == 0 || len == 0 {
+            return Some(Err(()));
+        }
+        return Some(Ok(len.saturating_sub(n)..len));
+    }
+    if !digits(first) || !(last.is_empty() || digits(last)) {
+        return None;
+    }
+    let start = num(first)?;
+    let end = if last.is_empty() {
+        len.saturating_sub(1)
+    } else {
+        num(last)?
+    };
+    if end < start {
+        return None;
+    }
+    if start >= len {
+        return Some(Err(()));
+    }
+    Some(Ok(start..end.min(len - 1) + 1))
+}
+
+/// Whether `If-Range` lets a range of `e` be served (RFC 9110 §13.1.5): its strong
+/// entity tag or its exact `Last-Modified` date.
+fn if_range_holds(req: &HeaderMap, e: &Entry) -> bool {
+    let Some(v) = req.get(header::IF_RANGE) else {
+        return true;
+    };
+    let v = v.as_bytes();
+    if v.starts_with(b"\"") {
+        return e
+            .headers
+            .get(header::ETAG)
+            .is_some_and(|t| t.as_bytes() == v);
+    }
+    if v.starts_with(b"W/") {
+        return false;
+    }
+    e.headers
+        .get(header::LAST_MODIFIED)
+        .is_some_and(|t| t.as_bytes() == v)
+}
+
+/// The answer for `req` from `e`: whole, HEAD, 304 to a satisfied conditional request,
+/// or a byte range of a stored whole answer (206, or 416 past its end), as Varnish does.
 fn answer(e: &Entry, req: &Parts, now_ns: u64, status: String) -> Response<Body> {
     let not_mod = e.status == StatusCode::OK && not_modified(&req.headers, e);
+    let range = (e.status == StatusCode::OK && req.method == Method::GET && !not_mod)
+        .then(|| byte_range(&req.headers, e.body.len()))
+        .flatten()
+        .filter(|_| if_range_holds(&req.headers, e));
     let (code, body) = if not_mod {
         (StatusCode::NOT_MODIFIED, Bytes::new())
     } else if req.method == Method::HEAD {
         (e.status, Bytes::new())
     } else {
-        (e.status, e.body.clone())
+        match &range {
+            Some(Ok(r)) => (StatusCode::PARTIAL_CONTENT, e.body.slice(r.clone())),
+            Some(Err(())) => (StatusCode::RANGE_NOT_SATISFIABLE, Bytes::new()),
+            None => (e.status, e.body.clone()),
+        }
+    };
+    let len = if req.method == Method::HEAD {
+        e.body.len()
+    } else {
+        body.len()
     };
     let mut r = Response::new(full(body));
     *r.status_mut() = code;
@@ -309,7 +488,21 @@ fn answer(e: &Entry, req: &Parts, now_ns: u64, status: String) -> Response<Body>
     if not_mod {
         h.remove(header::CONTENT_LENGTH);
     } else {
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(e.body.len()));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
+    match &range {
+        Some(Ok(r)) => {
+            let v = format!("bytes {}-{}/{}", r.start, r.end - 1, e.body.len());
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                h.insert(header::CONTENT_RANGE, v);
+            }
+        }
+        Some(Err(())) => {
+            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{}", e.body.len())) {
+                h.insert(header::CONTENT_RANGE, v);
+            }
+        }
+        None => {}
     }
     h.insert(header::AGE, HeaderValue::from(e.age(now_ns).as_secs()));
     if let Ok(v) = HeaderValue::from_str(&status) {
@@ -370,6 +563,9 @@ impl Miss {
     }
 }
 
+/// How the flights of background refreshes begin.
+const REFRESH: &str = "refresh\u{0}";
+
 /// The `Cache-Status` of a stale entry's replacement, stored or not.
 const STALE_STORED: &str = "tollgate; fwd=stale; stored";
 const STALE_PASSED: &str = "tollgate; fwd=stale";
@@ -388,7 +584,7 @@ impl Cache {
     pub fn invalidate(&self, ask: &Ask<'_>, req: &Parts, resp: &HeaderMap) {
         let host = host_of(req);
         let url = url_of(req.uri.path(), req.uri.query(), ask);
-        self.store.invalidate_uri(&uri_key(ask.route, &host, &url));
+        self.store.invalidate_uri(&uri_key(ask, &req.headers, &url));
         for name in [header::LOCATION, header::CONTENT_LOCATION] {
             let Some(loc) = resp.get(&name).and_then(|v| v.to_str().ok()) else {
                 continue;
@@ -400,16 +596,17 @@ impl Cache {
             if same_host && u.path().starts_with('/') {
                 let target = url_of(u.path(), u.query(), ask);
                 self.store
-                    .invalidate_uri(&uri_key(ask.route, &host, &target));
+                    .invalidate_uri(&uri_key(ask, &req.headers, &target));
             }
         }
     }
 
-    /// Whether the last answer for `key` could not be stored, a few seconds ago at most
-    /// (Varnish's hit-for-pass): then the request goes straight upstream, as on a route
-    /// without a cache, with [`PASS_STATUS`]. Counted as a miss.
+    /// Whether the request goes straight upstream, as on a route without a cache, with
+    /// [`PASS_STATUS`]: the last answer for `key` could not be stored, a few seconds ago at
+    /// most (Varnish's hit-for-pass), or the request itself may not use the cache
+    /// (`no-store`, a keyed parameter in two spellings). Counted as a miss.
     pub fn passes(&self, key: &Key, now_ns: u64) -> bool {
-        let pass = self.store.is_uncacheable(&key.plain, now_ns);
+        let pass = key.bypass || self.store.is_uncacheable(&key.plain, now_ns);
         if pass {
             self.store.metrics.misses.fetch_add(1, Ordering::Relaxed);
         }
@@ -500,7 +697,7 @@ impl Cache {
             }
             // A miss: wait for a request already on its way upstream for this key, once.
             let flight = plain.as_str();
-            if parts.method == Method::HEAD {
+            if parts.method == Method::HEAD || shapes_its_answer(&parts.headers) {
                 return self
                     .straight_upstream(&*up, parts, miss.status(false))
                     .await;
@@ -516,6 +713,11 @@ impl Cache {
             }
             let leader = self.lead(flight.to_string());
             m.misses.fetch_add(1, Ordering::Relaxed);
+            // The whole answer, whatever the client has: it is stored for every client,
+            // and a 200 answers a conditional request too (as Varnish fetches a miss).
+            let mut parts = parts;
+            parts.headers.remove(header::IF_NONE_MATCH);
+            parts.headers.remove(header::IF_MODIFIED_SINCE);
             let sent = copy_parts(&parts);
             let born = self.store.born(uri);
             let resp = up.fetch(parts).await?;
@@ -529,9 +731,11 @@ impl Cache {
                 miss.status(true),
                 miss.status(false),
             );
+            // Only what the upstream answered decides for the key: not an answer shaped by
+            // the client's own credentials.
             if stored {
                 self.store.cacheable_again(flight);
-            } else {
+            } else if !sent.headers.contains_key(header::AUTHORIZATION) {
                 self.store.mark_uncacheable(flight, ask.now_ns);
             }
             return Ok(resp);
@@ -593,13 +797,13 @@ impl Cache {
         (uri, born): (&str, Born),
         url: String,
         sent: &Parts,
-        mut resp: Response<PooledBody>,
+        resp: Response<PooledBody>,
         leader: Option<Leader>,
         stored_status: &'static str,
         passed_status: &'static str,
     ) -> (Response<Body>, bool) {
         // An invalidation of the URI since the request left keeps its answer out.
-        let storable = born.current().then(|| self.storable(ask, sent, &resp));
+        let storable = born.unchanged().then(|| self.storable(ask, sent, &resp));
         match storable.flatten() {
             Some(fresh) => {
                 let varies = varies_of(ask.cfg, resp.headers());
@@ -610,6 +814,20 @@ impl Cache {
                 let tags = store::tags(&headers);
                 let stored_ns = ask.now_ns;
                 let host = host_of(sent);
+                // An answer that turns out too large to keep marks its key to pass, as any
+                // other answer that could not be stored.
+                let pass = leader
+                    .as_ref()
+                    .map(|l| l.key.clone())
+                    .filter(|k| !k.starts_with(REFRESH));
+                let on_large = {
+                    let cache = self.clone();
+                    move || {
+                        if let Some(k) = pass {
+                            cache.store.mark_uncacheable(&k, stored_ns);
+                        }
+                    }
+                };
                 let cache = self.clone();
                 let collector = Collector::new(self.store.max_object, move |body| {
                     cache.store.put(
@@ -628,8 +846,14 @@ impl Cache {
                         },
                     );
                     drop(leader);
+                })
+                .on_too_large(on_large);
+                // The copy fills at the upstream's pace, whatever this client reads: the
+                // requests waiting for it are answered when it is stored.
+                let resp = resp.map(|mut body| {
+                    body.collect_into(collector);
+                    body.read_ahead()
                 });
-                resp.body_mut().collect_into(collector);
                 let r = with_status(resp.map(http_body_util::Either::Left), stored_status);
                 (r, true)
             }
@@ -670,12 +894,26 @@ impl Cache {
         )
     }
 
-    /// The request that asks the upstream whether `e` is still good.
-    fn conditional(parts: &Parts, e: &Entry) -> Parts {
+    /// A GET for the whole answer: the client's conditionals and range left out.
+    fn whole(parts: &Parts) -> Parts {
         let mut p = copy_parts(parts);
         p.method = Method::GET;
-        p.headers.remove(header::IF_NONE_MATCH);
-        p.headers.remove(header::IF_MODIFIED_SINCE);
+        for name in [
+            header::IF_NONE_MATCH,
+            header::IF_MODIFIED_SINCE,
+            header::IF_MATCH,
+            header::IF_UNMODIFIED_SINCE,
+            header::IF_RANGE,
+            header::RANGE,
+        ] {
+            p.headers.remove(name);
+        }
+        p
+    }
+
+    /// The request that asks the upstream whether `e` is still good.
+    fn conditional(parts: &Parts, e: &Entry) -> Parts {
+        let mut p = Self::whole(parts);
         if let Some(etag) = e.headers.get(header::ETAG) {
             p.headers.insert(header::IF_NONE_MATCH, etag.clone());
         }
@@ -685,11 +923,25 @@ impl Cache {
         p
     }
 
-    /// `e` refreshed by a 304: its headers updated from the 304's (RFC 9111 §4.3.4).
-    fn refreshed(&self, ask: &Ask<'_>, e: &Entry, not_modified: &HeaderMap) -> Option<Entry> {
+    /// `e` refreshed by a 304: its headers updated from the 304's (RFC 9111 §3.2, §4.3.4),
+    /// except those that describe the stored body itself (`Content-Length`,
+    /// `Content-Encoding`, `Content-Range`, `Content-MD5`) and `Age`; `born` is the URI's
+    /// state when the revalidation left.
+    fn refreshed(
+        &self,
+        ask: &Ask<'_>,
+        e: &Entry,
+        not_modified: &HeaderMap,
+        born: Born,
+    ) -> Option<Entry> {
         let mut headers = e.headers.clone();
         for name in not_modified.keys() {
-            if *name == header::CONTENT_LENGTH || *name == header::AGE {
+            let kept = *name == header::CONTENT_LENGTH
+                || *name == header::AGE
+                || *name == header::CONTENT_ENCODING
+                || *name == header::CONTENT_RANGE
+                || name.as_str() == "content-md5";
+            if kept {
                 continue;
             }
             headers.remove(name);
@@ -715,8 +967,17 @@ impl Cache {
             stored_ns: ask.now_ns,
             host: e.host.clone(),
             path: e.path.clone(),
-            born: e.born.clone(),
+            born,
         })
+    }
+
+    /// Whether a 304 names another representation than `e` by its `ETag` (RFC 9111
+    /// §4.3.4): then it refreshes nothing, and the whole answer is asked for.
+    fn names_another(e: &Entry, not_modified: &HeaderMap) -> bool {
+        match not_modified.get(header::ETAG) {
+            None => false,
+            Some(new) => e.headers.get(header::ETAG) != Some(new),
+        }
     }
 
     /// A stale entry: asked about upstream, served again after a 304, served stale when
@@ -736,18 +997,29 @@ impl Cache {
         let sent = if has_validators {
             Self::conditional(&parts, &e)
         } else {
-            let mut p = copy_parts(&parts);
-            p.method = Method::GET;
-            p
+            Self::whole(&parts)
         };
         let now = ask.now_ns;
         let stale_ok =
             !e.fresh.stale_if_error.is_zero() && e.stale_within(now, e.fresh.stale_if_error);
-        match up.fetch(copy_parts(&sent)).await {
+        let born = self.store.born(uri);
+        let mut fetched = up.fetch(copy_parts(&sent)).await;
+        let (sent, fetched) = match fetched {
+            Ok(r)
+                if r.status() == StatusCode::NOT_MODIFIED
+                    && Self::names_another(&e, r.headers()) =>
+            {
+                let whole = Self::whole(&parts);
+                fetched = up.fetch(copy_parts(&whole)).await;
+                (whole, fetched)
+            }
+            other => (sent, other),
+        };
+        match fetched {
             Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED && has_validators => {
                 m.revalidated.fetch_add(1, Ordering::Relaxed);
                 let status = "tollgate; fwd=stale; fwd-status=304".to_string();
-                match self.refreshed(ask, &e, resp.headers()) {
+                match self.refreshed(ask, &e, resp.headers(), born) {
                     Some(fresh) => {
                         let varies = varies_of(ask.cfg, &fresh.headers);
                         let key = variant_key(uri, ask, &varies, &parts.headers);
@@ -777,7 +1049,7 @@ impl Cache {
                 Ok(self
                     .store_on_the_way(
                         ask,
-                        (uri, e.born.clone()),
+                        (uri, born),
                         url.to_string(),
                         &sent,
                         resp,
@@ -814,7 +1086,7 @@ impl Cache {
         e: &Arc<Entry>,
         up: Arc<F>,
     ) {
-        let flight = format!("refresh\u{0}{uri}\u{0}{}", ask.consumer.unwrap_or(""));
+        let flight = format!("{REFRESH}{uri}\u{0}{}", ask.consumer.unwrap_or(""));
         let Some(leader) = self.lead(flight) else {
             return;
         };
@@ -825,6 +1097,8 @@ impl Cache {
         let (uri, url, e, cache) = (uri.to_string(), url.to_string(), e.clone(), self.clone());
         let now_ns = ask.now_ns;
         let clock = ask.clock.clone();
+        let (peer, trusted, https) = (ask.peer.clone(), ask.trusted, ask.https);
+        let born = self.store.born(&uri);
         tokio::spawn(async move {
             let ask = Ask {
                 cfg: &cfg,
@@ -834,12 +1108,19 @@ impl Cache {
                 wait: Duration::ZERO,
                 now_ns,
                 clock: &clock,
+                peer: &peer,
+                trusted,
+                https,
             };
             let Ok(resp) = up.fetch(copy_parts(&sent)).await else {
                 return;
             };
             if resp.status() == StatusCode::NOT_MODIFIED {
-                if let Some(fresh) = cache.refreshed(&ask, &e, resp.headers()) {
+                if Self::names_another(&e, resp.headers()) {
+                    // Left for the next request to fetch whole.
+                    return;
+                }
+                if let Some(fresh) = cache.refreshed(&ask, &e, resp.headers(), born) {
                     let varies = varies_of(&cfg, &fresh.headers);
                     let key = variant_key(&uri, &ask, &varies, &sent.headers);
                     cache.store.put(varies, key, fresh);
@@ -853,7 +1134,7 @@ impl Cache {
             }
             let (resp, _) = cache.store_on_the_way(
                 &ask,
-                (&uri, e.born.clone()),
+                (&uri, born),
                 url,
                 &sent,
                 resp,

@@ -42,12 +42,24 @@ pub struct Entry {
 pub struct Born {
     uri: Arc<UriInfo>,
     generation: u64,
+    /// The invalidation table, the URI's slot in it and the slot's count when the request
+    /// went upstream: a URI with nothing stored has no info in the index, and this is what
+    /// tells an answer fetched for it that an invalidation came meanwhile.
+    table: Arc<[AtomicU64]>,
+    slot: usize,
+    slot_count: u64,
 }
 
 impl Born {
-    /// Whether no unsafe method has invalidated the URI since.
+    /// Whether no unsafe method has invalidated the URI since its info was taken.
     pub fn current(&self) -> bool {
         self.uri.generation.load(Ordering::Acquire) == self.generation
+    }
+
+    /// Whether the answer fetched may still be stored: no invalidation of its URI (or of
+    /// another URI in the same slot, which at worst skips one store) since it left.
+    pub fn unchanged(&self) -> bool {
+        self.current() && self.table[self.slot].load(Ordering::Acquire) == self.slot_count
     }
 }
 
@@ -92,6 +104,8 @@ impl Entry {
 /// and the keys of its variants, so that invalidating the URI frees those at once.
 #[derive(Debug, Default)]
 pub struct UriInfo {
+    /// The URI key it is filed under in the index.
+    key: String,
     varies: Mutex<Option<Varies>>,
     generation: AtomicU64,
     keys: Mutex<Vec<String>>,
@@ -105,6 +119,9 @@ const MAX_VARIANTS: usize = 4096;
 /// How long requests for a key whose answer could not be stored go straight upstream
 /// (Varnish's hit-for-pass, kept short so that caching resumes soon after, say, one 500).
 pub const UNCACHEABLE_FOR: Duration = Duration::from_secs(5);
+
+/// Slots of the invalidation table ([`Born`]): 32 KiB, whatever the traffic.
+const INVALIDATION_SLOTS: usize = 4096;
 
 /// foldhash: moka's default SipHash costs more than the rest of a lookup.
 type Hasher = foldhash::fast::RandomState;
@@ -194,9 +211,13 @@ pub struct CacheMetrics {
 pub struct Store {
     entries: moka::sync::Cache<String, Arc<Entry>, Hasher>,
     /// URI key → what its responses vary on, its generation and the keys of its stored
-    /// variants. An info lives while an entry or a request on its way upstream holds it:
-    /// dropping it earlier would let an invalidation miss entries of the URI.
+    /// variants. Only URIs with something stored are filed here (a miss files nothing, so
+    /// unique URLs whose answers are never stored cost no memory); an info is dropped
+    /// once no entry holds it.
     uris: dashmap::DashMap<String, Arc<UriInfo>, Hasher>,
+    /// Invalidations by slot of the URI key's hash (see [`Born`]).
+    invalidations: Arc<[AtomicU64]>,
+    hasher: Hasher,
     /// Stores since the last sweep of unreferenced URI infos.
     puts: AtomicU64,
     /// Whether a response that varies was ever stored: until then no lookup needs `varies`.
@@ -237,6 +258,8 @@ impl Store {
         Store {
             entries,
             uris,
+            invalidations: (0..INVALIDATION_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            hasher: Hasher::default(),
             puts: AtomicU64::new(0),
             any_vary: AtomicBool::new(false),
             uncacheable,
@@ -255,17 +278,34 @@ impl Store {
     }
 
     /// What is stored for `uri` and its generation now: taken before a request goes
-    /// upstream, so that an invalidation while it is away keeps its answer out.
+    /// upstream, so that an invalidation while it is away keeps its answer out. Files
+    /// nothing in the index.
     pub fn born(&self, uri: &str) -> Born {
         let info = match self.uris.get(uri) {
             Some(i) => i.clone(),
-            None => self.uris.entry(uri.to_string()).or_default().clone(),
+            None => Arc::new(UriInfo {
+                key: uri.to_string(),
+                ..UriInfo::default()
+            }),
         };
         let generation = info.generation.load(Ordering::Acquire);
+        let slot = self.slot(uri);
         Born {
             uri: info,
             generation,
+            table: self.invalidations.clone(),
+            slot,
+            slot_count: self.invalidations[slot].load(Ordering::Acquire),
         }
+    }
+
+    fn slot(&self, uri: &str) -> usize {
+        usize::try_from(self.hasher.hash_one(uri) % INVALIDATION_SLOTS as u64).unwrap_or(0)
+    }
+
+    /// URI infos in the index (for `/metrics`): at most about twice the entries.
+    pub fn index_len(&self) -> usize {
+        self.uris.len()
     }
 
     /// Notes at `now_ns` that the last answer for `flight` could not be stored.
@@ -291,11 +331,27 @@ impl Store {
 
     /// Stores `entry` under `key`, noting it and what it varies on (if anything) under its
     /// URI; not when the URI was invalidated while the entry's request was upstream.
-    pub fn put(&self, varies: Varies, key: String, entry: Entry) {
-        if !entry.born.current() {
+    pub fn put(&self, varies: Varies, key: String, mut entry: Entry) {
+        // Filed first, its generation read, then the slot checked: an invalidation either
+        // came before the check (nothing stored) or finds the info and outdates the entry.
+        let info = self
+            .uris
+            .entry(entry.born.uri.key.clone())
+            .or_insert_with(|| entry.born.uri.clone())
+            .clone();
+        if !entry.born.unchanged() {
             return;
         }
-        let info = entry.born.uri.clone();
+        if !Arc::ptr_eq(&info, &entry.born.uri) {
+            entry.born = Born {
+                generation: info.generation.load(Ordering::Acquire),
+                uri: info.clone(),
+                ..entry.born
+            };
+            if !entry.born.unchanged() {
+                return;
+            }
+        }
         if varies.is_empty() {
             *info.varies.lock() = None;
         } else {
@@ -333,6 +389,7 @@ impl Store {
     /// Makes every variant stored under `uri` (and every answer on its way upstream for
     /// it) unusable, and frees the variants it knows of.
     pub fn invalidate_uri(&self, uri: &str) {
+        self.invalidations[self.slot(uri)].fetch_add(1, Ordering::AcqRel);
         let info = match self.uris.get(uri) {
             Some(i) => i.clone(),
             None => return,
@@ -371,6 +428,9 @@ impl Store {
         self.entries.run_pending_tasks();
         let n = self.entries.entry_count();
         self.entries.invalidate_all();
+        for slot in self.invalidations.iter() {
+            slot.fetch_add(1, Ordering::AcqRel);
+        }
         for info in self.uris.iter() {
             info.generation.fetch_add(1, Ordering::AcqRel);
             info.keys.lock().clear();
@@ -468,6 +528,21 @@ mod tests {
         let e = entry(&store, "u");
         store.put(Varies::from([]), "u\0".to_string(), e);
         assert!(store.get("u\0").is_some(), "fetched after: stored");
+    }
+
+    #[test]
+    fn misses_file_nothing_in_the_index() {
+        let store = Store::new(16 * 1024, 1 << 20);
+        for i in 0..50_000 {
+            let born = store.born(&format!("u{i}"));
+            assert!(born.unchanged());
+        }
+        assert_eq!(store.index_len(), 0);
+        // An invalidation while a URI with nothing stored was upstream keeps its answer out.
+        let e = entry(&store, "fresh");
+        store.invalidate_uri("fresh");
+        store.put(Varies::from([]), "fresh\0".to_string(), e);
+        assert!(store.get("fresh\0").is_none());
     }
 
     #[test]

@@ -142,6 +142,12 @@ impl Collector for Scraped {
                 "Bytes the stored responses take.",
                 bytes,
             )?;
+            gauge(
+                &mut e,
+                "cache_index_uris",
+                "URIs with something stored, in the cache's index.",
+                store.index_len() as u64,
+            )?;
             for (name, help, v) in [
                 ("cache_hits", "Answered from the cache.", &cm.hits),
                 (

@@ -100,31 +100,11 @@ fn params(query: &str) -> impl Iterator<Item = (usize, &str, &str)> {
     })
 }
 
-/// `name=value` as `(name, value)`; a piece without `=` is a name with an empty value.
-/// A byte loop: pieces are short, and `split_once`'s searcher costs more than it saves.
-fn split_pair(pair: &str) -> (&str, &str) {
-    match pair.bytes().position(|b| b == b'=') {
-        Some(i) => (&pair[..i], &pair[i + 1..]),
-        None => (pair, ""),
-    }
-}
-
-/// Whether a raw parameter name is one of `names`, once percent-decoded, ignoring ASCII
-/// case and an array suffix (`apikey[]`, `apikey[0]`): backends read names in all of these
-/// ways.
+/// Whether a raw parameter name is one of `names` in any spelling a backend reads
+/// ([`crate::query`]): percent-decoded, in any ASCII case, with an array suffix
+/// (`apikey[]`), or with PHP's `_` for `.` and spaces (`user.key` is `user_key`).
 fn is_credential(raw: &str, names: &[String]) -> bool {
-    // Most names hold no escape and no suffix: compared as they are (lengths first).
-    let b = raw.as_bytes();
-    if !b.iter().any(|&c| c == b'%' || c == b'+' || c == b'[') {
-        return names.iter().any(|n| n.as_bytes().eq_ignore_ascii_case(b));
-    }
-    let decoded = percent_decode(raw);
-    let name = decoded
-        .as_bytes()
-        .iter()
-        .position(|&b| b == b'[')
-        .map_or(&*decoded, |i| &decoded[..i]);
-    names.iter().any(|n| n.eq_ignore_ascii_case(name))
+    crate::query::is_one_of(raw, names)
 }
 
 /// Removes the parameters starting at `offsets` (as [`params`] gives them) from the
@@ -197,41 +177,8 @@ fn for_kept<'q>(
     }
 }
 
-/// Decodes `%XX` escapes and `+` (as space); invalid escapes are kept as written.
-pub fn percent_decode(s: &str) -> Cow<'_, str> {
-    if !s.bytes().any(|b| b == b'%' || b == b'+') {
-        return Cow::Borrowed(s);
-    }
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(v) => {
-                        out.push(v);
-                        i += 3;
-                    }
-                    None => {
-                        out.push(b'%');
-                        i += 1;
-                    }
-                }
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
-}
+pub use crate::query::percent_decode;
+use crate::query::split_pair;
 
 #[cfg(test)]
 mod tests {

@@ -6,10 +6,15 @@ use crate::snapshot::Route;
 use http::Method;
 
 /// Whether `route` takes `method`. A CORS preflight (OPTIONS) is taken by any route that
-/// does CORS, whatever its methods, so the preflight can be answered at the edge.
+/// does CORS, whatever its methods, so the preflight can be answered at the edge. `TRACE`
+/// (which echoes the request, credentials included, back) is taken only by a route that
+/// lists it.
 pub fn allows(route: &Route, method: &Method, preflight: bool) -> bool {
     match &route.cfg.methods {
-        None => true,
+        None => *method != Method::TRACE,
         Some(list) => list.contains(method) || (preflight && route.cfg.cors.is_some()),
     }
 }
+
+/// What a route without a list of methods takes, for `Allow`: every method but `TRACE`.
+pub const OPEN: &[&str] = &["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];

@@ -191,6 +191,11 @@ pub(super) async fn forward(
                 super::log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
                 return Err(Refusal::UpstreamTimeout);
             }
+            Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                let refusal = Refusal::Upstream("a protocol switch nobody asked for");
+                super::log_failure(up, hop.route, target, &refusal);
+                return Err(refusal);
+            }
             Ok(Ok(mut resp)) => {
                 up.outcome(target, !resp.status().is_server_error());
                 super::headers::rewrite_response(resp.headers_mut());

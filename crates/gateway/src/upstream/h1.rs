@@ -111,6 +111,11 @@ impl H1Conn {
             if !self.buf.is_empty() {
                 if let Some((head, len, framing, keep_alive)) = parse_head(&self.buf, method)? {
                     self.buf.advance(len);
+                    // A switch of protocols nobody asked for (upgrades take another
+                    // client): no answer follows it on this connection.
+                    if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                        return Err(H1Error::Malformed);
+                    }
                     if head.status.is_informational() {
                         // 100 Continue and the like: the real answer follows.
                         continue;

@@ -9,16 +9,43 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
+/// Whether `name` (lower case) is one of the headers a proxy tells its upstream about the
+/// client with: `Forwarded`, `X-Real-IP` and the whole `X-Forwarded-*` family (`-Port`,
+/// `-Prefix`, `-Scheme`, `-Ssl`, ... which Spring and Rack act on), in `-` or `_` spelling.
+pub fn forwarding_header(name: &str) -> bool {
+    const FAMILY: &[u8] = b"x-forwarded-";
+    let b = name.as_bytes();
+    let dashed = |a: &[u8], want: &[u8]| {
+        a.len() >= want.len()
+            && a.iter()
+                .zip(want)
+                .all(|(&c, &w)| c == w || (w == b'-' && c == b'_'))
+    };
+    name == "forwarded" || dashed(b, b"x-real-ip") && b.len() == 9 || dashed(b, FAMILY)
+}
+
 /// Sets `X-Forwarded-For`, `-Proto` and `-Host` for the hop. From a trusted proxy, the
 /// client's `X-Forwarded-For` is appended to and its `-Proto` and `-Host` kept; from anyone
-/// else, all of them (and `Forwarded`, `X-Real-IP`) are replaced; `-Proto` is `https` when
-/// the client came over TLS. `Host` is the caller's.
+/// else, every header of the family (`Forwarded`, `X-Real-IP`, every `X-Forwarded-*`, in
+/// either spelling) is dropped and the three are set anew; `-Proto` is `https` when the
+/// client came over TLS. `Host` is the caller's.
 pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue, trusted: bool, https: bool) {
     if !trusted {
         h.remove(X_FORWARDED_PROTO);
         h.remove(X_FORWARDED_HOST);
         h.remove(FORWARDED);
         h.remove(X_REAL_IP);
+        // The rest of the family: one pass over the names first, as most requests have none.
+        if h.keys().any(|k| forwarding_header(k.as_str())) {
+            let family: Vec<HeaderName> = h
+                .keys()
+                .filter(|k| forwarding_header(k.as_str()))
+                .cloned()
+                .collect();
+            for name in family {
+                h.remove(name);
+            }
+        }
     }
     if !h.contains_key(&X_FORWARDED_HOST) {
         if let Some(v) = h.get(header::HOST).cloned() {
@@ -54,4 +81,39 @@ pub fn rewrite_response(h: &mut HeaderMap) -> bool {
     }
     crate::inbound::strip_hop_headers(h, &crate::inbound::Owned::default());
     both
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_untrusted_client_sends_no_header_of_the_forwarding_family() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "x-forwarded-port",
+            "x-forwarded-prefix",
+            "x_forwarded_scheme",
+            "x-forwarded_ssl",
+            "x-forwarded-server",
+            "x-forwarded-uri",
+            "x-forwarded-path",
+            "x_real_ip",
+            "forwarded",
+            "x-forwardedness",
+        ] {
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                HeaderValue::from_static("evil"),
+            );
+        }
+        rewrite_request(&mut h, &HeaderValue::from_static("10.0.0.1"), false, false);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(
+            left,
+            ["x-forwarded-for", "x-forwarded-proto", "x-forwardedness"],
+            "{left:?}"
+        );
+    }
 }

@@ -8,12 +8,14 @@
 //! connection. A new connection that fails is not retried on the same target. A
 //! non-idempotent request is never sent twice.
 
+mod ahead;
 mod body;
 mod cap;
 mod client;
 mod dial;
 mod h1;
 mod headers;
+pub use headers::forwarding_header;
 pub mod health;
 mod idle;
 mod pool;

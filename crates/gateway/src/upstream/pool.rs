@@ -119,6 +119,8 @@ enum Inner {
     },
     /// From the lean client.
     Raw(H1Body),
+    /// Read ahead of the client by a task of its own (for the cache).
+    Ahead(super::ahead::AheadBody),
 }
 
 /// Gathers a body as it streams, up to a limit, and hands the whole of it over at the end.
@@ -127,6 +129,7 @@ pub struct Collector {
     len: u64,
     limit: u64,
     done: Option<Box<dyn FnOnce(Bytes) + Send>>,
+    too_large: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Collector {
@@ -137,13 +140,23 @@ impl Collector {
             len: 0,
             limit,
             done: Some(Box::new(done)),
+            too_large: None,
         }
+    }
+
+    /// Calls `f` if the body turns out larger than the limit.
+    pub fn on_too_large(mut self, f: impl FnOnce() + Send + 'static) -> Collector {
+        self.too_large = Some(Box::new(f));
+        self
     }
 
     /// Takes a piece; false once the body is larger than the limit.
     fn push(&mut self, b: &Bytes) -> bool {
         self.len += b.len() as u64;
         if self.len > self.limit {
+            if let Some(f) = self.too_large.take() {
+                f();
+            }
             return false;
         }
         self.chunks.push(b.clone());
@@ -221,6 +234,26 @@ impl PooledBody {
         }
     }
 
+    /// Whether a copy is still being collected (not yet handed over, nor given up).
+    pub fn is_collecting(&self) -> bool {
+        self.collect.is_some()
+    }
+
+    /// Reads the rest of this body ahead of its reader, in a task of its own (see
+    /// [`super::ahead`]): what it collects is handed over at the upstream's pace.
+    pub fn read_ahead(self) -> PooledBody {
+        let read_timeout = self.read_timeout;
+        if self.is_end_stream() {
+            return self;
+        }
+        PooledBody {
+            inner: Inner::Ahead(super::ahead::spawn(self)),
+            read_timeout,
+            stall: None,
+            collect: None,
+        }
+    }
+
     fn poll_inner(
         &mut self,
         cx: &mut Context<'_>,
@@ -229,6 +262,7 @@ impl PooledBody {
             Inner::Raw(body) => body
                 .poll_data(cx)
                 .map(|o| o.map(|r| r.map(Frame::data).map_err(BodyError::from))),
+            Inner::Ahead(body) => body.poll_frame(cx),
             Inner::Hyper { body, lease } => {
                 let polled = Pin::new(&mut *body).poll_frame(cx);
                 let end = body.is_end_stream();
@@ -314,6 +348,7 @@ impl Body for PooledBody {
         match &self.inner {
             Inner::Hyper { body, .. } => body.is_end_stream(),
             Inner::Raw(body) => body.is_done(),
+            Inner::Ahead(body) => body.is_done(),
         }
     }
 
@@ -324,6 +359,7 @@ impl Body for PooledBody {
                 Some(n) => SizeHint::with_exact(n),
                 None => SizeHint::default(),
             },
+            Inner::Ahead(body) => body.size_hint(),
         }
     }
 }

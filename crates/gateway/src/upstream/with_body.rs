@@ -135,6 +135,12 @@ pub(super) async fn forward_hyper(
                 log_failure(up, hop.route, target, &refusal);
                 return Err(refusal);
             }
+            Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                // Its connection is not reused: it was handed over to another protocol.
+                let refusal = Refusal::Upstream("a protocol switch nobody asked for");
+                log_failure(up, hop.route, target, &refusal);
+                return Err(refusal);
+            }
             Ok(Ok(mut resp)) => {
                 up.outcome(target, !resp.status().is_server_error());
                 let stale_length = headers::rewrite_response(resp.headers_mut());

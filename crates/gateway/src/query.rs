@@ -1,0 +1,166 @@
+//! Query parameters as backends read them: one place that says when two raw names are the
+//! same parameter, for credentials (every spelling is a credential) and the cache's keyed
+//! parameters (every spelling is keyed).
+//!
+//! Backends read names loosely: percent-decoded, `+` as a space, in any ASCII case (ASP.NET),
+//! with an array suffix (`name[]`, `name[0]` in PHP and Rack), and PHP rewrites leading
+//! spaces away and `.`, ` ` and an unclosed `[` to `_` (`user.key` is `user_key`). A name
+//! is held to all of these at once, so no spelling passes as another parameter.
+
+use std::borrow::Cow;
+
+/// `name=value` as `(name, value)`; a piece without `=` is a name with an empty value.
+/// A byte loop: pieces are short, and `split_once`'s searcher costs more than it saves.
+pub fn split_pair(pair: &str) -> (&str, &str) {
+    match pair.bytes().position(|b| b == b'=') {
+        Some(i) => (&pair[..i], &pair[i + 1..]),
+        None => (pair, ""),
+    }
+}
+
+/// Decodes `%XX` escapes and `+` (as space); invalid escapes are kept as written.
+pub fn percent_decode(s: &str) -> Cow<'_, str> {
+    if !s.bytes().any(|b| b == b'%' || b == b'+') {
+        return Cow::Borrowed(s);
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// A raw parameter name as a backend reads it, before case and `_` folding: decoded,
+/// leading spaces dropped, an array suffix (`[...]` closed later in the name) cut off.
+pub fn param_name(raw: &str) -> Cow<'_, str> {
+    // Most names hold no escape, suffix or leading space: taken as they are.
+    let b = raw.as_bytes();
+    if !b.iter().any(|&c| matches!(c, b'%' | b'+' | b'[')) && !raw.starts_with(' ') {
+        return Cow::Borrowed(raw);
+    }
+    let decoded = percent_decode(raw);
+    let trimmed = decoded.trim_start_matches(' ');
+    let name = match trimmed.find('[') {
+        Some(i) if trimmed[i..].contains(']') => &trimmed[..i],
+        _ => trimmed,
+    };
+    Cow::Owned(name.to_string())
+}
+
+/// One byte of a name, folded: ASCII lower case, and PHP's `_` for `.`, ` ` and `[`.
+fn fold(c: u8) -> u8 {
+    match c {
+        b'.' | b' ' | b'[' => b'_',
+        c => c.to_ascii_lowercase(),
+    }
+}
+
+/// Whether `name` (from [`param_name`]) and `configured` are the same parameter.
+pub fn same_param(name: &str, configured: &str) -> bool {
+    name.len() == configured.len()
+        && name
+            .bytes()
+            .zip(configured.bytes())
+            .all(|(a, b)| fold(a) == fold(b))
+}
+
+/// Whether the raw parameter name `raw` is one of `names` in any spelling a backend reads.
+pub fn is_one_of(raw: &str, names: &[String]) -> bool {
+    let name = param_name(raw);
+    names.iter().any(|n| same_param(&name, n))
+}
+
+/// The query's pieces as `(offset, separator before it, raw name, raw piece)`; `;` separates
+/// pieces as well as `&`, as some backends read it. The first piece's separator is `?`.
+pub fn pieces(query: &str) -> impl Iterator<Item = (usize, u8, &str, &str)> {
+    let mut rest = Some(query);
+    let mut at = 0;
+    let mut sep = b'?';
+    std::iter::from_fn(move || {
+        let r = rest?;
+        let end = r
+            .bytes()
+            .position(|b| b == b'&' || b == b';')
+            .unwrap_or(r.len());
+        let pair = &r[..end];
+        let item = (at, sep, split_pair(pair).0, pair);
+        if end == r.len() {
+            rest = None;
+        } else {
+            sep = r.as_bytes()[end];
+            rest = Some(&r[end + 1..]);
+            at += end + 1;
+        }
+        Some(item)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spelling_a_backend_reads_is_the_same_name() {
+        let names = vec!["apikey".to_string(), "user_key".to_string()];
+        for same in [
+            "apikey",
+            "APIKEY",
+            "%61pikey",
+            "apikey[]",
+            "apikey%5B0%5D",
+            "user_key",
+            "user.key",
+            "user key",
+            "user+key",
+            "user[key",
+            "%20user_key",
+            "+user_key",
+            "User.Key",
+        ] {
+            assert!(is_one_of(same, &names), "{same}");
+        }
+        for other in ["apikeyx", "api_key", "user_keys", "userkey", "user[key]"] {
+            assert!(!is_one_of(other, &names), "{other}");
+        }
+    }
+
+    #[test]
+    fn pieces_keep_offsets_and_separators() {
+        let found: Vec<_> = pieces("a=1;apikey=2&b").collect();
+        assert_eq!(
+            found,
+            [
+                (0, b'?', "a", "a=1"),
+                (4, b';', "apikey", "apikey=2"),
+                (13, b'&', "b", "b"),
+            ]
+        );
+        assert_eq!(percent_decode("k%2B1"), "k+1");
+        assert_eq!(percent_decode("bad%zz"), "bad%zz");
+        assert_eq!(percent_decode("end%4"), "end%4");
+    }
+}

@@ -1,0 +1,193 @@
+//! Reading an upstream answer ahead of its client, for the cache: the copy being stored is
+//! filled at the upstream's pace, whatever the client that asked for it does (as nginx's
+//! `proxy_cache_lock` fill does), so a client that stops reading stalls neither the store
+//! nor the requests waiting for it.
+//!
+//! A task reads the upstream body into a queue the client's body reads from. While the
+//! copy is being collected the queue holds at most the cache's largest object; once the
+//! answer is known not to be stored (larger than that, or broken), the task reads on only
+//! as fast as the client takes it, and stops when the client is gone.
+
+use super::pool::{BodyError, PooledBody};
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+/// Bytes queued for a client past which, when nothing is being stored, the task waits for
+/// the client to take some.
+const QUEUE_HIGH: usize = 64 * 1024;
+
+/// What the task and the client's body share.
+#[derive(Default)]
+struct Queue {
+    chunks: VecDeque<Bytes>,
+    trailers: Option<HeaderMap>,
+    queued: usize,
+    /// The upstream body ended: `Ok` at its end, `Err` when it broke off.
+    end: Option<Result<(), String>>,
+    /// The client's body is gone.
+    reader_gone: bool,
+    reader: Option<Waker>,
+    filler: Option<Waker>,
+}
+
+/// The client's side of an answer read ahead.
+pub struct AheadBody {
+    queue: Arc<Mutex<Queue>>,
+    /// Bytes still to come, when the answer said how many.
+    remaining: Option<u64>,
+    done: bool,
+}
+
+impl Drop for AheadBody {
+    fn drop(&mut self) {
+        let mut q = self.queue.lock();
+        q.reader_gone = true;
+        q.chunks.clear();
+        q.queued = 0;
+        if let Some(w) = q.filler.take() {
+            w.wake();
+        }
+    }
+}
+
+/// Starts reading `body` ahead (in a task of its own) and returns the client's side.
+pub(super) fn spawn(mut body: PooledBody) -> AheadBody {
+    let remaining = body.size_hint().exact();
+    let queue = Arc::new(Mutex::new(Queue::default()));
+    let q = queue.clone();
+    tokio::spawn(async move {
+        loop {
+            // Past what is stored, read only as fast as the client takes it.
+            let collecting = body.is_collecting();
+            let go_on = std::future::poll_fn(|cx| {
+                let mut g = q.lock();
+                if collecting {
+                    return Poll::Ready(true);
+                }
+                if g.reader_gone {
+                    return Poll::Ready(false);
+                }
+                if g.queued < QUEUE_HIGH {
+                    return Poll::Ready(true);
+                }
+                g.filler = Some(cx.waker().clone());
+                Poll::Pending
+            })
+            .await;
+            if !go_on {
+                // Dropping the body closes the upstream connection, whose state is unknown.
+                return;
+            }
+            let frame = http_body_util::BodyExt::frame(&mut body).await;
+            let mut g = q.lock();
+            let ended = match frame {
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(d) => {
+                        if !g.reader_gone && !d.is_empty() {
+                            g.queued += d.len();
+                            g.chunks.push_back(d);
+                        }
+                        if body.is_end_stream() {
+                            g.end = Some(Ok(()));
+                            true
+                        } else {
+                            false
+                        }
+                    }
+                    Err(f) => {
+                        g.trailers = f.into_trailers().ok();
+                        false
+                    }
+                },
+                None => {
+                    g.end = Some(Ok(()));
+                    true
+                }
+                Some(Err(e)) => {
+                    g.end = Some(Err(e.to_string()));
+                    true
+                }
+            };
+            if let Some(w) = g.reader.take() {
+                w.wake();
+            }
+            if ended {
+                return;
+            }
+        }
+    });
+    AheadBody {
+        queue,
+        remaining,
+        done: false,
+    }
+}
+
+impl AheadBody {
+    /// Whether nothing more will come.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Bytes still to come, when known.
+    pub fn size_hint(&self) -> SizeHint {
+        match self.remaining {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+
+    /// The next frame of the answer.
+    pub fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let mut q = self.queue.lock();
+        if let Some(d) = q.chunks.pop_front() {
+            q.queued -= d.len();
+            if let Some(w) = q.filler.take() {
+                w.wake();
+            }
+            if let Some(r) = self.remaining.as_mut() {
+                *r = r.saturating_sub(d.len() as u64);
+            }
+            if q.chunks.is_empty() && q.trailers.is_none() && matches!(q.end, Some(Ok(()))) {
+                self.done = true;
+            }
+            return Poll::Ready(Some(Ok(Frame::data(d))));
+        }
+        if let Some(t) = q.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(t))));
+        }
+        match q.end.take() {
+            Some(Ok(())) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Some(Err(e)) => {
+                self.done = true;
+                Poll::Ready(Some(Err(e.into())))
+            }
+            None => {
+                q.reader = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for AheadBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AheadBody")
+            .field("remaining", &self.remaining)
+            .finish()
+    }
+}
