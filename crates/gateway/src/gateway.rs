@@ -673,6 +673,9 @@ impl Gateway {
             .await;
         resp.headers_mut()
             .insert(X_REQUEST_ID, trace.request_id.clone());
+        if trace.upstream_ns.is_some() {
+            resp.extensions_mut().insert(crate::listener::Upstream);
+        }
         let status = resp.status().as_u16();
         self.metrics.response(status);
         let stats = trace.route.map_or(self.metrics.unrouted(), |r| &r.stats);

@@ -342,13 +342,14 @@ async fn unsafe_methods_invalidate_the_uri_and_its_location() {
         .await;
     assert_eq!(p.status.as_u16(), 200);
     assert_eq!(s.get("/fresh").await.body, "n=5");
-    // A client's PURGE goes upstream like any method and leaves the cache alone.
+    // A client's PURGE is a method like any other not defined as safe: it goes upstream
+    // and, answered 200, invalidates its own URI (RFC 9111 §4.4), nothing more.
     let purge = http::Method::from_bytes(b"PURGE").expect("method");
     let p =
         s.c.request(purge, &s.gw.url("/fresh"), &[("X-API-Key", "ka")], "")
             .await;
     assert_eq!(p.status.as_u16(), 200);
-    assert_eq!(s.get("/fresh").await.body, "n=5", "still cached");
+    assert_eq!(s.get("/fresh").await.body, "n=7", "invalidated");
 }
 
 #[tokio::test]
@@ -652,7 +653,7 @@ async fn purges_by_url_prefix_tag_and_everything() {
     assert_eq!(s.upstream(), stored + 4, "only /other was left");
     let stats = raw(
         admin,
-        b"GET /cache HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        b"GET /cache HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert!(stats.contains("\"entries\":5"), "{stats}");

@@ -677,3 +677,124 @@ async fn a_client_that_does_not_read_its_replies_is_not_read_either() {
         "the server took {sent} bytes of PINGs whose answers were not read"
     );
 }
+
+/// A header block of `n` regular fields after GET `/`: `x-f0: v` … (literals, not indexed).
+fn get_with_fields(n: usize) -> Vec<u8> {
+    let mut block = GET_ROOT.to_vec();
+    for i in 0..n {
+        let name = format!("x-f{i}");
+        block.extend_from_slice(&[0x00, name.len() as u8]);
+        block.extend_from_slice(name.as_bytes());
+        block.extend_from_slice(&[0x01, b'v']);
+    }
+    block
+}
+
+#[tokio::test]
+async fn resets_the_server_is_made_to_send_spend_the_reset_budget() {
+    // MadeYouReset (CVE-2025-8671): WINDOW_UPDATE 0, or a PRIORITY that depends on its own
+    // stream, makes the server reset a stream it has already taken.
+    for (name, provoke) in [
+        ("WINDOW_UPDATE 0", |id: u32| {
+            frame(0x8, 0, id, &0u32.to_be_bytes())
+        }),
+        ("self-dependent PRIORITY", |id: u32| {
+            let mut p = id.to_be_bytes().to_vec();
+            p.push(16);
+            frame(0x2, 0, id, &p)
+        }),
+    ] {
+        let (backend, _) = inspect_backend().await;
+        let g = TestGateway::start(
+            &h2c_yaml(backend, ", http2: {max_pending_resets: 20}"),
+            SystemClock::new(),
+        )
+        .await;
+        let mut s = TcpStream::connect(g.addr).await.expect("connect");
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(0x4, 0, 0, &[]));
+        // Far fewer than the cap on malformed streams, far more than the reset budget.
+        for i in 0..200u32 {
+            let id = 2 * i + 1;
+            out.extend(frame(0x1, 0x5, id, GET_ROOT));
+            out.extend(provoke(id));
+        }
+        let _ = s.write_all(&out).await;
+        let code = bounded(name, goaway(&mut s)).await;
+        assert_eq!(code, Some(0xb), "{name}: expected GOAWAY ENHANCE_YOUR_CALM");
+    }
+}
+
+#[tokio::test]
+async fn frames_that_carry_nothing_are_counted() {
+    let backend = echo_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    // Empty CONTINUATION frames that never end their block.
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x1, 1, GET_ROOT));
+    for _ in 0..5_000 {
+        out.extend(frame(0x9, 0, 1, &[]));
+    }
+    let _ = s.write_all(&out).await;
+    assert_eq!(
+        bounded("GOAWAY", goaway(&mut s)).await,
+        Some(0xb),
+        "empty CONTINUATION"
+    );
+    // Frames of an unknown type while a stream is open, and empty DATA.
+    for (name, useless) in [
+        ("unknown type", frame(0x20, 0, 0, &[])),
+        ("empty DATA", frame(0x0, 0, 1, &[])),
+    ] {
+        let mut s = TcpStream::connect(g.addr).await.expect("connect");
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(0x4, 0, 0, &[]));
+        out.extend(frame(0x1, 0x4, 1, GET_ROOT)); // END_HEADERS, body to come
+        for _ in 0..5_000 {
+            out.extend(useless.clone());
+        }
+        let _ = s.write_all(&out).await;
+        assert_eq!(bounded(name, goaway(&mut s)).await, Some(0xb), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_header_block_must_end_within_the_header_timeout() {
+    let backend = echo_backend().await;
+    let g = TestGateway::start(
+        &h2c_yaml(backend, ", header_timeout: 300ms"),
+        SystemClock::new(),
+    )
+    .await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x1, 1, GET_ROOT)); // no END_HEADERS, and nothing after
+    s.write_all(&out).await.expect("write");
+    let code = bounded("GOAWAY", goaway(&mut s)).await;
+    assert_eq!(code, Some(0x1), "GOAWAY PROTOCOL_ERROR, not an idle close");
+}
+
+#[tokio::test]
+async fn max_headers_holds_on_http2_and_a_short_goaway_is_a_frame_size_error() {
+    let backend = echo_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ", max_headers: 5"), SystemClock::new()).await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut out = preface_granting_all();
+    out.extend(frame(0x1, 0x5, 1, &get_with_fields(5)));
+    let (_, _, first) = send_for_answer(&mut s, &out, 1).await;
+    assert_eq!(first.first(), Some(&0x88), "5 fields: 200");
+    let more = frame(0x1, 0x5, 3, &get_with_fields(6));
+    let (_, _, second) = send_for_answer(&mut s, &more, 3).await;
+    assert!(
+        second.windows(3).any(|w| w == b"431"),
+        "6 fields: 431, got {second:?}"
+    );
+    // A GOAWAY without its 8 bytes of last-stream-id and code.
+    s.write_all(&frame(0x7, 0, 0, &[0, 0, 0, 0]))
+        .await
+        .expect("write");
+    assert_eq!(bounded("GOAWAY", goaway(&mut s)).await, Some(0x6));
+}

@@ -423,7 +423,7 @@ fn byte_range(req: &HeaderMap, len: usize) -> Option<Result<std::ops::Range<usiz
     }
     let start = num(first)?;
     let end = if last.is_empty() {
-        len.saturating_sub(1)
+        usize::MAX
     } else {
         num(last)?
     };

@@ -446,7 +446,10 @@ async fn serve_stream<S>(
     let io = SendTimeout::new(stream, info.listener.send_timeout);
     let peer = info.peer_ip.clone();
     if h2 {
-        let limits = Limits::new(&b.http2, b.header_timeout, info.listener.send_timeout);
+        let limits = Limits {
+            max_headers: info.listener.max_headers,
+            ..Limits::new(&b.http2, b.header_timeout, info.listener.send_timeout)
+        };
         let make = move |req| {
             let gw = gw.clone();
             let info = info.clone();

@@ -11,6 +11,11 @@ pub mod tls;
 
 pub use body::RequestBody;
 
+/// A response extension: the answer took upstream work. On HTTP/2 only such answers bank
+/// a reset for the rapid-reset guard; a cheap refusal does not.
+#[derive(Debug, Clone, Copy)]
+pub struct Upstream;
+
 use crate::gateway::Gateway;
 use http::HeaderValue;
 use std::net::SocketAddr;

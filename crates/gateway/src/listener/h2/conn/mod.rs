@@ -31,8 +31,14 @@ const MAX_FRAME: usize = 16_384;
 const WRITE_HIGH: usize = 64 * 1024;
 /// Streams we reset whose late frames are ignored rather than treated as errors.
 const RECENT_RESETS: usize = 128;
-/// Streams we may reset (malformed, refused) before the client is told to go away.
-const MAX_LOCAL_RESETS: usize = 1024;
+/// Streams we may reset before they reached the gateway (malformed, refused) before the
+/// client is told to go away: a well-made client sends none.
+const MAX_LOCAL_RESETS: usize = 64;
+/// Frames in a row that carry nothing (empty DATA or CONTINUATION that end nothing, frames
+/// of unknown type) before the client is told to go away, as Envoy and Sozu count them.
+const MAX_USELESS_FRAMES: u32 = 100;
+/// CONTINUATION frames one header block may take.
+const MAX_CONTINUATIONS: u32 = 32;
 /// The largest window RFC 9113 §6.9.1 allows.
 const MAX_WINDOW: i64 = (1 << 31) - 1;
 
@@ -49,6 +55,8 @@ pub struct Limits {
     pub idle: Duration,
     /// How long an answer may wait on the client's window.
     pub send_timeout: Duration,
+    /// Most header fields in a request (the listener's `max_headers`; 0: no limit).
+    pub max_headers: usize,
 }
 
 impl Limits {
@@ -62,6 +70,7 @@ impl Limits {
             max_resets: h.max_pending_resets,
             idle,
             send_timeout,
+            max_headers: 0,
         }
     }
 }
@@ -110,6 +119,8 @@ struct Stream<B> {
     expects_continue: bool,
     /// Since when the answer has waited on the client's window.
     blocked_since: Option<Instant>,
+    /// The answer came from the upstream (it banks a reset once sent).
+    upstream: bool,
 }
 
 impl<B> Stream<B> {
@@ -134,6 +145,10 @@ struct Continued {
     end_stream: bool,
     self_dependent: bool,
     block: BytesMut,
+    /// CONTINUATION frames so far.
+    frames: u32,
+    /// When the block must be whole (the listener's `header_timeout`).
+    deadline: Instant,
 }
 
 type Map<V> = HashMap<u32, V, foldhash::fast::RandomState>;
@@ -174,7 +189,13 @@ pub struct Connection<S, F, M, B> {
     /// Answered streams bank one each (up to the stream limit), client resets of
     /// unanswered streams spend one: below `-max_resets` the client is told to calm down.
     reset_balance: i64,
+    /// When the balance last decayed one step towards zero.
+    balance_at: Instant,
     local_resets: usize,
+    /// Frames in a row that carried nothing.
+    useless: u32,
+    /// The last stream id a GOAWAY named: a later GOAWAY never names a higher one.
+    goaway_last: Option<u32>,
     state: State,
     timer: Pin<Box<Sleep>>,
     idle_since: Instant,
@@ -219,7 +240,10 @@ where
             conn_credit: 0,
             cont: None,
             reset_balance: 0,
+            balance_at: now,
             local_resets: 0,
+            useless: 0,
+            goaway_last: None,
             state: State::Open,
             timer: Box::pin(tokio::time::sleep_until(now + limits.idle)),
             idle_since: now,
@@ -244,9 +268,42 @@ where
     /// Stops taking new streams (GOAWAY); the connection closes once the open ones are done.
     pub fn shutdown(&mut self) {
         if self.state == State::Open {
-            frame::goaway(&mut self.wbuf, self.last_id, code::NO_ERROR);
+            self.goaway(code::NO_ERROR);
             self.state = State::Closing;
         }
+    }
+
+    /// Queues GOAWAY with `code`; its last stream id never grows past an earlier one's.
+    fn goaway(&mut self, code: u32) {
+        let last = self
+            .goaway_last
+            .map_or(self.last_id, |g| g.min(self.last_id));
+        self.goaway_last = Some(last);
+        frame::goaway(&mut self.wbuf, last, code);
+    }
+
+    /// Moves the reset balance one step towards zero per second since it last moved:
+    /// banked credit does not keep, and an old debt is forgiven.
+    fn decay_balance(&mut self) {
+        let now = Instant::now();
+        let secs = now.saturating_duration_since(self.balance_at).as_secs();
+        if secs == 0 {
+            return;
+        }
+        self.balance_at = now;
+        let step = i64::try_from(secs).unwrap_or(i64::MAX);
+        self.reset_balance = if self.reset_balance > 0 {
+            (self.reset_balance - step).max(0)
+        } else {
+            (self.reset_balance + step).min(0)
+        };
+    }
+
+    /// Spends one reset from the balance; whether the client is now too far in debt.
+    fn spend_reset(&mut self) -> bool {
+        self.decay_balance();
+        self.reset_balance -= 1;
+        self.reset_balance < -(self.limits.max_resets as i64)
     }
 
     fn fail(&mut self, e: ConnError) {
@@ -254,7 +311,7 @@ where
             return;
         }
         tracing::debug!(code = e.0, "HTTP/2 connection error: GOAWAY");
-        frame::goaway(&mut self.wbuf, self.last_id, e.0);
+        self.goaway(e.0);
         self.state = State::Failed;
         self.cont = None;
         let ids: Vec<u32> = self.streams.keys().copied().collect();
@@ -323,6 +380,14 @@ where
         }
         let now = Instant::now();
         let mut next = now + self.limits.idle;
+        if let Some(c) = &self.cont {
+            if c.deadline <= now {
+                tracing::debug!("an HTTP/2 header block did not end within header_timeout");
+                self.fail(ConnError(code::PROTOCOL_ERROR));
+            } else {
+                next = next.min(c.deadline);
+            }
+        }
         let expired: Vec<u32> = self
             .streams
             .iter()

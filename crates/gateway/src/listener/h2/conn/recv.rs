@@ -3,9 +3,10 @@
 
 use super::super::body::Sender;
 use super::super::frame::{self, code, flag, kind, PREFACE};
-use super::super::request;
+use super::super::{hpack, request};
 use super::{
-    ConnError, Connection, Continued, State, Stream, MAX_FRAME, MAX_LOCAL_RESETS, MAX_WINDOW,
+    ConnError, Connection, Continued, State, Stream, MAX_CONTINUATIONS, MAX_FRAME,
+    MAX_LOCAL_RESETS, MAX_USELESS_FRAMES, MAX_WINDOW,
 };
 use crate::listener::body::RequestBody;
 use bytes::{Buf, Bytes, BytesMut};
@@ -48,10 +49,43 @@ where
             let id = u32::from_be_bytes([self.rbuf[5], self.rbuf[6], self.rbuf[7], self.rbuf[8]])
                 & 0x7fff_ffff;
             let payload = self.rbuf.split_to(9 + len).freeze().slice(9..);
+            self.count_useless(k, flags, len)?;
             self.frame(k, flags, id, payload)?;
-            if self.local_resets > MAX_LOCAL_RESETS {
+            if self.local_resets > MAX_LOCAL_RESETS
+                || self.reset_balance < -(self.limits.max_resets as i64)
+            {
                 return Err(ConnError(code::ENHANCE_YOUR_CALM));
             }
+        }
+        Ok(())
+    }
+
+    /// Counts frames that carry nothing: empty DATA that does not end its stream, empty
+    /// CONTINUATION that does not end its block, and frames of unknown type. Too many in a
+    /// row is a flood (they cost the server as much as any frame); any other frame resets
+    /// the count.
+    fn count_useless(&mut self, k: u8, flags: u8, len: usize) -> Result<(), ConnError> {
+        let useless = match k {
+            kind::DATA => len == 0 && flags & flag::END_STREAM == 0,
+            kind::CONTINUATION => len == 0 && flags & flag::END_HEADERS == 0,
+            kind::HEADERS
+            | kind::PRIORITY
+            | kind::RST_STREAM
+            | kind::SETTINGS
+            | kind::PUSH_PROMISE
+            | kind::PING
+            | kind::GOAWAY
+            | kind::WINDOW_UPDATE => false,
+            _ => true,
+        };
+        if !useless {
+            self.useless = 0;
+            return Ok(());
+        }
+        self.useless += 1;
+        if self.useless > MAX_USELESS_FRAMES {
+            tracing::debug!("HTTP/2 client sent too many empty or unknown frames: GOAWAY");
+            return Err(ConnError(code::ENHANCE_YOUR_CALM));
         }
         Ok(())
     }
@@ -99,6 +133,10 @@ where
                 if id != 0 {
                     return Err(ConnError(code::PROTOCOL_ERROR));
                 }
+                // Last-stream-id and error code (RFC 9113 §6.8).
+                if p.len() < 8 {
+                    return Err(ConnError(code::FRAME_SIZE_ERROR));
+                }
                 // The client opens no more streams: finish the open ones, then close.
                 if self.state == State::Open {
                     self.state = State::Closing;
@@ -111,8 +149,12 @@ where
                     return Err(ConnError(code::PROTOCOL_ERROR));
                 };
                 c.block.extend_from_slice(&p);
-                // A block this large decodes past any header list allowed: a flood.
-                if c.block.len() > 4 * self.limits.max_header_list as usize + MAX_FRAME {
+                c.frames += 1;
+                // A block this large decodes past any header list allowed: a flood; so is
+                // a block cut into more pieces than any client needs.
+                if c.block.len() > 4 * self.limits.max_header_list as usize + MAX_FRAME
+                    || c.frames > MAX_CONTINUATIONS
+                {
                     return Err(ConnError(code::ENHANCE_YOUR_CALM));
                 }
                 if flags & flag::END_HEADERS != 0 {
@@ -158,11 +200,17 @@ where
         if flags & flag::END_HEADERS != 0 {
             return self.on_block(id, end_stream, self_dependent, p);
         }
+        let deadline = tokio::time::Instant::now() + self.limits.idle;
+        if self.timer.deadline() > deadline {
+            self.timer.as_mut().reset(deadline);
+        }
         self.cont = Some(Continued {
             id,
             end_stream,
             self_dependent,
             block: BytesMut::from(&p[..]),
+            frames: 0,
+            deadline,
         });
         Ok(())
     }
@@ -219,7 +267,14 @@ where
             // Past our GOAWAY's last stream: ignored; the client may retry elsewhere.
             return Ok(());
         }
-        if decoded.too_large {
+        let too_many = self.limits.max_headers > 0
+            && decoded
+                .fields
+                .iter()
+                .filter(|f| !matches!(f, hpack::Field::Pseudo(..)))
+                .count()
+                > self.limits.max_headers;
+        if decoded.too_large || too_many {
             self.answer_now(id, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, end_stream);
             return Ok(());
         }
@@ -276,6 +331,7 @@ where
                 head: is_head,
                 expects_continue,
                 blocked_since: None,
+                upstream: false,
             },
         );
         Ok(())
@@ -361,8 +417,7 @@ where
             return Err(ConnError(code::PROTOCOL_ERROR));
         }
         if self.streams.contains_key(&id) {
-            self.reset_balance -= 1;
-            if self.reset_balance < -(self.limits.max_resets as i64) {
+            if self.spend_reset() {
                 return Err(ConnError(code::ENHANCE_YOUR_CALM));
             }
             self.remove(id, "stream reset by the client");

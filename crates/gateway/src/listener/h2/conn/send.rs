@@ -22,9 +22,17 @@ where
     B: Body<Data = Bytes> + Unpin,
 {
     /// Resets stream `id` with `code` (a stream error) and forgets it.
+    /// A reset of a stream already handed to the gateway spends the same balance as a
+    /// client's reset (MadeYouReset, CVE-2025-8671: a client can make the server reset
+    /// streams it already sent upstream); one that never reached it counts towards
+    /// [`super::MAX_LOCAL_RESETS`].
     pub(super) fn reset(&mut self, id: u32, code: u32) {
         frame::rst_stream(&mut self.wbuf, id, code);
-        self.local_resets += 1;
+        if self.streams.contains_key(&id) {
+            self.spend_reset();
+        } else {
+            self.local_resets += 1;
+        }
         self.remove(id, "stream reset");
         self.remember(id);
     }
@@ -68,6 +76,10 @@ where
         };
         st.slot = None;
         let (parts, body) = resp.into_parts();
+        st.upstream = parts
+            .extensions
+            .get::<crate::listener::Upstream>()
+            .is_some();
         let end = st.head || body.is_end_stream();
         let mut block = std::mem::take(&mut self.scratch);
         block.clear();
@@ -216,7 +228,14 @@ where
 
     /// Stream `id`'s answer has ended. A client still sending is told to stop.
     pub(super) fn done(&mut self, id: u32) {
-        self.reset_balance = (self.reset_balance + 1).min(i64::from(self.limits.max_streams));
+        let Some(upstream) = self.streams.get(&id).map(|st| st.upstream) else {
+            return;
+        };
+        // Only an answer that took upstream work banks a reset: a cheap refusal does not.
+        if upstream {
+            self.decay_balance();
+            self.reset_balance = (self.reset_balance + 1).min(i64::from(self.limits.max_streams));
+        }
         let Some(st) = self.streams.get(&id) else {
             return;
         };

@@ -1,0 +1,397 @@
+//! The cache held against clients who would decide what others get: keys that hold what
+//! the upstream is told, keyed parameters in every spelling, variants on what was sent, a
+//! fill no client can stall, client directives that decide nothing for others, a bounded
+//! index, and the rest of RFC 9111.
+
+mod common;
+
+use common::*;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tollgate_gateway::ManualClock;
+
+/// A request header's value in a raw request head (empty when absent).
+fn header(head: &str, name: &str) -> String {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+fn ok(extra: &str, body: &str) -> (Vec<u8>, bool) {
+    let bytes = format!(
+        "HTTP/1.1 200 OK\r\n{extra}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    (bytes.into_bytes(), false)
+}
+
+/// What the backend answers: by path, with `n` counting every request it got.
+fn answer(head: &str, n: usize) -> (Vec<u8>, bool) {
+    let target = head.split(' ').nth(1).unwrap_or("/").to_string();
+    let path = target.split('?').next().unwrap_or("/");
+    let cc = "Cache-Control: max-age=60\r\n";
+    if !head.starts_with("GET") && !head.starts_with("HEAD") {
+        return ok("", &format!("n={n}"));
+    }
+    match path {
+        "/where" => ok(
+            cc,
+            &format!(
+                "n={n} host={} proto={}",
+                header(head, "x-forwarded-host"),
+                header(head, "x-forwarded-proto")
+            ),
+        ),
+        "/list" => ok(cc, &format!("n={n} target={target}")),
+        "/by-client" => ok(
+            "Cache-Control: max-age=60\r\nVary: X-Forwarded-For\r\n",
+            &format!("n={n} for={}", header(head, "x-forwarded-for")),
+        ),
+        "/big" => ok(cc, &"b".repeat(200_000)),
+        "/huge" => {
+            // Chunked, no length: only its end tells it is past max_object_size.
+            let chunk = "h".repeat(50_000);
+            let mut r = format!("HTTP/1.1 200 OK\r\n{cc}Transfer-Encoding: chunked\r\n\r\n");
+            for _ in 0..8 {
+                r.push_str(&format!("{:x}\r\n{chunk}\r\n", chunk.len()));
+            }
+            r.push_str("0\r\n\r\n");
+            (r.into_bytes(), false)
+        }
+        "/shaped" => {
+            if !header(head, "range").is_empty() {
+                let r = format!("HTTP/1.1 206 Partial Content\r\n{cc}Content-Range: bytes 0-0/5\r\nContent-Length: 1\r\n\r\nx");
+                return (r.into_bytes(), false);
+            }
+            if !header(head, "if-none-match").is_empty() {
+                let r = format!("HTTP/1.1 304 Not Modified\r\n{cc}ETag: \"e\"\r\n\r\n");
+                return (r.into_bytes(), false);
+            }
+            ok(&format!("{cc}ETag: \"e\"\r\n"), &format!("n={n}"))
+        }
+        "/digits" => ok(cc, "0123456789"),
+        "/quoted-age" => ok(
+            "Cache-Control: max-age=60\r\nAge: \"100\"\r\n",
+            &format!("n={n}"),
+        ),
+        "/listed-age" => ok(
+            "Cache-Control: max-age=60\r\nAge: 7200, 10\r\n",
+            &format!("n={n}"),
+        ),
+        "/surrogate" => ok(
+            "Cache-Control: no-store\r\nSurrogate-Control: max-age=60\r\n",
+            &format!("n={n}"),
+        ),
+        "/cdn" => ok(
+            "Cache-Control: max-age=60\r\nCDN-Cache-Control: no-store\r\n",
+            &format!("n={n}"),
+        ),
+        "/understood" => ok(
+            "Cache-Control: max-age=60, no-store, must-understand\r\n",
+            &format!("n={n}"),
+        ),
+        "/gzip" => {
+            if header(head, "if-none-match") == "\"g\"" {
+                let r = "HTTP/1.1 304 Not Modified\r\nETag: \"g\"\r\nCache-Control: max-age=60\r\nContent-Encoding: gzip\r\n\r\n";
+                return (r.as_bytes().to_vec(), false);
+            }
+            ok(
+                "Cache-Control: max-age=1\r\nETag: \"g\"\r\n",
+                &format!("n={n}"),
+            )
+        }
+        "/retagged" => {
+            if !header(head, "if-none-match").is_empty() {
+                let r = "HTTP/1.1 304 Not Modified\r\nETag: \"other\"\r\nCache-Control: max-age=60\r\n\r\n";
+                return (r.as_bytes().to_vec(), false);
+            }
+            ok(
+                "Cache-Control: max-age=1\r\nETag: \"first\"\r\n",
+                &format!("n={n}"),
+            )
+        }
+        "/nostore" => ok("Cache-Control: no-store\r\n", &format!("n={n}")),
+        _ => ok(cc, &format!("n={n}")),
+    }
+}
+
+struct Setup {
+    gw: TestGateway,
+    clock: Arc<ManualClock>,
+    requests: Arc<AtomicUsize>,
+}
+
+async fn setup() -> Setup {
+    setup_on("").await
+}
+
+/// A gateway whose listener has `listener` added to its settings.
+async fn setup_on(listener: &str) -> Setup {
+    let count = Arc::new(AtomicUsize::new(0));
+    let c2 = count.clone();
+    let (backend, _, requests) = scripted_backend(move |h, _| {
+        let n = c2.fetch_add(1, Ordering::SeqCst) + 1;
+        answer(h, n)
+    })
+    .await;
+    let rest = r#"
+cache: {max_size: 4MiB, max_object_size: 256KiB}
+routes:
+  - name: list
+    path_prefix: /list
+    upstream: backend
+    cache: {shared: true, key_query: [page]}
+  - name: open
+    path_prefix: /
+    upstream: backend
+    cache: {shared: true}
+"#;
+    let cfg = format!(
+        "listeners: [{{address: \"127.0.0.1:0\"{listener}}}]\nupstreams:\n  backend:\n    targets: [\"{backend}\"]\n    response_timeout: 2s\n{rest}"
+    );
+    let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
+    Setup {
+        gw,
+        clock,
+        requests,
+    }
+}
+
+/// One request over a new connection from `from` (a loopback address), fully read.
+async fn raw_from(from: &str, to: SocketAddr, head: &str) -> String {
+    let sock = TcpSocket::new_v4().expect("socket");
+    sock.bind(format!("{from}:0").parse().expect("addr"))
+        .expect("bind");
+    let mut s = sock.connect(to).await.expect("connect");
+    s.write_all(head.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    bounded("the answer", s.read_to_end(&mut out))
+        .await
+        .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A GET with `Host: host` and the given extra header lines, over a new connection.
+async fn get(s: &Setup, host: &str, target: &str, extra: &str) -> String {
+    let head = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n");
+    raw_from("127.0.0.1", s.gw.addr, &head).await
+}
+
+fn body(answer: &str) -> &str {
+    answer.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+}
+
+fn upstream(s: &Setup) -> usize {
+    s.requests.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn the_key_holds_the_host_as_sent_port_included() {
+    let s = setup().await;
+    let evil = get(&s, "a.test:6666", "/where", "").await;
+    assert!(body(&evil).contains("host=a.test:6666"), "{evil}");
+    let good = get(&s, "a.test", "/where", "").await;
+    assert!(body(&good).contains("host=a.test "), "{good}");
+    assert_eq!(upstream(&s), 2, "each host as sent has its own entry");
+    // A client's X-Forwarded-Proto is dropped, so it keys nothing apart either way.
+    let again = get(&s, "a.test", "/where", "X-Forwarded-Proto: https\r\n").await;
+    assert!(body(&again).contains("proto=http"), "{again}");
+    assert_eq!(upstream(&s), 2, "served from the cache");
+}
+
+#[tokio::test]
+async fn keyed_query_names_match_in_every_spelling() {
+    let s = setup().await;
+    for evil in [
+        "/list?%70age=EVIL&page=1",
+        "/list?PAGE=EVIL&page=1",
+        "/list?page[]=EVIL&page=1",
+        "/list?page.=x&page=1",
+    ] {
+        let a = get(&s, "a", evil, "").await;
+        assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+        let b = get(&s, "a", "/list?page=1", "").await;
+        assert!(!body(&b).contains("EVIL"), "{evil} poisoned page=1: {b}");
+    }
+    // One spelling, kept with its separator: `;` and `&` do not meet.
+    let semi = get(&s, "a", "/list?x=1;page=2", "").await;
+    let amp = get(&s, "a", "/list?page=2", "").await;
+    assert_ne!(body(&semi), body(&amp));
+}
+
+#[tokio::test]
+async fn variants_are_judged_on_what_the_upstream_was_sent() {
+    let s = setup().await;
+    // The answer varies on X-Forwarded-For, which the gateway sets from the client's
+    // address: a client elsewhere gets its own variant, whatever header it sends.
+    let head = "GET /by-client HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+    let first = raw_from("127.0.0.2", s.gw.addr, head).await;
+    assert!(body(&first).contains("for=127.0.0.2"), "{first}");
+    let second = raw_from("127.0.0.1", s.gw.addr, head).await;
+    assert!(body(&second).contains("for=127.0.0.1"), "{second}");
+    let forged = "GET /by-client HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 127.0.0.2\r\nConnection: close\r\n\r\n";
+    let third = raw_from("127.0.0.1", s.gw.addr, forged).await;
+    assert!(body(&third).contains("for=127.0.0.1"), "{third}");
+    assert_eq!(upstream(&s), 2);
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_read_stalls_no_one() {
+    let s = setup_on(", h2c: true").await;
+    // An HTTP/2 client that grants no window leads the fill of a 200 KB answer.
+    let mut h2 = TcpStream::connect(s.gw.addr).await.expect("connect");
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE = 0.
+    out.extend([0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0]);
+    // HEADERS: GET http `/big`, `:authority: a`.
+    let block = [
+        0x82, 0x86, 0x04, 0x04, b'/', b'b', b'i', b'g', 0x41, 0x01, b'a',
+    ];
+    out.extend([0, 0, block.len() as u8, 1, 5, 0, 0, 0, 1]);
+    out.extend(block);
+    h2.write_all(&out).await.expect("write");
+    // The first answer's head (HEADERS on stream 1) arrives: the fill is under way.
+    bounded("the answer's head", async {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = h2.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "closed");
+            buf.extend_from_slice(&chunk[..n]);
+            let mut at = 0;
+            while buf.len() >= at + 9 {
+                let len = (usize::from(buf[at]) << 16)
+                    | (usize::from(buf[at + 1]) << 8)
+                    | usize::from(buf[at + 2]);
+                if buf[at + 3] == 1 && buf[at + 8] == 1 {
+                    return;
+                }
+                at += 9 + len;
+            }
+        }
+    })
+    .await;
+    let other = get(&s, "a", "/big", "").await;
+    assert!(other.starts_with("HTTP/1.1 200"), "{other:.200}");
+    assert_eq!(body(&other).len(), 200_000);
+    assert_eq!(
+        upstream(&s),
+        1,
+        "the waiting request was served from the fill"
+    );
+    // An answer that turns out larger than max_object_size marks its key to pass.
+    let huge = get(&s, "a", "/huge", "").await;
+    assert_eq!(body(&huge).matches('h').count(), 400_000);
+    let again = get(&s, "a", "/huge", "").await;
+    assert!(
+        again.contains("cache-status: tollgate; fwd=uri-miss\r\n"),
+        "{:.300}",
+        again
+    );
+}
+
+#[tokio::test]
+async fn a_clients_own_directives_decide_nothing_for_the_key() {
+    let s = setup().await;
+    for (what, extra) in [
+        ("no-store", "Cache-Control: no-store\r\n"),
+        ("a conditional", "If-None-Match: \"e\"\r\n"),
+        ("a range", "Range: bytes=0-0\r\n"),
+    ] {
+        let target = format!("/shaped?{}", what.replace(' ', "-"));
+        let before = upstream(&s);
+        get(&s, "a", &target, extra).await;
+        get(&s, "a", &target, "").await;
+        let hit = get(&s, "a", &target, "").await;
+        assert!(hit.contains("tollgate; hit"), "{what}: {hit:.300}");
+        assert!(upstream(&s) <= before + 2, "{what}");
+    }
+}
+
+#[tokio::test]
+async fn unique_urls_that_are_never_stored_grow_no_index() {
+    let s = setup().await;
+    let c = TestClient::default();
+    for i in 0..2_000 {
+        let a = c.get(&s.gw.url(&format!("/nostore?u={i}"))).await;
+        assert_eq!(a.status.as_u16(), 200);
+    }
+    let m = s.gw.gw.metrics_text();
+    let uris: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_cache_index_uris "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no index gauge in {m}"));
+    assert!(uris < 16, "{uris} URIs indexed for nothing stored");
+}
+
+#[tokio::test]
+async fn the_rest_of_rfc_9111() {
+    let s = setup().await;
+    // Age: only a plain non-negative integer counts (the first member of a list).
+    get(&s, "a", "/quoted-age", "").await;
+    let a = get(&s, "a", "/quoted-age", "").await;
+    assert!(
+        a.contains("tollgate; hit"),
+        "a quoted Age is ignored: {a:.300}"
+    );
+    get(&s, "a", "/listed-age", "").await;
+    let a = get(&s, "a", "/listed-age", "").await;
+    assert!(
+        !a.contains("tollgate; hit"),
+        "Age 7200, 10 is 7200: {a:.300}"
+    );
+    // Targeted fields take over from Cache-Control.
+    get(&s, "a", "/surrogate", "").await;
+    assert!(get(&s, "a", "/surrogate", "")
+        .await
+        .contains("tollgate; hit"));
+    get(&s, "a", "/cdn", "").await;
+    assert!(!get(&s, "a", "/cdn", "").await.contains("tollgate; hit"));
+    // must-understand on a status it knows: no-store is ignored.
+    get(&s, "a", "/understood", "").await;
+    assert!(get(&s, "a", "/understood", "")
+        .await
+        .contains("tollgate; hit"));
+    // A range of a stored whole answer, from the store.
+    get(&s, "a", "/digits", "").await;
+    let r = get(&s, "a", "/digits", "Range: bytes=2-4\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 206"), "{r}");
+    assert!(r.contains("content-range: bytes 2-4/10"), "{r}");
+    assert_eq!(body(&r), "234");
+    let r = get(&s, "a", "/digits", "Range: bytes=-3\r\n").await;
+    assert_eq!(body(&r), "789");
+    let r = get(&s, "a", "/digits", "Range: bytes=20-\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 416"), "{r}");
+    assert!(r.contains("content-range: bytes */10"), "{r}");
+    // A 304 does not replace what describes the stored body.
+    let first = get(&s, "a", "/gzip", "").await;
+    s.clock.advance(Duration::from_secs(5));
+    let refreshed = get(&s, "a", "/gzip", "").await;
+    assert!(refreshed.contains("fwd-status=304"), "{refreshed}");
+    assert!(!refreshed.contains("content-encoding"), "{refreshed}");
+    assert_eq!(body(&refreshed), body(&first));
+    // A 304 naming another entity tag refreshes nothing: the whole answer is fetched.
+    let first = get(&s, "a", "/retagged", "").await;
+    s.clock.advance(Duration::from_secs(5));
+    let again = get(&s, "a", "/retagged", "").await;
+    assert!(again.starts_with("HTTP/1.1 200"), "{again}");
+    assert_ne!(body(&again), body(&first), "{again}");
+    // Any method not defined as safe invalidates, unknown ones too.
+    let before = upstream(&s);
+    get(&s, "a", "/m", "").await;
+    let m_search = "M-SEARCH /m HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+    let r = raw_from("127.0.0.1", s.gw.addr, m_search).await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    get(&s, "a", "/m", "").await;
+    assert_eq!(upstream(&s), before + 3, "M-SEARCH invalidated /m");
+}
