@@ -584,7 +584,7 @@ fn admin_get(addr: SocketAddr, path: &str) -> String {
     s.set_read_timeout(Some(WAIT)).expect("timeout");
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .expect("write");
     let mut out = String::new();

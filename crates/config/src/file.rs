@@ -238,6 +238,12 @@ pub struct Http2 {
     /// Streams a client may reset before their answer, net of answered ones, before it is
     /// sent GOAWAY (default 20; the rapid-reset guard).
     pub max_pending_resets: Option<usize>,
+    /// Streams of one connection that may hold an upstream connection at once (default
+    /// 32); more wait for one of them to end.
+    pub max_upstream_streams: Option<u32>,
+    /// Request-body bytes one connection's streams may hold in the gateway before their
+    /// requests go upstream (default 1MiB); past it, bodies stream as they come.
+    pub max_request_buffer: Option<Size>,
 }
 
 /// A backend: one or more targets, used round-robin over a keep-alive pool.

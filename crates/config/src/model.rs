@@ -232,6 +232,13 @@ pub struct Http2Config {
     /// Streams the client may reset before their answer, net of the answered ones each
     /// banks (up to `max_concurrent_streams`), before GOAWAY.
     pub max_pending_resets: usize,
+    /// Streams of one connection that may hold an upstream connection at once: one client
+    /// takes at most this share of an upstream's connections.
+    pub max_upstream_streams: u32,
+    /// Request-body bytes one connection's streams may hold in the gateway before their
+    /// requests go upstream; past it, bodies stream as they come (and are read only as
+    /// fast as the upstream takes them).
+    pub max_request_buffer: u64,
 }
 
 /// An address block: `10.0.0.0/8`, `::1/128`.

@@ -61,10 +61,12 @@ struct UpFetch {
     /// How long the last fetch waited for the answer's head, nanoseconds: the request
     /// that went upstream reads it instead of timing the cache around the fetch.
     took_ns: AtomicU64,
+    /// The client connection, whose share of upstream connections a fetch takes.
+    conn: Arc<ConnInfo>,
 }
 
 impl UpFetch {
-    fn new(route: &crate::snapshot::Route, conn: &ConnInfo) -> Self {
+    fn new(route: &crate::snapshot::Route, conn: &Arc<ConnInfo>) -> Self {
         UpFetch {
             upstream: route.upstream.clone(),
             peer_ip: conn.peer_ip.clone(),
@@ -77,6 +79,7 @@ impl UpFetch {
             route: route.name.clone(),
             stats: route.stats.clone(),
             took_ns: AtomicU64::new(0),
+            conn: conn.clone(),
         }
     }
 }
@@ -98,13 +101,32 @@ impl cache::Fetch for UpFetch {
             route: &self.route,
             note_target: None,
         };
+        let share = share_for(&self.conn, parts.version, &self.upstream).await?;
         let t = Instant::now();
         let r = upstream::fetch(&self.upstream, parts, hop).await;
         let ns = nanos(t);
         self.took_ns.store(ns, Ordering::Relaxed);
         self.stats.upstream(ns as f64 / 1e9);
-        r
+        r.map(|resp| resp.map(|b| b.holding(share)))
     }
+}
+
+/// For an HTTP/2 request, a place among its connection's streams that hold an upstream
+/// connection (`max_upstream_streams`), so that one client cannot take a whole upstream:
+/// 503 when none comes free within the upstream's `connect_timeout`, as when the upstream's
+/// own connections stay busy. HTTP/1.1 connections carry one request at a time.
+async fn share_for(
+    conn: &Arc<ConnInfo>,
+    version: http::Version,
+    up: &upstream::Upstream,
+) -> Result<Option<crate::listener::UpstreamShare>, Refusal> {
+    if version != http::Version::HTTP_2 {
+        return Ok(None);
+    }
+    conn.upstream_share(up.cfg.connect_timeout)
+        .await
+        .map(Some)
+        .ok_or(Refusal::UpstreamBusy)
 }
 
 /// A running gateway's state: the current snapshot and what outlives it.
@@ -573,7 +595,7 @@ impl Gateway {
                 }
             }
             let Some(cc) = &route.cfg.cache else {
-                let mut resp = forward_timed(trace, route, parts, body, hop)
+                let mut resp = forward_timed(trace, route, conn, parts, body, hop)
                     .await?
                     .map(Either::Left);
                 policy::decorate(route, &admitted, resp.headers_mut());
@@ -597,7 +619,7 @@ impl Gateway {
                 let key = cache::Key::of(&ask, &parts);
                 if self.cache.passes(&key, ask.now_ns) {
                     // Nothing to look up or store: the plain path, as without a cache.
-                    let mut resp = forward_timed(trace, route, parts, body, hop)
+                    let mut resp = forward_timed(trace, route, conn, parts, body, hop)
                         .await?
                         .map(Either::Left);
                     resp.headers_mut().insert(
@@ -615,7 +637,7 @@ impl Gateway {
                 }
             } else {
                 let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));
-                let resp = forward_timed(trace, route, parts, body, hop).await?;
+                let resp = forward_timed(trace, route, conn, parts, body, hop).await?;
                 let ok = resp.status().is_success() || resp.status().is_redirection();
                 if let (Some(sent), true) = (sent, ok) {
                     self.cache.invalidate(&ask, &sent, resp.headers());
@@ -752,15 +774,17 @@ fn nanos(since: Instant) -> u64 {
 fn forward_timed<'a, 's: 'a>(
     trace: &'a mut Trace<'s>,
     route: &'a crate::snapshot::Route,
+    conn: &'a Arc<ConnInfo>,
     parts: http::request::Parts,
     body: RequestBody,
     hop: upstream::Hop<'a>,
 ) -> Pin<Box<dyn Future<Output = Result<Response<upstream::PooledBody>, Refusal>> + Send + 'a>> {
     Box::pin(async move {
+        let share = share_for(conn, parts.version, &route.upstream).await?;
         let t = Instant::now();
         let resp = upstream::forward(&route.upstream, parts, body, hop).await;
         upstream_time(trace, route, t);
-        resp
+        resp.map(|r| r.map(|b| b.holding(share)))
     })
 }
 

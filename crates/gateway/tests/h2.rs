@@ -695,9 +695,10 @@ async fn resets_the_server_is_made_to_send_spend_the_reset_budget() {
     // MadeYouReset (CVE-2025-8671): WINDOW_UPDATE 0, or a PRIORITY that depends on its own
     // stream, makes the server reset a stream it has already taken.
     for (name, provoke) in [
-        ("WINDOW_UPDATE 0", |id: u32| {
-            frame(0x8, 0, id, &0u32.to_be_bytes())
-        }),
+        (
+            "WINDOW_UPDATE 0",
+            (|id: u32| frame(0x8, 0, id, &0u32.to_be_bytes())) as fn(u32) -> Vec<u8>,
+        ),
         ("self-dependent PRIORITY", |id: u32| {
             let mut p = id.to_be_bytes().to_vec();
             p.push(16);
@@ -797,4 +798,123 @@ async fn max_headers_holds_on_http2_and_a_short_goaway_is_a_frame_size_error() {
         .await
         .expect("write");
     assert_eq!(bounded("GOAWAY", goaway(&mut s)).await, Some(0x6));
+}
+
+/// A HEADERS frame opening stream `id` with a POST to `path`, `content-length: 1000000`.
+fn post_head(id: u32, path: &str) -> Vec<u8> {
+    let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path.as_bytes());
+    block.extend_from_slice(&[0x41, 0x01, b'a', 0x5c, 0x07]);
+    block.extend_from_slice(b"1000000");
+    frame(0x1, 0x4, id, &block)
+}
+
+/// DATA frames on stream `id` carrying `n` bytes in all, none ending the stream.
+fn data_of(id: u32, n: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(16_384);
+        out.extend(frame(0x0, 0, id, &vec![b'd'; k]));
+        left -= k;
+    }
+    out
+}
+
+#[tokio::test]
+async fn request_bodies_held_ahead_have_a_budget_per_connection() {
+    // A backend that tells each request head as it arrives, body or not.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let backend = l.local_addr().expect("addr");
+    let (tx, mut heads) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                if let Some(h) = read_head(&mut c).await {
+                    let _ = tx.send(h);
+                }
+                // Held open, unanswered, while the body trickles.
+                let mut sink = [0u8; 4096];
+                while matches!(c.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let g = TestGateway::start(
+        &h2c_yaml(
+            backend,
+            ", http2: {stream_window: 65535, max_request_buffer: 64KiB}",
+        ),
+        SystemClock::new(),
+    )
+    .await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(post_head(1, "/one"));
+    out.extend(data_of(1, 60_000));
+    s.write_all(&out).await.expect("write");
+    // Stream 1's body is read ahead (its window given back), as a body under 64 KiB is.
+    bounded(
+        "stream 1's window",
+        frame_where(&mut s, |k, id| k == 0x8 && id == 1),
+    )
+    .await
+    .expect("a WINDOW_UPDATE");
+    // Past the budget, stream 2's body is not held: it streams upstream as it comes.
+    let mut more = post_head(3, "/two");
+    more.extend(data_of(3, 10_000));
+    s.write_all(&more).await.expect("write");
+    let head = bounded("stream 2 upstream", heads.recv())
+        .await
+        .expect("a request head");
+    assert!(
+        head.starts_with("POST /two "),
+        "stream 1 is still held: {head}"
+    );
+}
+
+#[tokio::test]
+async fn one_connection_takes_a_bounded_share_of_an_upstream() {
+    let (backend, _) = huge_answer_backend().await;
+    let cfg = format!(
+        "listeners:\n  - {{address: \"127.0.0.1:0\", h2c: true, http2: {{max_upstream_streams: 2}}}}\nupstreams:\n  backend: {{targets: [\"{backend}\"], max_connections: 6, connect_timeout: 1s}}\nroutes:\n  - {{name: open, path_prefix: /, upstream: backend}}\n"
+    );
+    let g = TestGateway::start(&cfg, SystemClock::new()).await;
+    // Two clients that never grant a byte of window, five large answers each.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(g.addr).await.expect("connect");
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(0x4, 0, 0, &[0, 0x4, 0, 0, 0, 0])); // INITIAL_WINDOW_SIZE 0
+        for i in 0..5u32 {
+            out.extend(frame(0x1, 0x5, 2 * i + 1, GET_ROOT));
+        }
+        s.write_all(&out).await.expect("write");
+        for _ in 0..2 {
+            bounded("an answer's head", frame_of(&mut s, 0x1))
+                .await
+                .expect("HEADERS");
+        }
+        held.push(s);
+    }
+    // A request from anyone else still gets an upstream connection.
+    let mut c = TcpStream::connect(g.addr).await.expect("connect");
+    c.write_all(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .expect("write");
+    let mut line = Vec::new();
+    bounded("the status line", async {
+        let mut b = [0u8; 1];
+        while !line.ends_with(b"\r\n") {
+            let n = c.read(&mut b).await.expect("read");
+            assert!(n > 0, "closed");
+            line.push(b[0]);
+        }
+    })
+    .await;
+    let line = String::from_utf8_lossy(&line).into_owned();
+    assert!(line.starts_with("HTTP/1.1 200"), "{line}");
 }

@@ -192,6 +192,16 @@ fn http2(
     if max_pending_resets == 0 {
         p.add(format!("{at}.max_pending_resets"), "must be at least 1");
     }
+    let max_upstream_streams = h.and_then(|h| h.max_upstream_streams).unwrap_or(32);
+    if max_upstream_streams == 0 {
+        p.add(format!("{at}.max_upstream_streams"), "must be at least 1");
+    }
+    let max_request_buffer = h
+        .and_then(|h| h.max_request_buffer)
+        .map_or(1 << 20, |s| s.0);
+    if max_request_buffer < 16 << 10 {
+        p.add(format!("{at}.max_request_buffer"), "must be at least 16KiB");
+    }
     Http2Config {
         max_concurrent_streams,
         max_header_list_size: size(
@@ -217,5 +227,7 @@ fn http2(
             65_535,
         ),
         max_pending_resets,
+        max_upstream_streams,
+        max_request_buffer,
     }
 }

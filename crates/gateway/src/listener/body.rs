@@ -28,6 +28,25 @@ pub enum RequestBodyError {
     Http2(&'static str),
 }
 
+impl RequestBody {
+    /// While on, what is read is held in the gateway before the request goes upstream:
+    /// counted against an HTTP/2 connection's `max_request_buffer`.
+    pub fn buffering(&mut self, on: bool) {
+        if let RequestBody::Http2(b) = self {
+            b.buffering(on);
+        }
+    }
+
+    /// Whether more of the body may be read ahead and held (always on HTTP/1.1, which
+    /// carries one request at a time).
+    pub fn may_buffer(&self) -> bool {
+        match self {
+            RequestBody::Http2(b) => b.may_buffer(),
+            _ => true,
+        }
+    }
+}
+
 impl Body for RequestBody {
     type Data = Bytes;
     type Error = RequestBodyError;

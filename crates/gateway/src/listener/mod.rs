@@ -42,6 +42,25 @@ pub struct ConnInfo {
     /// The connection's place under `max_connections`, given back when the last holder
     /// (the connection, or the upgraded connection it became) is done.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// Places for the connection's streams that hold an upstream connection (HTTP/2's
+    /// `max_upstream_streams`): one client takes at most that share of an upstream.
+    upstream_share: Semaphore,
+}
+
+/// One of a connection's places for a stream holding an upstream connection; given back
+/// when dropped (with the answer's body).
+pub struct UpstreamShare(Arc<ConnInfo>);
+
+impl Drop for UpstreamShare {
+    fn drop(&mut self) {
+        self.0.upstream_share.add_permits(1);
+    }
+}
+
+impl std::fmt::Debug for UpstreamShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UpstreamShare")
+    }
 }
 
 impl ConnInfo {
@@ -53,13 +72,26 @@ impl ConnInfo {
             .trusted_proxies
             .iter()
             .any(|n| n.contains(peer.ip()));
+        let share = listener.http2.max_upstream_streams as usize;
         ConnInfo {
             peer_ip,
             trusted,
             listener,
             client_names: None,
             permit: None,
+            upstream_share: Semaphore::new(share),
         }
+    }
+
+    /// A place for one more stream holding an upstream connection, waiting for one at most
+    /// `wait`; `None` when none came free.
+    pub async fn upstream_share(self: &Arc<Self>, wait: Duration) -> Option<UpstreamShare> {
+        let permit = tokio::time::timeout(wait, self.upstream_share.acquire())
+            .await
+            .ok()?
+            .ok()?;
+        permit.forget();
+        Some(UpstreamShare(self.clone()))
     }
 }
 

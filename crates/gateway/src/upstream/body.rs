@@ -177,7 +177,10 @@ pub async fn receive(
     let mut chunks = Vec::new();
     let mut len: u64 = 0;
     if !stream_at_once {
-        while len < BUFFER as u64 {
+        // Held against the connection's budget while read ahead; past the budget, the
+        // rest streams as it comes.
+        incoming.buffering(true);
+        while len < BUFFER as u64 && incoming.may_buffer() {
             let frame =
                 tokio::time::timeout(timeout, http_body_util::BodyExt::frame(&mut incoming))
                     .await
@@ -200,6 +203,7 @@ pub async fn receive(
             }
         }
     }
+    incoming.buffering(false);
     let watch = BodyWatch::new();
     let rest = Rest {
         incoming,

@@ -109,6 +109,9 @@ pub struct PooledBody {
     read_timeout: Duration,
     /// Armed while the body waits on the upstream.
     stall: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The client connection's place for a stream holding an upstream connection, given
+    /// back with the body.
+    share: Option<crate::listener::UpstreamShare>,
 }
 
 enum Inner {
@@ -201,6 +204,7 @@ impl PooledBody {
             read_timeout,
             stall: None,
             collect: None,
+            share: None,
         }
     }
 
@@ -212,6 +216,7 @@ impl PooledBody {
             read_timeout,
             stall: None,
             collect: None,
+            share: None,
         }
     }
 
@@ -221,6 +226,7 @@ impl PooledBody {
             read_timeout,
             stall: None,
             collect: None,
+            share: None,
         }
     }
 
@@ -232,6 +238,12 @@ impl PooledBody {
         } else {
             self.collect = Some(Box::new(c));
         }
+    }
+
+    /// Holds the client connection's `share` until the body is done with.
+    pub fn holding(mut self, share: Option<crate::listener::UpstreamShare>) -> Self {
+        self.share = share;
+        self
     }
 
     /// Whether a copy is still being collected (not yet handed over, nor given up).
@@ -251,6 +263,7 @@ impl PooledBody {
             read_timeout,
             stall: None,
             collect: None,
+            share: None,
         }
     }
 

@@ -8,6 +8,7 @@ use http_body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -32,13 +33,33 @@ pub struct Shared {
     conn: Option<Waker>,
 }
 
+/// Request-body bytes one connection's streams hold in the gateway before their requests
+/// go upstream (`max_request_buffer`): what the readers read while buffering, until they
+/// stop buffering or are dropped.
+#[derive(Debug)]
+pub struct Budget {
+    held: AtomicUsize,
+    max: usize,
+}
+
+impl Budget {
+    /// A budget of `max` bytes.
+    pub fn new(max: usize) -> Arc<Budget> {
+        Arc::new(Budget {
+            held: AtomicUsize::new(0),
+            max,
+        })
+    }
+}
+
 /// The connection's side of a request body.
 #[derive(Clone)]
 pub struct Sender(Arc<Mutex<Shared>>);
 
 impl Sender {
-    /// A sender and the body it feeds; `length` is the declared `Content-Length`.
-    pub fn pair(length: Option<u64>) -> (Sender, RecvBody) {
+    /// A sender and the body it feeds; `length` is the declared `Content-Length`, `budget`
+    /// the connection's.
+    pub fn pair(length: Option<u64>, budget: Arc<Budget>) -> (Sender, RecvBody) {
         let shared = Arc::new(Mutex::new(Shared::default()));
         (
             Sender(shared.clone()),
@@ -46,6 +67,9 @@ impl Sender {
                 shared,
                 length,
                 done: false,
+                budget,
+                buffering: false,
+                held: 0,
             },
         )
     }
@@ -102,10 +126,35 @@ pub struct RecvBody {
     shared: Arc<Mutex<Shared>>,
     length: Option<u64>,
     done: bool,
+    /// The connection's budget for bytes held before going upstream.
+    budget: Arc<Budget>,
+    /// What is read now is held (see [`RecvBody::buffering`]).
+    buffering: bool,
+    /// Bytes this body counts in the budget.
+    held: usize,
+}
+
+impl RecvBody {
+    /// While on, what is read is counted as held in the gateway, against the connection's
+    /// budget; turned off (or dropped), what it counted is given back.
+    pub fn buffering(&mut self, on: bool) {
+        self.buffering = on;
+        if !on && self.held > 0 {
+            self.budget.held.fetch_sub(self.held, Ordering::Relaxed);
+            self.held = 0;
+        }
+    }
+
+    /// Whether the connection's streams may hold more: past the budget, a body streams
+    /// upstream as it comes instead of being read ahead.
+    pub fn may_buffer(&self) -> bool {
+        self.budget.held.load(Ordering::Relaxed) < self.budget.max
+    }
 }
 
 impl Drop for RecvBody {
     fn drop(&mut self) {
+        self.buffering(false);
         let mut s = self.shared.lock();
         s.dropped = true;
         let unread: usize = s.chunks.drain(..).map(|c| c.len()).sum();
@@ -130,6 +179,10 @@ impl Body for RecvBody {
         }
         let mut s = this.shared.lock();
         if let Some(c) = s.chunks.pop_front() {
+            if this.buffering {
+                this.held += c.len();
+                this.budget.held.fetch_add(c.len(), Ordering::Relaxed);
+            }
             if s.released == 0 {
                 if let Some(w) = &s.conn {
                     w.wake_by_ref();

@@ -8,7 +8,7 @@
 mod recv;
 mod send;
 
-use super::body::Sender;
+use super::body::{Budget, Sender};
 use super::exec::Exec;
 use super::frame::{self, code};
 use super::hpack::Decoder;
@@ -19,6 +19,7 @@ use http_body::Body;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -57,6 +58,8 @@ pub struct Limits {
     pub send_timeout: Duration,
     /// Most header fields in a request (the listener's `max_headers`; 0: no limit).
     pub max_headers: usize,
+    /// Request-body bytes the streams may hold before going upstream.
+    pub max_request_buffer: usize,
 }
 
 impl Limits {
@@ -68,6 +71,7 @@ impl Limits {
             stream_window: h.stream_window,
             connection_window: h.connection_window,
             max_resets: h.max_pending_resets,
+            max_request_buffer: usize::try_from(h.max_request_buffer).unwrap_or(usize::MAX),
             idle,
             send_timeout,
             max_headers: 0,
@@ -202,6 +206,8 @@ pub struct Connection<S, F, M, B> {
     busy: bool,
     date: (u64, HeaderValue),
     scratch: Vec<u8>,
+    /// What the streams' bodies hold before going upstream.
+    budget: Arc<Budget>,
 }
 
 impl<S, F, M, B> Connection<S, F, M, B>
@@ -250,6 +256,7 @@ where
             busy: false,
             date: (0, HeaderValue::from_static("")),
             scratch: Vec::new(),
+            budget: Budget::new(limits.max_request_buffer),
             limits,
         };
         let settings = [

@@ -297,7 +297,7 @@ where
         let (recv, body) = if end_stream {
             (None, RequestBody::Empty)
         } else {
-            let (tx, rx) = Sender::pair(head.length);
+            let (tx, rx) = Sender::pair(head.length, self.budget.clone());
             self.bodies.push((id, tx.clone()));
             (Some(tx), RequestBody::Http2(rx))
         };
