@@ -918,3 +918,40 @@ async fn one_connection_takes_a_bounded_share_of_an_upstream() {
     let line = String::from_utf8_lossy(&line).into_owned();
     assert!(line.starts_with("HTTP/1.1 200"), "{line}");
 }
+
+#[tokio::test]
+async fn a_goaway_never_names_a_later_stream_than_one_before_it() {
+    let (backend, mut arrived, release) = gated_backend_with(|req, _| {
+        let gated = req.uri().path() == "/slow";
+        (hyper::Response::new(req.uri().path().to_string()), gated)
+    })
+    .await;
+    let mut g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut out = preface_granting_all();
+    let mut slow = vec![0x82, 0x86, 0x04, 0x05];
+    slow.extend_from_slice(b"/slow");
+    slow.extend_from_slice(&[0x41, 0x01, b'a']);
+    out.extend(frame(0x1, 0x5, 1, &slow));
+    s.write_all(&out).await.expect("write");
+    bounded("stream 1 reaches the backend", arrived.recv()).await;
+    // The server stops: GOAWAY naming stream 1, the last it took.
+    let server = g.server.take().expect("server");
+    let shutdown = tokio::spawn(server.shutdown(std::time::Duration::from_secs(10)));
+    let (_, first) = bounded("the first GOAWAY", frame_of(&mut s, 0x7))
+        .await
+        .expect("GOAWAY");
+    assert_eq!(first[..4], 1u32.to_be_bytes());
+    // A stream opened after it is not taken, and a connection error that follows names
+    // no later stream than the first GOAWAY did.
+    let mut more = frame(0x1, 0x5, 3, GET_ROOT);
+    more.extend(frame(0x6, 0, 1, &[0; 8])); // PING on a stream: PROTOCOL_ERROR
+    s.write_all(&more).await.expect("write");
+    let (_, second) = bounded("the second GOAWAY", frame_of(&mut s, 0x7))
+        .await
+        .expect("GOAWAY");
+    assert_eq!(second[..4], 1u32.to_be_bytes(), "{second:?}");
+    assert_eq!(second[4..8], 1u32.to_be_bytes(), "PROTOCOL_ERROR");
+    release.notify_one();
+    let _ = bounded("drained", shutdown).await;
+}
