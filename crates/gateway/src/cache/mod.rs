@@ -15,26 +15,28 @@
 //! entry serves every consumer the route allows, except responses that vary by consumer
 //! (`Vary` on the consumer header). Only the consumer's name is part of a key, never its key.
 
+mod answer;
 pub mod control;
+mod key;
 pub mod store;
 
-use crate::clock::Clock;
-use crate::response::{full, Body, Refusal};
+use answer::{answer, with_status};
+use key::{host_of, shapes_its_answer, uri_key, url_of, variant_key, varies_of};
+pub use key::{Ask, Key};
+
+use crate::response::{Body, Refusal};
 use crate::upstream::{Collector, PooledBody};
-use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName};
 use http::request::Parts;
 use http::{Method, Response, StatusCode};
 use parking_lot::Mutex;
-use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
-use store::{Born, Entry, Store, Varies};
+use std::time::Duration;
+use store::{Born, Entry, Store};
 use tokio::sync::watch;
-use tollgate_config::{KeyQuery, RouteCacheConfig};
 
 /// `Cache-Status` (RFC 9211).
 pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -77,71 +79,6 @@ impl Drop for Leader {
 /// key could not be stored.
 pub const PASS_STATUS: &str = "tollgate; fwd=uri-miss";
 
-/// A request's key, built once: the URI key (route, host, path and keyed query), then the
-/// variant without varying headers. The URI key and the URL are slices of it.
-#[derive(Debug)]
-pub struct Key {
-    plain: String,
-    url_start: usize,
-    uri_len: usize,
-    /// The request may neither be answered from the cache nor stored: it names a keyed
-    /// query parameter in two spellings, or asks for `no-store`.
-    bypass: bool,
-}
-
-impl Key {
-    /// The key of the request `parts` asks on its route.
-    pub fn of(ask: &Ask<'_>, parts: &Parts) -> Key {
-        let mut plain = String::with_capacity(128);
-        plain.push_str(ask.route);
-        plain.push('\u{0}');
-        authority_into(ask, &parts.headers, &mut plain);
-        plain.push('\u{0}');
-        let url_start = plain.len();
-        let ambiguous = url_into(parts.uri.path(), parts.uri.query(), ask, &mut plain);
-        let uri_len = plain.len();
-        variant_into(ask, &ask.cfg.key_headers, &parts.headers, &mut plain);
-        Key {
-            plain,
-            url_start,
-            uri_len,
-            bypass: ambiguous || asks_no_store(&parts.headers),
-        }
-    }
-}
-
-/// What the cache needs of a request and its route.
-pub struct Ask<'a> {
-    /// The route's caching.
-    pub cfg: &'a RouteCacheConfig,
-    /// The route's name (part of every key).
-    pub route: &'a str,
-    /// The authenticated consumer's name.
-    pub consumer: Option<&'a str>,
-    /// The query parameters that carried the API key: never part of a key.
-    pub credentials: &'a [String],
-    /// Longest wait for another request's answer to the same key.
-    pub wait: Duration,
-    /// The gateway's clock, nanoseconds (monotonic).
-    pub now_ns: u64,
-    /// The gateway's clock: wall time, for `Date` and `Expires`, is read from it only when
-    /// an answer is judged for storing (most requests are hits or never-stored misses).
-    pub clock: &'a Arc<dyn Clock>,
-    /// The client's address, as `X-Forwarded-For` sends it upstream.
-    pub peer: &'a HeaderValue,
-    /// The client is a trusted proxy: its `X-Forwarded-*` headers go upstream.
-    pub trusted: bool,
-    /// The client came over TLS (`X-Forwarded-Proto: https`).
-    pub https: bool,
-}
-
-impl Ask<'_> {
-    /// Wall time now.
-    fn wall(&self) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_nanos(self.clock.wall_nanos())
-    }
-}
-
 /// Sends a request upstream for the cache (a GET or HEAD without a body).
 pub trait Fetch: Send + Sync + 'static {
     /// The upstream's answer.
@@ -172,188 +109,6 @@ pub fn is_unsafe(m: &Method) -> bool {
     )
 }
 
-/// Whether the client asked that nothing of this exchange be stored (`no-store`): its
-/// answer is neither stored nor taken as the key's, and it is not answered from the store.
-fn asks_no_store(req: &HeaderMap) -> bool {
-    req.get_all(header::CACHE_CONTROL).iter().any(|v| {
-        v.to_str().is_ok_and(|v| {
-            v.split(',')
-                .any(|d| d.trim().eq_ignore_ascii_case("no-store"))
-        })
-    })
-}
-
-/// Whether the request asks for a part of an answer or sets a precondition the cache does
-/// not judge itself (`Range` on a miss, `If-Match`, `If-Unmodified-Since`, `If-Range`):
-/// such a request goes upstream as it is, and what it gets is never stored nor decides
-/// anything for the key.
-fn shapes_its_answer(req: &HeaderMap) -> bool {
-    req.contains_key(header::RANGE)
-        || req.contains_key(header::IF_MATCH)
-        || req.contains_key(header::IF_UNMODIFIED_SINCE)
-        || req.contains_key(header::IF_RANGE)
-}
-
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-
-/// Appends what the upstream is told of the request's scheme and host, lower case: the
-/// scheme (`X-Forwarded-Proto`), the `Host` as sent, port included, and a trusted proxy's
-/// `X-Forwarded-Host`. Two requests the upstream could answer differently never share a key.
-fn authority_into(ask: &Ask<'_>, req: &HeaderMap, out: &mut String) {
-    let start = out.len();
-    if ask.trusted && req.contains_key(X_FORWARDED_PROTO) {
-        store::header_for_key(req, &X_FORWARDED_PROTO, out);
-    } else {
-        out.push_str(if ask.https { "https" } else { "http" });
-    }
-    out.push('\u{0}');
-    store::header_for_key(req, &header::HOST, out);
-    if ask.trusted && req.contains_key(X_FORWARDED_HOST) {
-        out.push('\u{0}');
-        store::header_for_key(req, &X_FORWARDED_HOST, out);
-    }
-    out[start..].make_ascii_lowercase();
-}
-
-/// Appends the value of `name` as the upstream receives it (for `Vary`): the
-/// `X-Forwarded-*` headers the gateway sets, the ones it drops from untrusted clients as
-/// empty, any other as the client sent it.
-fn sent_for_key(ask: &Ask<'_>, req: &HeaderMap, name: &HeaderName, out: &mut String) {
-    let n = name.as_str();
-    if n == "x-forwarded-for" {
-        if ask.trusted && req.contains_key(name) {
-            store::header_for_key(req, name, out);
-            out.push_str(", ");
-        }
-        out.push_str(&String::from_utf8_lossy(ask.peer.as_bytes()));
-    } else if n == "x-forwarded-proto" && !(ask.trusted && req.contains_key(name)) {
-        out.push_str(if ask.https { "https" } else { "http" });
-    } else if n == "x-forwarded-host" && !(ask.trusted && req.contains_key(name)) {
-        store::header_for_key(req, &header::HOST, out);
-    } else if !ask.trusted && crate::upstream::forwarding_header(n) {
-        // Dropped on the way upstream.
-    } else {
-        store::header_for_key(req, name, out);
-    }
-}
-
-/// Appends what [`variant_key`] adds to a URI key.
-fn variant_into(ask: &Ask<'_>, varies: &[HeaderName], req: &HeaderMap, k: &mut String) {
-    k.push('\u{0}');
-    if !ask.cfg.shared {
-        k.push_str(ask.consumer.unwrap_or(""));
-    }
-    for name in varies {
-        k.push('\u{0}');
-        sent_for_key(ask, req, name, k);
-    }
-}
-
-/// The request's host, lower case, without port and trailing dot: what purges match.
-fn host_of(parts: &Parts) -> String {
-    let host = parts
-        .headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map_or("", crate::inbound::host_only);
-    host.to_ascii_lowercase()
-}
-
-/// Path + the query parameters the route keys on (credentials left out).
-fn url_of(path: &str, query: Option<&str>, ask: &Ask<'_>) -> String {
-    let mut url = String::with_capacity(path.len() + 32);
-    url_into(path, query, ask, &mut url);
-    url
-}
-
-/// Appends [`url_of`]; true when the query names a keyed parameter in more than one
-/// spelling (`page` and `%70age`, `PAGE`, `page[]`): backends differ on which one they
-/// read, so such a request must not share an entry with any other.
-///
-/// Parameters are matched as backends read their names ([`crate::query`]) and kept with
-/// the separator before them, so `a=1;page=2` and `a=1&page=2` are keyed apart.
-fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut String) -> bool {
-    url.push_str(path);
-    let Some(q) = query else { return false };
-    let mut ambiguous = false;
-    // The first raw spelling seen of each keyed name.
-    let mut spelled: SmallVec<[(usize, &str); 4]> = SmallVec::new();
-    for (_, sep, raw, pair) in crate::query::pieces(q) {
-        if pair.is_empty() {
-            continue;
-        }
-        let name = crate::query::param_name(raw);
-        if ask
-            .credentials
-            .iter()
-            .any(|c| crate::query::same_param(&name, c))
-        {
-            continue;
-        }
-        let keep = match &ask.cfg.key_query {
-            KeyQuery::All => true,
-            KeyQuery::None => false,
-            KeyQuery::Only(names) => {
-                match names
-                    .iter()
-                    .position(|n| crate::query::same_param(&name, n))
-                {
-                    Some(i) => {
-                        match spelled.iter().find(|(j, _)| *j == i) {
-                            Some((_, first)) => ambiguous |= *first != raw,
-                            None => spelled.push((i, raw)),
-                        }
-                        true
-                    }
-                    None => false,
-                }
-            }
-        };
-        if keep {
-            let first = url.len() == path.len();
-            url.push(if first { '?' } else { char::from(sep) });
-            url.push_str(pair);
-        }
-    }
-    ambiguous
-}
-
-/// The key of everything stored for one URI of one route: the route, what the upstream
-/// is told of scheme and host ([`authority_into`]), and `url`.
-fn uri_key(ask: &Ask<'_>, req: &HeaderMap, url: &str) -> String {
-    let mut k = String::with_capacity(ask.route.len() + url.len() + 32);
-    k.push_str(ask.route);
-    k.push('\u{0}');
-    authority_into(ask, req, &mut k);
-    k.push('\u{0}');
-    k.push_str(url);
-    k
-}
-
-/// The key of one variant: the consumer (unless shared) and the request headers it varies on.
-fn variant_key(uri: &str, ask: &Ask<'_>, varies: &[HeaderName], req: &HeaderMap) -> String {
-    let mut k = String::with_capacity(uri.len() + 64);
-    k.push_str(uri);
-    variant_into(ask, varies, req, &mut k);
-    k
-}
-
-/// What a response varies on: the route's key headers and its `Vary` list.
-fn varies_of(cfg: &RouteCacheConfig, resp: &HeaderMap) -> Varies {
-    let mut names: Vec<HeaderName> = cfg.key_headers.clone();
-    for v in resp.get_all(header::VARY) {
-        for n in v.to_str().unwrap_or("").split(',') {
-            if let Ok(n) = HeaderName::from_bytes(n.trim().to_ascii_lowercase().as_bytes()) {
-                if !names.contains(&n) {
-                    names.push(n);
-                }
-            }
-        }
-    }
-    names.into()
-}
-
 /// A copy of a request head.
 pub fn copy_parts(p: &Parts) -> Parts {
     let mut r = http::Request::new(());
@@ -362,159 +117,6 @@ pub fn copy_parts(p: &Parts) -> Parts {
     *r.version_mut() = p.version;
     *r.headers_mut() = p.headers.clone();
     r.into_parts().0
-}
-
-fn etag_matches(inm: &str, etag: &str) -> bool {
-    let weak = |t: &str| t.trim().trim_start_matches("W/").to_string();
-    inm.split(',')
-        .any(|t| t.trim() == "*" || weak(t) == weak(etag))
-}
-
-/// Whether the client's conditional request is satisfied by `e` (RFC 9110 §13.2.2).
-fn not_modified(req: &HeaderMap, e: &Entry) -> bool {
-    if let Some(inm) = req.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) {
-        return e
-            .headers
-            .get(header::ETAG)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|etag| etag_matches(inm, etag));
-    }
-    let since = req
-        .get(header::IF_MODIFIED_SINCE)
-        .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());
-    let modified = e
-        .headers
-        .get(header::LAST_MODIFIED)
-        .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());
-    matches!((since, modified), (Some(s), Some(m)) if m <= s)
-}
-
-/// The part of a `len`-byte body a `Range` asks for (RFC 9110 §14): `Some(Ok(range))` for
-/// one satisfiable byte range, `Some(Err(()))` when it cannot be satisfied, `None` when the
-/// whole answer is given instead (no range, several ranges, another unit, or a form not
-/// read here).
-fn byte_range(req: &HeaderMap, len: usize) -> Option<Result<std::ops::Range<usize>, ()>> {
-    let v = req.get(header::RANGE)?.to_str().ok()?.trim();
-    let spec = v.strip_prefix("bytes=")?.trim();
-    if spec.contains(',') {
-        return None;
-    }
-    let (first, last) = spec.split_once('-')?;
-    let (first, last) = (first.trim(), last.trim());
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let num = |s: &str| {
-        s.parse::<u64>()
-            .ok()
-            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
-    };
-    if first.is_empty() {
-        // A suffix: the last N bytes.
-        if !digits(last) {
-            return None;
-        }
-        let n = num(last)?;
-        if n == 0 || len == 0 {
-            return Some(Err(()));
-        }
-        return Some(Ok(len.saturating_sub(n)..len));
-    }
-    if !digits(first) || !(last.is_empty() || digits(last)) {
-        return None;
-    }
-    let start = num(first)?;
-    let end = if last.is_empty() {
-        usize::MAX
-    } else {
-        num(last)?
-    };
-    if end < start {
-        return None;
-    }
-    if start >= len {
-        return Some(Err(()));
-    }
-    Some(Ok(start..end.min(len - 1) + 1))
-}
-
-/// Whether `If-Range` lets a range of `e` be served (RFC 9110 §13.1.5): its strong
-/// entity tag or its exact `Last-Modified` date.
-fn if_range_holds(req: &HeaderMap, e: &Entry) -> bool {
-    let Some(v) = req.get(header::IF_RANGE) else {
-        return true;
-    };
-    let v = v.as_bytes();
-    if v.starts_with(b"\"") {
-        return e
-            .headers
-            .get(header::ETAG)
-            .is_some_and(|t| t.as_bytes() == v);
-    }
-    if v.starts_with(b"W/") {
-        return false;
-    }
-    e.headers
-        .get(header::LAST_MODIFIED)
-        .is_some_and(|t| t.as_bytes() == v)
-}
-
-/// The answer for `req` from `e`: whole, HEAD, 304 to a satisfied conditional request,
-/// or a byte range of a stored whole answer (206, or 416 past its end), as Varnish does.
-fn answer(e: &Entry, req: &Parts, now_ns: u64, status: String) -> Response<Body> {
-    let not_mod = e.status == StatusCode::OK && not_modified(&req.headers, e);
-    let range = (e.status == StatusCode::OK && req.method == Method::GET && !not_mod)
-        .then(|| byte_range(&req.headers, e.body.len()))
-        .flatten()
-        .filter(|_| if_range_holds(&req.headers, e));
-    let (code, body) = if not_mod {
-        (StatusCode::NOT_MODIFIED, Bytes::new())
-    } else if req.method == Method::HEAD {
-        (e.status, Bytes::new())
-    } else {
-        match &range {
-            Some(Ok(r)) => (StatusCode::PARTIAL_CONTENT, e.body.slice(r.clone())),
-            Some(Err(())) => (StatusCode::RANGE_NOT_SATISFIABLE, Bytes::new()),
-            None => (e.status, e.body.clone()),
-        }
-    };
-    let len = if req.method == Method::HEAD {
-        e.body.len()
-    } else {
-        body.len()
-    };
-    let mut r = Response::new(full(body));
-    *r.status_mut() = code;
-    let h = r.headers_mut();
-    *h = e.headers.clone();
-    if not_mod {
-        h.remove(header::CONTENT_LENGTH);
-    } else {
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    }
-    match &range {
-        Some(Ok(r)) => {
-            let v = format!("bytes {}-{}/{}", r.start, r.end - 1, e.body.len());
-            if let Ok(v) = HeaderValue::from_str(&v) {
-                h.insert(header::CONTENT_RANGE, v);
-            }
-        }
-        Some(Err(())) => {
-            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{}", e.body.len())) {
-                h.insert(header::CONTENT_RANGE, v);
-            }
-        }
-        None => {}
-    }
-    h.insert(header::AGE, HeaderValue::from(e.age(now_ns).as_secs()));
-    if let Ok(v) = HeaderValue::from_str(&status) {
-        h.insert(CACHE_STATUS, v);
-    }
-    r
-}
-
-fn with_status(mut r: Response<Body>, status: &'static str) -> Response<Body> {
-    r.headers_mut()
-        .insert(CACHE_STATUS, HeaderValue::from_static(status));
-    r
 }
 
 /// What a purge removes.

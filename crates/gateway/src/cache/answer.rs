@@ -1,0 +1,166 @@
+//! Answers from a stored entry: whole, HEAD, 304 to a satisfied conditional request, or
+//! a byte range (206, 416).
+
+use super::store::Entry;
+use super::CACHE_STATUS;
+use crate::response::{full, Body};
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::request::Parts;
+use http::{Method, Response, StatusCode};
+
+pub(super) fn etag_matches(inm: &str, etag: &str) -> bool {
+    let weak = |t: &str| t.trim().trim_start_matches("W/").to_string();
+    inm.split(',')
+        .any(|t| t.trim() == "*" || weak(t) == weak(etag))
+}
+
+/// Whether the client's conditional request is satisfied by `e` (RFC 9110 §13.2.2).
+pub(super) fn not_modified(req: &HeaderMap, e: &Entry) -> bool {
+    if let Some(inm) = req.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) {
+        return e
+            .headers
+            .get(header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|etag| etag_matches(inm, etag));
+    }
+    let since = req
+        .get(header::IF_MODIFIED_SINCE)
+        .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());
+    let modified = e
+        .headers
+        .get(header::LAST_MODIFIED)
+        .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());
+    matches!((since, modified), (Some(s), Some(m)) if m <= s)
+}
+
+/// The part of a `len`-byte body a `Range` asks for (RFC 9110 §14): `Some(Ok(range))` for
+/// one satisfiable byte range, `Some(Err(()))` when it cannot be satisfied, `None` when the
+/// whole answer is given instead (no range, several ranges, another unit, or a form not
+/// read here).
+pub(super) fn byte_range(
+    req: &HeaderMap,
+    len: usize,
+) -> Option<Result<std::ops::Range<usize>, ()>> {
+    let v = req.get(header::RANGE)?.to_str().ok()?.trim();
+    let spec = v.strip_prefix("bytes=")?.trim();
+    if spec.contains(',') {
+        return None;
+    }
+    let (first, last) = spec.split_once('-')?;
+    let (first, last) = (first.trim(), last.trim());
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let num = |s: &str| {
+        s.parse::<u64>()
+            .ok()
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+    };
+    if first.is_empty() {
+        // A suffix: the last N bytes.
+        if !digits(last) {
+            return None;
+        }
+        let n = num(last)?;
+        if n == 0 || len == 0 {
+            return Some(Err(()));
+        }
+        return Some(Ok(len.saturating_sub(n)..len));
+    }
+    if !digits(first) || !(last.is_empty() || digits(last)) {
+        return None;
+    }
+    let start = num(first)?;
+    let end = if last.is_empty() {
+        usize::MAX
+    } else {
+        num(last)?
+    };
+    if end < start {
+        return None;
+    }
+    if start >= len {
+        return Some(Err(()));
+    }
+    Some(Ok(start..end.min(len - 1) + 1))
+}
+
+/// Whether `If-Range` lets a range of `e` be served (RFC 9110 §13.1.5): its strong
+/// entity tag or its exact `Last-Modified` date.
+pub(super) fn if_range_holds(req: &HeaderMap, e: &Entry) -> bool {
+    let Some(v) = req.get(header::IF_RANGE) else {
+        return true;
+    };
+    let v = v.as_bytes();
+    if v.starts_with(b"\"") {
+        return e
+            .headers
+            .get(header::ETAG)
+            .is_some_and(|t| t.as_bytes() == v);
+    }
+    if v.starts_with(b"W/") {
+        return false;
+    }
+    e.headers
+        .get(header::LAST_MODIFIED)
+        .is_some_and(|t| t.as_bytes() == v)
+}
+
+/// The answer for `req` from `e`: whole, HEAD, 304 to a satisfied conditional request,
+/// or a byte range of a stored whole answer (206, or 416 past its end), as Varnish does.
+pub(super) fn answer(e: &Entry, req: &Parts, now_ns: u64, status: String) -> Response<Body> {
+    let not_mod = e.status == StatusCode::OK && not_modified(&req.headers, e);
+    let range = (e.status == StatusCode::OK && req.method == Method::GET && !not_mod)
+        .then(|| byte_range(&req.headers, e.body.len()))
+        .flatten()
+        .filter(|_| if_range_holds(&req.headers, e));
+    let (code, body) = if not_mod {
+        (StatusCode::NOT_MODIFIED, Bytes::new())
+    } else if req.method == Method::HEAD {
+        (e.status, Bytes::new())
+    } else {
+        match &range {
+            Some(Ok(r)) => (StatusCode::PARTIAL_CONTENT, e.body.slice(r.clone())),
+            Some(Err(())) => (StatusCode::RANGE_NOT_SATISFIABLE, Bytes::new()),
+            None => (e.status, e.body.clone()),
+        }
+    };
+    let len = if req.method == Method::HEAD {
+        e.body.len()
+    } else {
+        body.len()
+    };
+    let mut r = Response::new(full(body));
+    *r.status_mut() = code;
+    let h = r.headers_mut();
+    *h = e.headers.clone();
+    if not_mod {
+        h.remove(header::CONTENT_LENGTH);
+    } else {
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
+    match &range {
+        Some(Ok(r)) => {
+            let v = format!("bytes {}-{}/{}", r.start, r.end - 1, e.body.len());
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                h.insert(header::CONTENT_RANGE, v);
+            }
+        }
+        Some(Err(())) => {
+            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{}", e.body.len())) {
+                h.insert(header::CONTENT_RANGE, v);
+            }
+        }
+        None => {}
+    }
+    h.insert(header::AGE, HeaderValue::from(e.age(now_ns).as_secs()));
+    if let Ok(v) = HeaderValue::from_str(&status) {
+        h.insert(CACHE_STATUS, v);
+    }
+    r
+}
+
+pub(super) fn with_status(mut r: Response<Body>, status: &'static str) -> Response<Body> {
+    r.headers_mut()
+        .insert(CACHE_STATUS, HeaderValue::from_static(status));
+    r
+}

@@ -1,0 +1,264 @@
+//! A request's key: the route, what the upstream is told of scheme and host, the path and
+//! the keyed query (matched as backends read names), then the variant (the consumer unless
+//! shared, the key headers, and the headers the answer varies on, as sent upstream).
+
+use super::store::{self, Varies};
+use crate::clock::Clock;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use smallvec::SmallVec;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tollgate_config::{KeyQuery, RouteCacheConfig};
+
+/// A request's key, built once: the URI key (route, host, path and keyed query), then the
+/// variant without varying headers. The URI key and the URL are slices of it.
+#[derive(Debug)]
+pub struct Key {
+    pub(super) plain: String,
+    pub(super) url_start: usize,
+    pub(super) uri_len: usize,
+    /// The request may neither be answered from the cache nor stored: it names a keyed
+    /// query parameter in two spellings, or asks for `no-store`.
+    pub(super) bypass: bool,
+}
+
+impl Key {
+    /// The key of the request `parts` asks on its route.
+    pub fn of(ask: &Ask<'_>, parts: &Parts) -> Key {
+        let mut plain = String::with_capacity(128);
+        plain.push_str(ask.route);
+        plain.push('\u{0}');
+        authority_into(ask, &parts.headers, &mut plain);
+        plain.push('\u{0}');
+        let url_start = plain.len();
+        let ambiguous = url_into(parts.uri.path(), parts.uri.query(), ask, &mut plain);
+        let uri_len = plain.len();
+        variant_into(ask, &ask.cfg.key_headers, &parts.headers, &mut plain);
+        Key {
+            plain,
+            url_start,
+            uri_len,
+            bypass: ambiguous || asks_no_store(&parts.headers),
+        }
+    }
+}
+
+/// What the cache needs of a request and its route.
+pub struct Ask<'a> {
+    /// The route's caching.
+    pub cfg: &'a RouteCacheConfig,
+    /// The route's name (part of every key).
+    pub route: &'a str,
+    /// The authenticated consumer's name.
+    pub consumer: Option<&'a str>,
+    /// The query parameters that carried the API key: never part of a key.
+    pub credentials: &'a [String],
+    /// Longest wait for another request's answer to the same key.
+    pub wait: Duration,
+    /// The gateway's clock, nanoseconds (monotonic).
+    pub now_ns: u64,
+    /// The gateway's clock: wall time, for `Date` and `Expires`, is read from it only when
+    /// an answer is judged for storing (most requests are hits or never-stored misses).
+    pub clock: &'a Arc<dyn Clock>,
+    /// The client's address, as `X-Forwarded-For` sends it upstream.
+    pub peer: &'a HeaderValue,
+    /// The client is a trusted proxy: its `X-Forwarded-*` headers go upstream.
+    pub trusted: bool,
+    /// The client came over TLS (`X-Forwarded-Proto: https`).
+    pub https: bool,
+}
+
+impl Ask<'_> {
+    /// Wall time now.
+    pub(super) fn wall(&self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_nanos(self.clock.wall_nanos())
+    }
+}
+
+/// Whether the client asked that nothing of this exchange be stored (`no-store`): its
+/// answer is neither stored nor taken as the key's, and it is not answered from the store.
+pub(super) fn asks_no_store(req: &HeaderMap) -> bool {
+    req.get_all(header::CACHE_CONTROL).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|d| d.trim().eq_ignore_ascii_case("no-store"))
+        })
+    })
+}
+
+/// Whether the request asks for a part of an answer or sets a precondition the cache does
+/// not judge itself (`Range` on a miss, `If-Match`, `If-Unmodified-Since`, `If-Range`):
+/// such a request goes upstream as it is, and what it gets is never stored nor decides
+/// anything for the key.
+pub(super) fn shapes_its_answer(req: &HeaderMap) -> bool {
+    req.contains_key(header::RANGE)
+        || req.contains_key(header::IF_MATCH)
+        || req.contains_key(header::IF_UNMODIFIED_SINCE)
+        || req.contains_key(header::IF_RANGE)
+}
+
+pub(super) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub(super) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Appends what the upstream is told of the request's scheme and host, lower case: the
+/// scheme (`X-Forwarded-Proto`), the `Host` as sent, port included, and a trusted proxy's
+/// `X-Forwarded-Host`. Two requests the upstream could answer differently never share a key.
+pub(super) fn authority_into(ask: &Ask<'_>, req: &HeaderMap, out: &mut String) {
+    let start = out.len();
+    if ask.trusted && req.contains_key(X_FORWARDED_PROTO) {
+        store::header_for_key(req, &X_FORWARDED_PROTO, out);
+    } else {
+        out.push_str(if ask.https { "https" } else { "http" });
+    }
+    out.push('\u{0}');
+    store::header_for_key(req, &header::HOST, out);
+    if ask.trusted && req.contains_key(X_FORWARDED_HOST) {
+        out.push('\u{0}');
+        store::header_for_key(req, &X_FORWARDED_HOST, out);
+    }
+    out[start..].make_ascii_lowercase();
+}
+
+/// Appends the value of `name` as the upstream receives it (for `Vary`): the
+/// `X-Forwarded-*` headers the gateway sets, the ones it drops from untrusted clients as
+/// empty, any other as the client sent it.
+pub(super) fn sent_for_key(ask: &Ask<'_>, req: &HeaderMap, name: &HeaderName, out: &mut String) {
+    let n = name.as_str();
+    if n == "x-forwarded-for" {
+        if ask.trusted && req.contains_key(name) {
+            store::header_for_key(req, name, out);
+            out.push_str(", ");
+        }
+        out.push_str(&String::from_utf8_lossy(ask.peer.as_bytes()));
+    } else if n == "x-forwarded-proto" && !(ask.trusted && req.contains_key(name)) {
+        out.push_str(if ask.https { "https" } else { "http" });
+    } else if n == "x-forwarded-host" && !(ask.trusted && req.contains_key(name)) {
+        store::header_for_key(req, &header::HOST, out);
+    } else if !ask.trusted && crate::upstream::forwarding_header(n) {
+        // Dropped on the way upstream.
+    } else {
+        store::header_for_key(req, name, out);
+    }
+}
+
+/// Appends what [`variant_key`] adds to a URI key.
+pub(super) fn variant_into(ask: &Ask<'_>, varies: &[HeaderName], req: &HeaderMap, k: &mut String) {
+    k.push('\u{0}');
+    if !ask.cfg.shared {
+        k.push_str(ask.consumer.unwrap_or(""));
+    }
+    for name in varies {
+        k.push('\u{0}');
+        sent_for_key(ask, req, name, k);
+    }
+}
+
+/// The request's host, lower case, without port and trailing dot: what purges match.
+pub(super) fn host_of(parts: &Parts) -> String {
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map_or("", crate::inbound::host_only);
+    host.to_ascii_lowercase()
+}
+
+/// Path + the query parameters the route keys on (credentials left out).
+pub(super) fn url_of(path: &str, query: Option<&str>, ask: &Ask<'_>) -> String {
+    let mut url = String::with_capacity(path.len() + 32);
+    url_into(path, query, ask, &mut url);
+    url
+}
+
+/// Appends [`url_of`]; true when the query names a keyed parameter in more than one
+/// spelling (`page` and `%70age`, `PAGE`, `page[]`): backends differ on which one they
+/// read, so such a request must not share an entry with any other.
+///
+/// Parameters are matched as backends read their names ([`crate::query`]) and kept with
+/// the separator before them, so `a=1;page=2` and `a=1&page=2` are keyed apart.
+pub(super) fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut String) -> bool {
+    url.push_str(path);
+    let Some(q) = query else { return false };
+    let mut ambiguous = false;
+    // The first raw spelling seen of each keyed name.
+    let mut spelled: SmallVec<[(usize, &str); 4]> = SmallVec::new();
+    for (_, sep, raw, pair) in crate::query::pieces(q) {
+        if pair.is_empty() {
+            continue;
+        }
+        let name = crate::query::param_name(raw);
+        if ask
+            .credentials
+            .iter()
+            .any(|c| crate::query::same_param(&name, c))
+        {
+            continue;
+        }
+        let keep = match &ask.cfg.key_query {
+            KeyQuery::All => true,
+            KeyQuery::None => false,
+            KeyQuery::Only(names) => {
+                match names
+                    .iter()
+                    .position(|n| crate::query::same_param(&name, n))
+                {
+                    Some(i) => {
+                        match spelled.iter().find(|(j, _)| *j == i) {
+                            Some((_, first)) => ambiguous |= *first != raw,
+                            None => spelled.push((i, raw)),
+                        }
+                        true
+                    }
+                    None => false,
+                }
+            }
+        };
+        if keep {
+            let first = url.len() == path.len();
+            url.push(if first { '?' } else { char::from(sep) });
+            url.push_str(pair);
+        }
+    }
+    ambiguous
+}
+
+/// The key of everything stored for one URI of one route: the route, what the upstream
+/// is told of scheme and host ([`authority_into`]), and `url`.
+pub(super) fn uri_key(ask: &Ask<'_>, req: &HeaderMap, url: &str) -> String {
+    let mut k = String::with_capacity(ask.route.len() + url.len() + 32);
+    k.push_str(ask.route);
+    k.push('\u{0}');
+    authority_into(ask, req, &mut k);
+    k.push('\u{0}');
+    k.push_str(url);
+    k
+}
+
+/// The key of one variant: the consumer (unless shared) and the request headers it varies on.
+pub(super) fn variant_key(
+    uri: &str,
+    ask: &Ask<'_>,
+    varies: &[HeaderName],
+    req: &HeaderMap,
+) -> String {
+    let mut k = String::with_capacity(uri.len() + 64);
+    k.push_str(uri);
+    variant_into(ask, varies, req, &mut k);
+    k
+}
+
+/// What a response varies on: the route's key headers and its `Vary` list.
+pub(super) fn varies_of(cfg: &RouteCacheConfig, resp: &HeaderMap) -> Varies {
+    let mut names: Vec<HeaderName> = cfg.key_headers.clone();
+    for v in resp.get_all(header::VARY) {
+        for n in v.to_str().unwrap_or("").split(',') {
+            if let Ok(n) = HeaderName::from_bytes(n.trim().to_ascii_lowercase().as_bytes()) {
+                if !names.contains(&n) {
+                    names.push(n);
+                }
+            }
+        }
+    }
+    names.into()
+}
