@@ -545,7 +545,10 @@ impl Gateway {
         let preflight = cors::is_preflight(&parts);
         let route = match route::find(snap, &parts, preflight) {
             Ok(r) => r,
-            Err(r) => return refused(trace, r),
+            Err((r, meant)) => {
+                trace.route = meant;
+                return refused(trace, r);
+            }
         };
         trace.route = Some(route);
         let origin = policy::cors_origin(route, &parts);
@@ -557,6 +560,7 @@ impl Gateway {
                 &mut parts,
                 self.clock.as_ref(),
                 conn.client_names.as_deref(),
+                &mut trace.consumer,
             ) {
                 Ok(Verdict::Answer(r)) => return Ok(*r),
                 Ok(Verdict::Forward(a)) => a,

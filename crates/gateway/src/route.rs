@@ -48,12 +48,17 @@ fn matches(route: &Route, host: Option<&str>, path: &str) -> bool {
 
 /// Finds the route for a request: the most specific route whose host and path match and
 /// whose method filter lets the request through. When routes match host and path but none
-/// takes the method, the answer is 405 with the methods they take.
-pub fn find<'s>(snap: &'s Snapshot, parts: &Parts, preflight: bool) -> Result<&'s Route, Refusal> {
+/// takes the method, the answer is 405 with the methods they take, given with the first of
+/// those routes: a 405 is counted and logged under the route the request meant.
+pub fn find<'s>(
+    snap: &'s Snapshot,
+    parts: &Parts,
+    preflight: bool,
+) -> Result<&'s Route, (Refusal, Option<&'s Route>)> {
     let host = host(parts);
     let path = routing_path(parts.uri.path());
     let path = path.as_ref();
-    let mut path_matched = false;
+    let mut meant: Option<&'s Route> = None;
     for route in &snap.routes {
         if !matches(route, host, path) {
             continue;
@@ -61,10 +66,10 @@ pub fn find<'s>(snap: &'s Snapshot, parts: &Parts, preflight: bool) -> Result<&'
         if method::allows(route, &parts.method, preflight) {
             return Ok(route);
         }
-        path_matched = true;
+        meant = meant.or(Some(route));
     }
-    if !path_matched {
-        return Err(Refusal::NoRoute);
+    if meant.is_none() {
+        return Err((Refusal::NoRoute, None));
     }
     // Cold path: collect the methods of every route that matched host and path.
     let mut allow: Vec<&str> = Vec::new();
@@ -83,7 +88,10 @@ pub fn find<'s>(snap: &'s Snapshot, parts: &Parts, preflight: bool) -> Result<&'
             }
         }
     }
-    Err(Refusal::MethodNotAllowed {
-        allow: HeaderValue::from_str(&allow.join(", ")).ok(),
-    })
+    Err((
+        Refusal::MethodNotAllowed {
+            allow: HeaderValue::from_str(&allow.join(", ")).ok(),
+        },
+        meant,
+    ))
 }

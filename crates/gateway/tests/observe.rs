@@ -439,3 +439,41 @@ async fn status_config_and_reload_over_the_admin_api() {
     assert_eq!(sample(&m, "tollgate_config_reloads_total"), Some(1.0));
     assert_eq!(sample(&m, "tollgate_config_reload_errors_total"), Some(1.0));
 }
+
+#[tokio::test]
+async fn refusals_after_the_consumer_is_known_count_under_it_and_a_405_under_its_route() {
+    let backend = echo_backend().await;
+    let routes = ROUTES.replace(
+        "    path_prefix: /open/\n    upstream: backend\n",
+        "    path_prefix: /open/\n    upstream: backend\n    methods: [GET]\n  - name: bobs\n    path_prefix: /bobs/\n    upstream: backend\n    auth: {query: [apikey]}\n    allow: {consumers: [bob]}\n",
+    );
+    let cfg = format!(
+        "{}metrics: {{per_consumer: true}}\n",
+        yaml(backend, &routes)
+    );
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let c = TestClient::default();
+    for _ in 0..3 {
+        let _ = c.get(&gw.url("/api/x?apikey=alice-key")).await;
+    }
+    let forbidden = c.get(&gw.url("/bobs/x?apikey=alice-key")).await;
+    assert_eq!(
+        forbidden.status,
+        StatusCode::FORBIDDEN,
+        "{}",
+        forbidden.body
+    );
+    let not_allowed = c.request(Method::POST, &gw.url("/open/x"), &[], "x").await;
+    assert_eq!(not_allowed.status, StatusCode::METHOD_NOT_ALLOWED);
+    let t = gw.gw.metrics_text();
+    let at = |s: &str| sample(&t, s).unwrap_or_else(|| panic!("no {s} in\n{t}"));
+    // Alice's 429 and her 403 are hers.
+    assert_eq!(
+        at(r#"tollgate_consumer_requests_total{consumer="alice",class="4xx"}"#),
+        2.0
+    );
+    assert_eq!(
+        at(r#"tollgate_requests_total{route="open",method="POST",class="4xx"}"#),
+        1.0
+    );
+}

@@ -43,18 +43,21 @@ pub enum Verdict {
 }
 
 /// Runs the policies after route selection, in order. The limiter reads `clock` only when
-/// the request meets a limit.
+/// the request meets a limit. `identified` is set as soon as the consumer is known, so that
+/// a refusal after that (403, 429) is logged and counted under the consumer it refused.
 pub fn run(
     snap: &Snapshot,
     route: &Route,
     parts: &mut Parts,
     clock: &dyn Clock,
     client_names: Option<&[Box<str>]>,
+    identified: &mut Option<usize>,
 ) -> Result<Verdict, Refusal> {
     if let Some(answer) = cors::preflight(route, parts)? {
         return Ok(Verdict::Answer(Box::new(answer)));
     }
     let consumer = auth::authenticate(snap, route, parts, client_names)?;
+    *identified = consumer;
     let mut admitted = Admitted {
         consumer,
         standing: None,
