@@ -444,6 +444,20 @@ fn bench_counts_requests_statuses_and_latency() {
         (Some(100), Some("open"))
     );
     assert!(v["send_lag_ms"]["p50"].as_f64().is_some(), "{v}");
+
+    // A URL without a scheme, as the README writes them; piped, the run says what it does.
+    let out = Command::new(BIN)
+        .args(["bench", "-n", "20", "-c", "1", &format!("{backend}/x")])
+        .output()
+        .expect("bench");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "tollgate bench: http://{backend}/x, 1 connections"
+        )),
+        "{err}"
+    );
     let _ = echo.kill();
     let _ = echo.wait();
 }

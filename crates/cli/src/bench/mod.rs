@@ -157,8 +157,13 @@ pub fn run(args: BenchArgs) -> ExitCode {
 }
 
 fn try_run(args: BenchArgs) -> Result<ExitCode, String> {
-    let uri: http::Uri = args
-        .url
+    // `127.0.0.1:8080/test/` as well as `http://127.0.0.1:8080/test/`, as curl takes it.
+    let url = if args.url.contains("://") {
+        args.url.clone()
+    } else {
+        format!("http://{}", args.url)
+    };
+    let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("bad URL {:?}: {e}", args.url))?;
     if uri.scheme_str() != Some("http") {
@@ -222,9 +227,18 @@ fn try_run(args: BenchArgs) -> Result<ExitCode, String> {
             stop: AtomicBool::new(false),
             done: AtomicU64::new(0),
         });
-        let progress = std::io::IsTerminal::is_terminal(&std::io::stderr())
-            && duration.is_none_or(|d| d > Duration::from_secs(3));
-        let progress_task = progress.then(|| tokio::spawn(show_progress(plan.clone())));
+        // On a terminal, one line redrawn; piped, a line a second (a log shows the run).
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let progress = duration.is_none_or(|d| d > Duration::from_secs(3)) || !terminal;
+        if !terminal {
+            eprintln!(
+                "tollgate bench: {url}, {} connections{}",
+                args.connections,
+                args.rate
+                    .map_or(String::new(), |r| format!(", {r} req/s open loop"))
+            );
+        }
+        let progress_task = progress.then(|| tokio::spawn(show_progress(plan.clone(), terminal)));
         let mut tasks = Vec::with_capacity(args.connections);
         for _ in 0..args.connections {
             tasks.push(tokio::spawn(connection(plan.clone())));
@@ -238,7 +252,9 @@ fn try_run(args: BenchArgs) -> Result<ExitCode, String> {
         let elapsed = Instant::now().saturating_duration_since(plan.record_from);
         if let Some(p) = progress_task {
             p.abort();
-            eprint!("\r\x1b[2K");
+            if terminal {
+                eprint!("\r\x1b[2K");
+            }
         }
         let report = Report::new(&args, &tally, elapsed);
         if args.json {
@@ -257,19 +273,26 @@ fn try_run(args: BenchArgs) -> Result<ExitCode, String> {
     })
 }
 
-async fn show_progress(plan: Arc<Plan>) {
+/// Shows the run's progress each second on stderr: one line redrawn on a terminal, a new
+/// line each second otherwise.
+async fn show_progress(plan: Arc<Plan>, terminal: bool) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
     let mut last = 0;
     loop {
         tick.tick().await;
         let done = plan.done.load(Ordering::Relaxed);
-        eprint!(
-            "\r\x1b[2K{:>6.1}s  {:>10} requests  {:>9} req/s",
+        let line = format!(
+            "{:>6.1}s  {:>10} requests  {:>9} req/s",
             plan.start.elapsed().as_secs_f64(),
             done,
             done - last
         );
+        if terminal {
+            eprint!("\r\x1b[2K{line}");
+        } else {
+            eprintln!("{line}");
+        }
         last = done;
     }
 }
