@@ -214,7 +214,17 @@ pub(crate) fn load(
             let parsed: Line<'_> = match serde_json::from_str(text) {
                 Ok(p) => p,
                 Err(e) => {
-                    probs.add(line, format!("not a consumer object: {e}"));
+                    // serde_json counts lines within the one line it was given: only the
+                    // column says anything here.
+                    let why = e.to_string();
+                    let why = why.split(" at line ").next().unwrap_or(&why).to_string();
+                    probs.add(
+                        line,
+                        format!(
+                            "not a consumer object ({why}, at column {}); a line is {{\"name\": \"alice\", \"keys\": [\"KEY\"], \"plan\": \"gold\"}}",
+                            e.column()
+                        ),
+                    );
                     continue;
                 }
             };

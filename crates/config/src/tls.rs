@@ -102,12 +102,17 @@ pub fn load_cert(cert_path: PathBuf, key_path: PathBuf) -> Result<LoadedCert, St
         .collect();
     let key = PrivateKeyDer::from_pem_slice(&key_pem)
         .map_err(|e| format!("{}: no private key in the file: {e}", key_path.display()))?;
-    let key = CertifiedKey::from_der(chain, key, &default_provider()).map_err(|e| {
-        format!(
+    let key = CertifiedKey::from_der(chain, key, &default_provider()).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(_) => format!(
+            "the private key in {} is not the key of the certificate in {} (check that the two files are a pair)",
+            key_path.display(),
+            cert_path.display()
+        ),
+        e => format!(
             "{} does not go with {}: {e}",
             key_path.display(),
             cert_path.display()
-        )
+        ),
     })?;
     let mut both = cert_pem;
     both.extend_from_slice(&key_pem);

@@ -155,6 +155,9 @@ async fn every_bad_line_is_reported_with_its_number() {
     ] {
         assert!(err.contains(want), "missing {want:?} in {err}");
     }
+    // What is wrong with a line is said in the line's own terms, with an example.
+    assert!(!err.contains("at line 1 column"), "{err}");
+    assert!(err.contains(r#"a line is {"name": "alice""#), "{err}");
     // A plain key given hashed to another consumer is the same key twice.
     std::fs::write(
         &file,

@@ -476,4 +476,9 @@ async fn refusals_after_the_consumer_is_known_count_under_it_and_a_405_under_its
         at(r#"tollgate_requests_total{route="open",method="POST",class="4xx"}"#),
         1.0
     );
+    // An unknown consumer is named in the answer.
+    let admin = start_admin(&gw.gw, Some(TOKEN)).await;
+    let u = admin_call(&c, admin, Method::GET, "/usage/nobody").await;
+    assert_eq!(u.status, StatusCode::NOT_FOUND);
+    assert!(u.body.contains(r#"no consumer named \"nobody\""#), "{}", u.body);
 }

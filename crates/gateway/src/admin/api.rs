@@ -223,7 +223,7 @@ pub async fn usage(gw: &Gateway, name: &str) -> Answer {
             StatusCode::OK,
             &serde_json::to_value(&u).unwrap_or_default(),
         ),
-        Err(UsageError::UnknownConsumer(_)) => error(StatusCode::NOT_FOUND, "no such consumer"),
+        Err(e @ UsageError::UnknownConsumer(_)) => error(StatusCode::NOT_FOUND, &e.to_string()),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     }
 }
