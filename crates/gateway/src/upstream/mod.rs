@@ -9,10 +9,10 @@
 //! non-idempotent request is never sent twice.
 
 mod body;
-mod cap;
+pub(crate) mod cap;
 mod client;
 mod dial;
-mod h1;
+pub(crate) mod h1;
 mod headers;
 pub mod health;
 mod idle;
