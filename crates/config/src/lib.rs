@@ -11,6 +11,8 @@ pub mod consumers;
 mod consumers_file;
 pub mod error;
 pub mod file;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod huge;
 mod key_table;
 pub mod model;

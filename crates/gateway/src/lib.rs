@@ -9,6 +9,8 @@ pub mod cache;
 pub mod clock;
 pub mod cluster;
 pub mod echo;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod gateway;
 pub mod inbound;
 pub mod limiter;

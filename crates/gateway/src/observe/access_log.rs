@@ -433,7 +433,7 @@ fn any_needs_escape(b: &[u8]) -> bool {
 }
 
 /// A JSON string: quoted, with `"`, `\\` and control characters escaped.
-fn escape(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn escape(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     escape_into(out, s);
     out.push(b'"');

@@ -10,10 +10,10 @@
 
 mod ahead;
 mod body;
-mod cap;
+pub(crate) mod cap;
 mod client;
 mod dial;
-mod h1;
+pub(crate) mod h1;
 mod headers;
 pub use headers::forwarding_header;
 pub mod health;

@@ -14,7 +14,7 @@ mod body;
 mod conn;
 mod exec;
 mod frame;
-mod hpack;
+pub(crate) mod hpack;
 mod huffman;
 mod request;
 
