@@ -94,6 +94,8 @@ fn h2_limits() -> Limits {
         max_resets: 32,
         idle: Duration::from_secs(30),
         send_timeout: Duration::from_secs(30),
+        max_headers: 16,
+        max_request_buffer: 128 << 10,
     }
 }
 
@@ -336,7 +338,7 @@ pub fn check_host(host: &str) {
 }
 
 /// The headers `cache_control` lines may set, chosen by their first byte.
-const CACHE_HEADERS: [(bool, HeaderName); 9] = [
+const CACHE_HEADERS: [(bool, HeaderName); 11] = [
     (false, header::CACHE_CONTROL),
     (false, header::CACHE_CONTROL),
     (false, header::VARY),
@@ -346,6 +348,8 @@ const CACHE_HEADERS: [(bool, HeaderName); 9] = [
     (false, header::ETAG),
     (true, header::CACHE_CONTROL),
     (false, header::LAST_MODIFIED),
+    (false, HeaderName::from_static("surrogate-control")),
+    (false, HeaderName::from_static("cdn-cache-control")),
 ];
 
 /// `cache_control`: `directives` and `storable` on arbitrary headers. Input: lines, each a
@@ -367,7 +371,9 @@ pub fn cache_control(data: &[u8]) {
         let map = if *on_request { &mut req } else { &mut resp };
         map.append(name.clone(), value);
     }
-    let d = control::directives(&resp);
+    // The directives this cache follows: a targeted field's, or else Cache-Control's.
+    let (d, _) = control::response_directives(&resp);
+    assert!(control::age(&resp).is_none_or(|a| a <= 1 << 31));
     for v in [
         d.max_age,
         d.s_maxage,
@@ -392,7 +398,9 @@ pub fn cache_control(data: &[u8]) {
     let Some(f) = control::storable(&method, status, &req, &resp, authorized, ttl, arrived) else {
         return;
     };
-    assert!(method == Method::GET && !d.no_store && !d.private && !d.malformed);
+    // `must-understand` on a status the cache knows sets `no-store` aside.
+    assert!(method == Method::GET && (!d.no_store || d.must_understand));
+    assert!(!d.private && !d.malformed);
     assert!(!control::directives(&req).no_store);
     assert!(!authorized || d.public || d.must_revalidate || d.s_maxage.is_some());
     assert_eq!(f.must_revalidate, d.must_revalidate);

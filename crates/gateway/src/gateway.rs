@@ -670,6 +670,7 @@ impl Gateway {
         );
         let mut trace = Trace::new(id);
         let method = req.method().clone();
+        let h2 = req.version() == http::Version::HTTP_2;
         let log = self.access_log.load_full();
         let wall_ns = self.analytics.is_some().then(|| self.clock.wall_nanos());
         let logged = log.as_ref().map(|_| {
@@ -699,7 +700,8 @@ impl Gateway {
             .await;
         resp.headers_mut()
             .insert(X_REQUEST_ID, trace.request_id.clone());
-        if trace.upstream_ns.is_some() {
+        // For HTTP/2's reset balance only: an extension map costs an allocation.
+        if h2 && trace.upstream_ns.is_some() {
             resp.extensions_mut().insert(crate::listener::Upstream);
         }
         let status = resp.status().as_u16();

@@ -480,5 +480,9 @@ async fn refusals_after_the_consumer_is_known_count_under_it_and_a_405_under_its
     let admin = start_admin(&gw.gw, Some(TOKEN)).await;
     let u = admin_call(&c, admin, Method::GET, "/usage/nobody").await;
     assert_eq!(u.status, StatusCode::NOT_FOUND);
-    assert!(u.body.contains(r#"no consumer named \"nobody\""#), "{}", u.body);
+    assert!(
+        u.body.contains(r#"no consumer named \"nobody\""#),
+        "{}",
+        u.body
+    );
 }
