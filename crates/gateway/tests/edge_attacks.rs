@@ -122,6 +122,9 @@ async fn an_admin_port_without_a_token_answers_no_web_page() {
     let rebound =
         req("GET /config HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n".into()).await;
     assert_eq!(rebound, 403);
+    let elsewhere =
+        req("GET /config HTTP/1.1\r\nHost: 10.1.2.3\r\nConnection: close\r\n\r\n".into()).await;
+    assert_eq!(elsewhere, 403, "an address that is not the admin's");
     // What an operator does still works.
     let ok = req(format!(
         "POST /cache/purge HTTP/1.1\r\nHost: {admin}\r\nContent-Type: application/json\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{{\"all\": true}}"

@@ -79,11 +79,11 @@ fn method_not_allowed(allow: &'static str) -> Answer {
 
 /// Without a token, the admin port's only guard against web pages is the browser's: a
 /// page can send a "simple" cross-site POST (`text/plain`), and a DNS-rebound name makes
-/// the browser read answers as its own. So without a token only `Host`s that name an IP
-/// address or a loopback name (`localhost`) are answered, and a POST must be
-/// `application/json` (which no page sends cross-site without a preflight the admin port
-/// never grants) from no foreign `Origin`.
-fn same_site(req: &Request<Incoming>) -> Result<(), &'static str> {
+/// the browser read answers as its own. So without a token only `Host`s that name the
+/// admin address (`own`) or a loopback address or name (`localhost`) are answered, and a
+/// POST must be `application/json` (which no page sends cross-site without a preflight the
+/// admin port never grants) from no foreign `Origin`.
+fn same_site(req: &Request<Incoming>, own: Option<std::net::IpAddr>) -> Result<(), &'static str> {
     let host = req
         .headers()
         .get(http::header::HOST)
@@ -91,11 +91,15 @@ fn same_site(req: &Request<Incoming>) -> Result<(), &'static str> {
     if let Some(host) = host {
         let name = crate::inbound::host_only(host);
         let ip = name.trim_start_matches('[').trim_end_matches(']');
-        let ok = ip.parse::<std::net::IpAddr>().is_ok()
+        let ok = ip
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback() || Some(ip) == own)
             || name.eq_ignore_ascii_case("localhost")
             || name.to_ascii_lowercase().ends_with(".localhost");
         if !ok || !crate::inbound::valid_host(host) {
-            return Err("without an admin token, only an IP address or localhost is answered");
+            return Err(
+                "without an admin token, only the admin address or a loopback name is answered",
+            );
         }
     }
     if req.method() == Method::POST {
@@ -121,9 +125,14 @@ fn same_site(req: &Request<Incoming>) -> Result<(), &'static str> {
     Ok(())
 }
 
-async fn handle(gw: &Arc<Gateway>, req: Request<Incoming>, token: Option<&str>) -> Answer {
+async fn handle(
+    gw: &Arc<Gateway>,
+    req: Request<Incoming>,
+    token: Option<&str>,
+    own: Option<std::net::IpAddr>,
+) -> Answer {
     if token.is_none() {
-        if let Err(why) = same_site(&req) {
+        if let Err(why) = same_site(&req, own) {
             return error(StatusCode::FORBIDDEN, why);
         }
     }
@@ -170,6 +179,7 @@ async fn handle(gw: &Arc<Gateway>, req: Request<Incoming>, token: Option<&str>) 
 pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, cfg: AdminConfig) {
     let cap = Arc::new(Semaphore::new(cfg.max_connections));
     let token: Option<Arc<str>> = cfg.token.map(Arc::from);
+    let own = listener.local_addr().ok().map(|a| a.ip());
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -185,7 +195,7 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, cfg: AdminConfig) {
             service_fn(move |req| {
                 let gw = gw.clone();
                 let token = token.clone();
-                async move { Ok::<_, Infallible>(handle(&gw, req, token.as_deref()).await) }
+                async move { Ok::<_, Infallible>(handle(&gw, req, token.as_deref(), own).await) }
             }),
         );
         tokio::spawn(async move {
