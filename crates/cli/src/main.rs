@@ -21,9 +21,23 @@ use std::process::ExitCode;
 /// tollgate: a fast API gateway. Identifies callers by API key, checks what they may call,
 /// counts every call against their plan's limits, answers 401/403/405/429 at the edge and
 /// forwards the rest over kept-alive connections.
+/// The version line: the package version, the commit and the build date.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("TOLLGATE_COMMIT"),
+    ", built ",
+    env!("TOLLGATE_BUILD_DATE"),
+    ")"
+);
+
 #[derive(Parser)]
-#[command(name = "tollgate", version, propagate_version = true)]
+#[command(name = "tollgate", version = VERSION, propagate_version = true)]
 struct Cli {
+    /// How the process log (stderr) is written: `text` for people, `json` (one object a
+    /// line) for log shippers.
+    #[arg(long, global = true, value_enum, default_value_t = serve::LogFormat::Text, env = "TOLLGATE_LOG_FORMAT")]
+    log_format: serve::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -31,6 +45,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the gateway described by a config file (reloads on SIGHUP and when the file changes).
+    #[command(
+        after_help = "Environment:\n  RUST_LOG               what the process log shows (default: info; e.g. debug, tollgate_gateway=debug)\n  TOLLGATE_ADMIN_TOKEN   the admin token, when admin.token_file is not set\n  TOLLGATE_LOG_FORMAT    text or json, as --log-format"
+    )]
     Run {
         /// The YAML config file.
         #[arg(short, long, value_name = "FILE")]
@@ -68,18 +85,33 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Start a ready example: the gateway on 127.0.0.1:8080 in front of the echo backend on
     /// 127.0.0.1:1337, with curl lines to try.
-    Demo,
+    Demo(serve::DemoArgs),
+    /// Print a shell completion script: `tollgate completions bash > /etc/bash_completion.d/tollgate`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
     // Purge freed pages in the background, so an idle gateway gives memory back too.
     let _ = tikv_jemalloc_ctl::background_thread::write(true);
     let cli = Cli::parse();
+    let log = cli.log_format;
     match cli.command {
         Command::Check { config } => check(&config),
-        Command::Run { config } => serve::run(&config),
-        Command::Echo { listen } => serve::echo(listen),
-        Command::Demo => serve::demo(),
+        Command::Run { config } => serve::run(&config, log),
+        Command::Echo { listen } => serve::echo(listen, log),
+        Command::Demo(args) => serve::demo(args, log),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            // Made whole first: a reader that stops early (`| head`) is no failure.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "tollgate", &mut script);
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+            ExitCode::SUCCESS
+        }
         Command::Bench(args) => bench::run(args),
         Command::Usage {
             config,

@@ -10,15 +10,29 @@ use tollgate_gateway::{watch::watch_file, Gateway, Server, SystemClock};
 /// The demo's config, also the README's quick start.
 const DEMO_CONFIG: &str = include_str!("../../../examples/demo.yaml");
 
-fn logging() {
+/// How the process log is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object a line (`timestamp`, `level`, `fields.message`, ...), for log
+    /// shippers, as Envoy, Traefik and Caddy offer.
+    Json,
+}
+
+fn logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_target(false);
+    match format {
+        LogFormat::Json => log.json().init(),
+        LogFormat::Text => log
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
@@ -32,8 +46,8 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 /// `tollgate run --config FILE`.
-pub fn run(path: &Path) -> ExitCode {
-    logging();
+pub fn run(path: &Path, log: LogFormat) -> ExitCode {
+    logging(log);
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
@@ -177,8 +191,8 @@ async fn wait_for_stop(gw: &std::sync::Arc<Gateway>, path: Option<&Path>) -> std
 }
 
 /// `tollgate echo --listen ADDR`.
-pub fn echo(addr: SocketAddr) -> ExitCode {
-    logging();
+pub fn echo(addr: SocketAddr, log: LogFormat) -> ExitCode {
+    logging(log);
     let rt = match runtime() {
         Ok(r) => r,
         Err(c) => return c,
@@ -200,10 +214,34 @@ pub fn echo(addr: SocketAddr) -> ExitCode {
     })
 }
 
-/// `tollgate demo`.
-pub fn demo() -> ExitCode {
-    logging();
-    let cfg = match tollgate_config::from_yaml(DEMO_CONFIG) {
+/// `tollgate demo`'s addresses, for when the usual ports are taken.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Where the gateway listens.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Where the echo backend listens.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:1337")]
+    backend: SocketAddr,
+    /// Where the admin endpoints and the dashboard listen.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9901")]
+    admin: SocketAddr,
+}
+
+/// `tollgate demo`: the embedded example with everything on (access log to stdout, usage
+/// history in a temporary file, a cached route), at the addresses asked for.
+pub fn demo(args: DemoArgs, log: LogFormat) -> ExitCode {
+    logging(log);
+    let history = std::env::temp_dir().join(format!("tollgate-demo-{}.db", std::process::id()));
+    let text = DEMO_CONFIG
+        .replace("127.0.0.1:8080", &args.listen.to_string())
+        .replace("127.0.0.1:1337", &args.backend.to_string())
+        .replace("127.0.0.1:9901", &args.admin.to_string())
+        + &format!(
+            "\n# Usage history, in a temporary file for the demo.\nanalytics: {{path: {:?}}}\n",
+            history.display().to_string()
+        );
+    let cfg = match tollgate_config::from_yaml(&text) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("the embedded demo config is invalid: {e}");
@@ -214,28 +252,36 @@ pub fn demo() -> ExitCode {
         Ok(r) => r,
         Err(c) => return c,
     };
-    rt.block_on(async {
-        let backend: SocketAddr = ([127, 0, 0, 1], 1337).into();
+    let code = rt.block_on(async {
+        let backend = args.backend;
         let listener = match tokio::net::TcpListener::bind(backend).await {
             Ok(l) => l,
             Err(e) => {
-                tracing::error!("cannot start the echo backend on {backend}: {e} (stop whatever uses port 1337)");
+                tracing::error!("cannot start the echo backend on {backend}: {e} (stop whatever uses it, or give --backend ADDR)");
                 return ExitCode::FAILURE;
             }
         };
         tokio::spawn(tollgate_gateway::echo::serve(listener));
+        let gw = args.listen;
+        let admin = args.admin;
         let banner = format!(
-            "tollgate demo: gateway on http://127.0.0.1:8080 in front of the echo backend on http://{backend}\n\
+            "tollgate demo: gateway on http://{gw} in front of the echo backend on http://{backend}\n\
              Consumer \"demo\" (key demo-key) may make 5 calls per 10 s. Try:\n\
-             \x20 curl -i 'http://127.0.0.1:8080/api/hello?apikey=demo-key'     # 200, with RateLimit headers\n\
-             \x20 curl -i -H 'X-API-Key: demo-key' http://127.0.0.1:8080/api/hello # 200, key in a header\n\
-             \x20 curl -i http://127.0.0.1:8080/api/hello                         # 401, no key\n\
-             \x20 curl -i 'http://127.0.0.1:8080/api/hello?apikey=nope'          # 401, unknown key\n\
-             \x20 curl -i -X DELETE 'http://127.0.0.1:8080/api/hello?apikey=demo-key' # 405\n\
-             \x20 for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{{http_code}}\\n' 'http://127.0.0.1:8080/api/hello?apikey=demo-key'; done  # ... 429\n\
-             Dashboard, metrics and status: http://127.0.0.1:9901/ (also /metrics, /status, /usage/demo)\n\
-             Stop with Ctrl-C."
+             \x20 curl -i 'http://{gw}/api/hello?apikey=demo-key'     # 200, with RateLimit headers\n\
+             \x20 curl -i -H 'X-API-Key: demo-key' http://{gw}/api/hello # 200, key in a header\n\
+             \x20 curl -i http://{gw}/api/hello                         # 401, no key\n\
+             \x20 curl -i 'http://{gw}/api/hello?apikey=nope'          # 401, unknown key\n\
+             \x20 curl -i -X DELETE 'http://{gw}/api/hello?apikey=demo-key' # 405\n\
+             \x20 for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{{http_code}}\\n' 'http://{gw}/api/hello?apikey=demo-key'; done  # ... 429\n\
+             \x20 curl -si 'http://{gw}/cached/x?apikey=demo-key' | grep -i cache-status  # twice: the second is a hit\n\
+             Dashboard, metrics and status: http://{admin}/ (also /metrics, /status, /usage/demo)\n\
+             Access log below; usage history in {}. Stop with Ctrl-C.",
+            history.display()
         );
-        serve(cfg, None, DEMO_CONFIG.as_bytes(), Some(banner)).await
-    })
+        serve(cfg, None, text.as_bytes(), Some(banner)).await
+    });
+    for f in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{f}", history.display()));
+    }
+    code
 }

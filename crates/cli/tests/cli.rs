@@ -669,3 +669,116 @@ fn limit_counters_survive_sigterm_and_kill_9() {
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A raw GET to `addr`, the whole answer.
+fn raw_get(addr: SocketAddr, target: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    write!(
+        s,
+        "GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out
+}
+
+#[test]
+fn the_demo_runs_beside_busy_ports_with_everything_on() {
+    let port = || -> SocketAddr { ([127, 0, 0, 1], free_port()).into() };
+    let (listen, backend, admin) = (port(), port(), port());
+    let mut cmd = Command::new(BIN);
+    cmd.args(["demo", "--listen", &listen.to_string()])
+        .args(["--backend", &backend.to_string()])
+        .args(["--admin", &admin.to_string()])
+        .stdout(Stdio::piped());
+    let mut g = Gateway::spawn(cmd);
+    assert_eq!(g.addr, listen);
+    let stdout = g.child.stdout.take().expect("stdout");
+    let (tx, out) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    assert_eq!(g.get("/api/hello?apikey=demo-key"), 200);
+    // The access log goes to stdout, after the banner that names the addresses.
+    let mut banner = String::new();
+    let logged = loop {
+        let line = out.recv_timeout(WAIT).expect("a line on stdout");
+        if line.starts_with('{') && line.contains("/api/hello") {
+            break line;
+        }
+        banner.push_str(&line);
+    };
+    assert!(logged.contains("\"status\":200"), "{logged}");
+    assert!(
+        banner.contains(&format!("http://{listen}/api/hello")),
+        "{banner}"
+    );
+    assert!(banner.contains(&format!("http://{admin}/")), "{banner}");
+    // A cached route: the second call is a hit.
+    raw_get(listen, "/cached/x?apikey=demo-key");
+    let again = raw_get(listen, "/cached/x?apikey=demo-key");
+    assert!(again.contains("cache-status: tollgate; hit"), "{again}");
+    // The usage history is on.
+    let status = admin_get(admin, "/status");
+    let v: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
+    assert_eq!(v["analytics"]["enabled"], true, "{status}");
+    g.signal("-TERM");
+    assert!(g.child.wait().expect("wait").success());
+}
+
+#[test]
+fn version_completions_and_a_json_process_log() {
+    let v = Command::new(BIN).arg("--version").output().expect("run");
+    let v = String::from_utf8_lossy(&v.stdout);
+    assert!(
+        v.starts_with(&format!("tollgate {} (", env!("CARGO_PKG_VERSION")))
+            && v.contains(", built 20"),
+        "{v}"
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let c = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .expect("run");
+        assert!(c.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&c.stdout);
+        assert!(
+            script.contains("completions") && script.contains("bench"),
+            "{shell}"
+        );
+    }
+    let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let mut echo = Command::new(BIN)
+        .args([
+            "--log-format",
+            "json",
+            "echo",
+            "--listen",
+            &addr.to_string(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = echo.stderr.take().expect("stderr");
+    let first = BufReader::new(stderr)
+        .lines()
+        .next()
+        .expect("a log line")
+        .expect("read");
+    let _ = echo.kill();
+    let _ = echo.wait();
+    let line: serde_json::Value = serde_json::from_str(&first).expect("a JSON line");
+    assert_eq!(line["level"], "INFO", "{first}");
+    assert!(
+        line["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("echo backend")),
+        "{first}"
+    );
+}
