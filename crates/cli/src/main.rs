@@ -131,6 +131,9 @@ fn main() -> ExitCode {
 fn check(path: &std::path::Path) -> ExitCode {
     match tollgate_config::from_path(path) {
         Ok(cfg) => {
+            for w in &cfg.warnings {
+                eprintln!("{}: warning: {w}", path.display());
+            }
             println!(
                 "{}: valid ({} listener(s), {} route(s), {} upstream(s), {} consumer(s), {} plan(s))",
                 path.display(),

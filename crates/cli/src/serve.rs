@@ -72,6 +72,9 @@ pub fn run(path: &Path, log: LogFormat) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    for w in &cfg.warnings {
+        tracing::warn!("{}: {w}", path.display());
+    }
     let rt = match runtime() {
         Ok(r) => r,
         Err(c) => return c,

@@ -80,6 +80,28 @@ fn check_prints_every_problem_with_its_place() {
         .expect("run");
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+
+    // A method outside the registry is taken, with a word and its place.
+    let f = dir.join("fetch.yaml");
+    std::fs::write(
+        &f,
+        "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend, methods: [GET, FETCH, PURGE]}\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&f)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("warning: routes[0].methods[1]: \"FETCH\" is not a registered HTTP method")
+            && err.contains("(line 4"),
+        "{err}"
+    );
+    assert!(err.contains("routes[0].methods[2]: \"PURGE\""), "{err}");
+    assert!(!err.contains("methods[0]"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

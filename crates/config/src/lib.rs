@@ -55,7 +55,16 @@ pub fn from_yaml_in(text: &str, base: &Path) -> Result<Config, ConfigError> {
         })
     };
     match validate::validate(parsed.file, base) {
-        Ok(cfg) if problems.is_empty() => return Ok(cfg),
+        Ok(mut cfg) if problems.is_empty() => {
+            if !cfg.warnings.is_empty() {
+                let positions = parse::Positions::of(text);
+                cfg.warnings = std::mem::take(&mut cfg.warnings)
+                    .into_iter()
+                    .map(|w| positions.place(w))
+                    .collect();
+            }
+            return Ok(cfg);
+        }
         Ok(_) => {}
         Err(ConfigError::Invalid(ps)) => {
             problems.extend(ps.into_iter().filter(|p| !under(&p.path)));

@@ -37,6 +37,9 @@ pub struct Config {
     pub analytics: Option<AnalyticsConfig>,
     /// `/metrics` options.
     pub metrics: MetricsConfig,
+    /// What is taken as written but is likely a mistake (an unregistered method), each
+    /// with its place in the file: `check` prints them, `run` logs them.
+    pub warnings: Vec<crate::Problem>,
 }
 
 /// The file consumers were read from.

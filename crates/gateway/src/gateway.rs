@@ -503,6 +503,9 @@ impl Gateway {
             .and_then(|text| tollgate_config::from_yaml_in(text, base));
         match parsed {
             Ok(cfg) => {
+                for w in &cfg.warnings {
+                    tracing::warn!(path = %path.display(), "{w}");
+                }
                 // Recorded before the swap, so whoever sees the new generation also sees
                 // its content as running (and does not apply it again).
                 self.loaded_from(bytes);

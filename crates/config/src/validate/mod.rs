@@ -16,12 +16,19 @@ use std::time::Duration;
 const MIN_WINDOW: Duration = Duration::from_secs(1);
 const MAX_WINDOW: Duration = Duration::from_secs(30 * 86_400);
 
+/// What validation found: problems (the config is refused) and warnings (it is taken, and
+/// the operator told).
 #[derive(Default)]
-pub(crate) struct Problems(Vec<Problem>);
+pub(crate) struct Problems(Vec<Problem>, Vec<Problem>);
 
 impl Problems {
     pub(crate) fn add(&mut self, path: impl Into<String>, msg: impl Into<String>) {
         self.0.push(Problem::new(path, msg));
+    }
+
+    /// Something that is taken as written but is likely a mistake.
+    pub(crate) fn warn(&mut self, path: impl Into<String>, msg: impl Into<String>) {
+        self.1.push(Problem::new(path, msg));
     }
 }
 
@@ -134,6 +141,7 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
         plans,
         cluster,
         admin,
+        warnings: p.1,
     })
 }
 

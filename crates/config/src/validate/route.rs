@@ -8,10 +8,61 @@ use std::collections::HashMap;
 
 const DEFAULT_CONSUMER_HEADER: &str = "x-consumer";
 
+/// The methods of IANA's HTTP Method Registry (RFC 9110 and the WebDAV family): a route
+/// may name others, but a typo (`FETCH`, `GTE`) is more likely than a method of its own.
+const REGISTERED: &[&str] = &[
+    "ACL",
+    "BASELINE-CONTROL",
+    "BIND",
+    "CHECKIN",
+    "CHECKOUT",
+    "CONNECT",
+    "COPY",
+    "DELETE",
+    "GET",
+    "HEAD",
+    "LABEL",
+    "LINK",
+    "LOCK",
+    "MERGE",
+    "MKACTIVITY",
+    "MKCALENDAR",
+    "MKCOL",
+    "MKREDIRECTREF",
+    "MKWORKSPACE",
+    "MOVE",
+    "OPTIONS",
+    "ORDERPATCH",
+    "PATCH",
+    "POST",
+    "PRI",
+    "PROPFIND",
+    "PROPPATCH",
+    "PUT",
+    "QUERY",
+    "REBIND",
+    "REPORT",
+    "SEARCH",
+    "TRACE",
+    "UNBIND",
+    "UNCHECKOUT",
+    "UNLINK",
+    "UNLOCK",
+    "UPDATE",
+    "UPDATEREDIRECTREF",
+    "VERSION-CONTROL",
+];
+
 fn methods(raw: &[String], at: &str, p: &mut Problems) -> Vec<Method> {
     let mut out = Vec::new();
     for (i, m) in raw.iter().enumerate() {
         let upper = m.to_ascii_uppercase();
+        if Method::from_bytes(upper.as_bytes()).is_ok() && !REGISTERED.contains(&upper.as_str()) {
+            p.warn(
+                format!("{at}[{i}]"),
+                format!("{m:?} is not a registered HTTP method (taken as written)"),
+            );
+        }
         match Method::from_bytes(upper.as_bytes()) {
             Ok(m) if !out.contains(&m) => out.push(m),
             Ok(_) => {}
