@@ -150,6 +150,8 @@ pub struct Gateway {
     running_text: parking_lot::Mutex<Option<Arc<[u8]>>>,
     /// Where limit counters are written, when `state:` is set.
     state: Option<Arc<StateStore>>,
+    /// The last minutes of the request series, for the dashboard.
+    series: crate::observe::series::Series,
 }
 
 /// How often limit cells whose windows have all passed are retired.
@@ -256,6 +258,7 @@ impl Gateway {
             source: parking_lot::Mutex::new(None),
             running_text: parking_lot::Mutex::new(None),
             state,
+            series: Default::default(),
         });
         spawn_sweeper(Arc::downgrade(&gw));
         gw
@@ -361,6 +364,17 @@ impl Gateway {
     /// The `/metrics` text.
     pub fn metrics_text(&self) -> String {
         self.metrics.render()
+    }
+
+    /// Takes this second's sample of the request series (the admin listener does, once a
+    /// second).
+    pub fn sample_series(&self) {
+        self.series.sample(self.wall_secs(), &self.metrics_text());
+    }
+
+    /// The last minutes of the request series, oldest first.
+    pub fn series(&self) -> Vec<crate::observe::series::Sample> {
+        self.series.samples()
     }
 
     /// The running TLS config of the listener at `address`, if it has TLS.

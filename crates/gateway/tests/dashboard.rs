@@ -103,7 +103,8 @@ routes:
     cache: {default_ttl: 60s, shared: true}
 "#,
     );
-    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let clock = ManualClock::new();
+    let gw = TestGateway::start(&cfg, clock.clone()).await;
     let admin = start_admin(&gw.gw, Some(TOKEN)).await;
 
     // A little load: passes, refusals of each kind, cache hits and a miss.
@@ -119,6 +120,12 @@ routes:
     }
     let _ = c.get(&gw.url("/nowhere")).await;
 
+    // The gateway kept the last seconds: the charts start from them, not empty.
+    for _ in 0..4 {
+        gw.gw.sample_series();
+        let _ = c.get(&gw.url("/cached/a")).await;
+        clock.advance(std::time::Duration::from_secs(1));
+    }
     let dom =
         tokio::task::spawn_blocking(move || render(&format!("http://{admin}/#token={TOKEN}")))
             .await
@@ -126,6 +133,17 @@ routes:
     assert!(
         dom.contains("data-ready=\"1\""),
         "the page never rendered data:\n{dom}"
+    );
+    // Three seconds at least (the admin listener's own once-a-second sample may add one).
+    let history: usize = dom
+        .split("data-history=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        history >= 3,
+        "the charts did not start from the kept seconds:\n{dom}"
     );
 
     let m = c
@@ -138,7 +156,7 @@ routes:
         .await
         .body;
     let total = metric(&m, "tollgate_requests_total", "");
-    assert_eq!(total, 15.0, "{m}");
+    assert_eq!(total, 19.0, "{m}");
     assert_eq!(number(&text_of(&dom, "total-requests")), total);
     for class in ["2xx", "4xx"] {
         assert_eq!(
@@ -149,8 +167,8 @@ routes:
     }
     let hits = metric(&m, "tollgate_cache_hits_total", "");
     let misses = metric(&m, "tollgate_cache_misses_total", "");
-    assert_eq!((hits, misses), (3.0, 1.0), "{m}");
-    assert_eq!(number(&text_of(&dom, "cache-hit-ratio")), 75.0);
+    assert_eq!((hits, misses), (7.0, 1.0), "{m}");
+    assert_eq!(number(&text_of(&dom, "cache-hit-ratio")), 87.5);
     assert_eq!(text_of(&dom, "generation"), "1");
     assert_eq!(text_of(&dom, "redis"), "not used");
     // Refusals by limit, as a table row.
@@ -167,6 +185,13 @@ routes:
         dom.contains("<td>alice</td><td class=\"n\">five-a-minute</td>"),
         "{dom}"
     );
+
+    // A token given as `?token=` is taken too (and moved out of the address).
+    let dom =
+        tokio::task::spawn_blocking(move || render(&format!("http://{admin}/?token={TOKEN}")))
+            .await
+            .expect("render");
+    assert!(dom.contains("data-ready=\"1\""), "{dom}");
 
     // Without the token the page asks for it and shows no data.
     let dom = tokio::task::spawn_blocking(move || render(&format!("http://{admin}/")))

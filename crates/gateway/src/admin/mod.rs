@@ -168,6 +168,10 @@ async fn handle(
         "/cache/purge" => api::purge(gw, req).await,
         "/analytics" => api::analytics(gw, req.uri().query()).await,
         "/top" => api::top(gw).await,
+        "/series" => json(
+            StatusCode::OK,
+            &serde_json::json!({ "samples": gw.series() }),
+        ),
         p => match p.strip_prefix("/usage/") {
             Some(name) => api::usage(gw, name).await,
             None => error(StatusCode::NOT_FOUND, "no such admin endpoint"),
@@ -180,6 +184,16 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, cfg: AdminConfig) {
     let cap = Arc::new(Semaphore::new(cfg.max_connections));
     let token: Option<Arc<str>> = cfg.token.map(Arc::from);
     let own = listener.local_addr().ok().map(|a| a.ip());
+    // The dashboard's charts start from the last minutes of these samples.
+    let sampled = Arc::downgrade(&gw);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let Some(gw) = sampled.upgrade() else { return };
+            gw.sample_series();
+        }
+    });
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

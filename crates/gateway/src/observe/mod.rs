@@ -7,6 +7,7 @@ pub mod analytics;
 pub mod metrics;
 pub mod request_id;
 mod scrape;
+pub mod series;
 
 use crate::snapshot::Route;
 use http::HeaderValue;
