@@ -114,26 +114,39 @@ async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String>
 }
 
 fn print_table(v: &serde_json::Value) {
+    print!("{}", table_text(v));
+}
+
+/// The usage as a table. Shared limits are counted in Redis as what the nodes were granted
+/// (leased ahead of their requests), not as requests: the column says so.
+fn table_text(v: &serde_json::Value) -> String {
     let shared = v["shared"].as_bool().unwrap_or(false);
-    println!(
-        "{} ({})",
+    let mut out = format!(
+        "{} ({})\n",
         v["consumer"].as_str().unwrap_or(""),
         if shared {
-            "counted across the cluster, from Redis"
+            "counted across the cluster, from Redis: tokens granted to the nodes, some of them maybe not yet used by a request"
         } else {
             "counted on this node"
         }
     );
     let limits: Vec<LimitUsage> = serde_json::from_value(v["limits"].clone()).unwrap_or_default();
     if limits.is_empty() {
-        println!("  no limits");
+        out.push_str("  no limits\n");
+        return out;
     }
+    let counted = if shared { "granted" } else { "used" };
+    out.push_str(&format!(
+        "  {:<24} {:<16} {:>10} / {:<10} {:>11}\n",
+        "limit", "scope", counted, "allowed", "window"
+    ));
     for l in limits {
-        println!(
-            "  {:<24} {:<16} {:>10} / {:<10} per {:>7}s  ({} left)",
+        out.push_str(&format!(
+            "  {:<24} {:<16} {:>10} / {:<10} per {:>7}s  ({} left)\n",
             l.name, l.scope, l.used, l.requests, l.window_seconds, l.remaining
-        );
+        ));
     }
+    out
 }
 
 /// `tollgate usage CONSUMER --history DURATION`: the consumer's requests per route and
@@ -286,4 +299,23 @@ fn print_history(consumer: &str, q: &Query, source: &str, rows: &[Row]) {
         total[4],
         total.iter().sum::<u64>()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_limits_say_granted_not_used() {
+        let limit = serde_json::json!({"name": "burst", "scope": "plan", "requests": 10,
+            "window_seconds": 60, "used": 4, "remaining": 6});
+        let shared = table_text(&serde_json::json!({"consumer": "alice", "shared": true,
+            "limits": [limit.clone()]}));
+        assert!(shared.contains("granted / allowed"), "{shared}");
+        assert!(!shared.contains("used / allowed"), "{shared}");
+        let local = table_text(&serde_json::json!({"consumer": "alice", "shared": false,
+            "limits": [limit]}));
+        assert!(local.contains("used / allowed"), "{local}");
+        assert!(local.contains("         4 / 10"), "{local}");
+    }
 }
