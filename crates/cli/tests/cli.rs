@@ -804,3 +804,35 @@ fn version_completions_and_a_json_process_log() {
         "{first}"
     );
 }
+
+#[test]
+fn bench_measures_https_too() {
+    let dir = temp_dir("bench-tls");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+    std::fs::write(dir.join("c.pem"), cert.cert.pem()).expect("write cert");
+    std::fs::write(dir.join("c.key"), cert.signing_key.serialize_pem()).expect("write key");
+    let (backend, _echo) = echo_backend();
+    let file = dir.join("tollgate.yaml");
+    let tls_port = free_port();
+    std::fs::write(
+        &file,
+        format!(
+            "listeners:\n  - {{address: \"127.0.0.1:0\"}}\n  - {{address: \"127.0.0.1:{tls_port}\", tls: {{certificates: [{{cert: c.pem, key: c.key}}]}}}}\nupstreams: {{backend: {{targets: [\"{backend}\"]}}}}\nroutes: [{{path_prefix: /, upstream: backend}}]\n"
+        ),
+    )
+    .expect("write config");
+    let mut g = Gateway::start(&file);
+    g.wait_for(&format!("listening on https://127.0.0.1:{tls_port}"));
+    let url = format!("https://127.0.0.1:{tls_port}/x");
+    // A self-signed certificate: taken with -k, as curl does.
+    let (code, v) = bench_json(&["-k", "-n", "30", "-c", "2", &url]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["successful"], 30, "{v}");
+    // Without -k it is not trusted: every connection fails.
+    let (code, v) = bench_json(&["-n", "3", "-c", "1", &url]);
+    assert_eq!(code, Some(1), "{v}");
+    assert_eq!(v["errors"]["connect"], 3, "{v}");
+    g.signal("-TERM");
+    let _ = g.child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

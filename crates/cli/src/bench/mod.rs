@@ -11,6 +11,7 @@
 
 mod client;
 mod report;
+mod tls;
 
 use client::{Conn, ErrorKind};
 use hdrhistogram::Histogram;
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 /// Options of `tollgate bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Target URL (http://host:port/path?query).
+    /// Target URL (http:// or https://host:port/path?query; without a scheme, http://).
     pub url: String,
     /// Total number of requests (default: run for --duration).
     #[arg(short = 'n', long = "requests", conflicts_with = "duration")]
@@ -63,6 +64,9 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// With https://, accept any certificate (self-signed, another name), as curl's -k.
+    #[arg(short = 'k', long)]
+    pub insecure: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -72,6 +76,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 /// What every connection needs to know.
 struct Plan {
     addr: SocketAddr,
+    /// For `https://`.
+    tls: Option<client::Tls>,
     request: Vec<u8>,
     head_request: bool,
     total: Option<u64>,
@@ -166,9 +172,11 @@ fn try_run(args: BenchArgs) -> Result<ExitCode, String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("bad URL {:?}: {e}", args.url))?;
-    if uri.scheme_str() != Some("http") {
-        return Err("only http:// URLs are supported".into());
-    }
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err("only http:// and https:// URLs are supported".into()),
+    };
     if args.connections == 0 {
         return Err("-c must be at least 1".into());
     }
@@ -183,7 +191,10 @@ fn try_run(args: BenchArgs) -> Result<ExitCode, String> {
     };
     let request = build_request(&args, &uri, &body)?;
     let host = uri.host().unwrap_or("127.0.0.1");
-    let port = uri.port_u16().unwrap_or(80);
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let tls = https
+        .then(|| tls::client(host, args.insecure))
+        .transpose()?;
 
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(t) = args.threads {
@@ -214,6 +225,7 @@ fn try_run(args: BenchArgs) -> Result<ExitCode, String> {
         });
         let plan = Arc::new(Plan {
             addr,
+            tls,
             head_request: args.method.eq_ignore_ascii_case("HEAD"),
             request,
             total: args.requests,
@@ -354,7 +366,7 @@ async fn connection(plan: Arc<Plan>) -> Tally {
         let sent = Instant::now();
         let result = tokio::time::timeout(plan.timeout, async {
             if conn.is_none() {
-                conn = Some(Conn::open(plan.addr).await?);
+                conn = Some(Conn::open(plan.addr, plan.tls.as_ref()).await?);
             }
             match conn.as_mut() {
                 Some(c) => c.exchange(&plan.request, plan.head_request).await,
@@ -424,6 +436,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             threads: None,
             json: false,
+            insecure: false,
         };
         let uri: http::Uri = args.url.parse().expect("uri");
         let r = build_request(&args, &uri, b"hi").expect("req");
