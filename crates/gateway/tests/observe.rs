@@ -447,9 +447,12 @@ async fn refusals_after_the_consumer_is_known_count_under_it_and_a_405_under_its
         "    path_prefix: /open/\n    upstream: backend\n",
         "    path_prefix: /open/\n    upstream: backend\n    methods: [GET]\n  - name: bobs\n    path_prefix: /bobs/\n    upstream: backend\n    auth: {query: [apikey]}\n    allow: {consumers: [bob]}\n",
     );
+    let dir = tempdir("refusals");
     let cfg = format!(
-        "{}metrics: {{per_consumer: true}}\n",
-        yaml(backend, &routes)
+        "{}metrics: {{per_consumer: true}}\naccess_log: {{path: {}}}\nanalytics: {{path: {}}}\n",
+        yaml(backend, &routes),
+        dir.join("access.log").display(),
+        dir.join("analytics.db").display()
     );
     let gw = TestGateway::start(&cfg, ManualClock::new()).await;
     let c = TestClient::default();
@@ -476,8 +479,41 @@ async fn refusals_after_the_consumer_is_known_count_under_it_and_a_405_under_its
         at(r#"tollgate_requests_total{route="open",method="POST",class="4xx"}"#),
         1.0
     );
-    // An unknown consumer is named in the answer.
+    // The access log names her on the 429 and the 403.
+    assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
+    let log = std::fs::read_to_string(dir.join("access.log")).expect("log");
+    for status in ["429", "403"] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(&format!("\"status\":{status}")))
+            .unwrap_or_else(|| panic!("no {status} in {log}"));
+        assert!(line.contains("\"consumer\":\"alice\""), "{line}");
+    }
+    let line = log
+        .lines()
+        .find(|l| l.contains("\"status\":405"))
+        .unwrap_or_else(|| panic!("no 405 in {log}"));
+    assert!(line.contains("\"route\":\"open\""), "{line}");
+    // And so does the usage history.
+    gw.gw.flush_all().await;
     let admin = start_admin(&gw.gw, Some(TOKEN)).await;
+    let h = admin_call(
+        &c,
+        admin,
+        Method::GET,
+        "/analytics?consumer=alice&step=1m&from=0",
+    )
+    .await;
+    let v = json(&h);
+    let refused: u64 = v["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|r| r["status"] == "4xx")
+        .map(|r| r["count"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(refused, 2, "{v}");
+    // An unknown consumer is named in the answer.
     let u = admin_call(&c, admin, Method::GET, "/usage/nobody").await;
     assert_eq!(u.status, StatusCode::NOT_FOUND);
     assert!(
@@ -485,4 +521,5 @@ async fn refusals_after_the_consumer_is_known_count_under_it_and_a_405_under_its
         "{}",
         u.body
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }
