@@ -120,6 +120,20 @@ fn answer(head: &str, n: usize) -> (Vec<u8>, bool) {
             )
         }
         "/nostore" => ok("Cache-Control: no-store\r\n", &format!("n={n}")),
+        "/session" => {
+            if !header(head, "if-none-match").is_empty() {
+                let r = "HTTP/1.1 304 Not Modified\r\nETag: \"s\"\r\nCache-Control: max-age=60\r\nSet-Cookie: sid=VICTIM\r\n\r\n";
+                return (r.as_bytes().to_vec(), false);
+            }
+            ok(
+                "Cache-Control: max-age=1\r\nETag: \"s\"\r\n",
+                &format!("n={n}"),
+            )
+        }
+        "/prefixed" => ok(
+            cc,
+            &format!("n={n} prefix={}", header(head, "x-forwarded-prefix")),
+        ),
         _ => ok(cc, &format!("n={n}")),
     }
 }
@@ -222,7 +236,18 @@ async fn keyed_query_names_match_in_every_spelling() {
         let b = get(&s, "a", "/list?page=1", "").await;
         assert!(!body(&b).contains("EVIL"), "{evil} poisoned page=1: {b}");
     }
-    // One spelling, kept with its separator: `;` and `&` do not meet.
+    // `;` inside a piece: one value to Python, Node and PHP, so never `page=1` alone; and
+    // a name PHP cuts at an escaped NUL.
+    for evil in [
+        "/list?page=1;x=EVIL",
+        "/list?x=EVIL;page=1",
+        "/list?page=1&page%00=EVIL",
+    ] {
+        let a = get(&s, "a", evil, "").await;
+        assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+        let b = get(&s, "a", "/list?page=1", "").await;
+        assert!(!body(&b).contains("EVIL"), "{evil} poisoned page=1: {b}");
+    }
     let semi = get(&s, "a", "/list?x=1;page=2", "").await;
     let amp = get(&s, "a", "/list?page=2", "").await;
     assert_ne!(body(&semi), body(&amp));
@@ -394,4 +419,28 @@ async fn the_rest_of_rfc_9111() {
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     get(&s, "a", "/m", "").await;
     assert_eq!(upstream(&s), before + 3, "M-SEARCH invalidated /m");
+}
+
+#[tokio::test]
+async fn a_304_that_sets_a_cookie_refreshes_no_shared_entry() {
+    let s = setup().await;
+    get(&s, "a", "/session", "").await;
+    s.clock.advance(Duration::from_secs(5));
+    // The victim's revalidation: its 304 carries the victim's session.
+    let victim = get(&s, "a", "/session", "").await;
+    assert!(victim.starts_with("HTTP/1.1 200"), "{victim}");
+    let next = get(&s, "a", "/session", "").await;
+    assert!(
+        !next.contains("VICTIM"),
+        "another client got the session: {next}"
+    );
+}
+
+#[tokio::test]
+async fn what_a_trusted_proxy_forwards_is_keyed_too() {
+    let s = setup_on(", trusted_proxies: [127.0.0.1/32]").await;
+    let evil = get(&s, "a", "/prefixed", "X-Forwarded-Prefix: /evil\r\n").await;
+    assert!(body(&evil).contains("prefix=/evil"), "{evil}");
+    let plain = get(&s, "a", "/prefixed", "").await;
+    assert!(!body(&plain).contains("/evil"), "{plain}");
 }

@@ -745,9 +745,14 @@ async fn frames_that_carry_nothing_are_counted() {
         "empty CONTINUATION"
     );
     // Frames of an unknown type while a stream is open, and empty DATA.
+    // PRIORITY between them does not start the count again, and padding is no data.
+    let mut unknown_and_priority = frame(0x20, 0, 0, &[]);
+    unknown_and_priority.extend(frame(0x2, 0, 3, &[0, 0, 0, 0, 16]));
     for (name, useless) in [
         ("unknown type", frame(0x20, 0, 0, &[])),
         ("empty DATA", frame(0x0, 0, 1, &[])),
+        ("padding-only DATA", frame(0x0, 0x8, 1, &[4, 0, 0, 0, 0])),
+        ("unknown type and PRIORITY", unknown_and_priority),
     ] {
         let mut s = TcpStream::connect(g.addr).await.expect("connect");
         let mut out = PREFACE.to_vec();
@@ -787,8 +792,18 @@ async fn max_headers_holds_on_http2_and_a_short_goaway_is_a_frame_size_error() {
     out.extend(frame(0x1, 0x5, 1, &get_with_fields(5)));
     let (_, _, first) = send_for_answer(&mut s, &out, 1).await;
     assert_eq!(first.first(), Some(&0x88), "5 fields: 200");
-    let more = frame(0x1, 0x5, 3, &get_with_fields(6));
-    let (_, _, second) = send_for_answer(&mut s, &more, 3).await;
+    // Cookies a browser sends one field each count as the one header they join into.
+    let mut cookies = get_with_fields(4);
+    for c in ["a=1", "b=2", "c=3"] {
+        cookies.extend_from_slice(&[0x00, 0x06]);
+        cookies.extend_from_slice(b"cookie");
+        cookies.push(c.len() as u8);
+        cookies.extend_from_slice(c.as_bytes());
+    }
+    let (_, _, cookied) = send_for_answer(&mut s, &frame(0x1, 0x5, 5, &cookies), 5).await;
+    assert_eq!(cookied.first(), Some(&0x88), "4 fields and 3 cookies: 200");
+    let more = frame(0x1, 0x5, 7, &get_with_fields(6));
+    let (_, _, second) = send_for_answer(&mut s, &more, 7).await;
     assert!(
         second.windows(3).any(|w| w == b"431"),
         "6 fields: 431, got {second:?}"

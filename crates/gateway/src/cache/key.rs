@@ -117,6 +117,25 @@ pub(super) fn authority_into(ask: &Ask<'_>, req: &HeaderMap, out: &mut String) {
         out.push('\u{0}');
         store::header_for_key(req, &X_FORWARDED_HOST, out);
     }
+    if ask.trusted {
+        // The rest of the family a trusted proxy sends goes upstream too, and frameworks
+        // build links from it (`X-Forwarded-Prefix`, `-Port`, `Forwarded`): keyed. Who the
+        // client is (`X-Forwarded-For`, `X-Real-IP`) is not part of a URL.
+        for (name, value) in req {
+            let n = name.as_str();
+            if crate::upstream::forwarding_header(n)
+                && !matches!(
+                    n,
+                    "x-forwarded-for" | "x-real-ip" | "x-forwarded-proto" | "x-forwarded-host"
+                )
+            {
+                out.push('\u{0}');
+                out.push_str(n);
+                out.push('=');
+                out.push_str(&String::from_utf8_lossy(value.as_bytes()));
+            }
+        }
+    }
     out[start..].make_ascii_lowercase();
 }
 
@@ -175,49 +194,54 @@ pub(super) fn url_of(path: &str, query: Option<&str>, ask: &Ask<'_>) -> String {
 /// spelling (`page` and `%70age`, `PAGE`, `page[]`): backends differ on which one they
 /// read, so such a request must not share an entry with any other.
 ///
-/// Parameters are matched as backends read their names ([`crate::query`]) and kept with
-/// the separator before them, so `a=1;page=2` and `a=1&page=2` are keyed apart.
+/// The query is cut at `&` only, and a piece is kept whole, exactly as sent, when any name
+/// in it is keyed: its own, or one after a `;` inside it (`page=1;x=evil` is one value to
+/// Python, Node and PHP and two parameters to Java servers, so it never meets `page=1`).
+/// Names are matched as backends read them ([`crate::query`]).
 pub(super) fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut String) -> bool {
     url.push_str(path);
     let Some(q) = query else { return false };
     let mut ambiguous = false;
     // The first raw spelling seen of each keyed name.
     let mut spelled: SmallVec<[(usize, &str); 4]> = SmallVec::new();
-    for (_, sep, raw, pair) in crate::query::pieces(q) {
-        if pair.is_empty() {
+    for piece in q.split('&') {
+        if piece.is_empty() {
             continue;
         }
-        let name = crate::query::param_name(raw);
-        if ask
-            .credentials
-            .iter()
-            .any(|c| crate::query::same_param(&name, c))
-        {
-            continue;
-        }
-        let keep = match &ask.cfg.key_query {
-            KeyQuery::All => true,
-            KeyQuery::None => false,
-            KeyQuery::Only(names) => {
-                match names
-                    .iter()
-                    .position(|n| crate::query::same_param(&name, n))
-                {
-                    Some(i) => {
+        let mut keep = false;
+        for sub in piece.split(';') {
+            let raw = crate::query::split_pair(sub).0;
+            let name = crate::query::param_name(raw);
+            if ask
+                .credentials
+                .iter()
+                .any(|c| crate::query::same_param(&name, c))
+            {
+                continue;
+            }
+            match &ask.cfg.key_query {
+                KeyQuery::All => keep = true,
+                KeyQuery::None => {}
+                KeyQuery::Only(names) => {
+                    if let Some(i) = names
+                        .iter()
+                        .position(|n| crate::query::same_param(&name, n))
+                    {
                         match spelled.iter().find(|(j, _)| *j == i) {
                             Some((_, first)) => ambiguous |= *first != raw,
                             None => spelled.push((i, raw)),
                         }
-                        true
+                        keep = true;
                     }
-                    None => false,
                 }
             }
-        };
+        }
+        // A credential alone (on a route that keeps its keys) is never keyed; one beside a
+        // keyed name stays in its piece, which only keys more apart.
         if keep {
             let first = url.len() == path.len();
-            url.push(if first { '?' } else { char::from(sep) });
-            url.push_str(pair);
+            url.push(if first { '?' } else { '&' });
+            url.push_str(piece);
         }
     }
     ambiguous

@@ -423,10 +423,11 @@ impl Cache {
                     .map(|l| l.key.clone())
                     .filter(|k| !k.starts_with(REFRESH));
                 let on_large = {
-                    let cache = self.clone();
+                    let (cache, clock) = (self.clone(), ask.clock.clone());
+                    // Marked from when it is found out, which a slow answer can make late.
                     move || {
                         if let Some(k) = pass {
-                            cache.store.mark_uncacheable(&k, stored_ns);
+                            cache.store.mark_uncacheable(&k, clock.now_nanos());
                         }
                     }
                 };
@@ -573,13 +574,16 @@ impl Cache {
         })
     }
 
-    /// Whether a 304 names another representation than `e` by its `ETag` (RFC 9111
-    /// §4.3.4): then it refreshes nothing, and the whole answer is asked for.
-    fn names_another(e: &Entry, not_modified: &HeaderMap) -> bool {
-        match not_modified.get(header::ETAG) {
-            None => false,
-            Some(new) => e.headers.get(header::ETAG) != Some(new),
-        }
+    /// Whether a 304 may refresh `e`. Not when it names another representation by its
+    /// `ETag` (RFC 9111 §4.3.4), nor when on a shared route it sets a cookie (one client's
+    /// session must not reach the others through the stored headers): then the whole answer
+    /// is asked for, and judged as any answer is.
+    fn refreshes(&self, ask: &Ask<'_>, e: &Entry, not_modified: &HeaderMap) -> bool {
+        let another = not_modified
+            .get(header::ETAG)
+            .is_some_and(|new| e.headers.get(header::ETAG) != Some(new));
+        let cookie = ask.cfg.shared && not_modified.contains_key(header::SET_COOKIE);
+        !another && !cookie
     }
 
     /// A stale entry: asked about upstream, served again after a 304, served stale when
@@ -605,14 +609,16 @@ impl Cache {
         let stale_ok =
             !e.fresh.stale_if_error.is_zero() && e.stale_within(now, e.fresh.stale_if_error);
         let born = self.store.born(uri);
-        let mut fetched = up.fetch(copy_parts(&sent)).await;
+        let fetched = up.fetch(copy_parts(&sent)).await;
         let (sent, fetched) = match fetched {
             Ok(r)
                 if r.status() == StatusCode::NOT_MODIFIED
-                    && Self::names_another(&e, r.headers()) =>
+                    && !self.refreshes(ask, &e, r.headers()) =>
             {
+                // Its body holds a place among the connection's upstream streams.
+                drop(r);
                 let whole = Self::whole(&parts);
-                fetched = up.fetch(copy_parts(&whole)).await;
+                let fetched = up.fetch(copy_parts(&whole)).await;
                 (whole, fetched)
             }
             other => (sent, other),
@@ -718,7 +724,7 @@ impl Cache {
                 return;
             };
             if resp.status() == StatusCode::NOT_MODIFIED {
-                if Self::names_another(&e, resp.headers()) {
+                if !cache.refreshes(&ask, &e, resp.headers()) {
                     // Left for the next request to fetch whole.
                     return;
                 }

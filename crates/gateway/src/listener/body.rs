@@ -28,12 +28,31 @@ pub enum RequestBodyError {
     Http2(&'static str),
 }
 
+/// Request-body bytes read ahead and still held, counted against their HTTP/2
+/// connection's `max_request_buffer` until this is dropped.
+#[derive(Default)]
+pub struct Held {
+    /// Given back on drop.
+    _bytes: Option<super::h2::HeldBytes>,
+}
+
 impl RequestBody {
     /// While on, what is read is held in the gateway before the request goes upstream:
     /// counted against an HTTP/2 connection's `max_request_buffer`.
     pub fn buffering(&mut self, on: bool) {
         if let RequestBody::Http2(b) = self {
             b.buffering(on);
+        }
+    }
+
+    /// Stops counting what is read against the budget and hands over what was counted,
+    /// to be given back when the pieces read are done with (see [`Held`]).
+    pub fn keep_held(&mut self) -> Held {
+        match self {
+            RequestBody::Http2(b) => Held {
+                _bytes: b.keep_held(),
+            },
+            _ => Held::default(),
         }
     }
 

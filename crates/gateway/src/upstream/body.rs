@@ -7,6 +7,7 @@
 //! and a whole body can be sent again. Larger bodies, and every body on routes with
 //! `request_buffering: false`, stream as they arrive, after what was read first.
 
+use crate::listener::body::Held;
 use crate::listener::RequestBody;
 use crate::response::Refusal;
 use bytes::Bytes;
@@ -120,6 +121,8 @@ struct Rest {
 pub struct UpBody {
     read: VecDeque<Bytes>,
     rest: Option<Rest>,
+    /// `read` counted against the client connection's budget, given back once sent.
+    _held: Held,
 }
 
 /// The body error hyper's client sees; the fault itself is in [`BodyWatch`].
@@ -133,6 +136,7 @@ impl UpBody {
         UpBody {
             read: VecDeque::new(),
             rest: None,
+            _held: Held::default(),
         }
     }
 
@@ -141,14 +145,15 @@ impl UpBody {
         UpBody {
             read: chunks.iter().filter(|c| !c.is_empty()).cloned().collect(),
             rest: None,
+            _held: Held::default(),
         }
     }
 }
 
 /// A body being read from the client.
 pub enum Received {
-    /// All of it, in pieces.
-    Whole(Vec<Bytes>),
+    /// All of it, in pieces, counted as held until the guard is dropped.
+    Whole(Vec<Bytes>, Held),
     /// What came first, and the rest streaming, watched.
     Streaming(UpBody, Arc<BodyWatch>),
 }
@@ -186,7 +191,7 @@ pub async fn receive(
                     .await
                     .map_err(|_| Refusal::RequestTimeout)?;
             match frame {
-                None => return Ok(Received::Whole(chunks)),
+                None => return Ok(Received::Whole(chunks, incoming.keep_held())),
                 Some(Err(_)) => return Err(ClientFault::Malformed.refusal()),
                 Some(Ok(f)) => {
                     if let Ok(data) = f.into_data() {
@@ -199,11 +204,11 @@ pub async fn receive(
                 }
             }
             if incoming.is_end_stream() {
-                return Ok(Received::Whole(chunks));
+                return Ok(Received::Whole(chunks, incoming.keep_held()));
             }
         }
     }
-    incoming.buffering(false);
+    let held = incoming.keep_held();
     let watch = BodyWatch::new();
     let rest = Rest {
         incoming,
@@ -216,6 +221,7 @@ pub async fn receive(
         UpBody {
             read: chunks.into(),
             rest: Some(rest),
+            _held: held,
         },
         watch,
     ))
@@ -230,6 +236,10 @@ impl Body for UpBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyFault>>> {
         if let Some(b) = self.read.pop_front() {
+            if self.read.is_empty() {
+                // What was read ahead is on its way: no longer held here.
+                self._held = Held::default();
+            }
             return Poll::Ready(Some(Ok(Frame::data(b))));
         }
         let Some(rest) = self.rest.as_mut() else {

@@ -128,14 +128,16 @@ pub(super) async fn forward(
     use hyper::body::Body as _;
 
     super::body::check_declared(&headers, hop.max_body)?;
-    let (mut streaming, whole) = match body {
+    // A whole body stays counted as held (HTTP/2's `max_request_buffer`) until this
+    // function is done with it.
+    let (mut streaming, whole, _held) = match body {
         Some(b) if !b.is_end_stream() => {
             match receive(b, hop.max_body, hop.body_timeout, hop.stream_body).await? {
-                Received::Whole(chunks) => (None, Some(chunks)),
-                Received::Streaming(b, _) => (Some(b), None),
+                Received::Whole(chunks, held) => (None, Some(chunks), held),
+                Received::Streaming(b, _) => (Some(b), None, Default::default()),
             }
         }
-        _ => (None, Some(Vec::new())),
+        _ => (None, Some(Vec::new()), Default::default()),
     };
     let h2 = alt.client_h2();
     if h2 {

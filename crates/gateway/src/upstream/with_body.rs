@@ -52,13 +52,22 @@ pub(super) async fn forward_hyper(
 ) -> Result<Response<PooledBody>, Refusal> {
     body::check_declared(&headers, hop.max_body)?;
     // A body read whole can be sent again; a streaming one is watched for the client's faults.
-    let (mut body, whole, watch) = if body.is_end_stream() {
+    // A whole body stays counted as held (HTTP/2's `max_request_buffer`) until this
+    // function is done with it (it is kept to be sent again).
+    let (mut body, whole, watch, _held) = if body.is_end_stream() {
         // No body to stream: send none (and drop a stray `Content-Length: 0`).
-        (Some(UpBody::empty()), Some(Vec::new()), None)
+        (
+            Some(UpBody::empty()),
+            Some(Vec::new()),
+            None,
+            Default::default(),
+        )
     } else {
         match body::receive(body, hop.max_body, hop.body_timeout, hop.stream_body).await? {
-            Received::Whole(chunks) => (Some(UpBody::whole(&chunks)), Some(chunks), None),
-            Received::Streaming(b, w) => (Some(b), None, Some(w)),
+            Received::Whole(chunks, held) => {
+                (Some(UpBody::whole(&chunks)), Some(chunks), None, held)
+            }
+            Received::Streaming(b, w) => (Some(b), None, Some(w), Default::default()),
         }
     };
 

@@ -134,6 +134,19 @@ pub struct RecvBody {
     held: usize,
 }
 
+/// Bytes counted against a connection's budget, given back when this is dropped (with the
+/// buffered pieces of a request body, once they went upstream or the request is done).
+pub struct HeldBytes {
+    budget: Arc<Budget>,
+    n: usize,
+}
+
+impl Drop for HeldBytes {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.n, Ordering::Relaxed);
+    }
+}
+
 impl RecvBody {
     /// While on, what is read is counted as held in the gateway, against the connection's
     /// budget; turned off (or dropped), what it counted is given back.
@@ -143,6 +156,17 @@ impl RecvBody {
             self.budget.held.fetch_sub(self.held, Ordering::Relaxed);
             self.held = 0;
         }
+    }
+
+    /// Stops counting what is read, and hands over what was counted: it stays counted
+    /// until the returned guard is dropped (the pieces read are still held elsewhere).
+    pub fn keep_held(&mut self) -> Option<HeldBytes> {
+        self.buffering = false;
+        let n = std::mem::take(&mut self.held);
+        (n > 0).then(|| HeldBytes {
+            budget: self.budget.clone(),
+            n,
+        })
     }
 
     /// Whether the connection's streams may hold more: past the budget, a body streams

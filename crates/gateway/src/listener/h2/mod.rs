@@ -6,9 +6,10 @@
 //!
 //! Its limits are the listener's `http2` settings (streams, header list, windows, resets);
 //! beyond them are the flood guards: a client that resets streams faster than it lets
-//! them be answered (CVE-2023-44487), endless CONTINUATION (CVE-2024-27316), replies it
-//! does not read (nothing more is read while 64 KiB wait to be written), and more than
-//! 1,024 streams refused or malformed all end in GOAWAY.
+//! them be answered, or makes the server reset them (CVE-2023-44487, CVE-2025-8671),
+//! endless CONTINUATION (CVE-2024-27316), frames that carry nothing, replies it does not
+//! read (nothing more is read while 64 KiB wait to be written), and more than 64 streams
+//! refused or malformed all end in GOAWAY.
 
 mod body;
 mod conn;
@@ -18,6 +19,6 @@ pub(crate) mod hpack;
 mod huffman;
 mod request;
 
-pub use body::RecvBody;
+pub use body::{HeldBytes, RecvBody};
 pub use conn::{Connection, Limits};
 pub(crate) use frame::PREFACE;

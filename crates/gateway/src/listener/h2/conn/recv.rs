@@ -49,7 +49,10 @@ where
             let id = u32::from_be_bytes([self.rbuf[5], self.rbuf[6], self.rbuf[7], self.rbuf[8]])
                 & 0x7fff_ffff;
             let payload = self.rbuf.split_to(9 + len).freeze().slice(9..);
-            self.count_useless(k, flags, len)?;
+            // DATA's padding carries nothing either.
+            let pad = (k == kind::DATA && flags & flag::PADDED != 0)
+                .then(|| payload.first().map_or(0, |&p| usize::from(p) + 1));
+            self.count_useless(k, flags, len.saturating_sub(pad.unwrap_or(0)))?;
             self.frame(k, flags, id, payload)?;
             if self.local_resets > MAX_LOCAL_RESETS
                 || self.reset_balance < -(self.limits.max_resets as i64)
@@ -60,16 +63,26 @@ where
         Ok(())
     }
 
-    /// Counts frames that carry nothing: empty DATA that does not end its stream, empty
-    /// CONTINUATION that does not end its block, and frames of unknown type. Too many in a
-    /// row is a flood (they cost the server as much as any frame); any other frame resets
-    /// the count.
+    /// Counts frames that carry nothing: DATA without data (empty, or padding only) that
+    /// does not end its stream, empty CONTINUATION that does not end its block, and frames
+    /// of unknown type. Too many in a row is a flood (they cost the server as much as any
+    /// frame); only a frame that carries a request or data starts the count again, so the
+    /// work stays in proportion to what a client sends. Control frames (PRIORITY, PING,
+    /// SETTINGS, WINDOW_UPDATE, RST_STREAM) leave the count as it is. `len` is the payload
+    /// without padding.
     fn count_useless(&mut self, k: u8, flags: u8, len: usize) -> Result<(), ConnError> {
         let useless = match k {
-            kind::DATA => len == 0 && flags & flag::END_STREAM == 0,
+            kind::DATA if len > 0 => {
+                self.useless = 0;
+                return Ok(());
+            }
+            kind::DATA => flags & flag::END_STREAM == 0,
+            kind::HEADERS => {
+                self.useless = 0;
+                return Ok(());
+            }
             kind::CONTINUATION => len == 0 && flags & flag::END_HEADERS == 0,
-            kind::HEADERS
-            | kind::PRIORITY
+            kind::PRIORITY
             | kind::RST_STREAM
             | kind::SETTINGS
             | kind::PUSH_PROMISE
@@ -79,7 +92,6 @@ where
             _ => true,
         };
         if !useless {
-            self.useless = 0;
             return Ok(());
         }
         self.useless += 1;
@@ -267,13 +279,19 @@ where
             // Past our GOAWAY's last stream: ignored; the client may retry elsewhere.
             return Ok(());
         }
-        let too_many = self.limits.max_headers > 0
-            && decoded
-                .fields
-                .iter()
-                .filter(|f| !matches!(f, hpack::Field::Pseudo(..)))
-                .count()
-                > self.limits.max_headers;
+        // The `cookie` fields a browser sends one per cookie are one header once joined
+        // (as an HTTP/1.1 request carries them), and count as one.
+        let too_many = self.limits.max_headers > 0 && {
+            let (mut n, mut cookie) = (0, false);
+            for f in &decoded.fields {
+                match f {
+                    hpack::Field::Pseudo(..) => {}
+                    hpack::Field::Header(name, _) if *name == http::header::COOKIE => cookie = true,
+                    _ => n += 1,
+                }
+            }
+            n + usize::from(cookie) > self.limits.max_headers
+        };
         if decoded.too_large || too_many {
             self.answer_now(id, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, end_stream);
             return Ok(());

@@ -37,6 +37,14 @@ where
         self.remember(id);
     }
 
+    /// Resets stream `id` for a fault that is not the client's (its answer's body broke
+    /// upstream): nothing is spent.
+    pub(super) fn reset_for_upstream(&mut self, id: u32) {
+        frame::rst_stream(&mut self.wbuf, id, code::INTERNAL_ERROR);
+        self.remove(id, "stream reset");
+        self.remember(id);
+    }
+
     pub(super) fn remember(&mut self, id: u32) {
         if self.recent.len() == RECENT_RESETS {
             self.recent.pop_front();
@@ -193,7 +201,7 @@ where
                 }
                 Poll::Ready(Some(Err(_))) => {
                     tracing::debug!(stream = id, "answer body failed: stream reset");
-                    self.reset(id, code::INTERNAL_ERROR);
+                    self.reset_for_upstream(id);
                     return false;
                 }
                 Poll::Ready(Some(Ok(f))) => match f.into_data() {
