@@ -4,9 +4,10 @@
 //! nor the requests waiting for it.
 //!
 //! A task reads the upstream body into a queue the client's body reads from. While the
-//! copy is being collected the queue holds at most the cache's largest object; once the
-//! answer is known not to be stored (larger than that, or broken), the task reads on only
-//! as fast as the client takes it, and stops when the client is gone.
+//! copy is being collected the queue holds at most the cache's largest object (and all
+//! fills together at most [`ALL_QUEUED_HIGH`] before they too wait for their clients); once
+//! the answer is known not to be stored (larger than that, or broken), the task reads on
+//! only as fast as the client takes it, and stops when the client is gone.
 
 use super::pool::{BodyError, PooledBody};
 use bytes::Bytes;
@@ -14,12 +15,21 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 /// Bytes queued for a client past which, when nothing is being stored, the task waits for
 /// the client to take some.
 const QUEUE_HIGH: usize = 64 * 1024;
+
+/// Bytes queued for clients by every fill together past which fills too go at their
+/// clients' pace: clients that never read cannot make the gateway hold more than this (plus
+/// [`QUEUE_HIGH`] each) however many fills they lead.
+const ALL_QUEUED_HIGH: usize = 64 << 20;
+
+/// Bytes queued for clients by every fill.
+static ALL_QUEUED: AtomicUsize = AtomicUsize::new(0);
 
 /// What the task and the client's body share.
 #[derive(Default)]
@@ -48,7 +58,7 @@ impl Drop for AheadBody {
         let mut q = self.queue.lock();
         q.reader_gone = true;
         q.chunks.clear();
-        q.queued = 0;
+        ALL_QUEUED.fetch_sub(std::mem::take(&mut q.queued), Ordering::Relaxed);
         if let Some(w) = q.filler.take() {
             w.wake();
         }
@@ -66,7 +76,7 @@ pub(super) fn spawn(mut body: PooledBody) -> AheadBody {
             let collecting = body.is_collecting();
             let go_on = std::future::poll_fn(|cx| {
                 let mut g = q.lock();
-                if collecting {
+                if collecting && ALL_QUEUED.load(Ordering::Relaxed) < ALL_QUEUED_HIGH {
                     return Poll::Ready(true);
                 }
                 if g.reader_gone {
@@ -90,6 +100,7 @@ pub(super) fn spawn(mut body: PooledBody) -> AheadBody {
                     Ok(d) => {
                         if !g.reader_gone && !d.is_empty() {
                             g.queued += d.len();
+                            ALL_QUEUED.fetch_add(d.len(), Ordering::Relaxed);
                             g.chunks.push_back(d);
                         }
                         if body.is_end_stream() {
@@ -153,6 +164,7 @@ impl AheadBody {
         let mut q = self.queue.lock();
         if let Some(d) = q.chunks.pop_front() {
             q.queued -= d.len();
+            ALL_QUEUED.fetch_sub(d.len(), Ordering::Relaxed);
             if let Some(w) = q.filler.take() {
                 w.wake();
             }
