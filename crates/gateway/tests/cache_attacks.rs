@@ -443,4 +443,10 @@ async fn what_a_trusted_proxy_forwards_is_keyed_too() {
     assert!(body(&evil).contains("prefix=/evil"), "{evil}");
     let plain = get(&s, "a", "/prefixed", "").await;
     assert!(!body(&plain).contains("/evil"), "{plain}");
+    // The scheme the upstream is told: an answer to https is never one to http.
+    let https = get(&s, "a", "/where", "X-Forwarded-Proto: https\r\n").await;
+    assert!(body(&https).contains("proto=https"), "{https}");
+    let http = get(&s, "a", "/where", "X-Forwarded-Proto: http\r\n").await;
+    assert!(body(&http).contains("proto=http"), "{http}");
+    assert!(!body(&http).contains("proto=https"), "{http}");
 }
