@@ -26,11 +26,14 @@ fn temp_dir(name: &str) -> PathBuf {
 
 #[test]
 fn check_accepts_every_shipped_example() {
-    let mut files = vec![repo_root().join("examples/demo.yaml")];
+    let mut files = vec![
+        repo_root().join("examples/demo.yaml"),
+        repo_root().join("packaging/tollgate.yaml"),
+    ];
     for entry in std::fs::read_dir(repo_root().join("examples/seed")).expect("examples/seed") {
         files.push(entry.expect("entry").path());
     }
-    assert!(files.len() >= 7, "{files:?}");
+    assert!(files.len() >= 8, "{files:?}");
     for f in files {
         let out = Command::new(BIN)
             .args(["check", "--config"])
