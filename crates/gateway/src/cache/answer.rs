@@ -17,9 +17,13 @@ pub(super) fn etag_matches(inm: &str, etag: &str) -> bool {
 
 /// Whether the client's conditional request is satisfied by `e` (RFC 9110 §13.2.2).
 pub(super) fn not_modified(req: &HeaderMap, e: &Entry) -> bool {
+    satisfied(req, &e.headers)
+}
+
+/// Whether the conditional request `req` is satisfied by an answer with `headers`.
+pub(super) fn satisfied(req: &HeaderMap, headers: &HeaderMap) -> bool {
     if let Some(inm) = req.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) {
-        return e
-            .headers
+        return headers
             .get(header::ETAG)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|etag| etag_matches(inm, etag));
@@ -27,11 +31,24 @@ pub(super) fn not_modified(req: &HeaderMap, e: &Entry) -> bool {
     let since = req
         .get(header::IF_MODIFIED_SINCE)
         .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());
-    let modified = e
-        .headers
+    let modified = headers
         .get(header::LAST_MODIFIED)
         .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());
     matches!((since, modified), (Some(s), Some(m)) if m <= s)
+}
+
+/// A 304 for a client whose conditional the upstream's fresh 200 satisfies: its headers
+/// without the body's length, and `status` as `Cache-Status`. The body is stored on its
+/// own (see [`crate::upstream::PooledBody::read_ahead`]).
+pub(super) fn not_modified_from<B>(resp: &Response<B>, status: &'static str) -> Response<Body> {
+    let mut r = Response::new(full(Bytes::new()));
+    *r.status_mut() = StatusCode::NOT_MODIFIED;
+    let h = r.headers_mut();
+    *h = resp.headers().clone();
+    h.remove(header::CONTENT_LENGTH);
+    h.remove(header::TRANSFER_ENCODING);
+    h.insert(CACHE_STATUS, HeaderValue::from_static(status));
+    r
 }
 
 /// The part of a `len`-byte body a `Range` asks for (RFC 9110 §14): `Some(Ok(range))` for

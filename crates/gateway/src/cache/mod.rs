@@ -318,8 +318,12 @@ impl Cache {
             // The whole answer, whatever the client has: it is stored for every client,
             // and a 200 answers a conditional request too (as Varnish fetches a miss).
             let mut parts = parts;
-            parts.headers.remove(header::IF_NONE_MATCH);
-            parts.headers.remove(header::IF_MODIFIED_SINCE);
+            let mut conditional = HeaderMap::new();
+            for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+                if let Some(v) = parts.headers.remove(&name) {
+                    conditional.insert(name, v);
+                }
+            }
             let sent = copy_parts(&parts);
             let born = self.store.born(uri);
             let resp = up.fetch(parts).await?;
@@ -339,6 +343,15 @@ impl Cache {
                 self.store.cacheable_again(flight);
             } else if !sent.headers.contains_key(header::AUTHORIZATION) {
                 self.store.mark_uncacheable(flight, ask.now_ns);
+            }
+            // A client whose conditional the answer satisfies gets its 304; the answer
+            // is stored all the same (its fill does not need this client).
+            if stored
+                && resp.status() == StatusCode::OK
+                && !conditional.is_empty()
+                && answer::satisfied(&conditional, resp.headers())
+            {
+                return Ok(answer::not_modified_from(&resp, miss.status(true)));
             }
             return Ok(resp);
         }
