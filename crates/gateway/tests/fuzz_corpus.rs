@@ -58,3 +58,8 @@ fn cache_control() {
 fn consumers_line() {
     replay("consumers_line", tollgate_config::fuzz::consumers_line);
 }
+
+#[test]
+fn range_query() {
+    replay("range_query", tollgate_gateway::fuzz::range_query);
+}

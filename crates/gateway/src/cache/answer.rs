@@ -55,7 +55,7 @@ pub(super) fn not_modified_from<B>(resp: &Response<B>, status: &'static str) -> 
 /// one satisfiable byte range, `Some(Err(()))` when it cannot be satisfied, `None` when the
 /// whole answer is given instead (no range, several ranges, another unit, or a form not
 /// read here).
-pub(super) fn byte_range(
+pub(crate) fn byte_range(
     req: &HeaderMap,
     len: usize,
 ) -> Option<Result<std::ops::Range<usize>, ()>> {

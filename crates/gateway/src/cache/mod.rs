@@ -15,7 +15,7 @@
 //! entry serves every consumer the route allows, except responses that vary by consumer
 //! (`Vary` on the consumer header). Only the consumer's name is part of a key, never its key.
 
-mod answer;
+pub(crate) mod answer;
 pub mod control;
 mod key;
 pub mod store;
