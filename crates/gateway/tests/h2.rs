@@ -170,6 +170,13 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// A header block of static-table entries only: GET, http, /, and `:authority: a`.
 const GET_ROOT: &[u8] = &[0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
 
+/// The client preface and an empty SETTINGS: what every raw connection opens with.
+fn preface() -> Vec<u8> {
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out
+}
+
 /// Reads frames until a GOAWAY arrives (returns its error code) or the connection ends.
 async fn goaway(s: &mut TcpStream) -> Option<u32> {
     let (_, p) = frame_of(s, 0x7).await?;
@@ -227,8 +234,7 @@ async fn a_connection_without_streams_is_closed_after_the_header_timeout() {
     // then the close, without waiting on the client.
     for requests in [0u32, 1] {
         let mut s = TcpStream::connect(g.addr).await.expect("connect");
-        let mut out = PREFACE.to_vec();
-        out.extend(frame(0x4, 0, 0, &[]));
+        let mut out = preface();
         for i in 0..requests {
             out.extend(frame(0x1, 0x5, 2 * i + 1, GET_ROOT));
         }
@@ -306,8 +312,7 @@ async fn rapid_reset_floods_get_goaway() {
     )
     .await;
     let mut s = TcpStream::connect(g.addr).await.expect("connect");
-    let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &[]));
+    let mut out = preface();
     for i in 0..2_000u32 {
         let id = 2 * i + 1;
         out.extend(frame(0x1, 0x5, id, GET_ROOT)); // HEADERS, END_STREAM | END_HEADERS
@@ -332,8 +337,7 @@ async fn continuation_floods_are_cut_off() {
     )
     .await;
     let mut s = TcpStream::connect(g.addr).await.expect("connect");
-    let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &[]));
+    let mut out = preface();
     out.extend(frame(0x1, 0x1, 1, GET_ROOT)); // HEADERS without END_HEADERS
     s.write_all(&out).await.expect("write");
     // Literal header fields, never indexed: 16KiB of them a frame, 64MiB offered in all.
@@ -542,8 +546,7 @@ async fn a_client_expecting_100_continue_is_told_when_its_body_is_wanted() {
     block.extend_from_slice(&[0x41, 0x01, b'a', 0x0f, 0x14, 0x0c]);
     block.extend_from_slice(b"100-continue");
     block.extend_from_slice(&[0x0f, 0x0d, 0x01, b'5']);
-    let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &[]));
+    let mut out = preface();
     out.extend(frame(0x1, 0x4, 1, &block)); // HEADERS, END_HEADERS: a body follows
     s.write_all(&out).await.expect("write");
     let (id, head) = bounded("100 Continue", frame_of(&mut s, 0x1))
@@ -654,8 +657,7 @@ async fn a_client_that_does_not_read_its_replies_is_not_read_either() {
     let backend = echo_backend().await;
     let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
     let mut s = TcpStream::connect(g.addr).await.expect("connect");
-    let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &[]));
+    let mut out = preface();
     s.write_all(&out).await.expect("write");
     let pings: Vec<u8> = (0..60_000u32)
         .flat_map(|_| frame(0x6, 0, 0, &[1, 2, 3, 4, 5, 6, 7, 8]))
@@ -712,8 +714,7 @@ async fn resets_the_server_is_made_to_send_spend_the_reset_budget() {
         )
         .await;
         let mut s = TcpStream::connect(g.addr).await.expect("connect");
-        let mut out = PREFACE.to_vec();
-        out.extend(frame(0x4, 0, 0, &[]));
+        let mut out = preface();
         // Far fewer than the cap on malformed streams, far more than the reset budget.
         for i in 0..200u32 {
             let id = 2 * i + 1;
@@ -732,8 +733,7 @@ async fn frames_that_carry_nothing_are_counted() {
     let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
     // Empty CONTINUATION frames that never end their block.
     let mut s = TcpStream::connect(g.addr).await.expect("connect");
-    let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &[]));
+    let mut out = preface();
     out.extend(frame(0x1, 0x1, 1, GET_ROOT));
     for _ in 0..5_000 {
         out.extend(frame(0x9, 0, 1, &[]));
@@ -755,8 +755,7 @@ async fn frames_that_carry_nothing_are_counted() {
         ("unknown type and PRIORITY", unknown_and_priority),
     ] {
         let mut s = TcpStream::connect(g.addr).await.expect("connect");
-        let mut out = PREFACE.to_vec();
-        out.extend(frame(0x4, 0, 0, &[]));
+        let mut out = preface();
         out.extend(frame(0x1, 0x4, 1, GET_ROOT)); // END_HEADERS, body to come
         for _ in 0..5_000 {
             out.extend(useless.clone());
@@ -775,8 +774,7 @@ async fn a_header_block_must_end_within_the_header_timeout() {
     )
     .await;
     let mut s = TcpStream::connect(g.addr).await.expect("connect");
-    let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &[]));
+    let mut out = preface();
     out.extend(frame(0x1, 0x1, 1, GET_ROOT)); // no END_HEADERS, and nothing after
     s.write_all(&out).await.expect("write");
     let code = bounded("GOAWAY", goaway(&mut s)).await;
@@ -893,8 +891,7 @@ async fn request_bodies_held_ahead_have_a_budget_per_connection() {
     )
     .await;
     let mut s = TcpStream::connect(g.addr).await.expect("connect");
-    let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &[]));
+    let mut out = preface();
     out.extend(post_head(1, "/one"));
     // Its whole window: one byte under both 64 KiB and the budget.
     out.extend(data_of(1, 65_535));
