@@ -412,6 +412,34 @@ pub fn cache_control(data: &[u8]) {
     }
 }
 
+/// `range_query`: the request pieces the cache reads by hand. The first line is a `Range`
+/// value judged against a body length taken from the second line's length; every later
+/// line is a query parameter name. A range served must lie inside the body; a name must
+/// decode without panicking and match itself as it would be configured.
+pub fn range_query(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let mut lines = text.split('\n');
+    let range = lines.next().unwrap_or("");
+    let len = lines.next().map_or(0, str::len) * 37;
+    if let Ok(v) = HeaderValue::from_str(range) {
+        let mut req = HeaderMap::new();
+        req.insert(header::RANGE, v);
+        if let Some(Ok(r)) = crate::cache::answer::byte_range(&req, len) {
+            assert!(
+                r.start < r.end && r.end <= len,
+                "{range:?} on {len} bytes: {r:?}"
+            );
+        }
+    }
+    for raw in lines {
+        let name = crate::query::param_name(raw);
+        assert!(!name.contains('\0'), "{raw:?} → {name:?}");
+        assert!(!name.starts_with(' '), "{raw:?} → {name:?}");
+        assert!(crate::query::same_param(&name, &name), "{raw:?}");
+        let _ = crate::query::is_one_of(raw, &[name.to_string()]);
+    }
+}
+
 #[cfg(test)]
 mod props {
     //! Property tests of the same parsers: normalization, the HPACK encoder against the
@@ -578,33 +606,5 @@ mod props {
             let back: String = serde_json::from_slice(&out).expect("valid JSON");
             prop_assert_eq!(back, s);
         }
-    }
-}
-
-/// `range_query`: the request pieces the cache reads by hand. The first line is a `Range`
-/// value judged against a body length taken from the second line's length; every later
-/// line is a query parameter name. A range served must lie inside the body; a name must
-/// decode without panicking and match itself as it would be configured.
-pub fn range_query(data: &[u8]) {
-    let text = String::from_utf8_lossy(data);
-    let mut lines = text.split('\n');
-    let range = lines.next().unwrap_or("");
-    let len = lines.next().map_or(0, str::len) * 37;
-    if let Ok(v) = HeaderValue::from_str(range) {
-        let mut req = HeaderMap::new();
-        req.insert(header::RANGE, v);
-        if let Some(Ok(r)) = crate::cache::answer::byte_range(&req, len) {
-            assert!(
-                r.start < r.end && r.end <= len,
-                "{range:?} on {len} bytes: {r:?}"
-            );
-        }
-    }
-    for raw in lines {
-        let name = crate::query::param_name(raw);
-        assert!(!name.contains('\0'), "{raw:?} → {name:?}");
-        assert!(!name.starts_with(' '), "{raw:?} → {name:?}");
-        assert!(crate::query::same_param(&name, &name), "{raw:?}");
-        let _ = crate::query::is_one_of(raw, &[name.to_string()]);
     }
 }
