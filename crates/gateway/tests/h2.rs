@@ -657,7 +657,7 @@ async fn a_client_that_does_not_read_its_replies_is_not_read_either() {
     let backend = echo_backend().await;
     let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
     let mut s = TcpStream::connect(g.addr).await.expect("connect");
-    let mut out = preface();
+    let out = preface();
     s.write_all(&out).await.expect("write");
     let pings: Vec<u8> = (0..60_000u32)
         .flat_map(|_| frame(0x6, 0, 0, &[1, 2, 3, 4, 5, 6, 7, 8]))
