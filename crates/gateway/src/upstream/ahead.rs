@@ -4,8 +4,9 @@
 //! nor the requests waiting for it.
 //!
 //! A task reads the upstream body into a queue the client's body reads from. While the
-//! copy is being collected the queue holds at most the cache's largest object (and all
-//! fills together at most [`ALL_QUEUED_HIGH`] before they too wait for their clients); once
+//! copy is being collected the queue holds at most the cache's largest object (past
+//! [`ALL_QUEUED_HIGH`] for all fills together, a fill whose client lags gives its copy up,
+//! so that no request waits on a client that does not read); once
 //! the answer is known not to be stored (larger than that, or broken), the task reads on
 //! only as fast as the client takes it, and stops when the client is gone.
 
@@ -23,9 +24,9 @@ use std::task::{Context, Poll, Waker};
 /// the client to take some.
 const QUEUE_HIGH: usize = 64 * 1024;
 
-/// Bytes queued for clients by every fill together past which fills too go at their
-/// clients' pace: clients that never read cannot make the gateway hold more than this (plus
-/// [`QUEUE_HIGH`] each) however many fills they lead.
+/// Bytes queued for clients by every fill together past which a fill whose client lags
+/// gives its copy up and goes at its client's pace: clients that never read cannot make
+/// the gateway hold more than this (plus [`QUEUE_HIGH`] each) however many fills they lead.
 const ALL_QUEUED_HIGH: usize = 64 << 20;
 
 /// Bytes queued for clients by every fill.
@@ -65,6 +66,16 @@ impl Drop for AheadBody {
     }
 }
 
+/// What the fill does next.
+enum Next {
+    /// Read the next piece from upstream.
+    Read,
+    /// Stop collecting the copy, and go on at the client's pace.
+    GiveUp,
+    /// The client is gone and nothing is collected: stop.
+    Stop,
+}
+
 /// Starts reading `body` ahead (in a task of its own) and returns the client's side.
 pub(super) fn spawn(mut body: PooledBody) -> AheadBody {
     let remaining = body.size_hint().exact();
@@ -74,24 +85,35 @@ pub(super) fn spawn(mut body: PooledBody) -> AheadBody {
         loop {
             // Past what is stored, read only as fast as the client takes it.
             let collecting = body.is_collecting();
-            let go_on = std::future::poll_fn(|cx| {
+            let next = std::future::poll_fn(|cx| {
                 let mut g = q.lock();
                 if collecting && ALL_QUEUED.load(Ordering::Relaxed) < ALL_QUEUED_HIGH {
-                    return Poll::Ready(true);
+                    return Poll::Ready(Next::Read);
                 }
                 if g.reader_gone {
-                    return Poll::Ready(false);
+                    return Poll::Ready(Next::Stop);
                 }
                 if g.queued < QUEUE_HIGH {
-                    return Poll::Ready(true);
+                    return Poll::Ready(Next::Read);
+                }
+                if collecting {
+                    // Fills together hold all they may, and this client lags: the copy is
+                    // given up rather than made to wait on it, so the requests waiting for
+                    // it go on at once.
+                    return Poll::Ready(Next::GiveUp);
                 }
                 g.filler = Some(cx.waker().clone());
                 Poll::Pending
             })
             .await;
-            if !go_on {
+            match next {
+                Next::Read => {}
+                Next::GiveUp => {
+                    body.give_up_collecting();
+                    continue;
+                }
                 // Dropping the body closes the upstream connection, whose state is unknown.
-                return;
+                Next::Stop => return,
             }
             let frame = http_body_util::BodyExt::frame(&mut body).await;
             let mut g = q.lock();

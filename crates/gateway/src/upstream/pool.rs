@@ -246,6 +246,11 @@ impl PooledBody {
         self
     }
 
+    /// Stops collecting a copy: it is never handed over (whoever waits for it goes on).
+    pub fn give_up_collecting(&mut self) {
+        self.collect = None;
+    }
+
     /// Whether a copy is still being collected (not yet handed over, nor given up).
     pub fn is_collecting(&self) -> bool {
         self.collect.is_some()
