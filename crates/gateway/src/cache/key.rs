@@ -139,25 +139,13 @@ pub(super) fn authority_into(ask: &Ask<'_>, req: &HeaderMap, out: &mut String) {
     out[start..].make_ascii_lowercase();
 }
 
-/// Appends the value of `name` as the upstream receives it (for `Vary`): the
-/// `X-Forwarded-*` headers the gateway sets, the ones it drops from untrusted clients as
-/// empty, any other as the client sent it.
+/// Appends the value of `name` as the upstream receives it (for `Vary`), as the hop sets
+/// it ([`crate::upstream::sent`]): a dropped header as empty.
 pub(super) fn sent_for_key(ask: &Ask<'_>, req: &HeaderMap, name: &HeaderName, out: &mut String) {
-    let n = name.as_str();
-    if n == "x-forwarded-for" {
-        if ask.trusted && req.contains_key(name) {
-            store::header_for_key(req, name, out);
-            out.push_str(", ");
-        }
-        out.push_str(&String::from_utf8_lossy(ask.peer.as_bytes()));
-    } else if n == "x-forwarded-proto" && !(ask.trusted && req.contains_key(name)) {
-        out.push_str(if ask.https { "https" } else { "http" });
-    } else if n == "x-forwarded-host" && !(ask.trusted && req.contains_key(name)) {
-        store::header_for_key(req, &header::HOST, out);
-    } else if !ask.trusted && crate::upstream::forwarding_header(n) {
-        // Dropped on the way upstream.
-    } else {
-        store::header_for_key(req, name, out);
+    match crate::upstream::sent(req, name.as_str(), ask.peer, ask.trusted, ask.https) {
+        crate::upstream::Sent::AsIs => store::header_for_key(req, name, out),
+        crate::upstream::Sent::Dropped => {}
+        crate::upstream::Sent::Set(v) => out.push_str(&String::from_utf8_lossy(v.as_bytes())),
     }
 }
 

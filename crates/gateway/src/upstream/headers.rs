@@ -6,8 +6,6 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
 /// Whether `name` (lower case) is one of the headers a proxy tells its upstream about the
 /// client with: `Forwarded`, `X-Real-IP` and the whole `X-Forwarded-*` family (`-Port`,
@@ -24,49 +22,71 @@ pub fn forwarding_header(name: &str) -> bool {
     name == "forwarded" || dashed(b, b"x-real-ip") && b.len() == 9 || dashed(b, FAMILY)
 }
 
-/// Sets `X-Forwarded-For`, `-Proto` and `-Host` for the hop. From a trusted proxy, the
-/// client's `X-Forwarded-For` is appended to and its `-Proto` and `-Host` kept; from anyone
-/// else, every header of the family (`Forwarded`, `X-Real-IP`, every `X-Forwarded-*`, in
-/// either spelling) is dropped and the three are set anew; `-Proto` is `https` when the
-/// client came over TLS. `Host` is the caller's.
-pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue, trusted: bool, https: bool) {
-    if !trusted {
-        h.remove(X_FORWARDED_PROTO);
-        h.remove(X_FORWARDED_HOST);
-        h.remove(FORWARDED);
-        h.remove(X_REAL_IP);
-        // The rest of the family: one pass over the names first, as most requests have none.
-        if h.keys().any(|k| forwarding_header(k.as_str())) {
-            let family: Vec<HeaderName> = h
-                .keys()
-                .filter(|k| forwarding_header(k.as_str()))
-                .cloned()
-                .collect();
-            for name in family {
-                h.remove(name);
+/// What the hop sends for a request header: the client's value as it is, nothing, or a
+/// value the gateway sets.
+#[derive(Debug)]
+pub enum Sent {
+    /// The client's value, as it came.
+    AsIs,
+    /// Nothing: the header is dropped.
+    Dropped,
+    /// This value, set by the gateway.
+    Set(HeaderValue),
+}
+
+/// What the hop sends for header `name` (lower case) of the request headers `h`, from a
+/// client at `peer_ip` (a trusted proxy or not, over TLS or not). One rule for the hop
+/// itself ([`rewrite_request`]) and for whatever must judge a request as its upstream
+/// will see it (the cache's `Vary`): from a trusted proxy, `X-Forwarded-For` is appended
+/// to and the rest of the family kept; from anyone else the family is dropped. Either
+/// way `X-Forwarded-For` names the peer, and `-Proto` and `-Host` are set when not kept
+/// (`https` over TLS; the client's `Host`).
+pub fn sent(h: &HeaderMap, name: &str, peer_ip: &HeaderValue, trusted: bool, https: bool) -> Sent {
+    let kept = trusted && h.contains_key(name);
+    match name {
+        "x-forwarded-for" if kept => {
+            let mut v = Vec::with_capacity(64);
+            for prev in h.get_all(&X_FORWARDED_FOR) {
+                v.extend_from_slice(prev.as_bytes());
+                v.extend_from_slice(b", ");
             }
+            v.extend_from_slice(peer_ip.as_bytes());
+            Sent::Set(HeaderValue::from_bytes(&v).unwrap_or_else(|_| peer_ip.clone()))
+        }
+        "x-forwarded-for" => Sent::Set(peer_ip.clone()),
+        "x-forwarded-proto" | "x-forwarded-host" if kept => Sent::AsIs,
+        "x-forwarded-proto" => Sent::Set(HeaderValue::from_static(if https {
+            "https"
+        } else {
+            "http"
+        })),
+        "x-forwarded-host" => h
+            .get(header::HOST)
+            .map_or(Sent::Dropped, |v| Sent::Set(v.clone())),
+        n if !trusted && forwarding_header(n) => Sent::Dropped,
+        _ => Sent::AsIs,
+    }
+}
+
+/// Sets `X-Forwarded-For`, `-Proto` and `-Host` for the hop, and drops the rest of the
+/// forwarding family from untrusted clients, as [`sent`] says. `Host` is the caller's.
+pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue, trusted: bool, https: bool) {
+    // The family from an untrusted client: one pass over the names first, as most requests
+    // have none.
+    if !trusted && h.keys().any(|k| forwarding_header(k.as_str())) {
+        let family: Vec<HeaderName> = h
+            .keys()
+            .filter(|k| forwarding_header(k.as_str()))
+            .cloned()
+            .collect();
+        for name in family {
+            h.remove(name);
         }
     }
-    if !h.contains_key(&X_FORWARDED_HOST) {
-        if let Some(v) = h.get(header::HOST).cloned() {
-            h.insert(X_FORWARDED_HOST, v);
+    for name in [X_FORWARDED_HOST, X_FORWARDED_FOR, X_FORWARDED_PROTO] {
+        if let Sent::Set(v) = sent(h, name.as_str(), peer_ip, trusted, https) {
+            h.insert(name, v);
         }
-    }
-    let xff = if trusted && h.contains_key(&X_FORWARDED_FOR) {
-        let mut v = Vec::with_capacity(64);
-        for prev in h.get_all(&X_FORWARDED_FOR) {
-            v.extend_from_slice(prev.as_bytes());
-            v.extend_from_slice(b", ");
-        }
-        v.extend_from_slice(peer_ip.as_bytes());
-        HeaderValue::from_bytes(&v).unwrap_or_else(|_| peer_ip.clone())
-    } else {
-        peer_ip.clone()
-    };
-    h.insert(X_FORWARDED_FOR, xff);
-    if !h.contains_key(&X_FORWARDED_PROTO) {
-        let proto = if https { "https" } else { "http" };
-        h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
 }
 

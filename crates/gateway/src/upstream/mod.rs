@@ -15,7 +15,7 @@ mod client;
 mod dial;
 pub(crate) mod h1;
 mod headers;
-pub use headers::forwarding_header;
+pub use headers::{forwarding_header, sent, Sent};
 pub mod health;
 mod idle;
 mod pool;
