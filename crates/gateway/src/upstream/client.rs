@@ -194,9 +194,7 @@ pub(super) async fn forward(
                 return Err(Refusal::UpstreamTimeout);
             }
             Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                let refusal = Refusal::Upstream("a protocol switch nobody asked for");
-                super::log_failure(up, hop.route, target, &refusal);
-                return Err(refusal);
+                return Err(super::unasked_switch(up, hop.route, target));
             }
             Ok(Ok(mut resp)) => {
                 up.outcome(target, !resp.status().is_server_error());

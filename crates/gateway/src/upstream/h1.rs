@@ -40,6 +40,9 @@ pub enum H1Error {
     /// The response is not valid HTTP/1.x, or broke off after it had begun.
     #[error("malformed or truncated response from upstream")]
     Malformed,
+    /// A `101` to a request that asked for no upgrade: no answer follows on the connection.
+    #[error("a protocol switch nobody asked for")]
+    Switched,
 }
 
 /// One kept-alive connection.
@@ -114,7 +117,7 @@ impl H1Conn {
                     // A switch of protocols nobody asked for (upgrades take another
                     // client): no answer follows it on this connection.
                     if head.status == StatusCode::SWITCHING_PROTOCOLS {
-                        return Err(H1Error::Malformed);
+                        return Err(H1Error::Switched);
                     }
                     if head.status.is_informational() {
                         // 100 Continue and the like: the real answer follows.

@@ -365,6 +365,14 @@ pub async fn forward(
     Box::pin(with_body::forward_hyper(up, method, pq, headers, body, hop)).await
 }
 
+/// The 502 for a `101` to a request that asked for no upgrade (each client path's answer
+/// to it): logged and counted as any 502.
+fn unasked_switch(up: &Upstream, route: &str, target: &Target) -> Refusal {
+    let refusal = Refusal::Upstream("a protocol switch nobody asked for");
+    log_failure(up, route, target, &refusal);
+    refusal
+}
+
 /// Counts a 502, 503 or 504, and logs it at info at most once a second per upstream.
 fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: &Refusal) {
     match refusal {
@@ -538,6 +546,7 @@ async fn forward_lean(
                 log_failure(up, hop.route, target, &refusal);
                 return Err(refusal);
             }
+            Ok(Err(h1::H1Error::Switched)) => return Err(unasked_switch(up, hop.route, target)),
         }
     }
     if let Some(t) = last_target {

@@ -146,9 +146,7 @@ pub(super) async fn forward_hyper(
             }
             Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 // Its connection is not reused: it was handed over to another protocol.
-                let refusal = Refusal::Upstream("a protocol switch nobody asked for");
-                log_failure(up, hop.route, target, &refusal);
-                return Err(refusal);
+                return Err(super::unasked_switch(up, hop.route, target));
             }
             Ok(Ok(mut resp)) => {
                 up.outcome(target, !resp.status().is_server_error());
