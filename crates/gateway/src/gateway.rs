@@ -369,7 +369,8 @@ impl Gateway {
     /// Takes this second's sample of the request series (the admin listener does, once a
     /// second).
     pub fn sample_series(&self) {
-        self.series.sample(self.wall_secs(), &self.metrics_text());
+        self.series
+            .sample(self.wall_secs(), &self.metrics.render_series());
     }
 
     /// The last minutes of the request series, oldest first.

@@ -143,6 +143,8 @@ pub struct UpstreamStats {
 /// Process-wide metrics.
 #[derive(Debug)]
 pub struct Metrics {
+    /// The families the dashboard's series sample ([`Metrics::render_series`]).
+    series: Registry,
     registry: Registry,
     codes: Arc<Codes>,
     requests: Family<RequestLabels, Counter>,
@@ -347,7 +349,17 @@ impl Metrics {
             analytics_errors.clone(),
         );
         let unrouted = Arc::new(route_stats("", &requests, &duration, &upstream_duration));
+        // The dashboard's series read these two families only, once a second: the full
+        // exposition (live collectors, per-consumer families) is for scrapes.
+        let mut series = Registry::with_prefix("tollgate");
+        series.register("requests", "Requests answered", requests.clone());
+        series.register(
+            "request_duration_seconds",
+            "Time to the response head",
+            duration.clone(),
+        );
         Metrics {
+            series,
             registry,
             codes,
             requests,
@@ -487,6 +499,14 @@ impl Metrics {
                 class: CLASSES[super::class_index(status)],
             })
             .inc();
+    }
+
+    /// The request count and latency families alone, as exposition text: what the
+    /// dashboard's series sample.
+    pub fn render_series(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.series);
+        out
     }
 
     /// The exposition text (OpenMetrics, which Prometheus reads).
