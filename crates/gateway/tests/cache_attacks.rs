@@ -170,7 +170,7 @@ routes:
     cache: {shared: true}
 "#;
     let cfg = format!(
-        "listeners: [{{address: \"127.0.0.1:0\"{listener}}}]\nupstreams:\n  backend:\n    targets: [\"{backend}\"]\n    response_timeout: 2s\n{rest}"
+        "listeners: [{{address: \"127.0.0.1:0\"{listener}}}]\nupstreams:\n  backend:\n    targets: [\"{backend}\"]\n    response_timeout: 10s\n{rest}"
     );
     let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
     Setup {
