@@ -59,11 +59,11 @@ pub fn percent_decode(s: &str) -> Cow<'_, str> {
 pub fn param_name(raw: &str) -> Cow<'_, str> {
     // Most names hold no escape, suffix or leading space: taken as they are.
     let b = raw.as_bytes();
-    if !b.iter().any(|&c| matches!(c, b'%' | b'+' | b'[')) && !raw.starts_with(' ') {
+    if !b.iter().any(|&c| matches!(c, b'%' | b'+' | b'[' | 0)) && !raw.starts_with(' ') {
         return Cow::Borrowed(raw);
     }
     let decoded = percent_decode(raw);
-    // PHP reads a name up to an escaped NUL (`page%00x` is `page`).
+    // PHP reads a name up to a NUL, escaped (`page%00x` is `page`) or not.
     let decoded = decoded.split('\0').next().unwrap_or("");
     let trimmed = decoded.trim_start_matches(' ');
     let name = match trimmed.find('[') {
