@@ -3,20 +3,21 @@
 use crate::cache::{self, Ask, Cache};
 use crate::clock::Clock;
 use crate::cluster::{spawn_syncer, Cluster};
+use crate::exchange::ConnInfo;
+use crate::exchange::{Refusal, REASONS};
 use crate::inbound;
 use crate::limiter::persist::StateStore;
 use crate::limiter::table::Live;
 use crate::limiter::Now;
-use crate::listener::ConnInfo;
 use crate::listener::RequestBody;
 use crate::observe::access_log::{AccessLog, Logged, Record};
 use crate::observe::analytics::{self, Analytics};
 use crate::observe::metrics::Metrics;
 use crate::observe::request_id::{self, X_REQUEST_ID};
-use crate::observe::Trace;
 use crate::policy::{self, cors, Verdict};
-use crate::response::{refuse, Body, Refusal, REASONS};
+use crate::response::{refuse, Body};
 use crate::route;
+use crate::snapshot::Route;
 use crate::snapshot::{Registry, Snapshot};
 use crate::upstream::{self, Hop};
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -33,6 +34,41 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tollgate_config::{Config, ConfigError};
+
+/// What one request did, filled in as it goes through the gateway, for the access log,
+/// the metrics and the usage history. It borrows from the request's pinned snapshot.
+#[derive(Debug)]
+pub struct Trace<'s> {
+    /// When the request head was handed over.
+    pub start: Instant,
+    /// `X-Request-Id`: the client's, when trusted, or a new one.
+    pub request_id: HeaderValue,
+    /// The route, once one matched.
+    pub route: Option<&'s Route>,
+    /// The consumer, once authenticated, by index in the snapshot.
+    pub consumer: Option<usize>,
+    /// Why the gateway answered itself, if it did ([`crate::exchange::REASONS`] index).
+    pub refusal: Option<usize>,
+    /// The limit that refused, for a 429.
+    pub limit: Option<Arc<str>>,
+    /// Time waiting for the upstream's response head, when the request went upstream.
+    pub upstream_ns: Option<u64>,
+}
+
+impl Trace<'_> {
+    /// A trace for a request that arrived now, with its id.
+    pub fn new(request_id: HeaderValue) -> Self {
+        Trace {
+            start: Instant::now(),
+            request_id,
+            route: None,
+            consumer: None,
+            refusal: None,
+            limit: None,
+            upstream_ns: None,
+        }
+    }
+}
 
 /// Where reloads stand: a new generation after each applied config, and the last failure.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -119,7 +155,7 @@ async fn share_for(
     conn: &Arc<ConnInfo>,
     version: http::Version,
     up: &upstream::Upstream,
-) -> Result<Option<crate::listener::UpstreamShare>, Refusal> {
+) -> Result<Option<crate::exchange::UpstreamShare>, Refusal> {
     if version != http::Version::HTTP_2 {
         return Ok(None);
     }
@@ -187,7 +223,7 @@ impl Gateway {
         let cluster = config.cluster.clone().map(|c| {
             let cluster = Cluster::new(c);
             spawn_syncer(cluster.clone(), clock.clone());
-            metrics.watch_cluster(cluster.clone());
+            metrics.report(cluster.clone());
             cluster
         });
         let state = match (&config.state, &cluster) {
@@ -200,21 +236,25 @@ impl Gateway {
             (Some(s), None) => {
                 let (store, saved) = StateStore::open(s, clock.clone());
                 store.spawn_flusher(s.flush_interval);
-                metrics.watch_state(store.stats.clone());
+                metrics.report(store.stats.clone());
                 Some((store, saved))
             }
             (None, _) => None,
         };
         let live = Arc::new(Live::new(
-            cluster,
+            cluster
+                .clone()
+                .map(|c| c as Arc<dyn crate::limiter::shared::SharedStore>),
             state.as_ref().map(|(s, _)| s.queue.clone()),
         ));
-        metrics.watch_limit_cells(&live);
+        metrics.report(Arc::new(crate::limiter::report::CellCount(Arc::downgrade(
+            &live,
+        ))));
         let state = state.map(|(store, saved)| {
             live.restore(saved);
             store
         });
-        let registry = Registry::with_live(live, metrics.clone());
+        let registry = Registry::with_live(live, cluster, metrics.clone());
         let access_log = config
             .access_log
             .as_ref()
@@ -242,7 +282,7 @@ impl Gateway {
             snapshot.config.cache.max_size,
             snapshot.config.cache.max_object_size,
         );
-        metrics.watch_cache(cache.clone());
+        metrics.report(cache.clone());
         let gw = Arc::new(Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
             cache,
@@ -557,7 +597,7 @@ impl Gateway {
         let (mut parts, body) = req.into_parts();
         // Read before `prepare` strips the hop-by-hop headers that ask for it.
         let upgrade = inbound::upgrade_asked(&parts);
-        if let Err(r) = inbound::prepare(snap, &mut parts) {
+        if let Err(r) = inbound::prepare(&snap.owned, &mut parts) {
             return refused(trace, r);
         }
         let preflight = cors::is_preflight(&parts);
@@ -680,7 +720,11 @@ impl Gateway {
 
     /// Handles one request on the snapshot current when it arrived: gives it an id, counts
     /// it in the metrics and the usage history, and logs it once its body has been sent.
-    pub async fn serve(&self, req: Request<RequestBody>, conn: &Arc<ConnInfo>) -> Response<Logged> {
+    pub async fn serve(
+        &self,
+        req: Request<RequestBody>,
+        conn: &Arc<ConnInfo>,
+    ) -> Response<Logged<Body>> {
         let snap = self.snapshot.load_full();
         let id = request_id::pick(
             req.headers(),
@@ -720,7 +764,7 @@ impl Gateway {
             .insert(X_REQUEST_ID, trace.request_id.clone());
         // For HTTP/2's reset balance only: an extension map costs an allocation.
         if h2 && trace.upstream_ns.is_some() {
-            resp.extensions_mut().insert(crate::listener::Upstream);
+            resp.extensions_mut().insert(crate::exchange::UpstreamWork);
         }
         let status = resp.status().as_u16();
         self.metrics.response(status);
@@ -817,4 +861,33 @@ fn upstream_time(trace: &mut Trace<'_>, route: &crate::snapshot::Route, since: I
     let ns = nanos(since);
     trace.upstream_ns = Some(ns);
     route.stats.upstream(ns as f64 / 1e9);
+}
+
+impl crate::listener::Handler for Gateway {
+    type Body = Logged<Body>;
+
+    fn serve(
+        &self,
+        req: Request<RequestBody>,
+        conn: &Arc<ConnInfo>,
+    ) -> impl Future<Output = Response<Logged<Body>>> + Send {
+        Gateway::serve(self, req, conn)
+    }
+
+    fn tls_for(&self, address: std::net::SocketAddr) -> Option<Arc<rustls::ServerConfig>> {
+        Gateway::tls_for(self, address)
+    }
+
+    fn opened(&self) {
+        self.metrics.connections_total.inc();
+        self.metrics.connections_open.inc();
+    }
+
+    fn closed(&self) {
+        self.metrics.connections_open.dec();
+    }
+
+    fn tls_failed(&self) {
+        self.metrics.tls_failures.inc();
+    }
 }

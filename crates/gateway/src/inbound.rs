@@ -13,8 +13,7 @@
 //! - **Cookies**: the `cookie` fields an HTTP/2 client splits a cookie list into are joined
 //!   with `; ` (RFC 9113 §8.2.3), as an HTTP/1.1 backend expects one `Cookie` header.
 
-use crate::response::Refusal;
-use crate::snapshot::Snapshot;
+use crate::exchange::Refusal;
 use http::header::{self, HeaderMap, HeaderName};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
@@ -26,7 +25,7 @@ pub(crate) const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 pub(crate) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Checks and rewrites the request head in place; a refusal is a 400.
-pub fn prepare(snap: &Snapshot, parts: &mut Parts) -> Result<(), Refusal> {
+pub fn prepare(owned: &Owned, parts: &mut Parts) -> Result<(), Refusal> {
     check_host(parts)?;
     if let Some(path) = normalize_path(parts.uri.path())? {
         let pq = match parts.uri.query() {
@@ -45,8 +44,8 @@ pub fn prepare(snap: &Snapshot, parts: &mut Parts) -> Result<(), Refusal> {
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         parts.uri = Uri::from(pq);
     }
-    strip_hop_headers(&mut parts.headers, &snap.owned);
-    remove_owned(&mut parts.headers, &snap.owned);
+    strip_hop_headers(&mut parts.headers, owned);
+    remove_owned(&mut parts.headers, owned);
     if parts.version == Version::HTTP_2 {
         join_cookies(&mut parts.headers)?;
     }

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod clock;
 pub mod cluster;
 pub mod echo;
+pub mod exchange;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod gateway;
@@ -18,6 +19,7 @@ pub mod listener;
 pub mod observe;
 pub mod policy;
 pub mod query;
+pub mod redis_link;
 pub mod response;
 pub mod route;
 pub mod snapshot;
@@ -27,5 +29,6 @@ pub mod usage;
 pub mod watch;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use exchange::ConnInfo;
 pub use gateway::{Gateway, ReloadStatus};
-pub use listener::{bind, BindError, ConnInfo, Server};
+pub use listener::{bind, BindError, Server};

@@ -96,6 +96,53 @@ pub fn is_one_of(raw: &str, names: &[String]) -> bool {
     names.iter().any(|n| same_param(&name, n))
 }
 
+/// Hands each piece of `query` that is not a credential named in `names` to `keep`, with
+/// the separator that goes before it (`?` for the first kept one): the access log writes
+/// the logged target this way, without building it first.
+pub fn kept_pieces<'q>(query: &'q str, names: &[String], keep: impl FnMut(u8, &'q str)) {
+    for_kept(query, |_, name| is_one_of(name, names), keep);
+}
+
+/// `path?query` without the pieces `drop(offset in query, raw name)` picks; the other
+/// pieces keep their separators.
+pub fn without_pieces(path: &str, query: &str, drop: impl Fn(usize, &str) -> bool) -> String {
+    let mut pq = String::with_capacity(path.len() + 1 + query.len());
+    pq.push_str(path);
+    for_kept(query, drop, |sep, pair| {
+        pq.push(char::from(sep));
+        pq.push_str(pair);
+    });
+    pq
+}
+
+/// Calls `keep(separator, piece)` for each piece of `query` that `drop(offset in query,
+/// raw name)` does not pick; the first kept piece gets `?`, the others keep theirs.
+fn for_kept<'q>(
+    query: &'q str,
+    drop: impl Fn(usize, &str) -> bool,
+    mut keep: impl FnMut(u8, &'q str),
+) {
+    let mut first = true;
+    let mut sep = b'&';
+    let mut rest = query;
+    loop {
+        let end = rest
+            .bytes()
+            .position(|b| b == b'&' || b == b';')
+            .unwrap_or(rest.len());
+        let pair = &rest[..end];
+        if !drop(query.len() - rest.len(), split_pair(pair).0) {
+            keep(if first { b'?' } else { sep }, pair);
+            first = false;
+        }
+        if end == rest.len() {
+            break;
+        }
+        sep = rest.as_bytes()[end];
+        rest = &rest[end + 1..];
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

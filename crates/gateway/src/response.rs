@@ -1,6 +1,7 @@
 //! Every answer tollgate gives itself: [`Refusal`] lists them, [`refuse`] maps each to its
 //! status, headers and small JSON body (with the request id), in this one place.
 
+use crate::exchange::Refusal;
 use crate::upstream::PooledBody;
 use bytes::Bytes;
 use http::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -20,126 +21,6 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
 pub const RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
 /// `RateLimit` header name.
 pub const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
-
-/// Why tollgate answers a request itself instead of forwarding it.
-#[derive(Debug, thiserror::Error)]
-pub enum Refusal {
-    /// The request is malformed in a way hyper let through (e.g. dot-segments in the path).
-    #[error("bad request: {0}")]
-    BadRequest(&'static str),
-    /// No route matches host and path.
-    #[error("no route")]
-    NoRoute,
-    /// A route matches, but not with this method.
-    #[error("method not allowed")]
-    MethodNotAllowed {
-        /// Methods the matching routes accept.
-        allow: Option<HeaderValue>,
-    },
-    /// The route needs an API key and none was sent.
-    #[error("missing API key")]
-    MissingKey,
-    /// The API key is not known.
-    #[error("unknown API key")]
-    UnknownKey,
-    /// The request carries two different API keys: never a guess which one counts.
-    #[error("more than one API key")]
-    AmbiguousKey,
-    /// The consumer may not call this route.
-    #[error("consumer not allowed on this route")]
-    Forbidden,
-    /// A CORS preflight from an origin that is not allowed.
-    #[error("CORS origin not allowed")]
-    OriginNotAllowed,
-    /// One of the consumer's limits is used up.
-    #[error("rate limit {limit:?} exceeded")]
-    RateLimited {
-        /// Name of the limit that refused.
-        limit: std::sync::Arc<str>,
-        /// Time until a request would pass.
-        retry_after: Duration,
-        /// `RateLimit-Policy` value listing all of the consumer's limits.
-        policy: Option<HeaderValue>,
-        /// `RateLimit` value for the limit that refused.
-        ratelimit: HeaderValue,
-    },
-    /// A shared limit cannot be checked: Redis is unreachable and the cluster fails closed.
-    #[error("rate limit store unavailable")]
-    LimitStoreDown,
-    /// The request body is larger than the listener allows.
-    #[error("request body too large")]
-    PayloadTooLarge,
-    /// The upstream refused or reset the connection.
-    #[error("upstream unavailable: {0}")]
-    Upstream(&'static str),
-    /// The upstream did not answer in time.
-    #[error("upstream timeout")]
-    UpstreamTimeout,
-    /// Every connection the upstream target allows is busy, past the wait.
-    #[error("upstream busy")]
-    UpstreamBusy,
-    /// The client stopped sending its body for longer than `body_timeout`.
-    #[error("request body timeout")]
-    RequestTimeout,
-    /// The route names consumers by client certificate and the client sent none.
-    #[error("client certificate required")]
-    NoClientCert,
-    /// The client certificate is valid but names no consumer.
-    #[error("client certificate names no consumer")]
-    UnknownClientCert,
-    /// Every target of the upstream is out of rotation (failed health checks).
-    #[error("no healthy upstream target")]
-    NoHealthyTarget,
-}
-
-/// Every reason the gateway answers a request itself, as labels for metrics and the
-/// access log; [`Refusal::reason_index`] indexes it.
-pub const REASONS: [&str; 18] = [
-    "bad_request",
-    "no_route",
-    "method_not_allowed",
-    "missing_key",
-    "unknown_key",
-    "ambiguous_key",
-    "forbidden",
-    "origin_not_allowed",
-    "rate_limited",
-    "limit_store_down",
-    "payload_too_large",
-    "upstream_error",
-    "upstream_timeout",
-    "upstream_busy",
-    "request_timeout",
-    "missing_client_cert",
-    "unknown_client_cert",
-    "no_healthy_target",
-];
-
-impl Refusal {
-    /// The reason's place in [`REASONS`].
-    pub fn reason_index(&self) -> usize {
-        match self {
-            Refusal::BadRequest(_) => 0,
-            Refusal::NoRoute => 1,
-            Refusal::MethodNotAllowed { .. } => 2,
-            Refusal::MissingKey => 3,
-            Refusal::UnknownKey => 4,
-            Refusal::AmbiguousKey => 5,
-            Refusal::Forbidden => 6,
-            Refusal::OriginNotAllowed => 7,
-            Refusal::RateLimited { .. } => 8,
-            Refusal::LimitStoreDown => 9,
-            Refusal::PayloadTooLarge => 10,
-            Refusal::Upstream(_) => 11,
-            Refusal::UpstreamTimeout => 12,
-            Refusal::UpstreamBusy => 13,
-            Refusal::RequestTimeout => 14,
-            Refusal::NoClientCert => 15,
-            Refusal::UnknownClientCert => 16,
-            Refusal::NoHealthyTarget => 17,
-        }
-    }
-}
 
 /// A JSON answer: `fields` (the members of the object, without braces) and the request id.
 fn json(status: StatusCode, fields: &str, request_id: &HeaderValue) -> Response<Body> {

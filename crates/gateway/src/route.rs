@@ -1,8 +1,8 @@
 //! Route selection: host and path (and method) → the route, from the pinned snapshot.
 
+use crate::exchange::Refusal;
 use crate::inbound::{host_only, routing_path};
 use crate::policy::method;
-use crate::response::Refusal;
 use crate::snapshot::{Route, Snapshot};
 use http::request::Parts;
 use http::HeaderValue;

@@ -6,6 +6,7 @@
 
 use crate::cluster::Cluster;
 use crate::inbound::Owned;
+use crate::limiter::shared::SharedStore;
 use crate::limiter::table::{Counters, Group, Layout, Live};
 use crate::limiter::LimitCell;
 use crate::observe::metrics::{Metrics, RouteStats};
@@ -22,7 +23,10 @@ use tollgate_config::{Config, LimitConfig, RouteConfig, UpstreamConfig};
 #[derive(Debug)]
 pub struct Registry {
     live: Arc<Live>,
+    cluster: Option<Arc<Cluster>>,
     upstreams: Mutex<HashMap<UpstreamConfig, Weak<Upstream>>>,
+    /// The upstreams in use, for `/metrics`.
+    pools: Arc<crate::upstream::report::Pools>,
     metrics: Arc<Metrics>,
 }
 
@@ -40,14 +44,23 @@ impl Registry {
 
     /// A registry counting into `metrics`.
     pub fn with_metrics(cluster: Option<Arc<Cluster>>, metrics: Arc<Metrics>) -> Self {
-        Registry::with_live(Arc::new(Live::new(cluster, None)), metrics)
+        let store = cluster.clone().map(|c| c as Arc<dyn SharedStore>);
+        Registry::with_live(Arc::new(Live::new(store, None)), cluster, metrics)
     }
 
     /// A registry whose limit cells are `live` (shared, or written to a state file).
-    pub fn with_live(live: Arc<Live>, metrics: Arc<Metrics>) -> Self {
+    pub fn with_live(
+        live: Arc<Live>,
+        cluster: Option<Arc<Cluster>>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let pools = Arc::new(crate::upstream::report::Pools::default());
+        metrics.report(pools.clone());
         Registry {
             live,
+            cluster,
             upstreams: Mutex::default(),
+            pools,
             metrics,
         }
     }
@@ -59,7 +72,7 @@ impl Registry {
 
     /// The cluster link, if limits are shared.
     pub fn cluster(&self) -> Option<&Arc<Cluster>> {
-        self.live.cluster()
+        self.cluster.as_ref()
     }
 
     /// Every limit cell in use.
@@ -74,7 +87,7 @@ impl Registry {
         }
         let u = Arc::new(Upstream::new(cfg.clone(), self.metrics.upstream(&cfg.name)));
         u.start_checks();
-        self.metrics.watch_upstream(&u);
+        self.pools.watch(&u);
         ups.insert(cfg.clone(), Arc::downgrade(&u));
         u
     }
@@ -396,5 +409,15 @@ fn limit_set(all: Vec<(usize, &LimitConfig, String)>, handles: &mut LimitHandles
         positions,
         info,
         policy,
+    }
+}
+
+impl crate::observe::access_log::Names for Snapshot {
+    fn consumer_name(&self, index: usize) -> &str {
+        Snapshot::consumer_name(self, index)
+    }
+
+    fn credential_params(&self) -> &[String] {
+        &self.credential_params
     }
 }

@@ -82,7 +82,7 @@ pub async fn usage(
     let shared = !keys.is_empty();
     if let (Some(c), true) = (cluster, shared) {
         let mut conn =
-            crate::cluster::redis_connection(&c.cfg.redis, std::time::Duration::from_secs(2))
+            crate::redis_link::redis_connection(&c.cfg.redis, std::time::Duration::from_secs(2))
                 .await?;
         let mut pipe = redis::pipe();
         for (_, k) in &keys {

@@ -86,7 +86,7 @@ fn redact(v: &mut Value) {
     }
     if let Some(url) = v.pointer_mut("/cluster/redis") {
         if let Some(s) = url.as_str() {
-            *url = Value::from(crate::cluster::redacted(s, "<redacted>"));
+            *url = Value::from(crate::redis_link::redacted(s, "<redacted>"));
         }
     }
 }

@@ -18,13 +18,15 @@
 pub(crate) mod answer;
 pub mod control;
 mod key;
+mod report;
 pub mod store;
 
 use answer::{answer, with_status};
 use key::{host_of, shapes_its_answer, uri_key, url_of, variant_key, varies_of};
 pub use key::{Ask, Key};
 
-use crate::response::{Body, Refusal};
+use crate::exchange::Refusal;
+use crate::response::Body;
 use crate::upstream::{Collector, PooledBody};
 use http::header::{self, HeaderMap, HeaderName};
 use http::request::Parts;

@@ -28,38 +28,15 @@
 //! settled with Redis if it is back before their window ends. Reconnects back off from
 //! 100 ms to 5 s.
 
+mod report;
 mod sync;
 
-/// A connection to the Redis at `url` (`rediss://` for TLS), giving up on connecting or on
-/// an answer after `timeout`. Every Redis link of the gateway opens this way.
-pub async fn redis_connection(
-    url: &str,
-    timeout: Duration,
-) -> Result<redis::aio::MultiplexedConnection, redis::RedisError> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = redis::Client::open(url)?;
-    let cfg = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
-    client
-        .get_multiplexed_async_connection_with_config(&cfg)
-        .await
-}
-
-/// `redis://:secret@host` → `redis://MARK@host`: a Redis URL without its credentials, for
-/// logs and the admin API.
-pub fn redacted(url: &str, mark: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}{mark}{}", &url[..s + 3], &url[at..]),
-        _ => url.to_string(),
-    }
-}
-
-use crate::limiter::{LimitCell, Refused, Standing};
+use crate::limiter::shared::{SharedLimit, SharedStore};
+use crate::limiter::LimitCell;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+
 use tokio::sync::watch;
 use tollgate_config::{ClusterConfig, LimitConfig, RedisDown};
 
@@ -143,9 +120,9 @@ impl Cluster {
 
     /// The shared-counting handle for one limit of one scope (consumer, or route+consumer).
     pub fn limit(self: &Arc<Self>, scope: &str, limit: &LimitConfig) -> SharedLimit {
-        SharedLimit {
-            cluster: self.clone(),
-            key: format!(
+        SharedLimit::new(
+            self.clone(),
+            format!(
                 "{}:{}:{}:{}:{}",
                 self.cfg.key_prefix,
                 scope,
@@ -153,205 +130,46 @@ impl Cluster {
                 limit.requests,
                 limit.window.as_secs()
             ),
-            credit_base: limit.requests as f64 * self.cfg.max_overadmission,
-        }
+            limit.requests as f64 * self.cfg.max_overadmission,
+        )
     }
 
     /// How long before a window's end a busy limit leases for the next window.
-    fn lead_ns(&self) -> u64 {
+    pub(crate) fn lead_ns(&self) -> u64 {
         let sync = u64::try_from(self.cfg.sync_interval.as_nanos()).unwrap_or(u64::MAX);
         sync.saturating_mul(3)
             .saturating_add(self.rtt_us.load(Ordering::Relaxed).saturating_mul(3_000))
     }
-
-    fn enqueue(&self, cell: &Arc<LimitCell>, l: &mut Lease) {
-        if !l.queued {
-            l.queued = true;
-            self.queue.lock().push(cell.clone());
-        }
-    }
 }
 
-/// How one shared limit is keyed and how much credit it allows.
-#[derive(Debug)]
-pub struct SharedLimit {
-    cluster: Arc<Cluster>,
-    /// Redis key without the window index.
-    key: String,
-    /// N × max_overadmission, split among the nodes at check time.
-    credit_base: f64,
-}
-
-/// A node's state for one shared limit in the current window.
-#[derive(Debug, Default)]
-pub struct Lease {
-    window: u64,
-    /// Leased for `window`, not used yet.
-    tokens: u64,
-    /// Leased for `window + 1`.
-    next_tokens: u64,
-    next_requested: bool,
-    /// Admitted without a token (credit, or while Redis was down), to settle.
-    debt: u64,
-    /// Admitted on this node in this window.
-    used: u64,
-    /// Admitted on this node in the previous window: its share when Redis is down.
-    last_used: u64,
-    /// Requests seen since the last lease was asked for (the rate estimate).
-    demand: u64,
-    last_lease: Option<Instant>,
-    /// Granted cluster-wide in this window, as of the last answer from Redis.
-    granted: u64,
-    /// Ask for more when tokens fall to this.
-    refill_at: u64,
-    queued: bool,
-}
-
-impl Lease {
-    /// Moves to `window` if the clock has left the current one.
-    pub(crate) fn roll(&mut self, window: u64) {
-        if window == self.window {
-            return;
-        }
-        let next = window == self.window + 1;
-        self.last_used = if next { self.used } else { 0 };
-        self.tokens = if next { self.next_tokens } else { 0 };
-        self.granted = 0;
-        self.next_tokens = 0;
-        self.next_requested = false;
-        self.debt = 0;
-        self.used = 0;
-        self.refill_at = 0;
-        self.window = window;
+impl SharedStore for Cluster {
+    fn is_up(&self) -> bool {
+        Cluster::is_up(self)
     }
 
-    /// Requests counted in this window: cluster-wide as last known, at least this node's.
-    pub(crate) fn counted(&self) -> u64 {
-        self.granted.max(self.used)
+    fn nodes(&self) -> u64 {
+        Cluster::nodes(self)
     }
 
-    /// Whether nothing is counted or owed in this window and no lease is in flight: the
-    /// state can go (tokens in hand are given up, which only under-admits).
-    pub(crate) fn idle(&self) -> bool {
-        self.used == 0 && self.debt == 0 && self.last_used == 0 && !self.queued
+    fn fail_open(&self) -> bool {
+        self.cfg.on_redis_down == RedisDown::Open
     }
 
-    /// Whether Redis has said this window of a limit of `n` is used up.
-    pub(crate) fn exhausted(&self, n: u64) -> bool {
-        self.granted >= n
-    }
-}
-
-/// How a request was admitted by a shared limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admit {
-    /// With a leased token.
-    Token,
-    /// On credit, to be paid from the next lease.
-    Credit,
-    /// Within the node's last share while Redis is unreachable.
-    FailOpen,
-}
-
-impl SharedLimit {
-    /// The Redis key counting `window` (index of the window since the Unix epoch).
-    pub fn key_for(&self, window: u64) -> String {
-        format!("{}:{window}", self.key)
+    fn lead_ns(&self) -> u64 {
+        Cluster::lead_ns(self)
     }
 
-    fn window_end_ns(cell: &LimitCell, window: u64, wall: u64) -> u64 {
-        (window + 1)
-            .saturating_mul(cell.window_ns)
-            .saturating_sub(wall)
+    fn enqueue(&self, cell: &Arc<LimitCell>) {
+        self.queue.lock().push(cell.clone());
     }
 
-    /// Decides whether a request fits, without counting it. Never waits on Redis.
-    pub(crate) fn room(
-        &self,
-        cell: &Arc<LimitCell>,
-        l: &mut Lease,
-        wall: u64,
-    ) -> Result<Admit, Refused> {
-        let c = &self.cluster;
-        let window = wall / cell.window_ns.max(1);
-        l.roll(window);
-        l.demand += 1;
-        let refuse = |l: &Lease, soon: bool| {
-            let end = Self::window_end_ns(cell, l.window, wall);
-            // Still waiting for a lease: retry soon; used up: at the window's end.
-            let reset = if soon { end.min(1_000_000_000) } else { end };
-            Refused::Limit(Standing {
-                index: 0,
-                remaining: 0,
-                reset: Duration::from_nanos(reset),
-            })
-        };
-        if l.tokens > 0 {
-            return Ok(Admit::Token);
-        }
-        if c.is_up() {
-            let exhausted = l.exhausted(cell.requests);
-            let credit = if exhausted {
-                0
-            } else {
-                (self.credit_base / c.nodes() as f64).floor() as u64
-            };
-            if l.debt < credit {
-                return Ok(Admit::Credit);
-            }
-            if !exhausted {
-                c.enqueue(cell, l);
-            }
-            return Err(refuse(l, !exhausted));
-        }
-        match c.cfg.on_redis_down {
-            RedisDown::Closed => Err(Refused::StoreDown),
-            RedisDown::Open => {
-                let share = if l.last_used > 0 {
-                    l.last_used
-                } else {
-                    cell.requests.div_ceil(c.nodes())
-                };
-                if l.used < share {
-                    Ok(Admit::FailOpen)
-                } else {
-                    Err(refuse(l, false))
-                }
-            }
-        }
+    fn admitted_fail_open(&self) {
+        self.metrics
+            .fail_open_admitted
+            .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts an admitted request and returns where the limit stands.
-    pub(crate) fn commit(
-        &self,
-        cell: &Arc<LimitCell>,
-        l: &mut Lease,
-        admit: Admit,
-        index: usize,
-        wall: u64,
-    ) -> Standing {
-        let c = &self.cluster;
-        match admit {
-            Admit::Token => l.tokens -= 1,
-            Admit::Credit => l.debt += 1,
-            Admit::FailOpen => {
-                l.debt += 1;
-                c.metrics.fail_open_admitted.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        l.used += 1;
-        let end = Self::window_end_ns(cell, l.window, wall);
-        let near_end = end < c.lead_ns();
-        if l.debt > 0
-            || (!l.exhausted(cell.requests) && l.tokens <= l.refill_at)
-            || (near_end && !l.next_requested)
-        {
-            c.enqueue(cell, l);
-        }
-        Standing {
-            index,
-            remaining: cell.requests.saturating_sub(l.granted.max(l.used)) + l.tokens,
-            reset: Duration::from_nanos(end),
-        }
+    fn shared_limit(self: Arc<Self>, scope: &str, limit: &LimitConfig) -> SharedLimit {
+        self.limit(scope, limit)
     }
 }

@@ -58,7 +58,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                         conn = Some(x);
                         backoff = Duration::from_millis(100);
                         last_heartbeat = None;
-                        tracing::info!(redis = %super::redacted(&c.cfg.redis, "***"), "cluster: connected to Redis; sharing limits");
+                        tracing::info!(redis = %crate::redis_link::redacted(&c.cfg.redis, "***"), "cluster: connected to Redis; sharing limits");
                     }
                     Err(e) => {
                         c.metrics.errors.fetch_add(1, Ordering::Relaxed);
@@ -66,7 +66,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                             || backoff == Duration::from_millis(100)
                         {
                             tracing::warn!(
-                                redis = %super::redacted(&c.cfg.redis, "***"),
+                                redis = %crate::redis_link::redacted(&c.cfg.redis, "***"),
                                 policy = ?c.cfg.on_redis_down,
                                 "cluster: Redis unreachable ({e}); retrying with backoff"
                             );
@@ -106,7 +106,8 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
 }
 
 async fn connect(c: &Cluster) -> Result<(MultiplexedConnection, String), redis::RedisError> {
-    let mut conn = super::redis_connection(&c.cfg.redis, Duration::from_secs(1)).await?;
+    let mut conn =
+        crate::redis_link::redis_connection(&c.cfg.redis, Duration::from_secs(1)).await?;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(LEASE)

@@ -21,6 +21,8 @@
 
 pub mod light;
 pub mod persist;
+pub mod report;
+pub mod shared;
 pub mod table;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -133,7 +135,7 @@ pub struct LimitCell {
     pub(crate) window_ns: u64,
     pub(crate) state: Mutex<CellState>,
     /// Set when the limit is shared with other nodes.
-    pub(crate) shared: Option<Box<crate::cluster::SharedLimit>>,
+    pub(crate) shared: Option<Box<shared::SharedLimit>>,
     /// Who is counted and the limit itself: the key of the state file.
     pub(crate) key: Arc<str>,
     /// Where the cell goes once it has counts to write, when counters are kept on disk.
@@ -166,7 +168,7 @@ pub(crate) enum Counter {
     /// On this node alone: the sliding window.
     Local(Window),
     /// Across nodes: tokens leased from Redis per fixed window (see [`crate::cluster`]).
-    Shared(crate::cluster::Lease),
+    Shared(shared::Lease),
 }
 
 /// Where a limit stands after a check, for the RateLimit headers.
@@ -221,14 +223,14 @@ impl LimitCell {
         id: u64,
         requests: u64,
         window: Duration,
-        shared: crate::cluster::SharedLimit,
+        shared: shared::SharedLimit,
         key: Arc<str>,
     ) -> Self {
         LimitCell {
             id,
             requests,
             window_ns: nanos(window),
-            state: CellState::new(Counter::Shared(crate::cluster::Lease::default())),
+            state: CellState::new(Counter::Shared(shared::Lease::default())),
             shared: Some(Box::new(shared)),
             key,
             dirty: None,
@@ -279,7 +281,7 @@ impl LimitCell {
 
 enum Room {
     Local,
-    Shared(crate::cluster::Admit),
+    Shared(shared::Admit),
 }
 
 /// What the limits of one check say so far: the refusal to give (the limit that frees up

@@ -14,8 +14,8 @@
 
 use super::light::{self, Checked, Lights};
 use super::persist::Saved;
+use super::shared::SharedStore;
 use super::{Counter, DirtyQueue, LimitCell, Now, Refused, Standing, Window};
-use crate::cluster::Cluster;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -36,7 +36,7 @@ pub struct Live {
     shards: Box<[Shard]>,
     hasher: foldhash::fast::RandomState,
     next_id: AtomicU64,
-    cluster: Option<Arc<Cluster>>,
+    cluster: Option<Arc<dyn SharedStore>>,
     /// Counts read from the state file, applied when their cell is made.
     restored: Mutex<HashMap<Arc<str>, Saved>>,
     /// Whether `restored` may hold anything (so new cells skip its lock once it is empty).
@@ -102,7 +102,7 @@ fn cell_key(scope: Scope<'_>, limit: &LimitConfig) -> KeyBuf {
 
 impl Live {
     /// Cells shared through `cluster` when given; written to `dirty` when given.
-    pub fn new(cluster: Option<Arc<Cluster>>, dirty: Option<Arc<DirtyQueue>>) -> Live {
+    pub fn new(cluster: Option<Arc<dyn SharedStore>>, dirty: Option<Arc<DirtyQueue>>) -> Live {
         Live {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),
@@ -136,11 +136,6 @@ impl Live {
     pub(crate) fn restore(&self, saved: HashMap<Arc<str>, Saved>) {
         self.restoring.store(!saved.is_empty(), Ordering::Release);
         *self.restored.lock() = saved;
-    }
-
-    /// The link to the cluster, if limits are shared.
-    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
-        self.cluster.as_ref()
     }
 
     fn hash(&self, key: &[u8]) -> u64 {
@@ -195,7 +190,7 @@ impl Live {
         };
         // The scope is the key up to its first tab (names never hold one).
         let scope_name = key.split('\t').next().unwrap_or_default();
-        let shared = cluster.limit(scope_name, limit);
+        let shared = cluster.clone().shared_limit(scope_name, limit);
         LimitCell::new_shared(id, limit.requests, limit.window, shared, key)
     }
 

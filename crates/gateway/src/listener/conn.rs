@@ -4,9 +4,10 @@
 
 use super::h1_only::{said_once, H1Only};
 use super::h2::{Connection, Limits, PREFACE};
+use super::handler::Handler;
 use super::send_timeout::SendTimeout;
-use super::{ConnInfo, RequestBody};
-use crate::gateway::Gateway;
+use super::RequestBody;
+use crate::exchange::ConnInfo;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -142,16 +143,14 @@ where
 }
 
 /// The service every protocol serves: the gateway's request path.
-fn service(
-    gw: Arc<Gateway>,
+fn service<H: Handler>(
+    gw: Arc<H>,
     info: Arc<ConnInfo>,
 ) -> impl hyper::service::Service<
     http::Request<hyper::body::Incoming>,
-    Response = http::Response<crate::observe::access_log::Logged>,
+    Response = http::Response<H::Body>,
     Error = Infallible,
-    Future = impl Future<
-        Output = Result<http::Response<crate::observe::access_log::Logged>, Infallible>,
-    > + Send,
+    Future = impl Future<Output = Result<http::Response<H::Body>, Infallible>> + Send,
 > + Clone {
     service_fn(move |req| {
         let gw = gw.clone();
@@ -162,8 +161,8 @@ fn service(
 
 /// Serves HTTP/1.1 on a cleartext connection: the whole task is this one future, so an
 /// idle keep-alive connection holds hyper's state and little else. `done` runs at the end.
-pub fn serve_h1(
-    gw: Arc<Gateway>,
+pub fn serve_h1<H: Handler>(
+    gw: Arc<H>,
     stream: TcpStream,
     info: Arc<ConnInfo>,
     b: &Builders,
@@ -193,8 +192,8 @@ pub fn serve_h1(
 
 /// HTTP/2 with prior knowledge and HTTP/1.1 on one cleartext connection: the first bytes
 /// say which, and are then read again by the protocol's server.
-pub async fn serve_h2c(
-    gw: Arc<Gateway>,
+pub async fn serve_h2c<H: Handler>(
+    gw: Arc<H>,
     mut stream: TcpStream,
     info: Arc<ConnInfo>,
     b: &Builders,
@@ -369,8 +368,8 @@ pub enum TlsFailure {
 
 /// Serves a TLS connection: checks it is TLS at all, completes the handshake within the
 /// header timeout, then serves HTTP/2 or HTTP/1.1 as ALPN chose.
-pub async fn serve_tls(
-    gw: Arc<Gateway>,
+pub async fn serve_tls<H: Handler>(
+    gw: Arc<H>,
     stream: TcpStream,
     peer: SocketAddr,
     permit: tokio::sync::OwnedSemaphorePermit,
@@ -433,8 +432,8 @@ fn log_end<E: std::fmt::Display>(peer: http::HeaderValue) -> impl FnOnce(Result<
     }
 }
 
-async fn serve_stream<S>(
-    gw: Arc<Gateway>,
+async fn serve_stream<H: Handler, S>(
+    gw: Arc<H>,
     stream: S,
     info: Arc<ConnInfo>,
     b: &Builders,

@@ -6,18 +6,14 @@ pub mod body;
 pub mod conn;
 pub mod h1_only;
 pub mod h2;
+pub mod handler;
 pub mod send_timeout;
 pub mod tls;
 
 pub use body::RequestBody;
+pub use handler::Handler;
 
-/// A response extension: the answer took upstream work. On HTTP/2 only such answers bank
-/// a reset for the rapid-reset guard; a cheap refusal does not.
-#[derive(Debug, Clone, Copy)]
-pub struct Upstream;
-
-use crate::gateway::Gateway;
-use http::HeaderValue;
+use crate::exchange::ConnInfo;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,73 +23,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
 use tollgate_config::ListenerConfig;
-
-/// What the request path knows of the client connection, computed once per connection.
-#[derive(Debug)]
-pub struct ConnInfo {
-    /// The client's IP as a header value, for `X-Forwarded-For`.
-    pub peer_ip: HeaderValue,
-    /// The client is a proxy the listener trusts with `X-Forwarded-*`.
-    pub trusted: bool,
-    /// The listener's settings.
-    pub listener: Arc<ListenerConfig>,
-    /// Names of the client's verified certificate (SANs, then subject CNs), under mTLS.
-    pub client_names: Option<Box<[Box<str>]>>,
-    /// The connection's place under `max_connections`, given back when the last holder
-    /// (the connection, or the upgraded connection it became) is done.
-    pub permit: Option<OwnedSemaphorePermit>,
-    /// Places for the connection's streams that hold an upstream connection (HTTP/2's
-    /// `max_upstream_streams`): one client takes at most that share of an upstream.
-    upstream_share: Semaphore,
-}
-
-/// One of a connection's places for a stream holding an upstream connection; given back
-/// when dropped (with the answer's body).
-pub struct UpstreamShare(Arc<ConnInfo>);
-
-impl Drop for UpstreamShare {
-    fn drop(&mut self) {
-        self.0.upstream_share.add_permits(1);
-    }
-}
-
-impl std::fmt::Debug for UpstreamShare {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("UpstreamShare")
-    }
-}
-
-impl ConnInfo {
-    /// Connection info for a client at `peer` on `listener`.
-    pub fn new(peer: SocketAddr, listener: Arc<ListenerConfig>) -> Self {
-        let peer_ip = HeaderValue::from_str(&peer.ip().to_string())
-            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        let trusted = listener
-            .trusted_proxies
-            .iter()
-            .any(|n| n.contains(peer.ip()));
-        let share = listener.http2.max_upstream_streams as usize;
-        ConnInfo {
-            peer_ip,
-            trusted,
-            listener,
-            client_names: None,
-            permit: None,
-            upstream_share: Semaphore::new(share),
-        }
-    }
-
-    /// A place for one more stream holding an upstream connection, waiting for one at most
-    /// `wait`; `None` when none came free.
-    pub async fn upstream_share(self: &Arc<Self>, wait: Duration) -> Option<UpstreamShare> {
-        let permit = tokio::time::timeout(wait, self.upstream_share.acquire())
-            .await
-            .ok()?
-            .ok()?;
-        permit.forget();
-        Some(UpstreamShare(self.clone()))
-    }
-}
 
 /// Why the gateway could not start listening.
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +63,7 @@ pub struct Server {
 
 impl Server {
     /// Starts accepting on every bound listener.
-    pub fn start(gw: Arc<Gateway>, bound: Vec<(TcpListener, ListenerConfig)>) -> Server {
+    pub fn start<H: Handler>(gw: Arc<H>, bound: Vec<(TcpListener, ListenerConfig)>) -> Server {
         let (stop, _) = watch::channel(false);
         let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let notify = Arc::new(tokio::sync::Notify::new());
@@ -250,8 +179,8 @@ pub async fn accept_capped(
     (stream, peer, permit)
 }
 
-async fn accept_loop(
-    gw: Arc<Gateway>,
+async fn accept_loop<H: Handler>(
+    gw: Arc<H>,
     sock: TcpListener,
     cfg: Arc<ListenerConfig>,
     mut stop_accepting: watch::Receiver<bool>,
@@ -266,26 +195,24 @@ async fn accept_loop(
             _ = stop_accepting.changed() => return,
             conn = accept_capped(&sock, &cap, &mut errors) => conn,
         };
-        let metrics = gw.metrics().clone();
-        metrics.connections_total.inc();
-        metrics.connections_open.inc();
+        gw.opened();
         let (gw, cfg, b, stop) = (gw.clone(), cfg.clone(), builders.clone(), stop.clone());
         if cfg.tls.is_none() && !b.h2c() {
             // The common case: the task is the connection itself, nothing wrapped around it.
             let mut info = ConnInfo::new(peer, cfg);
             info.permit = Some(permit);
-            let done = move || {
-                metrics.connections_open.dec();
-            };
+            let closer = gw.clone();
+            let done = move || closer.closed();
             connections.spawn(conn::serve_h1(gw, stream, Arc::new(info), &b, stop, done));
             continue;
         }
+        let events = gw.clone();
         connections.spawn(async move {
             // Boxed: a task's future is as large as its largest branch.
             if cfg.tls.is_some() {
                 let served = conn::serve_tls(gw, stream, peer, permit, cfg, &b, stop);
                 if let Err(e) = Box::pin(served).await {
-                    metrics.tls_failures.inc();
+                    events.tls_failed();
                     tracing::debug!(%peer, "{e}");
                 }
             } else {
@@ -293,7 +220,7 @@ async fn accept_loop(
                 info.permit = Some(permit);
                 Box::pin(conn::serve_h2c(gw, stream, Arc::new(info), &b, stop)).await;
             }
-            metrics.connections_open.dec();
+            events.closed();
         });
     }
 }

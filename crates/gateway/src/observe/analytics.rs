@@ -456,7 +456,7 @@ impl RedisLink {
         if let Some(c) = guard.as_ref() {
             return Ok(c.clone());
         }
-        let c = crate::cluster::redis_connection(&self.url, Duration::from_secs(2)).await?;
+        let c = crate::redis_link::redis_connection(&self.url, Duration::from_secs(2)).await?;
         *guard = Some(c.clone());
         Ok(c)
     }

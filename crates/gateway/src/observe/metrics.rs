@@ -7,11 +7,9 @@
 //! comes from the config (route, upstream, limit and, only with `metrics.per_consumer`,
 //! consumer names) or a fixed list, so the number of series is bounded by the config.
 
-use crate::cache::Cache;
-use crate::cluster::Cluster;
+use super::scrape::Report;
+use crate::exchange::REASONS;
 use crate::observe::CLASSES;
-use crate::response::REASONS;
-use crate::upstream::Upstream;
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -21,7 +19,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 
 /// The content type of the exposition text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -182,22 +180,12 @@ pub struct Metrics {
     routes: Mutex<HashMap<String, Arc<RouteStats>>>,
     upstreams: Mutex<HashMap<String, UpstreamStats>>,
     unrouted: Arc<RouteStats>,
-    live: Arc<Live>,
+    reports: Arc<Mutex<Vec<Arc<dyn Report>>>>,
 }
 
 /// Responses by status code.
 #[derive(Debug)]
 pub(super) struct Codes(pub(super) Vec<AtomicU64>);
-
-/// Parts whose figures are read at scrape time.
-#[derive(Debug, Default)]
-pub(super) struct Live {
-    pub(super) cache: OnceLock<Arc<Cache>>,
-    pub(super) cluster: OnceLock<Arc<Cluster>>,
-    pub(super) state: OnceLock<Arc<crate::limiter::persist::StateStats>>,
-    pub(super) limit_cells: OnceLock<Weak<crate::limiter::table::Live>>,
-    pub(super) upstreams: Mutex<Vec<Weak<Upstream>>>,
-}
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -210,10 +198,10 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("tollgate");
         let codes = Arc::new(Codes((0..600).map(|_| AtomicU64::new(0)).collect()));
-        let live = Arc::new(Live::default());
+        let reports = Arc::new(Mutex::new(Vec::new()));
         registry.register_collector(Box::new(super::scrape::Scraped {
             codes: codes.clone(),
-            live: live.clone(),
+            reports: reports.clone(),
         }));
         // Help texts end without a period: the encoder adds one.
         let requests = Family::<RequestLabels, Counter>::default();
@@ -386,35 +374,14 @@ impl Metrics {
             routes: Mutex::new(HashMap::new()),
             upstreams: Mutex::new(HashMap::new()),
             unrouted,
-            live,
+            reports,
         }
     }
 
-    /// Reads the cache's figures when scraped.
-    pub fn watch_cache(&self, cache: Arc<Cache>) {
-        let _ = self.live.cache.set(cache);
-    }
-
-    /// Reads the cluster link's figures when scraped.
-    pub fn watch_cluster(&self, cluster: Arc<Cluster>) {
-        let _ = self.live.cluster.set(cluster);
-    }
-
-    /// Reads the state file's figures when scraped.
-    pub fn watch_state(&self, stats: Arc<crate::limiter::persist::StateStats>) {
-        let _ = self.live.state.set(stats);
-    }
-
-    /// Reads the number of limit cells in use when scraped.
-    pub fn watch_limit_cells(&self, live: &Arc<crate::limiter::table::Live>) {
-        let _ = self.live.limit_cells.set(Arc::downgrade(live));
-    }
-
-    /// Reads an upstream's pool sizes when scraped, while it is in use.
-    pub fn watch_upstream(&self, up: &Arc<Upstream>) {
-        let mut ups = self.live.upstreams.lock();
-        ups.retain(|w| w.strong_count() > 0);
-        ups.push(Arc::downgrade(up));
+    /// Reads `part`'s own figures whenever `/metrics` is scraped (the cache, upstream
+    /// pools, the cluster link, the limiter register theirs).
+    pub fn report(&self, part: Arc<dyn Report>) {
+        self.reports.lock().push(part);
     }
 
     /// Counts a response by status code.
@@ -484,7 +451,7 @@ impl Metrics {
             .clone()
     }
 
-    /// Counts a refusal by reason ([`crate::response::Refusal::reason_index`]).
+    /// Counts a refusal by reason ([`crate::exchange::Refusal::reason_index`]).
     pub fn refusal(&self, reason: usize) {
         if let Some(c) = self.refusals.get(reason) {
             c.inc();

@@ -1,6 +1,6 @@
 //! Authorization: the route's `allow` list (consumers and plans) decides who may call it.
 
-use crate::response::Refusal;
+use crate::exchange::Refusal;
 use crate::snapshot::{Route, Snapshot};
 
 /// Refuses with 403 a consumer the route does not allow.

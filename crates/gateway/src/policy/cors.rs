@@ -1,7 +1,8 @@
 //! CORS: preflights (OPTIONS with `Origin` and `Access-Control-Request-Method`) are
 //! answered here and never forwarded; responses to allowed origins get the CORS headers.
 
-use crate::response::{full, Body, Refusal};
+use crate::exchange::Refusal;
+use crate::response::{full, Body};
 use crate::snapshot::Route;
 use bytes::Bytes;
 use http::header::{

@@ -3,8 +3,9 @@
 //! shared limit cannot be checked and the cluster fails closed.
 
 use crate::clock::Clock;
+use crate::exchange::Refusal;
 use crate::limiter::{Now, Refused, Standing};
-use crate::response::{secs_up, Refusal, RATELIMIT, RATELIMIT_POLICY};
+use crate::response::{secs_up, RATELIMIT, RATELIMIT_POLICY};
 use crate::snapshot::{Route, Snapshot};
 use http::{HeaderMap, HeaderValue};
 use std::time::Duration;

@@ -17,8 +17,9 @@ pub mod limits;
 pub mod method;
 
 use crate::clock::Clock;
+use crate::exchange::Refusal;
 use crate::limiter::Standing;
-use crate::response::{Body, Refusal};
+use crate::response::Body;
 use crate::snapshot::{Route, Snapshot};
 use http::request::Parts;
 use http::{HeaderValue, Response};

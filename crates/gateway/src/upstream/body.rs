@@ -7,9 +7,9 @@
 //! and a whole body can be sent again. Larger bodies, and every body on routes with
 //! `request_buffering: false`, stream as they arrive, after what was read first.
 
+use crate::exchange::Refusal;
 use crate::listener::body::Held;
 use crate::listener::RequestBody;
-use crate::response::Refusal;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;

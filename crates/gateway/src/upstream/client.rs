@@ -121,9 +121,9 @@ pub(super) async fn forward(
     mut headers: http::HeaderMap,
     body: Option<crate::listener::RequestBody>,
     hop: &super::Hop<'_>,
-) -> Result<http::Response<super::PooledBody>, crate::response::Refusal> {
+) -> Result<http::Response<super::PooledBody>, crate::exchange::Refusal> {
     use super::body::{receive, Received};
-    use crate::response::Refusal;
+    use crate::exchange::Refusal;
     use http::header;
     use hyper::body::Body as _;
 

@@ -19,6 +19,7 @@ pub use headers::{forwarding_header, sent, Sent};
 pub mod health;
 mod idle;
 mod pool;
+pub mod report;
 mod upgrade;
 mod with_body;
 
@@ -27,9 +28,9 @@ pub use dial::ConnectError;
 pub use pool::{BodyError, Collector, PooledBody};
 pub use upgrade::{upgrade, UpgradeAsk};
 
+use crate::exchange::Refusal;
 use crate::listener::RequestBody;
 use crate::observe::metrics::UpstreamStats;
-use crate::response::Refusal;
 use cap::{Cap, Slot};
 use http::header::{self, HeaderValue};
 use http::request::Parts;

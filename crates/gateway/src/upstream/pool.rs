@@ -111,7 +111,7 @@ pub struct PooledBody {
     stall: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The client connection's place for a stream holding an upstream connection, given
     /// back with the body.
-    share: Option<crate::listener::UpstreamShare>,
+    share: Option<crate::exchange::UpstreamShare>,
 }
 
 enum Inner {
@@ -241,7 +241,7 @@ impl PooledBody {
     }
 
     /// Holds the client connection's `share` until the body is done with.
-    pub fn holding(mut self, share: Option<crate::listener::UpstreamShare>) -> Self {
+    pub fn holding(mut self, share: Option<crate::exchange::UpstreamShare>) -> Self {
         self.share = share;
         self
     }

@@ -5,8 +5,8 @@
 
 use super::body::UpBody;
 use super::{for_hop, headers, Hop, PooledBody, Upstream};
+use crate::exchange::Refusal;
 use crate::observe::metrics::Metrics;
-use crate::response::Refusal;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -28,7 +28,7 @@ pub struct UpgradeAsk {
     pub metrics: Arc<Metrics>,
     /// Kept while the connections are joined: it holds the client connection's place under
     /// the listener's `max_connections`.
-    pub hold: Arc<crate::listener::ConnInfo>,
+    pub hold: Arc<crate::exchange::ConnInfo>,
 }
 
 /// Sends an upgrade request to a target. A 101 answer is passed to the client and the two

@@ -4,8 +4,8 @@
 
 use super::body::{self, BodyWatch, Received};
 use super::{headers, is_idempotent, log_failure, Hop, PooledBody, Tries, UpBody, Upstream};
+use crate::exchange::Refusal;
 use crate::listener::RequestBody;
-use crate::response::Refusal;
 use bytes::Bytes;
 use http::header;
 use http::uri::PathAndQuery;

@@ -86,7 +86,7 @@ where
         let (parts, body) = resp.into_parts();
         st.upstream = parts
             .extensions
-            .get::<crate::listener::Upstream>()
+            .get::<crate::exchange::UpstreamWork>()
             .is_some();
         let end = st.head || body.is_end_stream();
         let mut block = std::mem::take(&mut self.scratch);

@@ -1,0 +1,8 @@
+//! The ground floor: what the request path's layers exchange — the client connection's
+//! facts and the reasons the gateway answers itself. It imports nothing of the runtime.
+
+pub mod conn;
+pub mod refusal;
+
+pub use conn::{ConnInfo, UpstreamShare, UpstreamWork};
+pub use refusal::{Refusal, REASONS};

@@ -1,0 +1,39 @@
+//! What a listener serves: a [`Handler`] answers each request; the listener knows nothing of
+//! what stands behind it (the gateway, or a test's own handler).
+
+use super::body::RequestBody;
+use crate::exchange::ConnInfo;
+use bytes::Bytes;
+use http::{Request, Response};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// The error a handler's answer body may end with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The request path as the listeners see it: one call per request, and a few events of the
+/// connection for the handler's own counts.
+pub trait Handler: Send + Sync + 'static {
+    /// The answer's body.
+    type Body: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static;
+
+    /// Answers one request that arrived on `conn`.
+    fn serve(
+        &self,
+        req: Request<RequestBody>,
+        conn: &Arc<ConnInfo>,
+    ) -> impl Future<Output = Response<Self::Body>> + Send;
+
+    /// The TLS config the listener at `address` serves now (certificates renew on reload).
+    fn tls_for(&self, address: SocketAddr) -> Option<Arc<rustls::ServerConfig>>;
+
+    /// A connection was accepted.
+    fn opened(&self) {}
+
+    /// A connection ended.
+    fn closed(&self) {}
+
+    /// A TLS handshake failed.
+    fn tls_failed(&self) {}
+}
