@@ -242,9 +242,9 @@ impl Gateway {
             (None, _) => None,
         };
         let live = Arc::new(Live::new(
-            cluster
-                .clone()
-                .map(|c| c as Arc<dyn crate::limiter::shared::SharedStore>),
+            cluster.clone().map(|c| {
+                c as Arc<dyn crate::limiter::shared::SharedStore<crate::limiter::LimitCell>>
+            }),
             state.as_ref().map(|(s, _)| s.queue.clone()),
         ));
         metrics.report(Arc::new(crate::limiter::report::CellCount(Arc::downgrade(

@@ -44,7 +44,9 @@ impl Registry {
 
     /// A registry counting into `metrics`.
     pub fn with_metrics(cluster: Option<Arc<Cluster>>, metrics: Arc<Metrics>) -> Self {
-        let store = cluster.clone().map(|c| c as Arc<dyn SharedStore>);
+        let store = cluster
+            .clone()
+            .map(|c| c as Arc<dyn SharedStore<crate::limiter::LimitCell>>);
         Registry::with_live(Arc::new(Live::new(store, None)), cluster, metrics)
     }
 

@@ -1,6 +1,6 @@
 //! The admin endpoints' answers, each a small JSON document.
 
-use super::{error, json, Answer};
+use super::answer::{error, json, Answer};
 use crate::cache::Purge;
 use crate::gateway::Gateway;
 use crate::observe::analytics::{Query, Step, MAX_BUCKETS};

@@ -7,14 +7,15 @@
 //! missing token gets 401 with no detail. The listener has its own connection cap, head
 //! timeout and idle limit, so it never takes connections from the proxy listeners.
 
+mod answer;
 mod api;
+
+use answer::{answer, error, json, Answer, JSON};
 
 use crate::gateway::Gateway;
 use crate::listener::{accept_capped, AcceptErrors};
-use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http::header::HeaderValue;
+use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -27,35 +28,6 @@ use tollgate_config::AdminConfig;
 
 /// The dashboard: one self-contained page, no external scripts or fonts.
 const DASHBOARD: &str = include_str!("dashboard.html");
-
-const JSON: &str = "application/json";
-
-type Answer = Response<Full<Bytes>>;
-
-fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = status;
-    r.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    r.headers_mut().insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-store"),
-    );
-    r
-}
-
-/// A JSON answer.
-fn json(status: StatusCode, v: &serde_json::Value) -> Answer {
-    answer(status, JSON, v.to_string())
-}
-
-/// A JSON error: `{"status": N, "error": why}`.
-fn error(status: StatusCode, why: &str) -> Answer {
-    json(
-        status,
-        &serde_json::json!({"status": status.as_u16(), "error": why}),
-    )
-}
 
 /// Compares in time that does not depend on where the first difference is.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {

@@ -2,12 +2,14 @@
 //! a byte range (206, 416).
 
 use super::store::Entry;
-use super::CACHE_STATUS;
 use crate::response::{full, Body};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode};
+
+/// `Cache-Status` (RFC 9211).
+pub const CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache-status");
 
 pub(super) fn etag_matches(inm: &str, etag: &str) -> bool {
     let weak = |t: &str| t.trim().trim_start_matches("W/").to_string();

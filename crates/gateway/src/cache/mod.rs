@@ -18,6 +18,7 @@
 pub(crate) mod answer;
 pub mod control;
 mod key;
+pub use answer::CACHE_STATUS;
 mod report;
 pub mod store;
 
@@ -28,7 +29,7 @@ pub use key::{Ask, Key};
 use crate::exchange::Refusal;
 use crate::response::Body;
 use crate::upstream::{Collector, PooledBody};
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap};
 use http::request::Parts;
 use http::{Method, Response, StatusCode};
 use parking_lot::Mutex;
@@ -39,9 +40,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use store::{Born, Entry, Store};
 use tokio::sync::watch;
-
-/// `Cache-Status` (RFC 9211).
-pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 /// The cache: the store and the requests on their way upstream for a key.
 pub struct Cache {

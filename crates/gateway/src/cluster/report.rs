@@ -1,7 +1,7 @@
 //! The cluster link's figures for `/metrics`: whether Redis answers, the nodes, the
 //! sync rounds and what was granted or admitted on credit.
 
-use super::Cluster;
+use super::link::Cluster;
 use crate::observe::scrape::{counter, gauge, DescriptorEncoder, Report};
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -1,6 +1,6 @@
 //! The background task that settles a node's shared limits with Redis.
 
-use super::Cluster;
+use super::link::Cluster;
 use crate::clock::Clock;
 use crate::limiter::{Counter, LimitCell};
 use redis::aio::MultiplexedConnection;

@@ -23,6 +23,9 @@ pub mod light;
 pub mod persist;
 pub mod report;
 pub mod shared;
+mod verdict;
+
+pub use verdict::{Refused, Standing};
 pub mod table;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -135,7 +138,7 @@ pub struct LimitCell {
     pub(crate) window_ns: u64,
     pub(crate) state: Mutex<CellState>,
     /// Set when the limit is shared with other nodes.
-    pub(crate) shared: Option<Box<shared::SharedLimit>>,
+    pub(crate) shared: Option<Box<shared::SharedLimit<LimitCell>>>,
     /// Who is counted and the limit itself: the key of the state file.
     pub(crate) key: Arc<str>,
     /// Where the cell goes once it has counts to write, when counters are kept on disk.
@@ -171,29 +174,6 @@ pub(crate) enum Counter {
     Shared(shared::Lease),
 }
 
-/// Where a limit stands after a check, for the RateLimit headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Standing {
-    /// Index of the limit among those checked.
-    pub index: usize,
-    /// Requests left now.
-    pub remaining: u64,
-    /// Time until more requests are allowed (for a refusal, until this one would pass).
-    pub reset: Duration,
-}
-
-/// Why a check refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
-    /// A limit is used up.
-    Limit(Standing),
-    /// A shared limit cannot be checked (Redis unreachable, `on_redis_down: closed`).
-    StoreDown,
-    /// A cell was retired while the request held it: nothing was counted; look the
-    /// consumer's counters up again.
-    Retired,
-}
-
 /// Time of a check: the monotonic clock (local limits) and the wall clock (shared limits).
 #[derive(Debug, Clone, Copy)]
 pub struct Now {
@@ -218,12 +198,20 @@ impl LimitCell {
         }
     }
 
+    /// N per window, as shared counting needs it.
+    fn shape(&self) -> shared::Limit {
+        shared::Limit {
+            requests: self.requests,
+            window_ns: self.window_ns,
+        }
+    }
+
     /// Counters for a limit shared with other nodes through `shared`.
     pub(crate) fn new_shared(
         id: u64,
         requests: u64,
         window: Duration,
-        shared: shared::SharedLimit,
+        shared: shared::SharedLimit<LimitCell>,
         key: Arc<str>,
     ) -> Self {
         LimitCell {
@@ -362,7 +350,7 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
                 Room::Local
             }
             Counter::Shared(l) => match cell.shared.as_ref() {
-                Some(shared) => match shared.room(cell, l, now.wall) {
+                Some(shared) => match shared.room(cell, cell.shape(), l, now.wall) {
                     Ok(admit) => Room::Shared(admit),
                     Err(r) => {
                         tally.shared(index, r);
@@ -397,7 +385,7 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
                 }
             }
             (Counter::Shared(l), Room::Shared(admit)) => match cell.shared.as_ref() {
-                Some(shared) => shared.commit(cell, l, *admit, index, now.wall),
+                Some(shared) => shared.commit(cell, cell.shape(), l, *admit, index, now.wall),
                 None => continue,
             },
             (Counter::Shared(_), Room::Local) => continue,

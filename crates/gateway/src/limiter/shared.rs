@@ -2,13 +2,22 @@
 //! it leased beforehand ([`Lease`]), on credit, or within its last share while the store is
 //! down. What the shared store must do is [`SharedStore`]; the cluster link implements it.
 
-use super::{LimitCell, Refused, Standing};
+use super::verdict::{Refused, Standing};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate_config::LimitConfig;
 
+/// A limit as the shared counting needs it: N requests per window.
+#[derive(Debug, Clone, Copy)]
+pub struct Limit {
+    /// N.
+    pub requests: u64,
+    /// The window, in nanoseconds.
+    pub window_ns: u64,
+}
+
 /// What a store that shares limits among nodes must do for the request path.
-pub trait SharedStore: Send + Sync + std::fmt::Debug {
+pub trait SharedStore<C>: Send + Sync + std::fmt::Debug {
     /// Whether the last exchange with the store succeeded.
     fn is_up(&self) -> bool;
     /// Live nodes sharing the limits (at least 1).
@@ -18,17 +27,17 @@ pub trait SharedStore: Send + Sync + std::fmt::Debug {
     /// How long before a window's end a busy limit leases for the next window.
     fn lead_ns(&self) -> u64;
     /// Queues `cell` for the next round with the store.
-    fn enqueue(&self, cell: &Arc<LimitCell>);
+    fn enqueue(&self, cell: &Arc<C>);
     /// Counts a request admitted while the store was down.
     fn admitted_fail_open(&self);
     /// The counting handle for one limit of one scope (consumer, or route+consumer).
-    fn shared_limit(self: Arc<Self>, scope: &str, limit: &LimitConfig) -> SharedLimit;
+    fn shared_limit(self: Arc<Self>, scope: &str, limit: &LimitConfig) -> SharedLimit<C>;
 }
 
 /// How one shared limit is keyed and how much credit it allows.
 #[derive(Debug)]
-pub struct SharedLimit {
-    store: Arc<dyn SharedStore>,
+pub struct SharedLimit<C> {
+    store: Arc<dyn SharedStore<C>>,
     /// Redis key without the window index.
     key: String,
     /// N × max_overadmission, split among the nodes at check time.
@@ -106,10 +115,10 @@ pub enum Admit {
     FailOpen,
 }
 
-impl SharedLimit {
+impl<C> SharedLimit<C> {
     /// A handle counting one limit in `store` under `key` (without the window index),
     /// allowing `credit_base` (N × max_overadmission) of credit among the nodes.
-    pub fn new(store: Arc<dyn SharedStore>, key: String, credit_base: f64) -> Self {
+    pub fn new(store: Arc<dyn SharedStore<C>>, key: String, credit_base: f64) -> Self {
         SharedLimit {
             store,
             key,
@@ -122,25 +131,27 @@ impl SharedLimit {
         format!("{}:{window}", self.key)
     }
 
-    fn window_end_ns(cell: &LimitCell, window: u64, wall: u64) -> u64 {
-        (window + 1)
-            .saturating_mul(cell.window_ns)
-            .saturating_sub(wall)
+    fn window_end_ns(window_ns: u64, window: u64, wall: u64) -> u64 {
+        (window + 1).saturating_mul(window_ns).saturating_sub(wall)
     }
 
     /// Decides whether a request fits, without counting it. Never waits on Redis.
     pub(crate) fn room(
         &self,
-        cell: &Arc<LimitCell>,
+        cell: &Arc<C>,
+        Limit {
+            requests,
+            window_ns,
+        }: Limit,
         l: &mut Lease,
         wall: u64,
     ) -> Result<Admit, Refused> {
         let c = &self.store;
-        let window = wall / cell.window_ns.max(1);
+        let window = wall / window_ns.max(1);
         l.roll(window);
         l.demand += 1;
         let refuse = |l: &Lease, soon: bool| {
-            let end = Self::window_end_ns(cell, l.window, wall);
+            let end = Self::window_end_ns(window_ns, l.window, wall);
             // Still waiting for a lease: retry soon; used up: at the window's end.
             let reset = if soon { end.min(1_000_000_000) } else { end };
             Refused::Limit(Standing {
@@ -153,7 +164,7 @@ impl SharedLimit {
             return Ok(Admit::Token);
         }
         if c.is_up() {
-            let exhausted = l.exhausted(cell.requests);
+            let exhausted = l.exhausted(requests);
             let credit = if exhausted {
                 0
             } else {
@@ -173,7 +184,7 @@ impl SharedLimit {
                 let share = if l.last_used > 0 {
                     l.last_used
                 } else {
-                    cell.requests.div_ceil(c.nodes())
+                    requests.div_ceil(c.nodes())
                 };
                 if l.used < share {
                     Ok(Admit::FailOpen)
@@ -187,7 +198,11 @@ impl SharedLimit {
     /// Counts an admitted request and returns where the limit stands.
     pub(crate) fn commit(
         &self,
-        cell: &Arc<LimitCell>,
+        cell: &Arc<C>,
+        Limit {
+            requests,
+            window_ns,
+        }: Limit,
         l: &mut Lease,
         admit: Admit,
         index: usize,
@@ -203,24 +218,24 @@ impl SharedLimit {
             }
         }
         l.used += 1;
-        let end = Self::window_end_ns(cell, l.window, wall);
+        let end = Self::window_end_ns(window_ns, l.window, wall);
         let near_end = end < c.lead_ns();
         if l.debt > 0
-            || (!l.exhausted(cell.requests) && l.tokens <= l.refill_at)
+            || (!l.exhausted(requests) && l.tokens <= l.refill_at)
             || (near_end && !l.next_requested)
         {
             queue(c.as_ref(), cell, l);
         }
         Standing {
             index,
-            remaining: cell.requests.saturating_sub(l.granted.max(l.used)) + l.tokens,
+            remaining: requests.saturating_sub(l.granted.max(l.used)) + l.tokens,
             reset: Duration::from_nanos(end),
         }
     }
 }
 
 /// Queues `cell` for the store's next round, once until that round takes it.
-fn queue(store: &dyn SharedStore, cell: &Arc<LimitCell>, l: &mut Lease) {
+fn queue<C>(store: &dyn SharedStore<C>, cell: &Arc<C>, l: &mut Lease) {
     if !l.queued {
         l.queued = true;
         store.enqueue(cell);

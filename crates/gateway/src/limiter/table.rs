@@ -36,7 +36,7 @@ pub struct Live {
     shards: Box<[Shard]>,
     hasher: foldhash::fast::RandomState,
     next_id: AtomicU64,
-    cluster: Option<Arc<dyn SharedStore>>,
+    cluster: Option<Arc<dyn SharedStore<LimitCell>>>,
     /// Counts read from the state file, applied when their cell is made.
     restored: Mutex<HashMap<Arc<str>, Saved>>,
     /// Whether `restored` may hold anything (so new cells skip its lock once it is empty).
@@ -102,7 +102,10 @@ fn cell_key(scope: Scope<'_>, limit: &LimitConfig) -> KeyBuf {
 
 impl Live {
     /// Cells shared through `cluster` when given; written to `dirty` when given.
-    pub fn new(cluster: Option<Arc<dyn SharedStore>>, dirty: Option<Arc<DirtyQueue>>) -> Live {
+    pub fn new(
+        cluster: Option<Arc<dyn SharedStore<LimitCell>>>,
+        dirty: Option<Arc<DirtyQueue>>,
+    ) -> Live {
         Live {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),

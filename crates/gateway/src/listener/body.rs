@@ -1,7 +1,8 @@
 //! The body of a client's request, whichever protocol brought it: hyper's for HTTP/1.1,
 //! the HTTP/2 server's own ([`super::h2::RecvBody`]) for HTTP/2.
 
-use super::h2::RecvBody;
+pub use super::body_error::RequestBodyError;
+use super::h2::body::{HeldBytes, RecvBody};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
@@ -17,23 +18,12 @@ pub enum RequestBody {
     Empty,
 }
 
-/// Why a request body broke off.
-#[derive(Debug, thiserror::Error)]
-pub enum RequestBodyError {
-    /// The HTTP/1.1 connection failed or framed the body wrongly.
-    #[error("{0}")]
-    Http1(#[from] hyper::Error),
-    /// The HTTP/2 stream was reset or its connection ended first.
-    #[error("HTTP/2 stream ended before its body: {0}")]
-    Http2(&'static str),
-}
-
 /// Request-body bytes read ahead and still held, counted against their HTTP/2
 /// connection's `max_request_buffer` until this is dropped.
 #[derive(Default)]
 pub struct Held {
     /// Given back on drop.
-    _bytes: Option<super::h2::HeldBytes>,
+    _bytes: Option<HeldBytes>,
 }
 
 impl RequestBody {

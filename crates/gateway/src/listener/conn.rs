@@ -2,11 +2,11 @@
 //! knowledge on `h2c` listeners, TLS handshakes bounded by the header timeout, and a
 //! graceful close when the server shuts down.
 
+use super::body::RequestBody;
 use super::h1_only::{said_once, H1Only};
 use super::h2::{Connection, Limits, PREFACE};
 use super::handler::Handler;
 use super::send_timeout::SendTimeout;
-use super::RequestBody;
 use crate::exchange::ConnInfo;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;

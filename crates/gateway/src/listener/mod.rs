@@ -3,6 +3,7 @@
 //! requests on shutdown.
 
 pub mod body;
+pub mod body_error;
 pub mod conn;
 pub mod h1_only;
 pub mod h2;

@@ -7,7 +7,7 @@
 //! comes from the config (route, upstream, limit and, only with `metrics.per_consumer`,
 //! consumer names) or a fixed list, so the number of series is bounded by the config.
 
-use super::scrape::Report;
+use super::scrape::{Codes, Report};
 use crate::exchange::REASONS;
 use crate::observe::CLASSES;
 use parking_lot::Mutex;
@@ -182,10 +182,6 @@ pub struct Metrics {
     unrouted: Arc<RouteStats>,
     reports: Arc<Mutex<Vec<Arc<dyn Report>>>>,
 }
-
-/// Responses by status code.
-#[derive(Debug)]
-pub(super) struct Codes(pub(super) Vec<AtomicU64>);
 
 impl Default for Metrics {
     fn default() -> Self {

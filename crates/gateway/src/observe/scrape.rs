@@ -3,7 +3,6 @@
 //! limit cells), each through the [`Report`] it registered: observability imports none
 //! of them.
 
-use super::metrics::Codes;
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
 pub use prometheus_client::encoding::DescriptorEncoder;
@@ -11,8 +10,13 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// Responses by status code.
+#[derive(Debug)]
+pub(super) struct Codes(pub(super) Vec<AtomicU64>);
 
 /// A part of the gateway that keeps figures of its own, read when `/metrics` is scraped.
 pub trait Report: Send + Sync + std::fmt::Debug {

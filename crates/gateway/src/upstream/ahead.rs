@@ -10,7 +10,6 @@
 //! the answer is known not to be stored (larger than that, or broken), the task reads on
 //! only as fast as the client takes it, and stops when the client is gone.
 
-use super::pool::{BodyError, PooledBody};
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
@@ -76,8 +75,19 @@ enum Next {
     Stop,
 }
 
+/// What a fill needs of the upstream body it reads ahead: whether a copy of it is still
+/// being collected, and a way to give that copy up.
+pub(super) trait Fill:
+    Body<Data = Bytes, Error: std::fmt::Display> + Unpin + Send + 'static
+{
+    /// Whether a copy of the body is being collected for the cache.
+    fn is_collecting(&self) -> bool;
+    /// Stops collecting the copy: the requests waiting for it go upstream on their own.
+    fn give_up_collecting(&mut self);
+}
+
 /// Starts reading `body` ahead (in a task of its own) and returns the client's side.
-pub(super) fn spawn(mut body: PooledBody) -> AheadBody {
+pub(super) fn spawn<B: Fill>(mut body: B) -> AheadBody {
     let remaining = body.size_hint().exact();
     let queue = Arc::new(Mutex::new(Queue::default()));
     let q = queue.clone();
@@ -179,7 +189,7 @@ impl AheadBody {
     pub fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, String>>> {
         if self.done {
             return Poll::Ready(None);
         }
@@ -208,7 +218,7 @@ impl AheadBody {
             }
             Some(Err(e)) => {
                 self.done = true;
-                Poll::Ready(Some(Err(e.into())))
+                Poll::Ready(Some(Err(e)))
             }
             None => {
                 q.reader = Some(cx.waker().clone());

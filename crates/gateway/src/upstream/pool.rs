@@ -280,7 +280,7 @@ impl PooledBody {
             Inner::Raw(body) => body
                 .poll_data(cx)
                 .map(|o| o.map(|r| r.map(Frame::data).map_err(BodyError::from))),
-            Inner::Ahead(body) => body.poll_frame(cx),
+            Inner::Ahead(body) => body.poll_frame(cx).map_err(BodyError::from),
             Inner::Hyper { body, lease } => {
                 let polled = Pin::new(&mut *body).poll_frame(cx);
                 let end = body.is_end_stream();
@@ -390,5 +390,15 @@ impl Drop for PooledBody {
                 self.release();
             }
         }
+    }
+}
+
+impl super::ahead::Fill for PooledBody {
+    fn is_collecting(&self) -> bool {
+        PooledBody::is_collecting(self)
+    }
+
+    fn give_up_collecting(&mut self) {
+        PooledBody::give_up_collecting(self)
     }
 }

@@ -1,7 +1,7 @@
 //! A request body arriving on an HTTP/2 stream. The connection pushes DATA into it; the
 //! gateway reads it; what has been read is credited back to the client as window.
 
-use super::super::body::RequestBodyError;
+use crate::listener::body_error::RequestBodyError;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};

@@ -11,7 +11,7 @@
 //! read (nothing more is read while 64 KiB wait to be written), and more than 64 streams
 //! refused or malformed all end in GOAWAY.
 
-mod body;
+pub mod body;
 mod conn;
 mod exec;
 mod frame;
