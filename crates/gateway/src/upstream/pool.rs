@@ -3,11 +3,11 @@
 //! most recently used connection first (warm), and a connection goes back to the pool when
 //! its response body has been read to the end.
 
+use super::body::UpBody;
 use super::cap::Cap;
 use super::dial::{ConnectError, Dialer};
 use super::h1::H1Body;
 use super::idle::{spawn_reaper, IdleList};
-use super::UpBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;

@@ -1,7 +1,7 @@
 //! The upstreams' pool figures for `/metrics`: connections open and idle, and whether each
 //! target is in rotation, for every upstream some snapshot still uses.
 
-use super::Upstream;
+use super::target::Upstream;
 use crate::observe::scrape::{DescriptorEncoder, Report};
 use parking_lot::Mutex;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric};

@@ -4,7 +4,9 @@
 //! upstream's `read_timeout`.
 
 use super::body::UpBody;
-use super::{for_hop, headers, Hop, PooledBody, Upstream};
+use super::headers;
+use super::pool::PooledBody;
+use super::target::{for_hop, log_failure, Hop, Upstream};
 use crate::exchange::Refusal;
 use crate::observe::metrics::Metrics;
 use http::header::{self, HeaderValue};
@@ -61,7 +63,7 @@ pub async fn upgrade(
     let mut resp = match tokio::time::timeout(up.cfg.response_timeout, client.send(req)).await {
         Err(_) => {
             up.outcome(target, false);
-            super::log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
+            log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
             return Err(Refusal::UpstreamTimeout);
         }
         Ok(Err(e)) => {
@@ -70,7 +72,7 @@ pub async fn upgrade(
                 up.stats.connect_errors.inc();
             }
             let refusal = Refusal::Upstream("upgrade request failed");
-            super::log_failure(up, hop.route, target, &refusal);
+            log_failure(up, hop.route, target, &refusal);
             tracing::debug!(upstream = %up.cfg.name, error = %e, "upgrade failed");
             return Err(refusal);
         }
@@ -92,7 +94,7 @@ pub async fn upgrade(
         Some(p) if same_protocol(p, &ask.protocol) => p.clone(),
         _ => {
             let refusal = Refusal::Upstream("upstream switched to a protocol not asked for");
-            super::log_failure(up, hop.route, target, &refusal);
+            log_failure(up, hop.route, target, &refusal);
             return Err(refusal);
         }
     };

@@ -2,8 +2,11 @@
 //! client: the body read whole up to 64 KiB (replayable) or streamed and watched for the
 //! client's faults, and replayed only when that is safe (see the module above).
 
+use super::body::UpBody;
 use super::body::{self, BodyWatch, Received};
-use super::{headers, is_idempotent, log_failure, Hop, PooledBody, Tries, UpBody, Upstream};
+use super::headers;
+use super::pool::PooledBody;
+use super::target::{is_idempotent, log_failure, unasked_switch, Hop, Tries, Upstream};
 use crate::exchange::Refusal;
 use crate::listener::RequestBody;
 use bytes::Bytes;
@@ -146,7 +149,7 @@ pub(super) async fn forward_hyper(
             }
             Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 // Its connection is not reused: it was handed over to another protocol.
-                return Err(super::unasked_switch(up, hop.route, target));
+                return Err(unasked_switch(up, hop.route, target));
             }
             Ok(Ok(mut resp)) => {
                 up.outcome(target, !resp.status().is_server_error());

@@ -1,0 +1,111 @@
+//! The upstream client for what the lean HTTP/1.1 client does not speak: `https://`
+//! targets (certificates verified against the system's roots or `ca_file`, SNI from the
+//! host), HTTP/2 (`protocol: h2`: ALPN over TLS, prior knowledge in cleartext, trailers
+//! kept for gRPC), and upgraded connections (WebSocket). hyper-util's pooled client over
+//! hyper-rustls's connector.
+
+use super::body::UpBody;
+use super::dial::ConnectError;
+use http::uri::{Authority, Scheme};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::crypto::ring::default_provider;
+use std::sync::{Arc, OnceLock};
+use tollgate_config::{UpstreamConfig, UpstreamProtocol};
+
+/// A pooled client for one upstream's targets.
+#[derive(Clone, Debug)]
+pub struct AltClient {
+    client: Client<HttpsConnector<HttpConnector>, UpBody>,
+    scheme: Scheme,
+    h2: bool,
+}
+
+/// The system's trust roots, read once.
+fn system_roots() -> Arc<rustls::RootCertStore> {
+    static ROOTS: OnceLock<Arc<rustls::RootCertStore>> = OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let mut roots = rustls::RootCertStore::empty();
+            let found = rustls_native_certs::load_native_certs();
+            for e in &found.errors {
+                tracing::warn!("system trust roots: {e}");
+            }
+            roots.add_parsable_certificates(found.certs);
+            Arc::new(roots)
+        })
+        .clone()
+}
+
+impl AltClient {
+    /// A client for `cfg`, speaking `h2` only when `h2` (else HTTP/1.1, with upgrades).
+    pub fn new(cfg: &UpstreamConfig, h2: bool) -> Result<AltClient, ConnectError> {
+        let roots = match &cfg.ca {
+            Some(ca) => {
+                let mut r = rustls::RootCertStore::empty();
+                r.add_parsable_certificates(ca.certs.iter().cloned());
+                Arc::new(r)
+            }
+            None => system_roots(),
+        };
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ConnectError::Io(std::io::Error::other(e)))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(cfg.connect_timeout));
+        let b = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let connector = if h2 {
+            b.enable_http2().wrap_connector(http)
+        } else {
+            b.enable_http1().wrap_connector(http)
+        };
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(cfg.idle_timeout)
+            .pool_max_idle_per_host(cfg.pool_max_idle)
+            .http2_only(h2);
+        Ok(AltClient {
+            client: builder.build(connector),
+            scheme: if cfg.tls { Scheme::HTTPS } else { Scheme::HTTP },
+            h2,
+        })
+    }
+
+    /// Whether it speaks HTTP/2.
+    pub fn client_h2(&self) -> bool {
+        self.h2
+    }
+
+    /// Whether an upstream needs this client for every request.
+    pub fn needed(cfg: &UpstreamConfig) -> bool {
+        cfg.tls || cfg.protocol == UpstreamProtocol::H2
+    }
+
+    /// The absolute URI of `pq` on `target`.
+    pub fn uri(&self, target: &str, pq: &http::uri::PathAndQuery) -> Option<http::Uri> {
+        http::Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(Authority::try_from(target).ok()?)
+            .path_and_query(pq.clone())
+            .build()
+            .ok()
+    }
+
+    /// Sends `req` (absolute URI) and returns the response head.
+    pub async fn send(
+        &self,
+        req: http::Request<UpBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
+        self.client.request(req).await
+    }
+}

@@ -1,0 +1,398 @@
+//! One upstream as the clients see it: its targets (each with its connections and health),
+//! round-robin picking, the hop's rewrite of a request, the retry budget, and how failures
+//! are counted and logged.
+
+use super::alt::AltClient;
+use super::body::UpBody;
+use super::cap::{Cap, Slot};
+use super::dial::ConnectError;
+use super::h1;
+use super::headers::rewrite_request;
+use super::health::Health;
+use super::pool::Pool;
+use crate::exchange::Refusal;
+use crate::observe::metrics::UpstreamStats;
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::uri::PathAndQuery;
+use http::{Method, Uri};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_config::UpstreamConfig;
+
+pub(super) struct Target {
+    /// `host:port`, for logs and metrics.
+    pub(super) name: Arc<str>,
+    /// `Host` header value for requests to this target.
+    pub(super) host: HeaderValue,
+    /// hyper's client connections, for requests with a body.
+    pub(super) pool: Arc<Pool>,
+    /// The lean client's connections, for requests without one.
+    pub(super) raw: Arc<h1::RawPool>,
+    /// The cap on connections open at once, shared by both.
+    pub(super) cap: Arc<Cap>,
+    /// Whether requests may go to it.
+    pub(super) health: Health,
+}
+
+impl Target {
+    /// A connection: an idle one from `checkout`, or a new one from `connect` under the cap
+    /// (the wait at the cap is bounded by the connect timeout; at the cap, `evict` closes an
+    /// idle connection of the other client). The bool tells whether it was reused.
+    async fn conn<T, F>(
+        &self,
+        up: &Upstream,
+        checkout: impl Fn() -> Option<T>,
+        evict: impl Fn() -> bool,
+        connect: impl FnOnce(tokio::sync::OwnedSemaphorePermit) -> F,
+    ) -> Result<(T, bool), Refusal>
+    where
+        F: Future<Output = Result<T, ConnectError>>,
+    {
+        match self.cap.slot(checkout, evict, up.cfg.connect_timeout).await {
+            Some(Slot::Idle(c)) => Ok((c, true)),
+            Some(Slot::New(permit)) => connect(permit)
+                .await
+                .map(|c| (c, false))
+                .map_err(|e| connect_refusal(up, &e)),
+            None => Err(Refusal::UpstreamBusy),
+        }
+    }
+
+    /// A connection for the lean client.
+    pub(super) async fn raw_conn(&self, up: &Upstream) -> Result<(h1::H1Conn, bool), Refusal> {
+        self.conn(
+            up,
+            || self.raw.checkout(),
+            || self.pool.evict_one(),
+            |p| self.raw.connect(p),
+        )
+        .await
+    }
+
+    /// A connection for hyper's client.
+    pub(super) async fn hyper_conn(
+        &self,
+        up: &Upstream,
+    ) -> Result<(hyper::client::conn::http1::SendRequest<UpBody>, bool), Refusal> {
+        self.conn(
+            up,
+            || self.pool.checkout(),
+            || self.raw.evict_one(),
+            |p| self.pool.connect(p),
+        )
+        .await
+    }
+}
+
+/// One upstream: its settings, a pool per target, and the round-robin position.
+pub struct Upstream {
+    /// Settings it was built from (pools are shared across reloads while they are unchanged).
+    pub cfg: UpstreamConfig,
+    pub(super) targets: Vec<Target>,
+    /// The client for `https://` and `h2` upstreams, which skip the lean and pooled ones.
+    pub(super) alt: Option<AltClient>,
+    /// An HTTP/1.1 client for upgraded connections, made on the first upgrade.
+    pub(super) upgrades: std::sync::OnceLock<Option<AltClient>>,
+    pub(super) next: AtomicUsize,
+    /// Second of the last failure logged, so that failures log once a second at most.
+    pub(super) last_logged: AtomicU64,
+    /// Failure and retry counters for `/metrics`.
+    pub(super) stats: UpstreamStats,
+}
+
+/// Where a request notes the target that answered it (for the access log).
+pub type AnsweredBy = std::sync::OnceLock<Arc<str>>;
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("name", &self.cfg.name)
+            .finish()
+    }
+}
+
+impl Upstream {
+    /// Pools for `cfg`'s targets (validated as `host:port`), counting into `stats`.
+    pub fn new(cfg: UpstreamConfig, stats: UpstreamStats) -> Self {
+        let targets = cfg
+            .targets
+            .iter()
+            .filter_map(|t| {
+                let cap = Cap::new(cfg.max_connections);
+                Some(Target {
+                    name: Arc::from(t.as_str()),
+                    host: HeaderValue::from_str(t).ok()?,
+                    pool: Pool::new(
+                        t,
+                        cfg.pool_max_idle,
+                        cfg.idle_timeout,
+                        cfg.connect_timeout,
+                        cap.clone(),
+                    ),
+                    raw: h1::RawPool::new(
+                        t,
+                        cfg.pool_max_idle,
+                        cfg.idle_timeout,
+                        cfg.connect_timeout,
+                        cap.clone(),
+                    ),
+                    cap,
+                    health: Health::default(),
+                })
+            })
+            .collect();
+        let alt = AltClient::needed(&cfg)
+            .then(|| {
+                AltClient::new(&cfg, cfg.protocol == tollgate_config::UpstreamProtocol::H2)
+                    .map_err(|e| tracing::error!(upstream = %cfg.name, "client: {e}"))
+                    .ok()
+            })
+            .flatten();
+        Upstream {
+            cfg,
+            targets,
+            alt,
+            upgrades: std::sync::OnceLock::new(),
+            next: AtomicUsize::new(0),
+            last_logged: AtomicU64::new(0),
+            stats,
+        }
+    }
+
+    /// Per target: its name, connections open, idle connections in the pools, and
+    /// whether it is in rotation.
+    pub fn pool_figures(&self) -> Vec<(String, usize, usize, bool)> {
+        self.targets
+            .iter()
+            .map(|t| {
+                (
+                    t.name.to_string(),
+                    t.cap.open(),
+                    t.pool.idle_len() + t.raw.idle_len(),
+                    t.health.is_up(),
+                )
+            })
+            .collect()
+    }
+
+    /// The next healthy target, round-robin, with its index. When there is none: after a
+    /// try that was made (`tried`), `Err(None)`, since that try's failure is the answer;
+    /// otherwise the refusal, counted when it is for want of a healthy target (503).
+    pub(super) fn pick(&self, tried: bool) -> Result<(usize, &Target), Option<Refusal>> {
+        let n = self.targets.len();
+        if n == 0 {
+            return Err(Some(Refusal::Upstream("no target")));
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        for k in 0..n {
+            let i = start.wrapping_add(k) % n;
+            if let Some(t) = self.targets.get(i).filter(|t| t.health.is_up()) {
+                return Ok((i, t));
+            }
+        }
+        if tried {
+            return Err(None);
+        }
+        self.stats.no_healthy.inc();
+        Err(Some(Refusal::NoHealthyTarget))
+    }
+
+    /// Notes how a request to `t` went, for passive health checks: connect failures,
+    /// timeouts and 5xx answers count against it, anything else clears it.
+    pub(super) fn outcome(&self, t: &Target, ok: bool) {
+        if ok {
+            t.health.succeeded();
+        } else if t.health.failed(&self.cfg.health) {
+            self.stats.taken_out.inc();
+            tracing::warn!(
+                upstream = %self.cfg.name,
+                target = %t.name,
+                backoff = ?self.cfg.health.backoff,
+                "target taken out of rotation after {} failures in a row",
+                self.cfg.health.failures
+            );
+        }
+    }
+
+    /// The HTTP/1.1 client for upgrades (and active checks), made once.
+    pub(super) fn upgrade_client(&self) -> Option<AltClient> {
+        self.upgrades
+            .get_or_init(|| {
+                AltClient::new(&self.cfg, false)
+                    .map_err(|e| tracing::error!(upstream = %self.cfg.name, "client: {e}"))
+                    .ok()
+            })
+            .clone()
+    }
+}
+
+/// How to rewrite a request for its hop upstream.
+pub struct Hop<'a> {
+    /// The client's IP, appended to `X-Forwarded-For`.
+    pub peer_ip: &'a HeaderValue,
+    /// The client is a trusted proxy: its `X-Forwarded-*` headers are kept.
+    pub trusted: bool,
+    /// The client came over TLS (`X-Forwarded-Proto: https`).
+    pub https: bool,
+    /// Prefix to remove from the path, if the route strips one.
+    pub strip_prefix: Option<&'a str>,
+    /// Keep the client's `Host`.
+    pub preserve_host: bool,
+    /// Largest body accepted.
+    pub max_body: u64,
+    /// Longest wait for the next piece of the request body.
+    pub body_timeout: Duration,
+    /// Stream the request body at once instead of reading up to [`BUFFER`] first.
+    pub stream_body: bool,
+    /// The route's name, for logs.
+    pub route: &'a str,
+    /// Where to note the target that answered, when the access log wants it.
+    pub note_target: Option<&'a AnsweredBy>,
+}
+
+pub(super) fn is_idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+pub(super) fn path_and_query(uri: &Uri, strip: Option<&str>) -> PathAndQuery {
+    let pq = uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let Some(prefix) = strip else {
+        return pq;
+    };
+    let rest = pq.path().strip_prefix(prefix).unwrap_or(pq.path());
+    let mut s = String::with_capacity(pq.as_str().len() + 1);
+    if !rest.starts_with('/') {
+        s.push('/');
+    }
+    s.push_str(rest);
+    if let Some(q) = pq.query() {
+        s.push('?');
+        s.push_str(q);
+    }
+    PathAndQuery::try_from(s).unwrap_or(pq)
+}
+
+/// The request's method, target and headers rewritten for the hop. Rewritten once; only
+/// `Host` changes from one target to the next.
+pub(super) fn for_hop(parts: Parts, hop: &Hop<'_>) -> (Method, PathAndQuery, http::HeaderMap) {
+    let Parts {
+        method,
+        uri,
+        mut headers,
+        ..
+    } = parts;
+    let pq = path_and_query(&uri, hop.strip_prefix);
+    rewrite_request(&mut headers, hop.peer_ip, hop.trusted, hop.https);
+    if !hop.preserve_host {
+        headers.remove(header::HOST);
+    }
+    (method, pq, headers)
+}
+
+/// The 502 for a `101` to a request that asked for no upgrade (each client path's answer
+/// to it): logged and counted as any 502.
+pub(super) fn unasked_switch(up: &Upstream, route: &str, target: &Target) -> Refusal {
+    let refusal = Refusal::Upstream("a protocol switch nobody asked for");
+    log_failure(up, route, target, &refusal);
+    refusal
+}
+
+/// Counts a 502, 503 or 504, and logs it at info at most once a second per upstream.
+pub(super) fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: &Refusal) {
+    match refusal {
+        Refusal::Upstream(_) => up.stats.errors.inc(),
+        Refusal::UpstreamTimeout => up.stats.timeouts.inc(),
+        Refusal::UpstreamBusy => up.stats.busy.inc(),
+        Refusal::NoHealthyTarget => up.stats.no_healthy.inc(),
+        _ => return,
+    };
+    let now = crate::clock::coarse_secs();
+    let last = up.last_logged.load(Ordering::Relaxed);
+    if now != last
+        && up
+            .last_logged
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let target = target.host.to_str().unwrap_or("?");
+        tracing::info!(route, upstream = %up.cfg.name, target, "{refusal}");
+    }
+}
+
+/// How many more tries a request gets. Connect failures and closed pooled connections move
+/// it on; only new connections spend the budget (targets + 2), since every pooled connection
+/// found dead is dropped on the way. A hard bound (16 more) holds should live traffic keep
+/// returning connections that die on reuse.
+pub(super) struct Tries {
+    new: usize,
+    total: usize,
+    started: usize,
+}
+
+impl Tries {
+    pub(super) fn new(up: &Upstream) -> Self {
+        let new = up.targets.len() + 2;
+        Tries {
+            new,
+            total: new + 16,
+            started: new + 16,
+        }
+    }
+
+    /// Whether another try is allowed (and counts it).
+    pub(super) fn next(&mut self) -> bool {
+        if self.new == 0 || self.total == 0 {
+            return false;
+        }
+        self.total -= 1;
+        true
+    }
+
+    /// Whether the try just counted is not the first.
+    pub(super) fn retried(&self) -> bool {
+        self.started - self.total > 1
+    }
+
+    /// A new connection was opened, or failed to open.
+    pub(super) fn spend_new(&mut self) {
+        self.new = self.new.saturating_sub(1);
+    }
+
+    /// No connection to `target` could be had (`e`). A full pool ends the request (503,
+    /// counted and logged): `Err`. Any other failure counts against the target and spends
+    /// a new connection; the next try may go on: `Ok` with the refusal to answer if none
+    /// is left.
+    pub(super) fn no_conn(
+        &mut self,
+        up: &Upstream,
+        route: &str,
+        target: &Target,
+        e: Refusal,
+    ) -> Result<Refusal, Refusal> {
+        if matches!(e, Refusal::UpstreamBusy) {
+            log_failure(up, route, target, &e);
+            return Err(e);
+        }
+        up.outcome(target, false);
+        self.spend_new();
+        Ok(e)
+    }
+}
+
+pub(super) fn connect_refusal(up: &Upstream, e: &ConnectError) -> Refusal {
+    up.stats.connect_errors.inc();
+    tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
+    match e {
+        ConnectError::Timeout => Refusal::UpstreamTimeout,
+        _ => Refusal::Upstream("connection refused"),
+    }
+}

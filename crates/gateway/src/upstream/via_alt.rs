@@ -1,0 +1,123 @@
+//! Forwarding on the alternative client (`https://` and `h2` upstreams): a request whose
+//! body can be sent again moves on to the next target when a connection cannot be opened.
+
+use super::alt::AltClient;
+use super::body::{check_declared, receive, Received, UpBody};
+use super::headers::rewrite_response;
+use super::pool::PooledBody;
+use super::target::{log_failure, unasked_switch, Hop, Upstream};
+
+/// Forwards a request on the upstream's [`AltClient`]. A request whose body can be sent
+/// again (none, or read whole) moves on to the next target when a connection cannot be
+/// opened; the client itself replays requests a pooled connection closed under.
+pub(super) async fn forward(
+    up: &Upstream,
+    alt: &AltClient,
+    method: http::Method,
+    pq: http::uri::PathAndQuery,
+    mut headers: http::HeaderMap,
+    body: Option<crate::listener::RequestBody>,
+    hop: &Hop<'_>,
+) -> Result<http::Response<PooledBody>, crate::exchange::Refusal> {
+    use crate::exchange::Refusal;
+    use http::header;
+    use hyper::body::Body as _;
+
+    check_declared(&headers, hop.max_body)?;
+    // A whole body stays counted as held (HTTP/2's `max_request_buffer`) until this
+    // function is done with it.
+    let (mut streaming, whole, _held) = match body {
+        Some(b) if !b.is_end_stream() => {
+            match receive(b, hop.max_body, hop.body_timeout, hop.stream_body).await? {
+                Received::Whole(chunks, held) => (None, Some(chunks), held),
+                Received::Streaming(b, _) => (Some(b), None, Default::default()),
+            }
+        }
+        _ => (None, Some(Vec::new()), Default::default()),
+    };
+    let h2 = alt.client_h2();
+    if h2 {
+        // gRPC servers want to know trailers are welcome; TE is hop-by-hop, so say it anew.
+        let grpc = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"));
+        if grpc {
+            headers.insert(header::TE, http::HeaderValue::from_static("trailers"));
+        }
+    }
+    let client_host = headers.get(header::HOST).cloned();
+    let mut last = Refusal::Upstream("no target");
+    for attempt in 0..up.targets.len().max(1) {
+        let target = match up.pick(attempt > 0) {
+            Ok((_, t)) => t,
+            Err(none) => {
+                last = none.unwrap_or(last);
+                break;
+            }
+        };
+        let body = match (&whole, streaming.take()) {
+            (Some(chunks), _) => UpBody::whole(chunks),
+            (None, Some(b)) => b,
+            (None, None) => break,
+        };
+        let authority = if hop.preserve_host {
+            client_host
+                .as_ref()
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or(&target.name)
+        } else {
+            &target.name
+        };
+        let Some(uri) = alt.uri(authority, &pq) else {
+            return Err(Refusal::BadRequest("invalid request target"));
+        };
+        let mut req = http::Request::new(body);
+        *req.method_mut() = method.clone();
+        *req.uri_mut() = uri;
+        let mut h = headers.clone();
+        if h2 {
+            // HTTP/2 names the host in `:authority`.
+            h.remove(header::HOST);
+        } else if !hop.preserve_host {
+            h.insert(header::HOST, target.host.clone());
+        }
+        *req.headers_mut() = h;
+        match tokio::time::timeout(up.cfg.response_timeout, alt.send(req)).await {
+            Err(_) => {
+                up.outcome(target, false);
+                log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
+                return Err(Refusal::UpstreamTimeout);
+            }
+            Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                return Err(unasked_switch(up, hop.route, target));
+            }
+            Ok(Ok(mut resp)) => {
+                up.outcome(target, !resp.status().is_server_error());
+                rewrite_response(resp.headers_mut());
+                if let Some(n) = hop.note_target {
+                    let _ = n.set(target.name.clone());
+                }
+                let read_timeout = up.cfg.read_timeout;
+                return Ok(resp.map(|b| PooledBody::plain(b, read_timeout)));
+            }
+            Ok(Err(e)) => {
+                up.outcome(target, false);
+                tracing::debug!(upstream = %up.cfg.name, target = %target.name, error = ?e, "request failed");
+                if e.is_connect() {
+                    up.stats.connect_errors.inc();
+                    last = Refusal::Upstream("connection refused");
+                    if whole.is_some() {
+                        up.stats.retries.inc();
+                        continue;
+                    }
+                } else {
+                    last = Refusal::Upstream("connection reset or closed");
+                }
+                log_failure(up, hop.route, target, &last);
+                return Err(last);
+            }
+        }
+    }
+    Err(last)
+}
