@@ -1,0 +1,11 @@
+//! The gateway: its state ([`Gateway`]), how it starts, how it reloads, and the request
+//! path it serves, phase by phase ([`pipeline`]).
+
+mod fetch;
+mod pipeline;
+mod reload;
+mod start;
+mod state;
+
+pub use state::{Gateway, ReloadStatus};
+pub use tollgate_config::fingerprint;

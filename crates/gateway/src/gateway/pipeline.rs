@@ -1,0 +1,455 @@
+//! The request path, one phase after another, in the order they run (the phases of
+//! Pingora's `ProxyHttp`, called statically):
+//!
+//! 1. [`request_filter`](Gateway::request_filter): the request head made safe (inbound),
+//!    the route, then the policies (method, CORS preflight, auth, authz, limits). A
+//!    refusal, or a preflight's answer, ends the request here.
+//! 2. [`upstream_peer`](Ctx::upstream_peer): the route's upstream and how the request is
+//!    rewritten for the hop.
+//! 3. [`proxy`](Gateway::proxy): an upgrade, the cache, or a plain forward.
+//! 4. [`fail_to_proxy`](Gateway::fail_to_proxy): a refusal, whichever phase made it,
+//!    becomes its answer (one mapping: `response::refuse`).
+//! 5. [`response_filter`](Ctx::response_filter): what every answer owes the client, once:
+//!    the RateLimit headers of an admitted request, CORS, the request id.
+//! 6. [`logging`](Gateway::logging): metrics, usage history and the access log line.
+//!
+//! One [`Ctx`] carries a request through them all.
+
+use super::fetch::{nanos, share_for, UpFetch};
+use super::state::Gateway;
+use crate::cache::{self, Ask};
+use crate::exchange::{ConnInfo, Refusal, UpstreamWork, REASONS};
+use crate::inbound;
+use crate::listener::RequestBody;
+use crate::observe::access_log::{Logged, Record};
+use crate::observe::request_id::{self, X_REQUEST_ID};
+use crate::policy::{self, cors, Admitted, Verdict};
+use crate::response::{refuse, Body};
+use crate::route;
+use crate::snapshot::{Route, Snapshot};
+use crate::upstream::{self, AnsweredBy, Hop, PooledBody};
+use http::request::Parts;
+use http::{HeaderValue, Method, Request, Response};
+use http_body_util::Either;
+use hyper::body::Body as _;
+use smallvec::SmallVec;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One request on its way through the phases: what it is, and what it did so far, for the
+/// phases after it and for the access log, the metrics and the usage history. It borrows
+/// from the request's pinned snapshot.
+pub(crate) struct Ctx<'s> {
+    /// The snapshot the request is served on.
+    snap: &'s Snapshot,
+    /// The client connection.
+    conn: &'s Arc<ConnInfo>,
+    /// When the request head was handed over.
+    start: Instant,
+    /// `X-Request-Id`: the client's, when trusted, or a new one.
+    request_id: HeaderValue,
+    /// The route, once one matched (or the one a 405 was meant for).
+    route: Option<&'s Route>,
+    /// The upgrade the client asked for, read before the hop-by-hop headers go.
+    upgrade: Option<HeaderValue>,
+    /// The request is a CORS preflight.
+    preflight: bool,
+    /// The request's allowed CORS origin, on a route that does CORS.
+    origin: Option<HeaderValue>,
+    /// What the policies learned: the consumer (by index in the snapshot, set as soon as
+    /// it is known, so that a later refusal is counted under it) and its limits' standing.
+    admitted: Admitted,
+    /// Why the gateway answered itself, if it did ([`REASONS`] index).
+    refusal: Option<usize>,
+    /// The limit that refused, for a 429.
+    limit: Option<Arc<str>>,
+    /// Time waiting for the upstream's response head, when the request went upstream.
+    upstream_ns: Option<u64>,
+    /// Where the upstream target that answered is noted, when the access log wants it.
+    note_target: Option<&'s AnsweredBy>,
+}
+
+impl<'s> Ctx<'s> {
+    /// A context for a request that arrived now on `conn`, served on `snap`.
+    fn new(snap: &'s Snapshot, conn: &'s Arc<ConnInfo>, request_id: HeaderValue) -> Self {
+        Ctx {
+            snap,
+            conn,
+            start: Instant::now(),
+            request_id,
+            route: None,
+            upgrade: None,
+            preflight: false,
+            origin: None,
+            admitted: Admitted::default(),
+            refusal: None,
+            limit: None,
+            upstream_ns: None,
+            note_target: None,
+        }
+    }
+
+    /// Phase 2: how the request goes to `route`'s upstream.
+    fn upstream_peer(&self, route: &'s Route) -> Hop<'s> {
+        let conn = self.conn;
+        Hop {
+            peer_ip: &conn.peer_ip,
+            trusted: conn.trusted,
+            https: conn.listener.tls.is_some(),
+            strip_prefix: route.strip.as_deref(),
+            preserve_host: route.cfg.preserve_host,
+            max_body: conn.listener.max_body_bytes,
+            body_timeout: conn.listener.body_timeout,
+            stream_body: !route.cfg.request_buffering,
+            route: &route.cfg.name,
+            note_target: self.note_target,
+        }
+    }
+
+    /// Notes the wait for an upstream's answer, here and in the route's histogram.
+    fn upstream_took(&mut self, route: &Route, since: Instant) {
+        let ns = nanos(since);
+        self.upstream_ns = Some(ns);
+        route.stats.upstream(ns as f64 / 1e9);
+    }
+
+    /// Phase 5: what every answer owes the client, added once. An answer that came from
+    /// upstream (or the cache) for an admitted request carries its RateLimit headers; every
+    /// answer after routing carries CORS, a preflight's own aside.
+    fn response_filter(&self, resp: &mut Response<Body>) {
+        let Some(route) = self.route else {
+            return;
+        };
+        if self.refusal.is_none() {
+            policy::decorate(route, &self.admitted, resp.headers_mut());
+        }
+        if let (Some(origin), Some(c), false) = (&self.origin, &route.cfg.cors, self.preflight) {
+            cors::decorate(c, origin.clone(), resp.headers_mut());
+        }
+    }
+}
+
+/// What the access log needs of the request head, copied before the head is consumed.
+struct Head {
+    uri: SmallVec<[u8; 96]>,
+    bytes_in: Option<u64>,
+}
+
+impl Head {
+    fn of(req: &Request<RequestBody>) -> Self {
+        let bytes_in = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .or_else(|| {
+                (!req.headers().contains_key(http::header::TRANSFER_ENCODING)).then_some(0)
+            });
+        let uri = req.uri().path_and_query().map_or_else(
+            || SmallVec::from_slice(req.uri().path().as_bytes()),
+            |pq| SmallVec::from_slice(pq.as_str().as_bytes()),
+        );
+        Head { uri, bytes_in }
+    }
+}
+
+impl Gateway {
+    /// Handles one request on the snapshot current when it arrived, phase by phase: gives
+    /// it an id, answers it, counts it in the metrics and the usage history, and logs it
+    /// once its body has been sent.
+    pub async fn serve(
+        &self,
+        req: Request<RequestBody>,
+        conn: &Arc<ConnInfo>,
+    ) -> Response<Logged<Body>> {
+        let snap = self.snapshot.load_full();
+        let id = request_id::pick(
+            req.headers(),
+            conn.trusted || conn.listener.trust_request_id,
+        );
+        let mut ctx = Ctx::new(&snap, conn, id);
+        let method = req.method().clone();
+        let h2 = req.version() == http::Version::HTTP_2;
+        let log = self.access_log.load_full();
+        let head = log.as_ref().map(|_| Head::of(&req));
+        let wall_ns = self.analytics.is_some().then(|| self.clock.wall_nanos());
+        let answered = AnsweredBy::new();
+        if log.is_some() {
+            ctx.note_target = Some(&answered);
+        }
+        let (mut parts, body) = req.into_parts();
+        let mut resp = match self.request_filter(&mut ctx, &mut parts) {
+            Ok(None) => match self.proxy(&mut ctx, parts, body).await {
+                Ok(resp) => resp,
+                Err(r) => self.fail_to_proxy(&mut ctx, r),
+            },
+            Ok(Some(answer)) => answer,
+            Err(r) => self.fail_to_proxy(&mut ctx, r),
+        };
+        ctx.response_filter(&mut resp);
+        resp.headers_mut()
+            .insert(X_REQUEST_ID, ctx.request_id.clone());
+        // For HTTP/2's reset balance only: an extension map costs an allocation.
+        if h2 && ctx.upstream_ns.is_some() {
+            resp.extensions_mut().insert(UpstreamWork);
+        }
+        let line = self.logging(ctx, method, &resp, head, wall_ns);
+        // The request's own reference to its snapshot, and the target it noted, move into
+        // its log record: nothing is counted or copied for them.
+        let pending = line
+            .zip(log)
+            .map(|(line, log)| (line(snap, answered.into_inner()), log));
+        resp.map(|b| Logged::new(b, pending))
+    }
+
+    /// Phase 1: makes the request head safe, finds the route and runs the policies.
+    /// `Ok(None)`: the request goes on; `Ok(Some)`: answered here (a CORS preflight);
+    /// `Err`: refused.
+    fn request_filter<'s>(
+        &self,
+        ctx: &mut Ctx<'s>,
+        parts: &mut Parts,
+    ) -> Result<Option<Response<Body>>, Refusal> {
+        // Read before `prepare` strips the hop-by-hop headers that ask for it.
+        ctx.upgrade = inbound::upgrade_asked(parts);
+        inbound::prepare(&ctx.snap.owned, parts)?;
+        ctx.preflight = cors::is_preflight(parts);
+        let route = match route::find(ctx.snap, parts, ctx.preflight) {
+            Ok(r) => r,
+            Err((r, meant)) => {
+                ctx.route = meant;
+                return Err(r);
+            }
+        };
+        ctx.route = Some(route);
+        ctx.origin = policy::cors_origin(route, parts);
+        match policy::run(
+            ctx.snap,
+            route,
+            parts,
+            self.clock.as_ref(),
+            ctx.conn.client_names.as_deref(),
+            &mut ctx.admitted.consumer,
+        )? {
+            Verdict::Answer(r) => Ok(Some(*r)),
+            Verdict::Forward(admitted) => {
+                ctx.admitted = admitted;
+                parts.headers.insert(X_REQUEST_ID, ctx.request_id.clone());
+                Ok(None)
+            }
+        }
+    }
+
+    /// Phase 3: the answer from upstream: through an upgraded connection, the cache, or a
+    /// plain forward.
+    async fn proxy(
+        &self,
+        ctx: &mut Ctx<'_>,
+        mut parts: Parts,
+        body: RequestBody,
+    ) -> Result<Response<Body>, Refusal> {
+        let Some(route) = ctx.route else {
+            return Err(Refusal::NoRoute);
+        };
+        let hop = ctx.upstream_peer(route);
+        if let (true, Some(protocol)) = (route.cfg.websocket, ctx.upgrade.take()) {
+            if let Some(client) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
+                let ask = upstream::UpgradeAsk {
+                    protocol,
+                    client,
+                    metrics: self.metrics.clone(),
+                    hold: ctx.conn.clone(),
+                };
+                let t = Instant::now();
+                let resp = Box::pin(upstream::upgrade(&route.upstream, parts, ask, hop)).await;
+                ctx.upstream_took(route, t);
+                return Ok(resp?.map(Either::Left));
+            }
+        }
+        let Some(cc) = &route.cfg.cache else {
+            return Ok(forward_timed(ctx, route, parts, body, hop)
+                .await?
+                .map(Either::Left));
+        };
+        let snap = ctx.snap;
+        let ask = Ask {
+            cfg: cc,
+            route: &route.cfg.name,
+            consumer: ctx.admitted.consumer.map(|c| snap.consumer_name(c)),
+            credentials: route.cfg.auth.as_ref().map_or(&[], |a| a.query.as_slice()),
+            wait: route.upstream.cfg.response_timeout,
+            now_ns: self.clock.now_nanos(),
+            clock: &self.clock,
+            peer: &ctx.conn.peer_ip,
+            trusted: ctx.conn.trusted,
+            https: ctx.conn.listener.tls.is_some(),
+        };
+        if !(matches!(parts.method, Method::GET | Method::HEAD) && body.is_end_stream()) {
+            let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));
+            let resp = forward_timed(ctx, route, parts, body, hop).await?;
+            let ok = resp.status().is_success() || resp.status().is_redirection();
+            if let (Some(sent), true) = (sent, ok) {
+                self.cache.invalidate(&ask, &sent, resp.headers());
+            }
+            return Ok(resp.map(Either::Left));
+        }
+        let key = cache::Key::of(&ask, &parts);
+        if self.cache.passes(&key, ask.now_ns) {
+            // Nothing to look up or store: the plain path, as without a cache.
+            let mut resp = forward_timed(ctx, route, parts, body, hop)
+                .await?
+                .map(Either::Left);
+            resp.headers_mut().insert(
+                cache::CACHE_STATUS,
+                HeaderValue::from_static(cache::PASS_STATUS),
+            );
+            return Ok(resp);
+        }
+        let fetch = Arc::new(UpFetch::new(route, ctx.conn));
+        let resp = Box::pin(self.cache.serve(ask, key, parts, fetch.clone())).await?;
+        if cache::went_upstream(&resp) {
+            ctx.upstream_ns = Some(fetch.took_ns.load(Ordering::Relaxed));
+        }
+        Ok(resp)
+    }
+
+    /// Phase 4: a refusal, from whichever phase, noted and made into its answer.
+    fn fail_to_proxy(&self, ctx: &mut Ctx<'_>, r: Refusal) -> Response<Body> {
+        ctx.refusal = Some(r.reason_index());
+        if let Refusal::RateLimited { limit, .. } = &r {
+            ctx.limit = Some(limit.clone());
+        }
+        refuse(r, &ctx.request_id)
+    }
+
+    /// Phase 6: counts the answer in the metrics and the usage history (under the second
+    /// the request arrived, `wall_ns`), and makes the access log's record, when there is a
+    /// log: it is finished with the request's snapshot and the target that answered, and
+    /// queued when the body has been sent.
+    // The record is finished by a closure that owns what it took from `ctx`, so that the
+    // snapshot `ctx` borrows can then move into it: its type says just that.
+    #[allow(clippy::type_complexity)]
+    fn logging(
+        &self,
+        ctx: Ctx<'_>,
+        method: Method,
+        resp: &Response<Body>,
+        head: Option<Head>,
+        wall_ns: Option<u64>,
+    ) -> Option<impl FnOnce(Arc<Snapshot>, Option<Arc<str>>) -> Box<Record> + use<>> {
+        let snap = ctx.snap;
+        let status = resp.status().as_u16();
+        self.metrics.response(status);
+        let stats = ctx.route.map_or(self.metrics.unrouted(), |r| &r.stats);
+        stats.record(&method, status, ctx.start.elapsed().as_secs_f64());
+        if let Some(reason) = ctx.refusal {
+            self.metrics.refusal(reason);
+        }
+        let consumer_index = ctx.admitted.consumer;
+        let consumer = consumer_index.map(|c| snap.consumer_name(c));
+        if snap.config.metrics.per_consumer {
+            if let Some(c) = consumer {
+                self.metrics.consumer(c, status);
+            }
+        }
+        if let (Some(a), Some(wall)) = (&self.analytics, wall_ns) {
+            let table = Arc::as_ptr(&snap.config.consumers) as usize;
+            a.count(
+                wall / 1_000_000_000,
+                consumer_index
+                    .zip(consumer)
+                    .map(|(i, name)| ((table, u32::try_from(i).unwrap_or(u32::MAX)), name)),
+                ctx.route.map_or(&snap.anonymous, |r| &r.name),
+                status,
+            );
+        }
+        let head = head?;
+        let cache = ctx
+            .route
+            .filter(|r| r.cfg.cache.is_some())
+            .and_then(|_| resp.headers().get(cache::CACHE_STATUS).cloned());
+        let route = ctx.route.map(|r| r.name.clone());
+        let Ctx {
+            start,
+            request_id,
+            conn,
+            upstream_ns,
+            refusal,
+            limit,
+            ..
+        } = ctx;
+        let client = conn.peer_ip.clone();
+        Some(move |snap: Arc<Snapshot>, target: Option<Arc<str>>| {
+            Box::new(Record {
+                start,
+                request_id: SmallVec::from_slice(request_id.as_bytes()),
+                client,
+                method,
+                uri: head.uri,
+                snap,
+                route,
+                consumer: consumer_index,
+                status,
+                bytes_in: head.bytes_in,
+                bytes_out: 0,
+                duration: Duration::ZERO,
+                upstream_ns,
+                target,
+                refusal: refusal.and_then(|i| REASONS.get(i).copied()),
+                limit,
+                cache,
+            })
+        })
+    }
+}
+
+/// Forwards a request to the route's upstream, noting how long the upstream took. Boxed: a
+/// request's future is moved into place whole (into hyper's connection, or its HTTP/2
+/// stream), and a refused request should not pay to move the largest branch it never takes.
+fn forward_timed<'a, 's: 'a>(
+    ctx: &'a mut Ctx<'s>,
+    route: &'s Route,
+    parts: Parts,
+    body: RequestBody,
+    hop: Hop<'a>,
+) -> Pin<Box<dyn Future<Output = Result<Response<PooledBody>, Refusal>> + Send + 'a>> {
+    Box::pin(async move {
+        let share = share_for(ctx.conn, parts.version, &route.upstream).await?;
+        let t = Instant::now();
+        let resp = upstream::forward(&route.upstream, parts, body, hop).await;
+        ctx.upstream_took(route, t);
+        resp.map(|r| r.map(|b| b.holding(share)))
+    })
+}
+
+impl crate::listener::Handler for Gateway {
+    type Body = Logged<Body>;
+
+    fn serve(
+        &self,
+        req: Request<RequestBody>,
+        conn: &Arc<ConnInfo>,
+    ) -> impl Future<Output = Response<Logged<Body>>> + Send {
+        Gateway::serve(self, req, conn)
+    }
+
+    fn tls_for(&self, address: std::net::SocketAddr) -> Option<Arc<rustls::ServerConfig>> {
+        Gateway::tls_for(self, address)
+    }
+
+    fn opened(&self) {
+        self.metrics.connections_total.inc();
+        self.metrics.connections_open.inc();
+    }
+
+    fn closed(&self) {
+        self.metrics.connections_open.dec();
+    }
+
+    fn tls_failed(&self) {
+        self.metrics.tls_failures.inc();
+    }
+}

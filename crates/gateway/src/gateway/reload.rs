@@ -1,0 +1,154 @@
+//! Reloads: a validated config is compiled into a new snapshot and swapped in atomically;
+//! a bad file is rejected with every problem, and the old config keeps serving.
+
+use super::state::Gateway;
+use crate::observe::access_log::AccessLog;
+use crate::snapshot::Snapshot;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tollgate_config::{fingerprint, Config, ConfigError};
+
+impl Gateway {
+    /// with; counters of unchanged limits and pools of unchanged upstreams carry over.
+    pub fn apply(&self, config: Config) {
+        let old = self.snapshot.load();
+        let same_sockets = old.config.listeners.len() == config.listeners.len()
+            && old
+                .config
+                .listeners
+                .iter()
+                .zip(&config.listeners)
+                .all(|(a, b)| a.same_socket(b));
+        if !same_sockets {
+            tracing::warn!(
+                "listener changes (other than TLS certificates) take effect at the next restart"
+            );
+        }
+        if old.config.cache != config.cache {
+            tracing::warn!("cache size changes take effect at the next restart");
+        }
+        if old.config.cluster != config.cluster {
+            tracing::warn!("cluster changes take effect at the next restart");
+        }
+        if old.config.state != config.state {
+            tracing::warn!("state changes take effect at the next restart");
+        }
+        if old.config.analytics != config.analytics {
+            tracing::warn!("analytics changes take effect at the next restart");
+        }
+        if old.config.access_log != config.access_log {
+            self.access_log.store(
+                config
+                    .access_log
+                    .as_ref()
+                    .map(|c| AccessLog::start(c, self.metrics.clone())),
+            );
+        }
+        if old.config.admin != config.admin {
+            tracing::warn!(
+                "admin changes (address, token, limits) take effect at the next restart"
+            );
+        }
+        let snapshot = Snapshot::build(config, &self.registry);
+        // Counts the old table kept in its slots move to cells, where the new one finds
+        // them.
+        old.counters.settle_all(self.now());
+        self.snapshot.store(Arc::new(snapshot));
+        self.metrics.reloads.inc();
+        self.status.send_modify(|s| {
+            s.generation += 1;
+            s.last_error = None;
+        });
+    }
+
+    /// Records the content the running config was read from, so the same content is
+    /// never applied again.
+    pub fn loaded_from(&self, bytes: &[u8]) {
+        self.running.store(fingerprint(bytes), Ordering::Relaxed);
+        *self.running_text.lock() = Some(Arc::from(bytes));
+    }
+
+    /// Records the file the config came from, for `POST /reload`.
+    pub fn set_source(&self, path: &Path) {
+        *self.source.lock() = Some(path.to_path_buf());
+    }
+
+    /// The fingerprint of the content the running config was read from (0 when unknown).
+    pub fn running_fingerprint(&self) -> u64 {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Reads, validates and applies a config file (`SIGHUP`). A bad file is rejected with
+    /// every problem logged, and the old config keeps serving; the content already running
+    /// is not applied again.
+    pub fn reload_file(&self, path: &Path) -> Result<(), ConfigError> {
+        let bytes = std::fs::read(path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            source: e,
+        })?;
+        if fingerprint(&bytes) == self.running_fingerprint()
+            && !self.consumers_file_changed()
+            && !self.tls_files_changed()
+        {
+            tracing::info!(path = %path.display(), "config unchanged; nothing to reload");
+            return Ok(());
+        }
+        self.reload_bytes(path, &bytes)
+    }
+
+    /// Whether the running config's consumers file now holds other content than it was
+    /// loaded from (a file that cannot be read counts as changed: the reload reports it).
+    pub fn consumers_file_changed(&self) -> bool {
+        let snap = self.snapshot.load();
+        snap.config.consumers_file.as_ref().is_some_and(|f| {
+            std::fs::read(&f.path).map_or(true, |b| fingerprint(&b) != f.fingerprint)
+        })
+    }
+
+    /// Whether a certificate, key or CA file the running config names now holds other
+    /// content than it was loaded with (renewed certificates).
+    pub fn tls_files_changed(&self) -> bool {
+        tollgate_config::tls::files_on_disk(&self.snapshot.load().config).is_some_and(|(_, c)| c)
+    }
+
+    /// Validates and applies `bytes`, read from `path` (relative file names in it are
+    /// read beside it). Blocking: a config with a large consumers file takes a moment to
+    /// load, so async callers run this on a blocking thread.
+    pub fn reload_bytes(&self, path: &Path, bytes: &[u8]) -> Result<(), ConfigError> {
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let parsed = std::str::from_utf8(bytes)
+            .map_err(|_| {
+                ConfigError::Invalid(vec![tollgate_config::Problem::new(
+                    "",
+                    "the file is not UTF-8 text",
+                )])
+            })
+            .and_then(|text| tollgate_config::from_yaml_in(text, base));
+        match parsed {
+            Ok(cfg) => {
+                for w in &cfg.warnings {
+                    tracing::warn!(path = %path.display(), "{w}");
+                }
+                // Recorded before the swap, so whoever sees the new generation also sees
+                // its content as running (and does not apply it again).
+                self.loaded_from(bytes);
+                self.apply(cfg);
+                tracing::info!(path = %path.display(), generation = self.status.borrow().generation, "config reloaded");
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.reload_errors.inc();
+                for p in e.problems() {
+                    tracing::error!(path = %path.display(), "config rejected, old config keeps serving: {p}");
+                }
+                self.status
+                    .send_modify(|s| s.last_error = Some(e.to_string()));
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Start-up: the parts a gateway is wired from, once, in order (cluster link, state file,
+//! limit cells, registry, logs, usage history, snapshot, cache), and the sweeper thread.
+
+use super::state::{Gateway, ReloadStatus};
+use crate::cache::Cache;
+use crate::clock::Clock;
+use crate::cluster::{spawn_syncer, Cluster};
+use crate::limiter::persist::StateStore;
+use crate::limiter::table::Live;
+use crate::observe::access_log::AccessLog;
+use crate::observe::analytics::{self, Analytics};
+use crate::observe::metrics::Metrics;
+use crate::snapshot::{Registry, Snapshot};
+use arc_swap::{ArcSwap, ArcSwapOption};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tollgate_config::Config;
+
+/// How often limit cells whose windows have all passed are retired.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Retires idle limit cells every [`SWEEP_EVERY`] on a thread of its own, until the gateway
+/// is gone.
+fn spawn_sweeper(gw: std::sync::Weak<Gateway>) {
+    let spawned = std::thread::Builder::new()
+        .name("tollgate-sweep".into())
+        .spawn(move || loop {
+            std::thread::park_timeout(SWEEP_EVERY);
+            let Some(gw) = gw.upgrade() else { return };
+            gw.sweep();
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the limit sweeper thread: {e}; idle counters are kept");
+    }
+}
+
+impl Gateway {
+    /// A gateway serving `config`, counting time with `clock`.
+    /// With `cluster:` in the config, limits are shared through Redis and the syncer task
+    /// starts (this must run inside a tokio runtime).
+    pub fn new(config: Config, clock: Arc<dyn Clock>) -> Arc<Self> {
+        let metrics = Arc::new(Metrics::new());
+        let cluster = config.cluster.clone().map(|c| {
+            let cluster = Cluster::new(c);
+            spawn_syncer(cluster.clone(), clock.clone());
+            metrics.report(cluster.clone());
+            cluster
+        });
+        let state = match (&config.state, &cluster) {
+            (Some(_), Some(_)) => {
+                tracing::warn!(
+                    "with `cluster:`, limit counters live in Redis; `state.path` is not used"
+                );
+                None
+            }
+            (Some(s), None) => {
+                let (store, saved) = StateStore::open(s, clock.clone());
+                store.spawn_flusher(s.flush_interval);
+                metrics.report(store.stats.clone());
+                Some((store, saved))
+            }
+            (None, _) => None,
+        };
+        let live = Arc::new(Live::new(
+            cluster.clone().map(|c| {
+                c as Arc<dyn crate::limiter::shared::SharedStore<crate::limiter::LimitCell>>
+            }),
+            state.as_ref().map(|(s, _)| s.queue.clone()),
+        ));
+        metrics.report(Arc::new(crate::limiter::report::CellCount(Arc::downgrade(
+            &live,
+        ))));
+        let state = state.map(|(store, saved)| {
+            live.restore(saved);
+            store
+        });
+        let registry = Registry::with_live(live, cluster, metrics.clone());
+        let access_log = config
+            .access_log
+            .as_ref()
+            .map(|c| AccessLog::start(c, metrics.clone()));
+        let (analytics, analytics_error) = match &config.analytics {
+            None => (None, None),
+            Some(a) => match Analytics::open(a, config.cluster.as_ref(), metrics.clone()) {
+                Ok(an) => {
+                    let c = clock.clone();
+                    analytics::spawn_flusher(&an, move || c.wall_nanos() / 1_000_000_000);
+                    (Some(an), None)
+                }
+                Err(e) => {
+                    tracing::error!("{e}; serving without usage history");
+                    (None, Some(e.to_string()))
+                }
+            },
+        };
+        let snapshot = Snapshot::build(config, &registry);
+        let (status, _) = watch::channel(ReloadStatus {
+            generation: 1,
+            last_error: None,
+        });
+        let cache = Cache::new(
+            snapshot.config.cache.max_size,
+            snapshot.config.cache.max_object_size,
+        );
+        metrics.report(cache.clone());
+        let gw = Arc::new(Gateway {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            cache,
+            running: AtomicU64::new(0),
+            registry,
+            clock,
+            status,
+            metrics,
+            access_log: ArcSwapOption::new(access_log),
+            analytics,
+            analytics_error,
+            started: Instant::now(),
+            source: parking_lot::Mutex::new(None),
+            running_text: parking_lot::Mutex::new(None),
+            state,
+            series: Default::default(),
+        });
+        spawn_sweeper(Arc::downgrade(&gw));
+        gw
+    }
+}
