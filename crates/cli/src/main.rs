@@ -2,7 +2,6 @@
 //! tiny test backend, `demo` starts a ready example in front of the echo backend.
 #![forbid(unsafe_code)]
 
-mod bench;
 mod serve;
 mod usage;
 
@@ -82,7 +81,7 @@ enum Command {
         history: Option<String>,
     },
     /// Measure an HTTP endpoint: closed loop, or open loop at a fixed rate (--rate).
-    Bench(bench::BenchArgs),
+    Bench(tollgate_bench::BenchArgs),
     /// Start a ready example: the gateway on 127.0.0.1:8080 in front of the echo backend on
     /// 127.0.0.1:1337, with curl lines to try.
     Demo(serve::DemoArgs),
@@ -112,7 +111,7 @@ fn main() -> ExitCode {
             let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
             ExitCode::SUCCESS
         }
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => tollgate_bench::run(args),
         Command::Usage {
             config,
             consumer,

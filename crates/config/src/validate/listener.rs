@@ -1,6 +1,6 @@
 //! Listener validation: address, limits on the request head and body, TLS, HTTP/2.
 
-use super::Problems;
+use super::problems::Problems;
 use crate::file;
 use crate::model::*;
 use crate::tls::TlsConfig;

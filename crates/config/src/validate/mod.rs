@@ -1,36 +1,22 @@
 //! File types → validated [`Config`]. Every problem is collected, none stops the others.
 
+mod limits;
 mod listener;
+mod problems;
 mod route;
 mod upstream;
 
+pub(crate) use limits::limits;
+pub(crate) use problems::Problems;
+
 use crate::consumers::{Conflict, Consumers};
-use crate::error::{ConfigError, Problem};
+use crate::error::ConfigError;
 use crate::file;
 use crate::model::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
-
-const MIN_WINDOW: Duration = Duration::from_secs(1);
-const MAX_WINDOW: Duration = Duration::from_secs(30 * 86_400);
-
-/// What validation found: problems (the config is refused) and warnings (it is taken, and
-/// the operator told).
-#[derive(Default)]
-pub(crate) struct Problems(Vec<Problem>, Vec<Problem>);
-
-impl Problems {
-    pub(crate) fn add(&mut self, path: impl Into<String>, msg: impl Into<String>) {
-        self.0.push(Problem::new(path, msg));
-    }
-
-    /// Something that is taken as written but is likely a mistake.
-    pub(crate) fn warn(&mut self, path: impl Into<String>, msg: impl Into<String>) {
-        self.1.push(Problem::new(path, msg));
-    }
-}
 
 /// Validates `raw`; relative file names in it are read from `base`.
 pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, ConfigError> {
@@ -336,58 +322,6 @@ fn admin(
         max_connections,
         header_timeout,
     })
-}
-
-pub(crate) fn limits(raw: &[file::Limit], at: &str, p: &mut Problems) -> Vec<LimitConfig> {
-    let mut names = HashSet::new();
-    let mut out = Vec::new();
-    for (i, l) in raw.iter().enumerate() {
-        let at = format!("{at}[{i}]");
-        if l.requests == 0 {
-            p.add(
-                format!("{at}.requests"),
-                "must be at least 1 (to block a consumer, leave it out of `allow`)",
-            );
-        }
-        if l.per.0 < MIN_WINDOW || l.per.0 > MAX_WINDOW {
-            p.add(format!("{at}.per"), "must be between 1s and 30d");
-        } else if l.per.0.subsec_nanos() != 0 {
-            p.add(format!("{at}.per"), "must be a whole number of seconds");
-        }
-        let name = l
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("{}-per-{}", l.requests, human_window(l.per.0)));
-        if name.is_empty() || name.contains(['"', '\\']) || !name.is_ascii() {
-            p.add(
-                format!("{at}.name"),
-                "must be non-empty ASCII without quotes or backslashes",
-            );
-        }
-        if !names.insert(name.clone()) {
-            p.add(
-                format!("{at}.name"),
-                format!("limit name {name:?} is used twice here"),
-            );
-        }
-        out.push(LimitConfig {
-            name,
-            requests: l.requests,
-            window: l.per.0,
-        });
-    }
-    out
-}
-
-/// `10s`, `5m`, `1h`, `30d`: the shortest exact form.
-fn human_window(d: Duration) -> String {
-    let s = d.as_secs();
-    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
-        if s >= len && s % len == 0 {
-            return format!("{}{unit}", s / len);
-        }
-    }
-    format!("{s}s")
 }
 
 fn plans(

@@ -1,6 +1,7 @@
 //! Route validation: path and host matching, methods, auth, allow, limits, CORS.
 
-use super::{limits, Problems};
+use super::limits::limits;
+use super::problems::Problems;
 use crate::file;
 use crate::model::*;
 use http::{HeaderName, Method};

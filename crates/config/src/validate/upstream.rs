@@ -1,6 +1,6 @@
 //! Upstream validation: targets, timeouts, protocol, TLS roots and health checks.
 
-use super::Problems;
+use super::problems::Problems;
 use crate::file;
 use crate::model::*;
 use std::collections::{BTreeMap, HashMap};

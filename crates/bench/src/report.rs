@@ -1,8 +1,9 @@
 //! The bench report, in the seeds' terms: requests/s, successful and failed transactions,
 //! statuses, errors by kind, fastest/slowest/average and percentiles; as text or JSON.
 
-use super::client::ErrorKind;
-use super::{BenchArgs, Tally};
+use crate::args::BenchArgs;
+use crate::client::ErrorKind;
+use crate::tally::Tally;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -9,69 +9,24 @@
 //! left is reported as "send lag". Latencies go into HDR histograms (per connection, merged
 //! at the end).
 
+#![forbid(unsafe_code)]
+
+mod args;
 mod client;
 mod report;
+mod tally;
 mod tls;
 
+pub use args::BenchArgs;
+
 use client::{Conn, ErrorKind};
-use hdrhistogram::Histogram;
 use report::Report;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Options of `tollgate bench`.
-#[derive(clap::Args, Debug)]
-pub struct BenchArgs {
-    /// Target URL (http:// or https://host:port/path?query; without a scheme, http://).
-    pub url: String,
-    /// Total number of requests (default: run for --duration).
-    #[arg(short = 'n', long = "requests", conflicts_with = "duration")]
-    pub requests: Option<u64>,
-    /// How long to run, e.g. 10s, 1m (default 10s).
-    #[arg(short = 'd', long, value_parser = parse_duration)]
-    pub duration: Option<Duration>,
-    /// Concurrent keep-alive connections.
-    #[arg(short = 'c', long, default_value_t = 50)]
-    pub connections: usize,
-    /// Open loop: send this many requests per second on a fixed schedule.
-    #[arg(long, value_name = "RPS")]
-    pub rate: Option<f64>,
-    /// HTTP method.
-    #[arg(short = 'm', long, default_value = "GET")]
-    pub method: String,
-    /// Extra header, 'Name: value' (repeatable).
-    #[arg(short = 'H', long = "header", value_name = "HEADER")]
-    pub headers: Vec<String>,
-    /// Send this file as the request body.
-    #[arg(long, value_name = "FILE")]
-    pub body: Option<PathBuf>,
-    /// Statuses that count as success, e.g. 200,429 (default: any 2xx).
-    #[arg(long, value_delimiter = ',', value_name = "CODES")]
-    pub expect: Vec<u16>,
-    /// Run this long first without recording (connections warm, pools filled).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    pub warmup: Option<Duration>,
-    /// Give up on a response after this long.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
-    pub timeout: Duration,
-    /// Worker threads (default: the CPUs this process may run on).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// With https://, accept any certificate (self-signed, another name), as curl's -k.
-    #[arg(short = 'k', long)]
-    pub insecure: bool,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    tollgate_config::units::parse_duration(s)
-}
+use tally::Tally;
 
 /// What every connection needs to know.
 struct Plan {
@@ -91,41 +46,6 @@ struct Plan {
     timeout: Duration,
     stop: AtomicBool,
     done: AtomicU64,
-}
-
-/// Per-connection results, merged at the end.
-pub struct Tally {
-    latency: Histogram<u64>,
-    lag: Histogram<u64>,
-    statuses: Vec<u64>,
-    errors: [u64; ErrorKind::ALL.len()],
-}
-
-impl Tally {
-    fn new() -> Tally {
-        // Constant, valid bounds: 1 ns to 1 h at 3 significant digits.
-        let h = || {
-            Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
-                .expect("constant histogram bounds are valid")
-        };
-        Tally {
-            latency: h(),
-            lag: h(),
-            statuses: vec![0; 600],
-            errors: [0; ErrorKind::ALL.len()],
-        }
-    }
-
-    fn merge(&mut self, o: &Tally) {
-        let _ = self.latency.add(&o.latency);
-        let _ = self.lag.add(&o.lag);
-        for (a, b) in self.statuses.iter_mut().zip(&o.statuses) {
-            *a += b;
-        }
-        for (a, b) in self.errors.iter_mut().zip(&o.errors) {
-            *a += b;
-        }
-    }
 }
 
 fn build_request(args: &BenchArgs, uri: &http::Uri, body: &[u8]) -> Result<Vec<u8>, String> {

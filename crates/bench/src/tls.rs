@@ -1,7 +1,7 @@
 //! The TLS client of the load generator: the system's roots, or, with `-k`, any
 //! certificate (a gateway on a self-signed certificate is what one measures most often).
 
-use super::client::Tls;
+use crate::client::Tls;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
