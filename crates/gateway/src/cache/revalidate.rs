@@ -1,0 +1,261 @@
+//! A stale entry: revalidated with its validators by one request while the others wait,
+//! or refreshed in the background within `stale-while-revalidate`; served stale within
+//! `stale-if-error`.
+
+use super::answer::{answer, with_status};
+use super::control;
+use super::fill::{REFRESH, STALE_PASSED, STALE_STORED};
+use super::inflight::{copy_parts, Cache, Fetch, Leader};
+use super::key::{variant_key, varies_of, Ask};
+use super::store::{self, Born, Entry};
+use crate::exchange::Refusal;
+use crate::response::Body;
+use http::header::{self, HeaderMap};
+use http::request::Parts;
+use http::{Method, Response, StatusCode};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl Cache {
+    /// The request that asks the upstream whether `e` is still good.
+    pub(super) fn conditional(parts: &Parts, e: &Entry) -> Parts {
+        let mut p = Self::whole(parts);
+        if let Some(etag) = e.headers.get(header::ETAG) {
+            p.headers.insert(header::IF_NONE_MATCH, etag.clone());
+        }
+        if let Some(lm) = e.headers.get(header::LAST_MODIFIED) {
+            p.headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
+        }
+        p
+    }
+
+    /// `e` refreshed by a 304: its headers updated from the 304's (RFC 9111 §3.2, §4.3.4),
+    /// except those that describe the stored body itself (`Content-Length`,
+    /// `Content-Encoding`, `Content-Range`, `Content-MD5`) and `Age`; `born` is the URI's
+    /// state when the revalidation left.
+    pub(super) fn refreshed(
+        &self,
+        ask: &Ask<'_>,
+        e: &Entry,
+        not_modified: &HeaderMap,
+        born: Born,
+    ) -> Option<Entry> {
+        let mut headers = e.headers.clone();
+        for name in not_modified.keys() {
+            let kept = *name == header::CONTENT_LENGTH
+                || *name == header::AGE
+                || *name == header::CONTENT_ENCODING
+                || *name == header::CONTENT_RANGE
+                || name.as_str() == "content-md5";
+            if kept {
+                continue;
+            }
+            headers.remove(name);
+            for v in not_modified.get_all(name) {
+                headers.append(name.clone(), v.clone());
+            }
+        }
+        let fresh = control::storable(
+            &Method::GET,
+            e.status,
+            &HeaderMap::new(),
+            &headers,
+            false,
+            ask.cfg.default_ttl,
+            ask.wall(),
+        )?;
+        Some(Entry {
+            status: e.status,
+            tags: store::tags(&headers),
+            headers,
+            body: e.body.clone(),
+            fresh,
+            stored_ns: ask.now_ns,
+            host: e.host.clone(),
+            path: e.path.clone(),
+            born,
+        })
+    }
+
+    /// Whether a 304 may refresh `e`. Not when it names another representation by its
+    /// `ETag` (RFC 9111 §4.3.4), nor when on a shared route it sets a cookie (one client's
+    /// session must not reach the others through the stored headers): then the whole answer
+    /// is asked for, and judged as any answer is.
+    pub(super) fn refreshes(&self, ask: &Ask<'_>, e: &Entry, not_modified: &HeaderMap) -> bool {
+        let another = not_modified
+            .get(header::ETAG)
+            .is_some_and(|new| e.headers.get(header::ETAG) != Some(new));
+        let cookie = ask.cfg.shared && not_modified.contains_key(header::SET_COOKIE);
+        !another && !cookie
+    }
+
+    /// A stale entry: asked about upstream, served again after a 304, served stale when
+    /// the upstream fails within `stale-if-error`, replaced otherwise.
+    pub(super) async fn revalidate<F: Fetch>(
+        self: &Arc<Self>,
+        ask: &Ask<'_>,
+        (uri, url): (&str, &str),
+        parts: Parts,
+        e: Arc<Entry>,
+        up: Arc<F>,
+        leader: Option<Leader>,
+    ) -> Result<Response<Body>, Refusal> {
+        let m = &self.store.metrics;
+        let has_validators =
+            e.headers.contains_key(header::ETAG) || e.headers.contains_key(header::LAST_MODIFIED);
+        let sent = if has_validators {
+            Self::conditional(&parts, &e)
+        } else {
+            Self::whole(&parts)
+        };
+        let now = ask.now_ns;
+        let stale_ok =
+            !e.fresh.stale_if_error.is_zero() && e.stale_within(now, e.fresh.stale_if_error);
+        let born = self.store.born(uri);
+        let fetched = up.fetch(copy_parts(&sent)).await;
+        let (sent, fetched) = match fetched {
+            Ok(r)
+                if r.status() == StatusCode::NOT_MODIFIED
+                    && !self.refreshes(ask, &e, r.headers()) =>
+            {
+                // Its body holds a place among the connection's upstream streams.
+                drop(r);
+                let whole = Self::whole(&parts);
+                let fetched = up.fetch(copy_parts(&whole)).await;
+                (whole, fetched)
+            }
+            other => (sent, other),
+        };
+        match fetched {
+            Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED && has_validators => {
+                m.revalidated.fetch_add(1, Ordering::Relaxed);
+                let status = "tollgate; fwd=stale; fwd-status=304".to_string();
+                match self.refreshed(ask, &e, resp.headers(), born) {
+                    Some(fresh) => {
+                        let varies = varies_of(ask.cfg, &fresh.headers);
+                        let key = variant_key(uri, ask, &varies, &parts.headers);
+                        let r = answer(&fresh, &parts, now, status);
+                        self.store.put(varies, key, fresh);
+                        Ok(r)
+                    }
+                    None => Ok(answer(&e, &parts, now, status)),
+                }
+            }
+            Ok(resp) if resp.status().is_server_error() && stale_ok => {
+                if let Some(l) = &leader {
+                    l.failed();
+                }
+                m.stale.fetch_add(1, Ordering::Relaxed);
+                let status = format!("tollgate; fwd=stale; fwd-status={}", resp.status().as_u16());
+                Ok(answer(&e, &parts, now, status))
+            }
+            Ok(resp) => {
+                m.misses.fetch_add(1, Ordering::Relaxed);
+                if parts.method == Method::HEAD {
+                    return Ok(with_status(
+                        resp.map(http_body_util::Either::Left),
+                        STALE_PASSED,
+                    ));
+                }
+                Ok(self
+                    .store_on_the_way(
+                        ask,
+                        (uri, born),
+                        url.to_string(),
+                        &sent,
+                        resp,
+                        leader,
+                        STALE_STORED,
+                        STALE_PASSED,
+                    )
+                    .0)
+            }
+            Err(refusal) if stale_ok => {
+                if let Some(l) = &leader {
+                    l.failed();
+                }
+                m.stale.fetch_add(1, Ordering::Relaxed);
+                let code = match refusal {
+                    Refusal::UpstreamTimeout => 504,
+                    Refusal::UpstreamBusy => 503,
+                    _ => 502,
+                };
+                let status = format!("tollgate; fwd=stale; fwd-status={code}");
+                Ok(answer(&e, &parts, now, status))
+            }
+            Err(refusal) => Err(refusal),
+        }
+    }
+
+    /// Starts one background refresh of a stale entry (none if one is already running).
+    pub(super) fn refresh_in_background<F: Fetch>(
+        self: &Arc<Self>,
+        ask: &Ask<'_>,
+        uri: &str,
+        url: &str,
+        parts: &Parts,
+        e: &Arc<Entry>,
+        up: Arc<F>,
+    ) {
+        let flight = format!("{REFRESH}{uri}\u{0}{}", ask.consumer.unwrap_or(""));
+        let Some(leader) = self.lead(flight) else {
+            return;
+        };
+        let sent = Self::conditional(parts, e);
+        let cfg = ask.cfg.clone();
+        let (route, consumer) = (ask.route.to_string(), ask.consumer.map(str::to_string));
+        let credentials = ask.credentials.to_vec();
+        let (uri, url, e, cache) = (uri.to_string(), url.to_string(), e.clone(), self.clone());
+        let now_ns = ask.now_ns;
+        let clock = ask.clock.clone();
+        let (peer, trusted, https) = (ask.peer.clone(), ask.trusted, ask.https);
+        let born = self.store.born(&uri);
+        tokio::spawn(async move {
+            let ask = Ask {
+                cfg: &cfg,
+                route: &route,
+                consumer: consumer.as_deref(),
+                credentials: &credentials,
+                wait: Duration::ZERO,
+                now_ns,
+                clock: &clock,
+                peer: &peer,
+                trusted,
+                https,
+            };
+            let Ok(resp) = up.fetch(copy_parts(&sent)).await else {
+                return;
+            };
+            if resp.status() == StatusCode::NOT_MODIFIED {
+                if !cache.refreshes(&ask, &e, resp.headers()) {
+                    // Left for the next request to fetch whole.
+                    return;
+                }
+                if let Some(fresh) = cache.refreshed(&ask, &e, resp.headers(), born) {
+                    let varies = varies_of(&cfg, &fresh.headers);
+                    let key = variant_key(&uri, &ask, &varies, &sent.headers);
+                    cache.store.put(varies, key, fresh);
+                    cache
+                        .store
+                        .metrics
+                        .revalidated
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                return;
+            }
+            let (resp, _) = cache.store_on_the_way(
+                &ask,
+                (&uri, born),
+                url,
+                &sent,
+                resp,
+                Some(leader),
+                STALE_STORED,
+                STALE_PASSED,
+            );
+            // Nobody reads this answer: read it here so that its copy is stored.
+            let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+        });
+    }
+}

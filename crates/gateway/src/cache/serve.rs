@@ -1,0 +1,145 @@
+//! A request the cache may answer: a hit, a stale entry, or a miss, in that order.
+
+use super::answer::{self, answer};
+use super::fill::{Miss, PASS_STATUS};
+use super::inflight::{copy_parts, Cache, Fetch};
+use super::key::{shapes_its_answer, variant_key, Ask, Key};
+use crate::exchange::Refusal;
+use crate::response::Body;
+use http::header::{self, HeaderMap};
+use http::request::Parts;
+use http::{Method, Response, StatusCode};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl Cache {
+    /// Answers a GET or HEAD from the cache, or through `up` and stores what may be stored.
+    pub async fn serve<F: Fetch>(
+        self: &Arc<Self>,
+        ask: Ask<'_>,
+        key: Key,
+        parts: Parts,
+        up: Arc<F>,
+    ) -> Result<Response<Body>, Refusal> {
+        let plain = key.plain;
+        let uri = &plain[..key.uri_len];
+        let url = &plain[key.url_start..key.uri_len];
+        let m = &self.store.metrics;
+        let mut collapsed = false;
+        // The request this one waited for found the upstream failing.
+        let mut upstream_failed = false;
+        loop {
+            // Checked again after waiting for another request's answer, which may have
+            // found its answer could not be stored.
+            if collapsed && self.store.is_uncacheable(&plain, ask.now_ns) {
+                return self.straight_upstream(&*up, parts, PASS_STATUS).await;
+            }
+            // The key without varying headers first: most responses vary on nothing.
+            let (entry, miss, vary_key) = match self.store.get(&plain) {
+                Some(e) => (Some(e), Miss::Other, None),
+                None => match self.store.varies(uri) {
+                    Some(v) => {
+                        let key = variant_key(uri, &ask, &v, &parts.headers);
+                        (self.store.get(&key), Miss::Vary, Some(key))
+                    }
+                    None => (None, Miss::Uri, None),
+                },
+            };
+            if let Some(e) = entry {
+                let now = ask.now_ns;
+                if e.is_fresh(now) {
+                    let counter = if collapsed { &m.coalesced } else { &m.hits };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    let status = if collapsed {
+                        format!("tollgate; fwd={}; collapsed", miss.as_str())
+                    } else {
+                        format!("tollgate; hit; ttl={}", e.ttl(now))
+                    };
+                    return Ok(answer(&e, &parts, now, status));
+                }
+                if e.stale_within(now, e.fresh.stale_while_revalidate) {
+                    m.stale.fetch_add(1, Ordering::Relaxed);
+                    self.refresh_in_background(&ask, uri, url, &parts, &e, up);
+                    let status = format!("tollgate; hit; ttl={}", e.ttl(now));
+                    return Ok(answer(&e, &parts, now, status));
+                }
+                let stale_ok = !e.fresh.stale_if_error.is_zero()
+                    && e.stale_within(now, e.fresh.stale_if_error);
+                if upstream_failed && stale_ok {
+                    m.stale.fetch_add(1, Ordering::Relaxed);
+                    let status = "tollgate; fwd=stale; collapsed".to_string();
+                    return Ok(answer(&e, &parts, now, status));
+                }
+                // Stale: one request asks the upstream, the others wait for its answer.
+                let flight = vary_key.as_deref().unwrap_or(&plain);
+                let waiting = self.inflight.lock().get(flight).cloned();
+                if let (Some(rx), false) = (waiting, collapsed) {
+                    upstream_failed = Self::wait_for(rx, ask.wait).await;
+                    collapsed = true;
+                    continue;
+                }
+                let leader = self.lead(flight.to_string());
+                return self
+                    .revalidate(&ask, (uri, url), parts, e, up, leader)
+                    .await;
+            }
+            // A miss: wait for a request already on its way upstream for this key, once.
+            let flight = plain.as_str();
+            if parts.method == Method::HEAD || shapes_its_answer(&parts.headers) {
+                return self
+                    .straight_upstream(&*up, parts, miss.status(false))
+                    .await;
+            }
+            let waiting = self.inflight.lock().get(flight).cloned();
+            match waiting {
+                Some(rx) if !collapsed => {
+                    upstream_failed = Self::wait_for(rx, ask.wait).await;
+                    collapsed = true;
+                    continue;
+                }
+                _ => {}
+            }
+            let leader = self.lead(flight.to_string());
+            m.misses.fetch_add(1, Ordering::Relaxed);
+            // The whole answer, whatever the client has: it is stored for every client,
+            // and a 200 answers a conditional request too (as Varnish fetches a miss).
+            let mut parts = parts;
+            let mut conditional = HeaderMap::new();
+            for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+                if let Some(v) = parts.headers.remove(&name) {
+                    conditional.insert(name, v);
+                }
+            }
+            let sent = copy_parts(&parts);
+            let born = self.store.born(uri);
+            let resp = up.fetch(parts).await?;
+            let (resp, stored) = self.store_on_the_way(
+                &ask,
+                (uri, born),
+                url.to_string(),
+                &sent,
+                resp,
+                leader,
+                miss.status(true),
+                miss.status(false),
+            );
+            // Only what the upstream answered decides for the key: not an answer shaped by
+            // the client's own credentials.
+            if stored {
+                self.store.cacheable_again(flight);
+            } else if !sent.headers.contains_key(header::AUTHORIZATION) {
+                self.store.mark_uncacheable(flight, ask.now_ns);
+            }
+            // A client whose conditional the answer satisfies gets its 304; the answer
+            // is stored all the same (its fill does not need this client).
+            if stored
+                && resp.status() == StatusCode::OK
+                && !conditional.is_empty()
+                && answer::satisfied(&conditional, resp.headers())
+            {
+                return Ok(answer::not_modified_from(&resp, miss.status(true)));
+            }
+            return Ok(resp);
+        }
+    }
+}
