@@ -544,3 +544,29 @@ fn the_reader_finds_what_it_must() {
     .into();
     assert_eq!(circles(&g), vec![vec!["a".to_string(), "b".to_string()]]);
 }
+
+#[test]
+fn no_source_file_is_over_600_lines() {
+    let root = workspace();
+    let mut long = Vec::new();
+    for c in ["gateway", "config", "cli", "bench"] {
+        let mut paths = Vec::new();
+        rust_files(&root.join("crates").join(c).join("src"), &mut paths);
+        for p in paths {
+            // Unit tests kept beside their module are tests, not the module.
+            if p.file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with("tests.rs"))
+            {
+                continue;
+            }
+            let n = std::fs::read_to_string(&p)
+                .expect("readable")
+                .lines()
+                .count();
+            if n > 600 {
+                long.push(format!("{} ({n} lines)", p.display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these: {}", long.join(", "));
+}

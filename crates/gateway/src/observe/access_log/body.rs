@@ -1,0 +1,73 @@
+//! The answer's body, counted on its way out; its end queues the request's line.
+
+use super::queue::AccessLog;
+use super::record::Record;
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// A response body that queues its request's access log line once it has been sent (or
+/// dropped unfinished), counting the bytes on the way. Without a record it only passes
+/// frames through.
+pub struct Logged<B> {
+    inner: B,
+    pending: Option<(Box<Record>, Arc<AccessLog>)>,
+}
+
+impl<B> Logged<B> {
+    /// `body`, logging `rec` at its end when given.
+    pub fn new(inner: B, pending: Option<(Box<Record>, Arc<AccessLog>)>) -> Self {
+        Logged { inner, pending }
+    }
+
+    fn finish(&mut self) {
+        if let Some((mut rec, log)) = self.pending.take() {
+            rec.duration = rec.start.elapsed();
+            log.log(rec);
+        }
+    }
+}
+
+impl<B> Drop for Logged<B> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for Logged<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if this.pending.is_some() {
+            match &polled {
+                Poll::Ready(Some(Ok(f))) => {
+                    if let (Some(d), Some((rec, _))) = (f.data_ref(), this.pending.as_mut()) {
+                        rec.bytes_out += d.len() as u64;
+                    }
+                    if this.inner.is_end_stream() {
+                        this.finish();
+                    }
+                }
+                Poll::Ready(_) => this.finish(),
+                Poll::Pending => {}
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
