@@ -6,11 +6,11 @@ use hyper_util::rt::TokioIo;
 use std::path::Path;
 use std::process::ExitCode;
 use tollgate_config::{AdminConfig, Config};
-use tollgate_gateway::cluster::Cluster;
-use tollgate_gateway::limiter::Now;
-use tollgate_gateway::observe::analytics::{self, Query, Row, Step};
-use tollgate_gateway::snapshot::{Registry, Snapshot};
+use tollgate_gateway::analytics::{self, Query, Row, Step};
 use tollgate_gateway::usage::{usage, LimitUsage};
+use tollgate_gateway::Cluster;
+use tollgate_gateway::Now;
+use tollgate_gateway::{Registry, Snapshot};
 
 /// A single-threaded runtime for one command, or `None` (said on stderr).
 fn runtime() -> Option<tokio::runtime::Runtime> {

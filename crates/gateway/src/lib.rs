@@ -1,34 +1,41 @@
-//! tollgate's runtime, in the order a request meets it:
-//! [`listener`] → [`inbound`] → [`route`] → [`policy`] (method, CORS, auth, authz, limits) →
-//! [`upstream`] → [`response`]. [`snapshot`] compiles a validated config into what the
-//! request path reads; [`gateway`] pins a snapshot per request and swaps it on reload.
+//! tollgate's runtime. The layers, from the ground up, and the request path through them
+//! are in ARCHITECTURE.md: `exchange` (what the layers exchange) → the listener and the
+//! limiter → upstreams and the cluster link → the snapshot → policies and the cache →
+//! routing → [`Gateway`], whose pipeline serves a request phase by phase.
+//!
+//! The public surface is what the `tollgate` binary and the tests use; every other module
+//! is the crate's own.
 #![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod cache;
-pub mod clock;
-pub mod cluster;
+pub(crate) mod cache;
+pub(crate) mod clock;
+pub(crate) mod cluster;
 pub mod echo;
-pub mod exchange;
+pub(crate) mod exchange;
 #[doc(hidden)]
 pub mod fuzz;
-pub mod gateway;
-pub mod inbound;
-pub mod limiter;
-pub mod listener;
-pub mod observe;
-pub mod policy;
-pub mod query;
-pub mod redis_link;
-pub mod response;
-pub mod route;
-pub mod snapshot;
-mod sqlite;
-pub mod upstream;
+pub(crate) mod gateway;
+pub(crate) mod inbound;
+pub(crate) mod limiter;
+pub(crate) mod listener;
+pub(crate) mod observe;
+pub(crate) mod policy;
+pub(crate) mod query;
+pub(crate) mod redis_link;
+pub(crate) mod response;
+pub(crate) mod route;
+pub(crate) mod snapshot;
+pub(crate) mod sqlite;
+pub(crate) mod upstream;
 pub mod usage;
 pub mod watch;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use cluster::{Cluster, ClusterMetrics};
 pub use exchange::ConnInfo;
 pub use gateway::{Gateway, ReloadStatus};
+pub use limiter::Now;
 pub use listener::{bind, BindError, Server};
+pub use observe::analytics;
+pub use snapshot::{Registry, Snapshot};

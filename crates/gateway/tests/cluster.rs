@@ -173,13 +173,12 @@ async fn redis_stopped_and_restarted_mid_run_fails_open_then_resumes() {
     }
     let metrics = nodes[0].gw.metrics_text();
     assert!(metrics.contains("tollgate_cluster_redis_up 0"), "{metrics}");
-    let sum =
-        |f: fn(&tollgate_gateway::cluster::ClusterMetrics) -> &std::sync::atomic::AtomicU64| {
-            nodes
-                .iter()
-                .map(|n| f(&n.gw.cluster().expect("cluster").metrics).load(Ordering::Relaxed))
-                .sum::<u64>()
-        };
+    let sum = |f: fn(&tollgate_gateway::ClusterMetrics) -> &std::sync::atomic::AtomicU64| {
+        nodes
+            .iter()
+            .map(|n| f(&n.gw.cluster().expect("cluster").metrics).load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
     // Nothing can be granted while Redis is down.
     let granted_before = sum(|m| &m.granted);
     let fail_open = sum(|m| &m.fail_open_admitted);

@@ -26,10 +26,8 @@ mod upgrade;
 mod via_alt;
 mod with_body;
 
-pub use body::{ClientFault, UpBody, BUFFER};
-pub use dial::ConnectError;
 pub use forward::{fetch, forward};
 pub use headers::{forwarding_header, sent, Sent};
-pub use pool::{BodyError, Collector, PooledBody};
+pub use pool::{Collector, PooledBody};
 pub use target::{AnsweredBy, Hop, Upstream};
 pub use upgrade::{upgrade, UpgradeAsk};

@@ -19,6 +19,5 @@ pub(crate) mod hpack;
 mod huffman;
 mod request;
 
-pub use body::{HeldBytes, RecvBody};
 pub use conn::{Connection, Limits};
 pub(crate) use frame::PREFACE;
