@@ -5,10 +5,12 @@
 //! streams they opened are polled at once (a refusal answers in that poll), and all the
 //! answers go out in one write.
 
+mod flood;
 mod recv;
 mod send;
 
 use super::body::{Budget, Sender};
+use flood::FloodGuard;
 use super::exec::Exec;
 use super::frame::{self, code};
 use super::hpack::Decoder;
@@ -32,14 +34,6 @@ const MAX_FRAME: usize = 16_384;
 const WRITE_HIGH: usize = 64 * 1024;
 /// Streams we reset whose late frames are ignored rather than treated as errors.
 const RECENT_RESETS: usize = 128;
-/// Streams we may reset before they reached the gateway (malformed, refused) before the
-/// client is told to go away: a well-made client sends none.
-const MAX_LOCAL_RESETS: usize = 64;
-/// Frames in a row that carry nothing (empty DATA or CONTINUATION that end nothing, frames
-/// of unknown type) before the client is told to go away, as Envoy and Sozu count them.
-const MAX_USELESS_FRAMES: u32 = 100;
-/// CONTINUATION frames one header block may take.
-const MAX_CONTINUATIONS: u32 = 32;
 /// The largest window RFC 9113 §6.9.1 allows.
 const MAX_WINDOW: i64 = (1 << 31) - 1;
 
@@ -190,14 +184,8 @@ pub struct Connection<S, F, M, B> {
     /// Bytes read and not yet credited to the connection's window.
     conn_credit: usize,
     cont: Option<Continued>,
-    /// Answered streams bank one each (up to the stream limit), client resets of
-    /// unanswered streams spend one: below `-max_resets` the client is told to calm down.
-    reset_balance: i64,
-    /// When the balance last decayed one step towards zero.
-    balance_at: Instant,
-    local_resets: usize,
-    /// Frames in a row that carried nothing.
-    useless: u32,
+    /// What the client may make the server do for nothing.
+    flood: FloodGuard,
     /// The last stream id a GOAWAY named: a later GOAWAY never names a higher one.
     goaway_last: Option<u32>,
     state: State,
@@ -245,10 +233,7 @@ where
             recv_window: i64::from(limits.connection_window.max(65_535)),
             conn_credit: 0,
             cont: None,
-            reset_balance: 0,
-            balance_at: now,
-            local_resets: 0,
-            useless: 0,
+            flood: FloodGuard::new(limits.max_resets, limits.max_streams, now),
             goaway_last: None,
             state: State::Open,
             timer: Box::pin(tokio::time::sleep_until(now + limits.idle)),
@@ -287,30 +272,6 @@ where
             .map_or(self.last_id, |g| g.min(self.last_id));
         self.goaway_last = Some(last);
         frame::goaway(&mut self.wbuf, last, code);
-    }
-
-    /// Moves the reset balance one step towards zero per second since it last moved:
-    /// banked credit does not keep, and an old debt is forgiven.
-    fn decay_balance(&mut self) {
-        let now = Instant::now();
-        let secs = now.saturating_duration_since(self.balance_at).as_secs();
-        if secs == 0 {
-            return;
-        }
-        self.balance_at = now;
-        let step = i64::try_from(secs).unwrap_or(i64::MAX);
-        self.reset_balance = if self.reset_balance > 0 {
-            (self.reset_balance - step).max(0)
-        } else {
-            (self.reset_balance + step).min(0)
-        };
-    }
-
-    /// Spends one reset from the balance; whether the client is now too far in debt.
-    fn spend_reset(&mut self) -> bool {
-        self.decay_balance();
-        self.reset_balance -= 1;
-        self.reset_balance < -(self.limits.max_resets as i64)
     }
 
     fn fail(&mut self, e: ConnError) {

@@ -4,16 +4,15 @@
 use super::super::body::Sender;
 use super::super::frame::{self, code, flag, kind, PREFACE};
 use super::super::{hpack, request};
-use super::{
-    ConnError, Connection, Continued, State, Stream, MAX_CONTINUATIONS, MAX_FRAME,
-    MAX_LOCAL_RESETS, MAX_USELESS_FRAMES, MAX_WINDOW,
-};
+use super::flood::block_flood;
+use super::{ConnError, Connection, Continued, State, Stream, MAX_FRAME, MAX_WINDOW};
 use crate::listener::body::RequestBody;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use std::future::Future;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
 
 impl<S, F, M, B> Connection<S, F, M, B>
 where
@@ -52,52 +51,14 @@ where
             // DATA's padding carries nothing either.
             let pad = (k == kind::DATA && flags & flag::PADDED != 0)
                 .then(|| payload.first().map_or(0, |&p| usize::from(p) + 1));
-            self.count_useless(k, flags, len.saturating_sub(pad.unwrap_or(0)))?;
-            self.frame(k, flags, id, payload)?;
-            if self.local_resets > MAX_LOCAL_RESETS
-                || self.reset_balance < -(self.limits.max_resets as i64)
-            {
+            if self.flood.frame(k, flags, len.saturating_sub(pad.unwrap_or(0))) {
+                tracing::debug!("HTTP/2 client sent too many empty or unknown frames: GOAWAY");
                 return Err(ConnError(code::ENHANCE_YOUR_CALM));
             }
-        }
-        Ok(())
-    }
-
-    /// Counts frames that carry nothing: DATA without data (empty, or padding only) that
-    /// does not end its stream, empty CONTINUATION that does not end its block, and frames
-    /// of unknown type. Too many in a row is a flood (they cost the server as much as any
-    /// frame); only a frame that carries a request or data starts the count again, so the
-    /// work stays in proportion to what a client sends. Control frames (PRIORITY, PING,
-    /// SETTINGS, WINDOW_UPDATE, RST_STREAM) leave the count as it is. `len` is the payload
-    /// without padding.
-    fn count_useless(&mut self, k: u8, flags: u8, len: usize) -> Result<(), ConnError> {
-        let useless = match k {
-            kind::DATA if len > 0 => {
-                self.useless = 0;
-                return Ok(());
+            self.frame(k, flags, id, payload)?;
+            if self.flood.exceeded() {
+                return Err(ConnError(code::ENHANCE_YOUR_CALM));
             }
-            kind::DATA => flags & flag::END_STREAM == 0,
-            kind::HEADERS => {
-                self.useless = 0;
-                return Ok(());
-            }
-            kind::CONTINUATION => len == 0 && flags & flag::END_HEADERS == 0,
-            kind::PRIORITY
-            | kind::RST_STREAM
-            | kind::SETTINGS
-            | kind::PUSH_PROMISE
-            | kind::PING
-            | kind::GOAWAY
-            | kind::WINDOW_UPDATE => false,
-            _ => true,
-        };
-        if !useless {
-            return Ok(());
-        }
-        self.useless += 1;
-        if self.useless > MAX_USELESS_FRAMES {
-            tracing::debug!("HTTP/2 client sent too many empty or unknown frames: GOAWAY");
-            return Err(ConnError(code::ENHANCE_YOUR_CALM));
         }
         Ok(())
     }
@@ -164,9 +125,12 @@ where
                 c.frames += 1;
                 // A block this large decodes past any header list allowed: a flood; so is
                 // a block cut into more pieces than any client needs.
-                if c.block.len() > 4 * self.limits.max_header_list as usize + MAX_FRAME
-                    || c.frames > MAX_CONTINUATIONS
-                {
+                if block_flood(
+                    c.block.len(),
+                    c.frames,
+                    self.limits.max_header_list as usize,
+                    MAX_FRAME,
+                ) {
                     return Err(ConnError(code::ENHANCE_YOUR_CALM));
                 }
                 if flags & flag::END_HEADERS != 0 {
@@ -212,7 +176,7 @@ where
         if flags & flag::END_HEADERS != 0 {
             return self.on_block(id, end_stream, self_dependent, p);
         }
-        let deadline = tokio::time::Instant::now() + self.limits.idle;
+        let deadline = Instant::now() + self.limits.idle;
         if self.timer.deadline() > deadline {
             self.timer.as_mut().reset(deadline);
         }
@@ -435,7 +399,7 @@ where
             return Err(ConnError(code::PROTOCOL_ERROR));
         }
         if self.streams.contains_key(&id) {
-            if self.spend_reset() {
+            if self.flood.spend_reset(Instant::now()) {
                 return Err(ConnError(code::ENHANCE_YOUR_CALM));
             }
             self.remove(id, "stream reset by the client");

@@ -25,13 +25,14 @@ where
     /// A reset of a stream already handed to the gateway spends the same balance as a
     /// client's reset (MadeYouReset, CVE-2025-8671: a client can make the server reset
     /// streams it already sent upstream); one that never reached it counts towards
-    /// [`super::MAX_LOCAL_RESETS`].
+    /// [`super::flood::MAX_LOCAL_RESETS`].
     pub(super) fn reset(&mut self, id: u32, code: u32) {
         frame::rst_stream(&mut self.wbuf, id, code);
         if self.streams.contains_key(&id) {
-            self.spend_reset();
+            // The flood is acted on once the frame in hand is done.
+            self.flood.spend_reset(Instant::now());
         } else {
-            self.local_resets += 1;
+            self.flood.local_reset();
         }
         self.remove(id, "stream reset");
         self.remember(id);
@@ -241,8 +242,7 @@ where
         };
         // Only an answer that took upstream work banks a reset: a cheap refusal does not.
         if upstream {
-            self.decay_balance();
-            self.reset_balance = (self.reset_balance + 1).min(i64::from(self.limits.max_streams));
+            self.flood.bank(Instant::now());
         }
         let Some(st) = self.streams.get(&id) else {
             return;
