@@ -205,7 +205,10 @@ mod tests {
             assert!(!g.frame(kind::CONTINUATION, 0, 0));
         }
         assert!(!g.frame(kind::DATA, 0, 1), "data restarts the count");
-        assert!(!g.frame(kind::DATA, flag::END_STREAM, 0), "an empty end is no useless frame");
+        assert!(
+            !g.frame(kind::DATA, flag::END_STREAM, 0),
+            "an empty end is no useless frame"
+        );
         for _ in 0..MAX_USELESS_FRAMES {
             assert!(!g.frame(kind::DATA, 0, 0));
         }

@@ -6,16 +6,18 @@
 //! answers go out in one write.
 
 mod flood;
+mod flow;
 mod recv;
 mod send;
 
 use super::body::{Budget, Sender};
-use flood::FloodGuard;
 use super::exec::Exec;
 use super::frame::{self, code};
 use super::hpack::Decoder;
 use crate::listener::body::RequestBody;
 use bytes::{Bytes, BytesMut};
+use flood::FloodGuard;
+use flow::{RecvWindow, SendWindow};
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use std::collections::{HashMap, VecDeque};
@@ -34,8 +36,6 @@ const MAX_FRAME: usize = 16_384;
 const WRITE_HIGH: usize = 64 * 1024;
 /// Streams we reset whose late frames are ignored rather than treated as errors.
 const RECENT_RESETS: usize = 128;
-/// The largest window RFC 9113 §6.9.1 allows.
-const MAX_WINDOW: i64 = (1 << 31) - 1;
 
 /// A connection's limits, from the listener's config.
 #[derive(Debug, Clone)]
@@ -102,14 +102,13 @@ struct Stream<B> {
     /// Feeds the request body while the client sends it.
     recv: Option<Sender>,
     remote_closed: bool,
-    /// What the client may still send, and what it has been credited since the last update.
-    recv_window: i64,
-    /// Bytes read (or dropped unread) and not yet credited to the stream's window.
-    credit: usize,
+    /// What the client may still send on the stream, and the credit owed back to it.
+    window_in: RecvWindow,
     /// Declared `Content-Length` and DATA received.
     length: Option<u64>,
     received: u64,
-    send_window: i64,
+    /// What the client lets the stream's answer send.
+    window_out: SendWindow,
     out: Option<Out<B>>,
     /// A HEAD request: the answer has no body.
     head: bool,
@@ -123,16 +122,14 @@ struct Stream<B> {
 
 impl<B> Stream<B> {
     /// Owes the client `n` more bytes of window; sends the update once half the window
-    /// (`half`) is owed. Nothing is owed once the client has ended its side.
-    fn give_back(&mut self, wbuf: &mut Vec<u8>, id: u32, n: usize, half: usize) {
+    /// is owed. Nothing is owed once the client has ended its side.
+    fn give_back(&mut self, wbuf: &mut Vec<u8>, id: u32, n: usize) {
         if self.remote_closed {
             return;
         }
-        self.credit += n;
-        if self.credit >= half {
-            frame::window_update(wbuf, id, self.credit as u32);
-            self.recv_window += self.credit as i64;
-            self.credit = 0;
+        self.window_in.owe(n);
+        if let Some(inc) = self.window_in.due() {
+            frame::window_update(wbuf, id, inc);
         }
     }
 }
@@ -179,10 +176,10 @@ pub struct Connection<S, F, M, B> {
     /// The client's SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_FRAME_SIZE.
     peer_window: i64,
     peer_frame: usize,
-    send_window: i64,
-    recv_window: i64,
-    /// Bytes read and not yet credited to the connection's window.
-    conn_credit: usize,
+    /// What the client lets the answers send, all streams together.
+    window_out: SendWindow,
+    /// What the client may still send, all streams together, and the credit owed back.
+    window_in: RecvWindow,
     cont: Option<Continued>,
     /// What the client may make the server do for nothing.
     flood: FloodGuard,
@@ -229,9 +226,11 @@ where
             last_id: 0,
             peer_window: 65_535,
             peer_frame: MAX_FRAME,
-            send_window: 65_535,
-            recv_window: i64::from(limits.connection_window.max(65_535)),
-            conn_credit: 0,
+            window_out: SendWindow::new(65_535),
+            window_in: RecvWindow::new(
+                i64::from(limits.connection_window.max(65_535)),
+                limits.connection_window,
+            ),
             cont: None,
             flood: FloodGuard::new(limits.max_resets, limits.max_streams, now),
             goaway_last: None,
@@ -435,7 +434,7 @@ where
                 }
             }
             // Bodies being read, or DATA dropped on closed streams: window to give back.
-            if !this.bodies.is_empty() || this.conn_credit > 0 {
+            if !this.bodies.is_empty() || this.window_in.owes() {
                 this.credit(cx);
             }
             progress |= this.write(cx)?;

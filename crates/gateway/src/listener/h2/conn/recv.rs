@@ -5,7 +5,8 @@ use super::super::body::Sender;
 use super::super::frame::{self, code, flag, kind, PREFACE};
 use super::super::{hpack, request};
 use super::flood::block_flood;
-use super::{ConnError, Connection, Continued, State, Stream, MAX_FRAME, MAX_WINDOW};
+use super::flow::{RecvWindow, SendWindow, MAX_WINDOW};
+use super::{ConnError, Connection, Continued, State, Stream, MAX_FRAME};
 use crate::listener::body::RequestBody;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Request, Response, StatusCode};
@@ -51,7 +52,10 @@ where
             // DATA's padding carries nothing either.
             let pad = (k == kind::DATA && flags & flag::PADDED != 0)
                 .then(|| payload.first().map_or(0, |&p| usize::from(p) + 1));
-            if self.flood.frame(k, flags, len.saturating_sub(pad.unwrap_or(0))) {
+            if self
+                .flood
+                .frame(k, flags, len.saturating_sub(pad.unwrap_or(0)))
+            {
                 tracing::debug!("HTTP/2 client sent too many empty or unknown frames: GOAWAY");
                 return Err(ConnError(code::ENHANCE_YOUR_CALM));
             }
@@ -304,11 +308,13 @@ where
                 slot: Some(slot),
                 recv,
                 remote_closed: end_stream,
-                recv_window: i64::from(self.limits.stream_window),
+                window_in: RecvWindow::new(
+                    i64::from(self.limits.stream_window),
+                    self.limits.stream_window,
+                ),
                 length,
                 received: 0,
-                credit: 0,
-                send_window: self.peer_window,
+                window_out: SendWindow::new(self.peer_window),
                 out: None,
                 head: is_head,
                 expects_continue,
@@ -324,17 +330,16 @@ where
             return Err(ConnError(code::PROTOCOL_ERROR));
         }
         let total = p.len();
-        if total as i64 > self.recv_window {
+        if !self.window_in.take(total) {
             return Err(ConnError(code::FLOW_CONTROL_ERROR));
         }
-        self.recv_window -= total as i64;
         let pad = strip_pad(flags, &mut p)?;
         if pad > p.len() {
             return Err(ConnError(code::PROTOCOL_ERROR));
         }
         p.truncate(p.len() - pad);
         let Some(st) = self.streams.get_mut(&id) else {
-            self.conn_credit += total;
+            self.window_in.owe(total);
             if self.idle(id) {
                 return Err(ConnError(code::PROTOCOL_ERROR));
             }
@@ -345,16 +350,15 @@ where
             };
         };
         if st.remote_closed {
-            self.conn_credit += total;
+            self.window_in.owe(total);
             self.reset(id, code::STREAM_CLOSED);
             return Ok(());
         }
-        if total as i64 > st.recv_window {
-            self.conn_credit += total;
+        if !st.window_in.take(total) {
+            self.window_in.owe(total);
             self.reset(id, code::FLOW_CONTROL_ERROR);
             return Ok(());
         }
-        st.recv_window -= total as i64;
         st.received += p.len() as u64;
         st.expects_continue = false;
         let end = flags & flag::END_STREAM != 0;
@@ -363,7 +367,7 @@ where
             .length
             .is_some_and(|l| st.received > l || end && st.received != l)
         {
-            self.conn_credit += total;
+            self.window_in.owe(total);
             self.reset(id, code::PROTOCOL_ERROR);
             return Ok(());
         }
@@ -375,13 +379,8 @@ where
             // Nobody reads it: credited at once.
             _ => unread += len,
         }
-        self.conn_credit += unread;
-        st.give_back(
-            &mut self.wbuf,
-            id,
-            unread,
-            self.limits.stream_window as usize / 2,
-        );
+        self.window_in.owe(unread);
+        st.give_back(&mut self.wbuf, id, unread);
         if end {
             st.remote_closed = true;
             if let Some(tx) = st.recv.take() {
@@ -433,8 +432,7 @@ where
                     let delta = v - self.peer_window;
                     self.peer_window = v;
                     for st in self.streams.values_mut() {
-                        st.send_window += delta;
-                        if st.send_window > MAX_WINDOW {
+                        if !st.window_out.grow(delta) {
                             return Err(ConnError(code::FLOW_CONTROL_ERROR));
                         }
                     }
@@ -462,8 +460,7 @@ where
             if inc == 0 {
                 return Err(ConnError(code::PROTOCOL_ERROR));
             }
-            self.send_window += inc;
-            if self.send_window > MAX_WINDOW {
+            if !self.window_out.grow(inc) {
                 return Err(ConnError(code::FLOW_CONTROL_ERROR));
             }
             return Ok(());
@@ -474,11 +471,8 @@ where
         if let Some(st) = self.streams.get_mut(&id) {
             if inc == 0 {
                 self.reset(id, code::PROTOCOL_ERROR);
-            } else {
-                st.send_window += inc;
-                if st.send_window > MAX_WINDOW {
-                    self.reset(id, code::FLOW_CONTROL_ERROR);
-                }
+            } else if !st.window_out.grow(inc) {
+                self.reset(id, code::FLOW_CONTROL_ERROR);
             }
         }
         Ok(())

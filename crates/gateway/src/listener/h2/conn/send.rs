@@ -162,8 +162,9 @@ where
                     frame::data(&mut self.wbuf, id, &data, end);
                 } else {
                     let room = st
-                        .send_window
-                        .min(self.send_window)
+                        .window_out
+                        .room()
+                        .min(self.window_out.room())
                         .min(self.peer_frame as i64);
                     if room <= 0 {
                         out.pending = Some(data);
@@ -179,8 +180,8 @@ where
                     }
                     st.blocked_since = None;
                     let n = data.len().min(room as usize);
-                    st.send_window -= n as i64;
-                    self.send_window -= n as i64;
+                    st.window_out.spend(n);
+                    self.window_out.spend(n);
                     frame::data(&mut self.wbuf, id, &data[..n], end && n == data.len());
                     if n < data.len() {
                         out.pending = Some(data.slice(n..));
@@ -256,15 +257,14 @@ where
 
     /// Credits the client with what the streams have read.
     pub(super) fn credit(&mut self, cx: &mut Context<'_>) {
-        let half = self.limits.stream_window as usize / 2;
         let mut i = 0;
         while i < self.bodies.len() {
             let (id, tx) = &self.bodies[i];
             let id = *id;
             let (n, gone, waited) = tx.take_released(cx.waker());
-            self.conn_credit += n;
+            self.window_in.owe(n);
             if let Some(st) = self.streams.get_mut(&id) {
-                st.give_back(&mut self.wbuf, id, n, half);
+                st.give_back(&mut self.wbuf, id, n);
                 // Only before the answer: a 100 after it would be a protocol error.
                 if st.expects_continue && st.slot.is_some() && st.out.is_none() && waited {
                     st.expects_continue = false;
@@ -280,10 +280,8 @@ where
                 i += 1;
             }
         }
-        if self.conn_credit >= self.limits.connection_window as usize / 2 {
-            frame::window_update(&mut self.wbuf, 0, self.conn_credit as u32);
-            self.recv_window += self.conn_credit as i64;
-            self.conn_credit = 0;
+        if let Some(inc) = self.window_in.due() {
+            frame::window_update(&mut self.wbuf, 0, inc);
         }
     }
 }
