@@ -9,6 +9,7 @@ mod flood;
 mod flow;
 mod recv;
 mod send;
+mod streams;
 
 use super::body::{Budget, Sender};
 use super::exec::Exec;
@@ -20,12 +21,12 @@ use flood::FloodGuard;
 use flow::{RecvWindow, SendWindow};
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
-use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use streams::{Stream, Streams};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 use tollgate_config::Http2Config;
@@ -34,8 +35,6 @@ use tollgate_config::Http2Config;
 const MAX_FRAME: usize = 16_384;
 /// Output not yet written past which nothing more is read or made.
 const WRITE_HIGH: usize = 64 * 1024;
-/// Streams we reset whose late frames are ignored rather than treated as errors.
-const RECENT_RESETS: usize = 128;
 
 /// A connection's limits, from the listener's config.
 #[derive(Debug, Clone)]
@@ -87,53 +86,6 @@ enum State {
     Failed,
 }
 
-/// An answer being sent.
-struct Out<B> {
-    body: B,
-    /// Data taken from the body and not yet sent (waiting for window).
-    pending: Option<Bytes>,
-    /// The body ends after `pending`.
-    end_after: bool,
-}
-
-struct Stream<B> {
-    /// The slot of the stream's future while it runs.
-    slot: Option<usize>,
-    /// Feeds the request body while the client sends it.
-    recv: Option<Sender>,
-    remote_closed: bool,
-    /// What the client may still send on the stream, and the credit owed back to it.
-    window_in: RecvWindow,
-    /// Declared `Content-Length` and DATA received.
-    length: Option<u64>,
-    received: u64,
-    /// What the client lets the stream's answer send.
-    window_out: SendWindow,
-    out: Option<Out<B>>,
-    /// A HEAD request: the answer has no body.
-    head: bool,
-    /// The client waits for `100 Continue` before it sends the body (RFC 9110 §10.1.1).
-    expects_continue: bool,
-    /// Since when the answer has waited on the client's window.
-    blocked_since: Option<Instant>,
-    /// The answer came from the upstream (it banks a reset once sent).
-    upstream: bool,
-}
-
-impl<B> Stream<B> {
-    /// Owes the client `n` more bytes of window; sends the update once half the window
-    /// is owed. Nothing is owed once the client has ended its side.
-    fn give_back(&mut self, wbuf: &mut Vec<u8>, id: u32, n: usize) {
-        if self.remote_closed {
-            return;
-        }
-        self.window_in.owe(n);
-        if let Some(inc) = self.window_in.due() {
-            frame::window_update(wbuf, id, inc);
-        }
-    }
-}
-
 /// A header block that goes on in CONTINUATION frames.
 struct Continued {
     id: u32,
@@ -145,8 +97,6 @@ struct Continued {
     /// When the block must be whole (the listener's `header_timeout`).
     deadline: Instant,
 }
-
-type Map<V> = HashMap<u32, V, foldhash::fast::RandomState>;
 
 /// One HTTP/2 connection, served to its end. `make` turns each request into the future
 /// of its answer.
@@ -162,7 +112,7 @@ pub struct Connection<S, F, M, B> {
     preface: bool,
     got_settings: bool,
     decoder: Decoder,
-    streams: Map<Stream<B>>,
+    streams: Streams<Stream<B>>,
     exec: Exec<F>,
     /// The stream of each slot.
     slot_ids: Vec<u32>,
@@ -171,8 +121,6 @@ pub struct Connection<S, F, M, B> {
     /// Streams with an answer to send, and request bodies being read (for credit).
     sending: Vec<u32>,
     bodies: Vec<(u32, Sender)>,
-    recent: VecDeque<u32>,
-    last_id: u32,
     /// The client's SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_FRAME_SIZE.
     peer_window: i64,
     peer_frame: usize,
@@ -216,14 +164,12 @@ where
             preface: false,
             got_settings: false,
             decoder: Decoder::default(),
-            streams: Map::default(),
+            streams: Streams::default(),
             exec: Exec::new(),
             slot_ids: Vec::new(),
             finished: Vec::new(),
             sending: Vec::new(),
             bodies: Vec::new(),
-            recent: VecDeque::new(),
-            last_id: 0,
             peer_window: 65_535,
             peer_frame: MAX_FRAME,
             window_out: SendWindow::new(65_535),
@@ -268,7 +214,7 @@ where
     fn goaway(&mut self, code: u32) {
         let last = self
             .goaway_last
-            .map_or(self.last_id, |g| g.min(self.last_id));
+            .map_or(self.streams.last_id(), |g| g.min(self.streams.last_id()));
         self.goaway_last = Some(last);
         frame::goaway(&mut self.wbuf, last, code);
     }
@@ -281,7 +227,7 @@ where
         self.goaway(e.0);
         self.state = State::Failed;
         self.cont = None;
-        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        let ids = self.streams.ids();
         for id in ids {
             self.remove(id, "connection error");
         }
@@ -453,7 +399,7 @@ where
         };
         if this.read_closed && this.state != State::Failed {
             // The client is gone: nothing it asked for can reach it.
-            let ids: Vec<u32> = this.streams.keys().copied().collect();
+            let ids = this.streams.ids();
             for id in ids {
                 this.remove(id, "client closed the connection");
             }

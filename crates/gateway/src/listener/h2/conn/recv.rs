@@ -6,7 +6,8 @@ use super::super::frame::{self, code, flag, kind, PREFACE};
 use super::super::{hpack, request};
 use super::flood::block_flood;
 use super::flow::{RecvWindow, SendWindow, MAX_WINDOW};
-use super::{ConnError, Connection, Continued, State, Stream, MAX_FRAME};
+use super::streams::{Stream, StreamState};
+use super::{ConnError, Connection, Continued, State, MAX_FRAME};
 use crate::listener::body::RequestBody;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Request, Response, StatusCode};
@@ -154,11 +155,6 @@ where
         }
     }
 
-    /// Whether `id` names a stream the client has not opened.
-    pub(super) fn idle(&self, id: u32) -> bool {
-        id > self.last_id || id % 2 == 0
-    }
-
     pub(super) fn on_headers(&mut self, flags: u8, id: u32, mut p: Bytes) -> Result<(), ConnError> {
         if id == 0 || id % 2 == 0 {
             return Err(ConnError(code::PROTOCOL_ERROR));
@@ -209,7 +205,7 @@ where
             .decode(block, max_list)
             .map_err(|_| ConnError(code::COMPRESSION_ERROR))?;
         if let Some(st) = self.streams.get_mut(&id) {
-            if st.remote_closed {
+            if st.state == StreamState::HalfClosedRemote {
                 self.reset(id, code::STREAM_CLOSED);
                 return Ok(());
             }
@@ -225,20 +221,20 @@ where
                 self.reset(id, code::PROTOCOL_ERROR);
                 return Ok(());
             }
-            st.remote_closed = true;
+            st.state = StreamState::HalfClosedRemote;
             if let Some(tx) = st.recv.take() {
                 tx.end(Some(trailers));
             }
             return Ok(());
         }
-        if !self.idle(id) {
-            return if self.recent.contains(&id) {
+        if !self.streams.idle(id) {
+            return if self.streams.was_reset(id) {
                 Ok(())
             } else {
                 Err(ConnError(code::STREAM_CLOSED))
             };
         }
-        self.last_id = id;
+        self.streams.opened(id);
         if self_dependent {
             self.reset(id, code::PROTOCOL_ERROR);
             return Ok(());
@@ -307,7 +303,11 @@ where
             Stream {
                 slot: Some(slot),
                 recv,
-                remote_closed: end_stream,
+                state: if end_stream {
+                    StreamState::HalfClosedRemote
+                } else {
+                    StreamState::Open
+                },
                 window_in: RecvWindow::new(
                     i64::from(self.limits.stream_window),
                     self.limits.stream_window,
@@ -340,16 +340,16 @@ where
         p.truncate(p.len() - pad);
         let Some(st) = self.streams.get_mut(&id) else {
             self.window_in.owe(total);
-            if self.idle(id) {
+            if self.streams.idle(id) {
                 return Err(ConnError(code::PROTOCOL_ERROR));
             }
-            return if self.recent.contains(&id) {
+            return if self.streams.was_reset(id) {
                 Ok(())
             } else {
                 Err(ConnError(code::STREAM_CLOSED))
             };
         };
-        if st.remote_closed {
+        if st.state == StreamState::HalfClosedRemote {
             self.window_in.owe(total);
             self.reset(id, code::STREAM_CLOSED);
             return Ok(());
@@ -382,7 +382,7 @@ where
         self.window_in.owe(unread);
         st.give_back(&mut self.wbuf, id, unread);
         if end {
-            st.remote_closed = true;
+            st.state = StreamState::HalfClosedRemote;
             if let Some(tx) = st.recv.take() {
                 tx.end(None);
             }
@@ -394,7 +394,7 @@ where
         if p.len() != 4 {
             return Err(ConnError(code::FRAME_SIZE_ERROR));
         }
-        if id == 0 || self.idle(id) {
+        if id == 0 || self.streams.idle(id) {
             return Err(ConnError(code::PROTOCOL_ERROR));
         }
         if self.streams.contains_key(&id) {
@@ -465,7 +465,7 @@ where
             }
             return Ok(());
         }
-        if self.idle(id) {
+        if self.streams.idle(id) {
             return Err(ConnError(code::PROTOCOL_ERROR));
         }
         if let Some(st) = self.streams.get_mut(&id) {

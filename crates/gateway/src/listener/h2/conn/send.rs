@@ -3,7 +3,8 @@
 
 use super::super::frame::{self, code};
 use super::super::{hpack, request};
-use super::{Connection, Out, RECENT_RESETS, WRITE_HIGH};
+use super::streams::{Out, StreamState};
+use super::{Connection, WRITE_HIGH};
 use crate::listener::body::RequestBody;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
@@ -47,10 +48,7 @@ where
     }
 
     pub(super) fn remember(&mut self, id: u32) {
-        if self.recent.len() == RECENT_RESETS {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(id);
+        self.streams.remember(id);
     }
 
     /// Drops a stream: its future, and its body's feed with the reason.
@@ -248,7 +246,7 @@ where
         let Some(st) = self.streams.get(&id) else {
             return;
         };
-        if !st.remote_closed {
+        if st.state == StreamState::Open {
             frame::rst_stream(&mut self.wbuf, id, code::NO_ERROR);
             self.remember(id);
         }
