@@ -1,7 +1,8 @@
 //! The lean HTTP/1.1 client's target: arbitrary answers from a loopback backend.
 
 use super::runtime::{HANG, RUNTIME};
-use crate::upstream::h1::{H1Body, RawPool};
+use crate::upstream::h1::Pool;
+use crate::upstream::h1_response::H1Body;
 use http::header::{self};
 use http::Method;
 use std::future::poll_fn;
@@ -12,12 +13,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 thread_local! {
     /// The loopback backend of `upstream_h1` and a pool that keeps nothing idle (made
     /// outside any runtime: no reaper task is left behind).
-    static BACKEND: (std::net::TcpListener, Arc<RawPool>) = {
+    static BACKEND: (std::net::TcpListener, Arc<Pool>) = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback listener");
         listener.set_nonblocking(true).expect("non-blocking");
         let addr = listener.local_addr().expect("its address");
         let cap = crate::upstream::cap::Cap::new(usize::MAX >> 4);
-        let pool = RawPool::new(
+        let pool = Pool::new(
             &addr.to_string(),
             0,
             Duration::from_secs(60),
@@ -88,9 +89,9 @@ async fn exchange(
     request: &[u8],
     method: &Method,
     response: &[u8],
-    pool: &Arc<RawPool>,
+    pool: &Arc<Pool>,
 ) {
-    let Ok((head, body)) = conn.exchange(request, method).await else {
+    let Ok((head, body)) = conn.exchange_empty(request, method).await else {
         return;
     };
     assert!(!head.status.is_informational(), "a 1xx head came through");

@@ -1,5 +1,4 @@
-//! The cap on connections open at once to one target (`max_connections`), shared by both
-//! upstream clients. Each open connection holds a permit until it closes; a request that
+//! The cap on connections open at once to one target (`max_connections`). Each open connection holds a permit until it closes; a request that
 //! needs a new connection at the cap waits (bounded) for a permit or an idle connection.
 
 use std::sync::Arc;
@@ -39,12 +38,10 @@ impl Cap {
     }
 
     /// An idle connection from `checkout`, or room for a new one, waiting at most `wait`.
-    /// At the cap, an idle connection of the other client (`evict`) is closed to make room.
     /// `None` when the wait ran out.
     pub async fn slot<T>(
         &self,
         checkout: impl Fn() -> Option<T>,
-        evict: impl Fn() -> bool,
         wait: Duration,
     ) -> Option<Slot<T>> {
         let deadline = tokio::time::Instant::now() + wait;
@@ -55,9 +52,6 @@ impl Cap {
             }
             if let Ok(p) = self.permits.clone().try_acquire_owned() {
                 return Some(Slot::New(p));
-            }
-            if evict() {
-                continue;
             }
             tokio::select! {
                 p = self.permits.clone().acquire_owned() => {

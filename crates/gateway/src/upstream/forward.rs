@@ -1,20 +1,33 @@
-//! The way a request goes upstream: the lean HTTP/1.1 client for an idempotent request
-//! without a body (the hot path, inline), hyper's HTTP/1.1 client for one with a body, and
-//! the alternative client for `https://` and `h2` upstreams (both boxed, so that every
-//! request's future stays the size the lean path needs).
+//! The way a request goes upstream: every HTTP/1.1 request on the lean client, over one
+//! pool of connections per target, through one retry driver ([`send`]); `https://` and
+//! `h2` upstreams on the alternative client. An idempotent request without a body is the
+//! hot path, inline; a body's reading and sending are boxed, so that every request's
+//! future stays the size the hot path needs.
+//!
+//! Retries: a request whose head was not written whole goes to the next connection or
+//! target, whatever its method. When a backend's close of a kept-alive connection races
+//! the request, an idempotent request without a body or with one read whole is sent again
+//! on another connection. A new connection that fails is not retried on the same target.
+//! A non-idempotent request, and a streaming body, are never sent twice.
 
-use super::h1;
+use super::body::{self, BodyWatch, Received, UpBody};
+use super::h1::{self, H1Error};
+use super::h1_request::{frame_request, Outgoing, SendError};
 use super::headers;
-use super::pool::PooledBody;
-use super::target::{for_hop, log_failure, unasked_switch, Hop, Tries, Upstream};
-use super::{via_alt, with_body};
+use super::response_body::PooledBody;
+use super::target::{for_hop, is_idempotent, log_failure, unasked_switch, Hop, Tries, Upstream};
+use super::via_alt;
 use crate::exchange::Refusal;
 use crate::listener::RequestBody;
+use bytes::Bytes;
 use http::header;
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Response};
 use hyper::body::Body as _;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Sends a request without a body (GET or HEAD, for the cache) on the lean client.
 pub async fn fetch(
@@ -26,7 +39,7 @@ pub async fn fetch(
     if let Some(alt) = &up.alt {
         return Box::pin(via_alt::forward(up, alt, method, pq, headers, None, &hop)).await;
     }
-    forward_lean(up, &method, &pq, headers, &hop).await
+    send(up, &method, &pq, headers, &hop, Load::Empty).await
 }
 
 /// Sends the request to `up` and returns its response head with the body streaming.
@@ -57,21 +70,69 @@ pub async fn forward(
             Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
         )
     {
-        return forward_lean(up, &method, &pq, headers, &hop).await;
+        return send(up, &method, &pq, headers, &hop, Load::Empty).await;
     }
-    Box::pin(with_body::forward_hyper(up, method, pq, headers, body, hop)).await
+    Box::pin(forward_body(up, method, pq, headers, body, hop)).await
 }
 
-/// The hot path: an idempotent request without a body, on the lean client. Its head is
-/// encoded once per target and can be sent again as it is, so a connection found closed
-/// (before or during the exchange) costs a replay, never an error.
-async fn forward_lean(
+/// What goes up with a request's head.
+enum Load {
+    /// No body.
+    Empty,
+    /// A body read whole: it can be sent again. The guard keeps it counted as held (HTTP/2's
+    /// `max_request_buffer`) until the request is done with it.
+    Whole {
+        chunks: Vec<Bytes>,
+        _held: crate::listener::body::Held,
+    },
+    /// A body streaming from the client, watched for its faults; sent once (taken when its
+    /// head has gone).
+    Streaming(Option<UpBody>, Arc<BodyWatch>),
+}
+
+/// A request that has (or may have) a body: read up to [`body::BUFFER`] first (or
+/// streamed at once), then sent on the lean client.
+async fn forward_body(
+    up: &Upstream,
+    method: Method,
+    pq: PathAndQuery,
+    headers: http::HeaderMap,
+    incoming: RequestBody,
+    hop: Hop<'_>,
+) -> Result<Response<PooledBody>, Refusal> {
+    body::check_declared(&headers, hop.max_body)?;
+    let load = if incoming.is_end_stream() {
+        Load::Empty
+    } else {
+        match body::receive(incoming, hop.max_body, hop.body_timeout, hop.stream_body).await? {
+            Received::Whole(chunks, held) => Load::Whole {
+                chunks,
+                _held: held,
+            },
+            Received::Streaming(b, w) => Load::Streaming(Some(b), w),
+        }
+    };
+    send(up, &method, &pq, headers, &hop, load).await
+}
+
+/// The retry driver: tries the request on the upstream's targets, round-robin, on
+/// connections from their pools, until one answers or the budget ([`Tries`]) is spent.
+/// The head is encoded once per target and can be sent again as it is.
+async fn send(
     up: &Upstream,
     method: &Method,
     pq: &PathAndQuery,
     mut headers: http::HeaderMap,
     hop: &Hop<'_>,
+    mut load: Load,
 ) -> Result<Response<PooledBody>, Refusal> {
+    let framing = match &mut load {
+        Load::Empty => frame_request(&mut headers, &Outgoing::Empty),
+        Load::Whole { chunks, .. } => frame_request(&mut headers, &Outgoing::Whole(chunks)),
+        Load::Streaming(b, _) => frame_request(&mut headers, &Outgoing::Streaming(b)),
+    };
+    // Sent again after a close that raced it: only what is idempotent and whole.
+    let replayable = is_idempotent(method) && !matches!(load, Load::Streaming(..));
     let mut last = Refusal::Upstream("no target");
     let mut last_target = None;
     let mut head = Vec::with_capacity(512);
@@ -97,7 +158,7 @@ async fn forward_lean(
             h1::encode_head(method, pq.as_str(), &headers, &mut head);
             encoded_for = Some(key);
         }
-        let (conn, reused) = match target.raw_conn(up).await {
+        let (conn, reused) = match target.conn(up).await {
             Ok(c) => c,
             Err(e) => {
                 last = tries.no_conn(up, hop.route, target, e)?;
@@ -107,15 +168,29 @@ async fn forward_lean(
         if !reused {
             tries.spend_new();
         }
-        match tokio::time::timeout(up.cfg.response_timeout, conn.exchange(&head, method)).await {
-            Err(_) => {
-                up.outcome(target, false);
-                log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
-                return Err(Refusal::UpstreamTimeout);
+        let wait = up.cfg.response_timeout;
+        let answered = match &mut load {
+            Load::Empty => timed(wait, conn.exchange_empty(&head, method)).await,
+            Load::Whole { chunks, .. } => {
+                let out = Outgoing::Whole(chunks);
+                Box::pin(timed(wait, conn.exchange(&head, method, out, framing))).await
+            }
+            Load::Streaming(b, watch) => {
+                let sent = conn.exchange(&head, method, Outgoing::Streaming(b), framing);
+                Box::pin(await_head(sent, watch.as_ref(), wait, hop.body_timeout)).await
+            }
+        };
+        let failure = match answered {
+            Err(refusal) => {
+                if matches!(refusal, Refusal::UpstreamTimeout) {
+                    up.outcome(target, false);
+                }
+                log_failure(up, hop.route, target, &refusal);
+                return Err(refusal);
             }
             Ok(Ok((h, body))) => {
                 up.outcome(target, !h.status.is_server_error());
-                let body = body.with_pool(target.raw.clone());
+                let body = body.with_pool(target.pool.clone());
                 let mut resp = Response::new(PooledBody::raw(body, up.cfg.read_timeout));
                 *resp.status_mut() = h.status;
                 *resp.headers_mut() = h.headers;
@@ -125,30 +200,80 @@ async fn forward_lean(
                 }
                 return Ok(resp);
             }
-            Ok(Err(h1::H1Error::Closed(e))) => {
-                tracing::debug!(upstream = %up.cfg.name, reused, error = %e, "connection closed under the request");
-                last = Refusal::Upstream("connection reset or closed");
-                // A kept-alive connection closed by the backend while idle is replayed; a
-                // new connection that fails moves on to another target, never the same one.
-                if !reused {
-                    up.outcome(target, false);
-                    fresh_failures += 1;
-                    if fresh_failures >= up.targets.len() {
-                        break;
-                    }
-                }
+            Ok(Err(e)) => e,
+        };
+        if let Load::Streaming(_, watch) = &load {
+            if let Some(fault) = watch.fault() {
+                return Err(fault.refusal());
             }
-            Ok(Err(h1::H1Error::Malformed)) => {
+        }
+        let (unsent, e) = match failure {
+            SendError::Body(fault) => return Err(fault.0.refusal()),
+            SendError::Unsent(e) => (true, e),
+            SendError::H1(H1Error::Closed(e)) => (false, e),
+            SendError::H1(H1Error::Malformed) => {
                 up.outcome(target, false);
                 let refusal = Refusal::Upstream("malformed or truncated response");
                 log_failure(up, hop.route, target, &refusal);
                 return Err(refusal);
             }
-            Ok(Err(h1::H1Error::Switched)) => return Err(unasked_switch(up, hop.route, target)),
+            SendError::H1(H1Error::Switched) => return Err(unasked_switch(up, hop.route, target)),
+        };
+        tracing::debug!(upstream = %up.cfg.name, reused, unsent, error = %e, "connection closed under the request");
+        last = Refusal::Upstream("connection reset or closed");
+        if !unsent && !replayable {
+            up.outcome(target, false);
+            log_failure(up, hop.route, target, &last);
+            return Err(last);
+        }
+        // A kept-alive connection closed by the backend while idle is replayed; a new
+        // connection that fails moves on to another target, never the same one.
+        if !reused {
+            up.outcome(target, false);
+            fresh_failures += 1;
+            if fresh_failures >= up.targets.len() {
+                break;
+            }
         }
     }
     if let Some(t) = last_target {
         log_failure(up, hop.route, t, &last);
     }
     Err(last)
+}
+
+/// The exchange within the upstream's `response_timeout`.
+async fn timed<T>(wait: Duration, exchange: impl Future<Output = T>) -> Result<T, Refusal> {
+    tokio::time::timeout(wait, exchange)
+        .await
+        .map_err(|_| Refusal::UpstreamTimeout)
+}
+
+/// Waits for the response head of a streaming body. While the body streams, a stall of
+/// `body_timeout` ends the wait (408 when the client stopped sending, 504 when the upstream
+/// stopped reading); once it has ended, the upstream has `response_timeout` to answer.
+async fn await_head<F: Future>(
+    fut: F,
+    watch: &BodyWatch,
+    response_timeout: Duration,
+    body_timeout: Duration,
+) -> Result<F::Output, Refusal> {
+    tokio::pin!(fut);
+    loop {
+        let stall_at = watch.last_moved() + body_timeout;
+        tokio::select! {
+            out = &mut fut => return Ok(out),
+            _ = watch.finished() => break,
+            _ = tokio::time::sleep_until(stall_at) => {
+                if watch.last_moved() + body_timeout <= tokio::time::Instant::now() {
+                    return Err(if watch.waiting_on_client() {
+                        Refusal::RequestTimeout
+                    } else {
+                        Refusal::UpstreamTimeout
+                    });
+                }
+            }
+        }
+    }
+    timed(response_timeout, fut).await
 }

@@ -47,16 +47,6 @@ impl<T: Send + 'static> IdleList<T> {
         }
     }
 
-    /// Closes the connection idle the longest, if any; returns whether one was closed.
-    pub fn evict_one(&self) -> bool {
-        let mut idle = self.idle.lock();
-        if idle.is_empty() {
-            return false;
-        }
-        idle.remove(0);
-        true
-    }
-
     /// Closes connections idle for too long, or that `usable` rejects.
     pub fn trim(&self, usable: impl Fn(&T) -> bool) {
         let timeout = self.idle_timeout;

@@ -1,12 +1,8 @@
 //! Upstreams: a keep-alive pool per upstream, round-robin over its targets, header
 //! rewriting for the hop, timeouts, and retries only when they are safe.
 //!
-//! Retries: a request that was never written (connect failure, a pooled connection found
-//! closed before the write) moves on to the next connection or target, whatever its method.
-//! When a backend's close of a kept-alive connection races the write, an idempotent request
-//! without a body (GET, HEAD, OPTIONS, PUT, DELETE, TRACE) is sent again on another
-//! connection. A new connection that fails is not retried on the same target. A
-//! non-idempotent request is never sent twice.
+//! Every HTTP/1.1 request goes on the lean client over one pool per target, through one
+//! retry driver (`forward.rs`, which says when a request is sent again).
 
 mod ahead;
 mod alt;
@@ -16,18 +12,20 @@ mod checks;
 mod dial;
 mod forward;
 pub(crate) mod h1;
+mod h1_request;
+pub(crate) mod h1_response;
+mod h1_upload;
 mod headers;
 pub mod health;
 mod idle;
-mod pool;
 pub mod report;
+mod response_body;
 mod target;
 mod upgrade;
 mod via_alt;
-mod with_body;
 
 pub use forward::{fetch, forward};
 pub use headers::{forwarding_header, sent, Sent};
-pub use pool::{Collector, PooledBody};
+pub use response_body::{Collector, PooledBody};
 pub use target::{AnsweredBy, Hop, Upstream};
 pub use upgrade::{upgrade, UpgradeAsk};

@@ -3,20 +3,17 @@
 //! are counted and logged.
 
 use super::alt::AltClient;
-use super::body::UpBody;
 use super::cap::{Cap, Slot};
 use super::dial::ConnectError;
 use super::h1;
 use super::headers::rewrite_request;
 use super::health::Health;
-use super::pool::Pool;
 use crate::exchange::Refusal;
 use crate::observe::metrics::UpstreamStats;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Uri};
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,63 +24,32 @@ pub(super) struct Target {
     pub(super) name: Arc<str>,
     /// `Host` header value for requests to this target.
     pub(super) host: HeaderValue,
-    /// hyper's client connections, for requests with a body.
-    pub(super) pool: Arc<Pool>,
-    /// The lean client's connections, for requests without one.
-    pub(super) raw: Arc<h1::RawPool>,
-    /// The cap on connections open at once, shared by both.
+    /// The kept-alive connections of the lean client.
+    pub(super) pool: Arc<h1::Pool>,
+    /// The cap on connections open at once.
     pub(super) cap: Arc<Cap>,
     /// Whether requests may go to it.
     pub(super) health: Health,
 }
 
 impl Target {
-    /// A connection: an idle one from `checkout`, or a new one from `connect` under the cap
-    /// (the wait at the cap is bounded by the connect timeout; at the cap, `evict` closes an
-    /// idle connection of the other client). The bool tells whether it was reused.
-    async fn conn<T, F>(
-        &self,
-        up: &Upstream,
-        checkout: impl Fn() -> Option<T>,
-        evict: impl Fn() -> bool,
-        connect: impl FnOnce(tokio::sync::OwnedSemaphorePermit) -> F,
-    ) -> Result<(T, bool), Refusal>
-    where
-        F: Future<Output = Result<T, ConnectError>>,
-    {
-        match self.cap.slot(checkout, evict, up.cfg.connect_timeout).await {
+    /// A connection: an idle one from the pool, or a new one under the cap (the wait at the
+    /// cap is bounded by the connect timeout). The bool tells whether it was reused.
+    pub(super) async fn conn(&self, up: &Upstream) -> Result<(h1::H1Conn, bool), Refusal> {
+        match self
+            .cap
+            .slot(|| self.pool.checkout(), up.cfg.connect_timeout)
+            .await
+        {
             Some(Slot::Idle(c)) => Ok((c, true)),
-            Some(Slot::New(permit)) => connect(permit)
+            Some(Slot::New(permit)) => self
+                .pool
+                .connect(permit)
                 .await
                 .map(|c| (c, false))
                 .map_err(|e| connect_refusal(up, &e)),
             None => Err(Refusal::UpstreamBusy),
         }
-    }
-
-    /// A connection for the lean client.
-    pub(super) async fn raw_conn(&self, up: &Upstream) -> Result<(h1::H1Conn, bool), Refusal> {
-        self.conn(
-            up,
-            || self.raw.checkout(),
-            || self.pool.evict_one(),
-            |p| self.raw.connect(p),
-        )
-        .await
-    }
-
-    /// A connection for hyper's client.
-    pub(super) async fn hyper_conn(
-        &self,
-        up: &Upstream,
-    ) -> Result<(hyper::client::conn::http1::SendRequest<UpBody>, bool), Refusal> {
-        self.conn(
-            up,
-            || self.pool.checkout(),
-            || self.raw.evict_one(),
-            |p| self.pool.connect(p),
-        )
-        .await
     }
 }
 
@@ -125,14 +91,7 @@ impl Upstream {
                 Some(Target {
                     name: Arc::from(t.as_str()),
                     host: HeaderValue::from_str(t).ok()?,
-                    pool: Pool::new(
-                        t,
-                        cfg.pool_max_idle,
-                        cfg.idle_timeout,
-                        cfg.connect_timeout,
-                        cap.clone(),
-                    ),
-                    raw: h1::RawPool::new(
+                    pool: h1::Pool::new(
                         t,
                         cfg.pool_max_idle,
                         cfg.idle_timeout,
@@ -171,7 +130,7 @@ impl Upstream {
                 (
                     t.name.to_string(),
                     t.cap.open(),
-                    t.pool.idle_len() + t.raw.idle_len(),
+                    t.pool.idle_len(),
                     t.health.is_up(),
                 )
             })

@@ -5,7 +5,7 @@
 
 use super::body::UpBody;
 use super::headers;
-use super::pool::PooledBody;
+use super::response_body::PooledBody;
 use super::target::{for_hop, log_failure, Hop, Upstream};
 use crate::exchange::Refusal;
 use crate::observe::metrics::Metrics;

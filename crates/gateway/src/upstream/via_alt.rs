@@ -4,7 +4,7 @@
 use super::alt::AltClient;
 use super::body::{check_declared, receive, Received, UpBody};
 use super::headers::rewrite_response;
-use super::pool::PooledBody;
+use super::response_body::PooledBody;
 use super::target::{log_failure, unasked_switch, Hop, Upstream};
 
 /// Forwards a request on the upstream's [`AltClient`]. A request whose body can be sent

@@ -1,103 +1,15 @@
-//! A keep-alive connection pool for one upstream target, over hyper's HTTP/1 client
-//! connection. Leaner than a general-purpose client: one target per pool (no keys to hash),
-//! most recently used connection first (warm), and a connection goes back to the pool when
-//! its response body has been read to the end.
+//! A response body from upstream, whichever client brought it: it gives its connection
+//! back to its pool once read to the end, times out a stalled upstream, can hand a copy of
+//! itself to the cache, and can be read ahead of its client.
 
-use super::body::UpBody;
-use super::cap::Cap;
-use super::dial::{ConnectError, Dialer};
-use super::h1::H1Body;
-use super::idle::{spawn_reaper, IdleList};
+use super::h1_response::H1Body;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::OwnedSemaphorePermit;
-
-/// The pool of one target.
-pub struct Pool {
-    dialer: Dialer,
-    idle: IdleList<SendRequest<UpBody>>,
-    cap: Arc<Cap>,
-}
-
-impl std::fmt::Debug for Pool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool")
-            .field("target", &self.dialer.target)
-            .finish()
-    }
-}
-
-impl Pool {
-    /// A pool for `target` (`host:port`). Starts a task that closes connections idle for
-    /// longer than `idle_timeout`, when a runtime is running.
-    pub fn new(
-        target: &str,
-        max_idle: usize,
-        idle_timeout: Duration,
-        connect_timeout: Duration,
-        cap: Arc<Cap>,
-    ) -> Arc<Pool> {
-        let pool = Arc::new(Pool {
-            dialer: Dialer::new(target, connect_timeout),
-            idle: IdleList::new(max_idle, idle_timeout),
-            cap,
-        });
-        spawn_reaper(Arc::downgrade(&pool), idle_timeout, |p: &Pool| {
-            p.idle.trim(|tx| !tx.is_closed())
-        });
-        pool
-    }
-
-    /// The most recently used idle connection that is still open, if any.
-    pub fn checkout(&self) -> Option<SendRequest<UpBody>> {
-        self.idle.checkout(|tx| !tx.is_closed())
-    }
-
-    /// Returns a connection whose exchange is complete.
-    pub fn checkin(&self, tx: SendRequest<UpBody>) {
-        if !tx.is_closed() {
-            self.idle.checkin(tx);
-            self.cap.returned.notify_one();
-        }
-    }
-
-    /// Idle connections waiting now.
-    pub fn idle_len(&self) -> usize {
-        self.idle.len()
-    }
-
-    /// Closes the connection idle the longest; whether there was one.
-    pub fn evict_one(&self) -> bool {
-        self.idle.evict_one()
-    }
-
-    /// Opens a new connection (`TCP_NODELAY`), its I/O driven by a task of its own that
-    /// holds `permit` until the connection closes.
-    pub async fn connect(
-        &self,
-        permit: OwnedSemaphorePermit,
-    ) -> Result<SendRequest<UpBody>, ConnectError> {
-        let stream = self.dialer.dial().await?;
-        let (tx, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("upstream connection ended: {e}");
-            }
-            drop(permit);
-        });
-        Ok(tx)
-    }
-}
 
 /// A response body from upstream that returns its connection to its pool once read to
 /// the end. Dropped early, the connection is closed instead (its state is unknown).
@@ -115,11 +27,8 @@ pub struct PooledBody {
 }
 
 enum Inner {
-    /// From hyper's client connection.
-    Hyper {
-        body: Incoming,
-        lease: Option<(SendRequest<UpBody>, Arc<Pool>)>,
-    },
+    /// From the alternative client (HTTPS, HTTP/2, upgrades), which pools by itself.
+    Plain(Incoming),
     /// From the lean client.
     Raw(H1Body),
     /// Read ahead of the client by a task of its own (for the cache).
@@ -188,31 +97,11 @@ impl Collector {
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl PooledBody {
-    /// A body from hyper's client; its connection goes back to `pool` at the end, or is
-    /// closed when there is no pool to go back to.
-    pub(crate) fn new(
-        body: Incoming,
-        tx: SendRequest<UpBody>,
-        pool: Option<Arc<Pool>>,
-        read_timeout: Duration,
-    ) -> Self {
-        PooledBody {
-            inner: Inner::Hyper {
-                body,
-                lease: pool.map(|p| (tx, p)),
-            },
-            read_timeout,
-            stall: None,
-            collect: None,
-            share: None,
-        }
-    }
-
     /// A body from a client that pools by itself (HTTPS, HTTP/2, upgrades): trailers and
     /// all pass through as they come.
     pub(crate) fn plain(body: Incoming, read_timeout: Duration) -> Self {
         PooledBody {
-            inner: Inner::Hyper { body, lease: None },
+            inner: Inner::Plain(body),
             read_timeout,
             stall: None,
             collect: None,
@@ -281,25 +170,9 @@ impl PooledBody {
                 .poll_data(cx)
                 .map(|o| o.map(|r| r.map(Frame::data).map_err(BodyError::from))),
             Inner::Ahead(body) => body.poll_frame(cx).map_err(BodyError::from),
-            Inner::Hyper { body, lease } => {
-                let polled = Pin::new(&mut *body).poll_frame(cx);
-                let end = body.is_end_stream();
-                match &polled {
-                    Poll::Ready(Some(Err(_))) => *lease = None,
-                    Poll::Ready(None) => self.release(),
-                    _ if end => self.release(),
-                    _ => {}
-                }
-                polled.map(|o| o.map(|r| r.map_err(BodyError::from)))
-            }
-        }
-    }
-
-    fn release(&mut self) {
-        if let Inner::Hyper { lease, .. } = &mut self.inner {
-            if let Some((tx, pool)) = lease.take() {
-                pool.checkin(tx);
-            }
+            Inner::Plain(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map(|o| o.map(|r| r.map_err(BodyError::from))),
         }
     }
 }
@@ -364,7 +237,7 @@ impl Body for PooledBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Inner::Hyper { body, .. } => body.is_end_stream(),
+            Inner::Plain(body) => body.is_end_stream(),
             Inner::Raw(body) => body.is_done(),
             Inner::Ahead(body) => body.is_done(),
         }
@@ -372,23 +245,12 @@ impl Body for PooledBody {
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
-            Inner::Hyper { body, .. } => body.size_hint(),
+            Inner::Plain(body) => body.size_hint(),
             Inner::Raw(body) => match body.remaining() {
                 Some(n) => SizeHint::with_exact(n),
                 None => SizeHint::default(),
             },
             Inner::Ahead(body) => body.size_hint(),
-        }
-    }
-}
-
-impl Drop for PooledBody {
-    fn drop(&mut self) {
-        // A body with nothing left (Content-Length: 0, HEAD, 204, 304) may never be polled.
-        if let Inner::Hyper { body, .. } = &self.inner {
-            if body.is_end_stream() {
-                self.release();
-            }
         }
     }
 }

@@ -1,0 +1,288 @@
+//! The lean HTTP/1.1 client's request side: the head written with one `write`, a body read
+//! whole written with it, a streaming body written as it comes (with `Content-Length` or
+//! chunked) while the response head is awaited, and after it by the response body (full
+//! duplex); the response head parsed in place.
+
+use super::body::{BodyFault, UpBody};
+use super::h1::{parse_head, H1Conn, H1Error, Head, Parsed, MAX_HEAD};
+use super::h1_response::H1Body;
+use super::h1_upload::{Upload, UploadError};
+use bytes::{Buf, Bytes};
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Method, StatusCode};
+use std::io;
+use std::task::{Context, Poll};
+use tokio::io::AsyncWriteExt;
+
+/// A request body as the lean client sends it.
+pub enum Outgoing<'a> {
+    /// None.
+    Empty,
+    /// Read whole: written with the head, and can be sent again.
+    Whole(&'a [Bytes]),
+    /// Coming from the client: written as it comes, once. Taken once the head is written
+    /// (until then, a request that fails can go elsewhere with it).
+    Streaming(&'a mut Option<UpBody>),
+}
+
+/// How a request body is framed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// `Content-Length` (the client's, or the whole body's length).
+    Length,
+    /// `Transfer-Encoding: chunked`, for a streaming body of unknown length.
+    Chunked,
+}
+
+/// Sets the framing headers of a request with `body` and says how it is framed, as
+/// hyper's client did: a length the client declared is kept; a body read whole gets its
+/// length (none when empty); a streaming body without a length goes chunked.
+pub fn frame_request(headers: &mut HeaderMap, body: &Outgoing<'_>) -> Framing {
+    if headers.contains_key(header::CONTENT_LENGTH) {
+        return Framing::Length;
+    }
+    match body {
+        Outgoing::Empty => Framing::Length,
+        Outgoing::Whole(chunks) => {
+            let n: usize = chunks.iter().map(Bytes::len).sum();
+            if n > 0 {
+                let mut digits = itoa::Buffer::new();
+                if let Ok(v) = HeaderValue::from_str(digits.format(n)) {
+                    headers.insert(header::CONTENT_LENGTH, v);
+                }
+            }
+            Framing::Length
+        }
+        Outgoing::Streaming(_) => {
+            headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+            Framing::Chunked
+        }
+    }
+}
+
+/// Why an exchange with a body failed before its answer.
+#[derive(Debug)]
+pub enum SendError {
+    /// The head could not be written whole: the upstream has no complete request, and a
+    /// streaming body has not been touched. It can go elsewhere, whatever its method.
+    Unsent(io::Error),
+    /// The client's body broke (its fault is in the body's watch).
+    Body(BodyFault),
+    /// As [`H1Error`].
+    H1(H1Error),
+}
+
+impl From<H1Error> for SendError {
+    fn from(e: H1Error) -> Self {
+        SendError::H1(e)
+    }
+}
+
+impl H1Conn {
+    /// Sends a request without a body and reads the response head: the hot path.
+    pub async fn exchange_empty(
+        mut self,
+        head: &[u8],
+        method: &Method,
+    ) -> Result<(Head, H1Body), SendError> {
+        self.write_request(head, head.len()).await?;
+        self.read_head(method).await.map_err(SendError::H1)
+    }
+
+    /// Sends a request (`head`, then `body` framed as `framing`) and reads the response
+    /// head. A streaming body goes on being sent after the head, by the response body.
+    pub async fn exchange(
+        mut self,
+        head: &[u8],
+        method: &Method,
+        body: Outgoing<'_>,
+        framing: Framing,
+    ) -> Result<(Head, H1Body), SendError> {
+        let slot = match body {
+            Outgoing::Empty => return self.exchange_empty(head, method).await,
+            Outgoing::Whole(chunks) => {
+                // Head and body in one write.
+                let len: usize = chunks.iter().map(Bytes::len).sum();
+                let mut all = Vec::with_capacity(head.len() + len);
+                all.extend_from_slice(head);
+                for c in chunks {
+                    all.extend_from_slice(c);
+                }
+                self.write_request(&all, head.len()).await?;
+                return self.read_head(method).await.map_err(SendError::H1);
+            }
+            Outgoing::Streaming(slot) => slot,
+        };
+        let Some(body) = slot.take() else {
+            return Err(SendError::Unsent(io::ErrorKind::InvalidInput.into()));
+        };
+        if let Err(e) = self.write_request(head, head.len()).await {
+            // Nothing of the body went: it can go elsewhere.
+            *slot = Some(body);
+            return Err(e);
+        }
+        let mut upload = Some(Upload::new(body, framing == Framing::Chunked));
+        let (mut received, mut complete) = (false, true);
+        let (head, _, framing, keep_alive) = std::future::poll_fn(|cx| {
+            self.poll_head_uploading(cx, method, &mut upload, &mut received, &mut complete)
+        })
+        .await?;
+        let mut body = H1Body::new(self, framing, keep_alive && complete);
+        if let Some(up) = upload {
+            body.uploading(up);
+        }
+        Ok((head, body))
+    }
+
+    /// Writes `bytes`, of which the first `head` are the request head: a failure before the
+    /// head is written whole leaves the upstream without a request ([`SendError::Unsent`]).
+    async fn write_request(&mut self, bytes: &[u8], head: usize) -> Result<(), SendError> {
+        let mut written = 0;
+        while written < bytes.len() {
+            let e = match self.stream.write(&bytes[written..]).await {
+                Ok(0) => io::Error::from(io::ErrorKind::WriteZero),
+                Ok(n) => {
+                    written += n;
+                    continue;
+                }
+                Err(e) => e,
+            };
+            return Err(if written < head {
+                SendError::Unsent(e)
+            } else {
+                SendError::H1(H1Error::Closed(e))
+            });
+        }
+        Ok(())
+    }
+
+    /// Polls for the response head while `upload` goes on; `complete` turns false when
+    /// the upstream stopped taking the body (its answer may still come).
+    fn poll_head_uploading(
+        &mut self,
+        cx: &mut Context<'_>,
+        method: &Method,
+        upload: &mut Option<Upload>,
+        received: &mut bool,
+        complete: &mut bool,
+    ) -> Poll<Result<Parsed, SendError>> {
+        if let Some(up) = upload.as_mut() {
+            match up.poll_send(&mut self.stream, cx) {
+                Poll::Ready(Ok(())) => *upload = None,
+                Poll::Ready(Err(UploadError::Body(fault))) => {
+                    return Poll::Ready(Err(SendError::Body(fault)))
+                }
+                Poll::Ready(Err(UploadError::Io(e))) => {
+                    tracing::debug!("upstream stopped taking the request body: {e}");
+                    *upload = None;
+                    *complete = false;
+                }
+                Poll::Pending => {}
+            }
+        }
+        loop {
+            match self.take_head(method) {
+                Ok(Some(parsed)) => return Poll::Ready(Ok(parsed)),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Err(SendError::H1(e))),
+            }
+            let failed = match std::task::ready!(self.poll_fill(cx)) {
+                Ok(0) => io::Error::from(io::ErrorKind::UnexpectedEof),
+                Ok(_) => {
+                    *received = true;
+                    continue;
+                }
+                Err(e) => e,
+            };
+            return Poll::Ready(Err(SendError::H1(if *received {
+                H1Error::Malformed
+            } else {
+                H1Error::Closed(failed)
+            })));
+        }
+    }
+
+    /// Reads the response head (1xx answers skipped).
+    async fn read_head(mut self, method: &Method) -> Result<(Head, H1Body), H1Error> {
+        // Closed before any byte of a response: the request may be replayed. After some,
+        // the exchange is broken, never replayed.
+        let mut received = false;
+        loop {
+            if let Some((head, _, framing, keep_alive)) = self.take_head(method)? {
+                return Ok((head, H1Body::new(self, framing, keep_alive)));
+            }
+            match self.fill().await {
+                Ok(0) if received => return Err(H1Error::Malformed),
+                Ok(0) => {
+                    return Err(H1Error::Closed(io::Error::from(
+                        io::ErrorKind::UnexpectedEof,
+                    )));
+                }
+                Ok(_) => received = true,
+                Err(_) if received => return Err(H1Error::Malformed),
+                Err(e) => return Err(H1Error::Closed(e)),
+            }
+        }
+    }
+
+    /// The response head in the buffer, if it is whole (1xx answers skipped).
+    fn take_head(&mut self, method: &Method) -> Result<Option<Parsed>, H1Error> {
+        while !self.buf.is_empty() {
+            let Some(parsed) = parse_head(&self.buf, method)? else {
+                if self.buf.len() > MAX_HEAD {
+                    return Err(H1Error::Malformed);
+                }
+                return Ok(None);
+            };
+            self.buf.advance(parsed.1);
+            // A switch of protocols nobody asked for (upgrades take another client): no
+            // answer follows it on this connection.
+            if parsed.0.status == StatusCode::SWITCHING_PROTOCOLS {
+                return Err(H1Error::Switched);
+            }
+            // 100 Continue and the like: the real answer follows.
+            if !parsed.0.status.is_informational() {
+                return Ok(Some(parsed));
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_framing_follows_what_the_client_declared_and_the_body() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        assert_eq!(frame_request(&mut h, &Outgoing::Empty), Framing::Length);
+        let mut h = HeaderMap::new();
+        let chunks = [Bytes::from_static(b"ab"), Bytes::from_static(b"cde")];
+        assert_eq!(
+            frame_request(&mut h, &Outgoing::Whole(&chunks)),
+            Framing::Length
+        );
+        assert_eq!(h[header::CONTENT_LENGTH], "5");
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            frame_request(&mut h, &Outgoing::Whole(&[])),
+            Framing::Length
+        );
+        assert!(
+            !h.contains_key(header::CONTENT_LENGTH),
+            "no length for no body"
+        );
+        let mut h = HeaderMap::new();
+        let mut body = Some(UpBody::empty());
+        assert_eq!(
+            frame_request(&mut h, &Outgoing::Streaming(&mut body)),
+            Framing::Chunked
+        );
+        assert_eq!(h[header::TRANSFER_ENCODING], "chunked");
+    }
+}
