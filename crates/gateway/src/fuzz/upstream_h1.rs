@@ -91,7 +91,7 @@ async fn exchange(
     response: &[u8],
     pool: &Arc<Pool>,
 ) {
-    let Ok((head, body)) = conn.exchange_empty(request, method).await else {
+    let Ok((head, body)) = conn.exchange_whole(request, request.len(), method).await else {
         return;
     };
     assert!(!head.status.is_informational(), "a 1xx head came through");

@@ -12,7 +12,7 @@
 
 use super::body::{self, BodyWatch, Received, UpBody};
 use super::h1::{self, H1Error};
-use super::h1_request::{frame_request, Outgoing, SendError};
+use super::h1_request::{frame_request, Framing, Outgoing, SendError};
 use super::headers;
 use super::response_body::PooledBody;
 use super::target::{for_hop, is_idempotent, log_failure, unasked_switch, Hop, Tries, Upstream};
@@ -86,8 +86,8 @@ enum Load {
         _held: crate::listener::body::Held,
     },
     /// A body streaming from the client, watched for its faults; sent once (taken when its
-    /// head has gone).
-    Streaming(Option<UpBody>, Arc<BodyWatch>),
+    /// head has gone). Boxed: the hot path's future carries a `Load` too.
+    Streaming(Box<(Option<UpBody>, Arc<BodyWatch>)>),
 }
 
 /// A request that has (or may have) a body: read up to [`body::BUFFER`] first (or
@@ -109,7 +109,7 @@ async fn forward_body(
                 chunks,
                 _held: held,
             },
-            Received::Streaming(b, w) => Load::Streaming(Some(b), w),
+            Received::Streaming(b, w) => Load::Streaming(Box::new((Some(b), w))),
         }
     };
     send(up, &method, &pq, headers, &hop, load).await
@@ -127,9 +127,10 @@ async fn send(
     mut load: Load,
 ) -> Result<Response<PooledBody>, Refusal> {
     let framing = match &mut load {
-        Load::Empty => frame_request(&mut headers, &Outgoing::Empty),
+        // As it came: nothing to frame.
+        Load::Empty => Framing::Length,
         Load::Whole { chunks, .. } => frame_request(&mut headers, &Outgoing::Whole(chunks)),
-        Load::Streaming(b, _) => frame_request(&mut headers, &Outgoing::Streaming(b)),
+        Load::Streaming(s) => frame_request(&mut headers, &Outgoing::Streaming(&mut s.0)),
     };
     // Sent again after a close that raced it: only what is idempotent and whole.
     let replayable = is_idempotent(method) && !matches!(load, Load::Streaming(..));
@@ -170,12 +171,15 @@ async fn send(
         }
         let wait = up.cfg.response_timeout;
         let answered = match &mut load {
-            Load::Empty => timed(wait, conn.exchange_empty(&head, method)).await,
+            Load::Empty => tokio::time::timeout(wait, conn.exchange_whole(&head, head.len(), method))
+                .await
+                .map_err(|_| Refusal::UpstreamTimeout),
             Load::Whole { chunks, .. } => {
                 let out = Outgoing::Whole(chunks);
                 Box::pin(timed(wait, conn.exchange(&head, method, out, framing))).await
             }
-            Load::Streaming(b, watch) => {
+            Load::Streaming(s) => {
+                let (b, watch) = &mut **s;
                 let sent = conn.exchange(&head, method, Outgoing::Streaming(b), framing);
                 Box::pin(await_head(sent, watch.as_ref(), wait, hop.body_timeout)).await
             }
@@ -202,8 +206,8 @@ async fn send(
             }
             Ok(Err(e)) => e,
         };
-        if let Load::Streaming(_, watch) = &load {
-            if let Some(fault) = watch.fault() {
+        if let Load::Streaming(s) = &load {
+            if let Some(fault) = s.1.fault() {
                 return Err(fault.refusal());
             }
         }

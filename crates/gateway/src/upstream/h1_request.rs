@@ -14,10 +14,8 @@ use std::io;
 use std::task::{Context, Poll};
 use tokio::io::AsyncWriteExt;
 
-/// A request body as the lean client sends it.
+/// A request body as the lean client sends it (none, or read whole: [`H1Conn::exchange_whole`]).
 pub enum Outgoing<'a> {
-    /// None.
-    Empty,
     /// Read whole: written with the head, and can be sent again.
     Whole(&'a [Bytes]),
     /// Coming from the client: written as it comes, once. Taken once the head is written
@@ -42,7 +40,6 @@ pub fn frame_request(headers: &mut HeaderMap, body: &Outgoing<'_>) -> Framing {
         return Framing::Length;
     }
     match body {
-        Outgoing::Empty => Framing::Length,
         Outgoing::Whole(chunks) => {
             let n: usize = chunks.iter().map(Bytes::len).sum();
             if n > 0 {
@@ -82,14 +79,57 @@ impl From<H1Error> for SendError {
 }
 
 impl H1Conn {
-    /// Sends a request without a body and reads the response head: the hot path.
-    pub async fn exchange_empty(
+    /// Sends a request whose bytes are all in `bytes` (a head of `head` bytes, and a body
+    /// read whole or none) and reads the response head. One state machine, write and read
+    /// inline: this is the hot path.
+    pub async fn exchange_whole(
         mut self,
-        head: &[u8],
+        bytes: &[u8],
+        head: usize,
         method: &Method,
     ) -> Result<(Head, H1Body), SendError> {
-        self.write_request(head, head.len()).await?;
-        self.read_head(method).await.map_err(SendError::H1)
+        let mut written = 0;
+        while written < bytes.len() {
+            let e = match self.stream.write(&bytes[written..]).await {
+                Ok(0) => io::Error::from(io::ErrorKind::WriteZero),
+                Ok(n) => {
+                    written += n;
+                    continue;
+                }
+                Err(e) => e,
+            };
+            // Before the head is written whole, the upstream has no request.
+            return Err(if written < head {
+                SendError::Unsent(e)
+            } else {
+                SendError::H1(H1Error::Closed(e))
+            });
+        }
+        // Closed before any byte of a response: the request may be replayed. After some,
+        // the exchange is broken, never replayed.
+        let mut received = false;
+        loop {
+            match self.take_head(method) {
+                Ok(Some((head, _, framing, keep_alive))) => {
+                    return Ok((head, H1Body::new(self, framing, keep_alive)))
+                }
+                Ok(None) => {}
+                Err(e) => return Err(SendError::H1(e)),
+            }
+            let e = match self.fill().await {
+                Ok(0) => io::Error::from(io::ErrorKind::UnexpectedEof),
+                Ok(_) => {
+                    received = true;
+                    continue;
+                }
+                Err(e) => e,
+            };
+            return Err(SendError::H1(if received {
+                H1Error::Malformed
+            } else {
+                H1Error::Closed(e)
+            }));
+        }
     }
 
     /// Sends a request (`head`, then `body` framed as `framing`) and reads the response
@@ -102,7 +142,6 @@ impl H1Conn {
         framing: Framing,
     ) -> Result<(Head, H1Body), SendError> {
         let slot = match body {
-            Outgoing::Empty => return self.exchange_empty(head, method).await,
             Outgoing::Whole(chunks) => {
                 // Head and body in one write.
                 let len: usize = chunks.iter().map(Bytes::len).sum();
@@ -111,8 +150,7 @@ impl H1Conn {
                 for c in chunks {
                     all.extend_from_slice(c);
                 }
-                self.write_request(&all, head.len()).await?;
-                return self.read_head(method).await.map_err(SendError::H1);
+                return self.exchange_whole(&all, head.len(), method).await;
             }
             Outgoing::Streaming(slot) => slot,
         };
@@ -205,29 +243,6 @@ impl H1Conn {
         }
     }
 
-    /// Reads the response head (1xx answers skipped).
-    async fn read_head(mut self, method: &Method) -> Result<(Head, H1Body), H1Error> {
-        // Closed before any byte of a response: the request may be replayed. After some,
-        // the exchange is broken, never replayed.
-        let mut received = false;
-        loop {
-            if let Some((head, _, framing, keep_alive)) = self.take_head(method)? {
-                return Ok((head, H1Body::new(self, framing, keep_alive)));
-            }
-            match self.fill().await {
-                Ok(0) if received => return Err(H1Error::Malformed),
-                Ok(0) => {
-                    return Err(H1Error::Closed(io::Error::from(
-                        io::ErrorKind::UnexpectedEof,
-                    )));
-                }
-                Ok(_) => received = true,
-                Err(_) if received => return Err(H1Error::Malformed),
-                Err(e) => return Err(H1Error::Closed(e)),
-            }
-        }
-    }
-
     /// The response head in the buffer, if it is whole (1xx answers skipped).
     fn take_head(&mut self, method: &Method) -> Result<Option<Parsed>, H1Error> {
         while !self.buf.is_empty() {
@@ -260,7 +275,8 @@ mod tests {
     fn the_framing_follows_what_the_client_declared_and_the_body() {
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
-        assert_eq!(frame_request(&mut h, &Outgoing::Empty), Framing::Length);
+        assert_eq!(frame_request(&mut h, &Outgoing::Whole(&[])), Framing::Length);
+        assert_eq!(h[header::CONTENT_LENGTH], "3", "the declared length is kept");
         let mut h = HeaderMap::new();
         let chunks = [Bytes::from_static(b"ab"), Bytes::from_static(b"cde")];
         assert_eq!(
