@@ -13,13 +13,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Cache {
-    /// Answers a GET or HEAD from the cache, or through `up` and stores what may be stored.
+    /// Answers a GET or HEAD from the cache, or through the way upstream `up` makes (only
+    /// when it is needed: a hit makes none) and stores what may be stored.
     pub async fn serve<F: Fetch>(
         self: &Arc<Self>,
         ask: Ask<'_>,
         key: Key,
         parts: Parts,
-        up: Arc<F>,
+        up: impl FnOnce() -> Arc<F>,
     ) -> Result<Response<Body>, Refusal> {
         let plain = key.plain;
         let uri = &plain[..key.uri_len];
@@ -32,7 +33,7 @@ impl Cache {
             // Checked again after waiting for another request's answer, which may have
             // found its answer could not be stored.
             if collapsed && self.store.is_uncacheable(&plain, ask.now_ns) {
-                return self.straight_upstream(&*up, parts, PASS_STATUS).await;
+                return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
             }
             // The key without varying headers first: most responses vary on nothing.
             let (entry, miss, vary_key) = match self.store.get(&plain) {
@@ -59,7 +60,7 @@ impl Cache {
                 }
                 if e.stale_within(now, e.fresh.stale_while_revalidate) {
                     m.stale.fetch_add(1, Ordering::Relaxed);
-                    self.refresh_in_background(&ask, uri, url, &parts, &e, up);
+                    self.refresh_in_background(&ask, uri, url, &parts, &e, up());
                     let status = format!("tollgate; hit; ttl={}", e.ttl(now));
                     return Ok(answer(&e, &parts, now, status));
                 }
@@ -80,14 +81,14 @@ impl Cache {
                 }
                 let leader = self.lead(flight.to_string());
                 return self
-                    .revalidate(&ask, (uri, url), parts, e, up, leader)
+                    .revalidate(&ask, (uri, url), parts, e, up(), leader)
                     .await;
             }
             // A miss: wait for a request already on its way upstream for this key, once.
             let flight = plain.as_str();
             if parts.method == Method::HEAD || shapes_its_answer(&parts.headers) {
                 return self
-                    .straight_upstream(&*up, parts, miss.status(false))
+                    .straight_upstream(&*up(), parts, miss.status(false))
                     .await;
             }
             let waiting = self.inflight.lock().get(flight).cloned();
@@ -112,7 +113,7 @@ impl Cache {
             }
             let sent = copy_parts(&parts);
             let born = self.store.born(uri);
-            let resp = up.fetch(parts).await?;
+            let resp = up().fetch(parts).await?;
             let (resp, stored) = self.store_on_the_way(
                 &ask,
                 (uri, born),

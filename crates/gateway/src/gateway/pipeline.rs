@@ -36,7 +36,7 @@ use smallvec::SmallVec;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// One request on its way through the phases: what it is, and what it did so far, for the
@@ -308,10 +308,13 @@ impl Gateway {
             );
             return Ok(resp);
         }
-        let fetch = Arc::new(UpFetch::new(route, ctx.conn));
-        let resp = Box::pin(self.cache.serve(ask, key, parts, fetch.clone())).await?;
-        if cache::went_upstream(&resp) {
-            ctx.upstream_ns = Some(fetch.took_ns.load(Ordering::Relaxed));
+        // The cache's way upstream, made only when a request needs it (a hit does not).
+        let fetch = OnceLock::new();
+        let conn = ctx.conn;
+        let make = || fetch.get_or_init(|| Arc::new(UpFetch::new(route, conn))).clone();
+        let resp = Box::pin(self.cache.serve(ask, key, parts, make)).await?;
+        if let (true, Some(f)) = (cache::went_upstream(&resp), fetch.get()) {
+            ctx.upstream_ns = Some(f.took_ns.load(Ordering::Relaxed));
         }
         Ok(resp)
     }
