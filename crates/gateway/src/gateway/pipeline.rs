@@ -311,7 +311,11 @@ impl Gateway {
         // The cache's way upstream, made only when a request needs it (a hit does not).
         let fetch = OnceLock::new();
         let conn = ctx.conn;
-        let make = || fetch.get_or_init(|| Arc::new(UpFetch::new(route, conn))).clone();
+        let make = || {
+            fetch
+                .get_or_init(|| Arc::new(UpFetch::new(route, conn)))
+                .clone()
+        };
         let resp = Box::pin(self.cache.serve(ask, key, parts, make)).await?;
         if let (true, Some(f)) = (cache::went_upstream(&resp), fetch.get()) {
             ctx.upstream_ns = Some(f.took_ns.load(Ordering::Relaxed));

@@ -171,9 +171,11 @@ async fn send(
         }
         let wait = up.cfg.response_timeout;
         let answered = match &mut load {
-            Load::Empty => tokio::time::timeout(wait, conn.exchange_whole(&head, head.len(), method))
-                .await
-                .map_err(|_| Refusal::UpstreamTimeout),
+            Load::Empty => {
+                tokio::time::timeout(wait, conn.exchange_whole(&head, head.len(), method))
+                    .await
+                    .map_err(|_| Refusal::UpstreamTimeout)
+            }
             Load::Whole { chunks, .. } => {
                 let out = Outgoing::Whole(chunks);
                 Box::pin(timed(wait, conn.exchange(&head, method, out, framing))).await

@@ -88,6 +88,8 @@ impl H1Conn {
         head: usize,
         method: &Method,
     ) -> Result<(Head, H1Body), SendError> {
+        // The write as `write_request` does it, written out: awaiting that helper here made
+        // the hot path a state machine nested in another (measured: +100 instructions).
         let mut written = 0;
         while written < bytes.len() {
             let e = match self.stream.write(&bytes[written..]).await {
@@ -275,8 +277,15 @@ mod tests {
     fn the_framing_follows_what_the_client_declared_and_the_body() {
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
-        assert_eq!(frame_request(&mut h, &Outgoing::Whole(&[])), Framing::Length);
-        assert_eq!(h[header::CONTENT_LENGTH], "3", "the declared length is kept");
+        assert_eq!(
+            frame_request(&mut h, &Outgoing::Whole(&[])),
+            Framing::Length
+        );
+        assert_eq!(
+            h[header::CONTENT_LENGTH],
+            "3",
+            "the declared length is kept"
+        );
         let mut h = HeaderMap::new();
         let chunks = [Bytes::from_static(b"ab"), Bytes::from_static(b"cde")];
         assert_eq!(
