@@ -343,3 +343,68 @@ async fn large_bodies_pass_intact() {
     assert_eq!(a.status, StatusCode::OK);
     assert!(a.body.ends_with(&big), "body intact");
 }
+
+#[tokio::test]
+async fn a_streamed_body_goes_up_without_the_clients_trailers_or_expect() {
+    // A backend that keeps the raw bytes of the request, up to the last chunk and the
+    // trailer section's end.
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    let (got_tx, got_rx) = oneshot::channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.expect("accept");
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !seen.ends_with(b"\r\n0\r\n\r\n") {
+            use tokio::io::AsyncReadExt;
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .await;
+        let _ = got_tx.send(seen);
+    });
+    let cfg = yaml(backend, OPEN).replace(
+        "upstream: backend",
+        "upstream: backend, request_buffering: false",
+    );
+    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
+    let mut c = tokio::net::TcpStream::connect(gw.addr)
+        .await
+        .expect("connect");
+    c.write_all(
+        b"POST /up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n\
+          5\r\nhello\r\n0\r\nX-Consumer-Name: evil\r\nAuthorization: forged\r\n\r\n",
+    )
+    .await
+    .expect("send");
+    let seen = bounded("the request upstream", got_rx).await.expect("seen");
+    let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a head");
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert!(
+        !head.contains("expect:"),
+        "the client's Expect stays at the edge: {head}"
+    );
+    assert_eq!(body, "5\r\nhello\r\n0\r\n\r\n", "no trailers go up");
+    let answer = bounded("the answer", async {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 1024];
+        use tokio::io::AsyncReadExt;
+        while !all.ends_with(b"ok") {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&all).to_string()
+    })
+    .await;
+    assert!(
+        answer.contains("200 OK") && answer.ends_with("ok"),
+        "{answer}"
+    );
+}

@@ -261,7 +261,8 @@ impl Body for UpBody {
                     ClientFault::TooLarge
                 } else {
                     rest.allowed -= n;
-                    if rest.incoming.is_end_stream() {
+                    // Trailers are the last frame, whatever the body says of its end.
+                    if rest.incoming.is_end_stream() || frame.is_trailers() {
                         rest.watch.finish();
                     }
                     return Poll::Ready(Some(Ok(frame)));

@@ -3,7 +3,7 @@
 //! on the way; the connection goes back to its pool when both have ended.
 
 use super::h1::{parse_chunk_size, Framing, H1Conn, Pool, MAX_HEAD};
-use super::h1_upload::Upload;
+use super::h1_upload::{Upload, UploadError};
 use bytes::{Buf, Bytes};
 use std::io;
 use std::sync::Arc;
@@ -114,17 +114,40 @@ impl H1Body {
         }
     }
 
-    /// The next piece of body, `None` at the end.
+    /// Ends the body here: the connection is closed, never pooled.
+    fn end(&mut self) {
+        self.state = State::Done;
+        self.conn = None;
+        self.upload = None;
+    }
+
+    /// The next piece of body, `None` at the end. After an error there is nothing more: the
+    /// connection's state is unknown, and it is closed.
     pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
+        let polled = self.poll_next(cx);
+        if let Poll::Ready(Some(Err(_))) = &polled {
+            self.end();
+        }
+        polled
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
         if let (Some(up), Some(conn)) = (self.upload.as_mut(), self.conn.as_mut()) {
             match up.poll_send(&mut conn.stream, cx) {
                 Poll::Ready(Ok(())) => self.upload = None,
-                // The client's body broke, or the upstream stopped taking it: the answer
-                // still comes, and the connection closes after it.
-                Poll::Ready(Err(e)) => {
-                    tracing::debug!("request body stopped going upstream: {e:?}");
+                // The upstream stopped taking the body: its answer may still come, and the
+                // connection closes after it.
+                Poll::Ready(Err(UploadError::Io(e))) => {
+                    tracing::debug!("upstream stopped taking the request body: {e}");
                     self.upload = None;
                     self.keep_alive = false;
+                }
+                // The client's body broke: the upstream waits for a rest that never comes.
+                Poll::Ready(Err(UploadError::Body(fault))) => {
+                    self.end();
+                    return Poll::Ready(Some(Err(io::Error::other(format!(
+                        "request body broke: {fault}"
+                    )))));
                 }
                 Poll::Pending => {}
             }

@@ -87,17 +87,13 @@ impl Upload {
                     self.out.extend_from_slice(b"\r\n");
                 }
                 Ok(data) => self.out.extend_from_slice(&data),
-                Err(frame) => {
-                    // Trailers end the body; only a chunked body carries them.
+                Err(_trailers) => {
+                    // Trailers end the body. The client's are not sent on: the gateway's
+                    // rules on headers (owned names, forwarding) read the head alone, and
+                    // an upstream that merges trailers into headers would trust forged ones
+                    // (as hyper's client and nginx, nothing but the last chunk goes).
                     if self.chunked {
-                        self.out.extend_from_slice(b"0\r\n");
-                        for (n, v) in frame.into_trailers().iter().flatten() {
-                            self.out.extend_from_slice(n.as_str().as_bytes());
-                            self.out.extend_from_slice(b": ");
-                            self.out.extend_from_slice(v.as_bytes());
-                            self.out.extend_from_slice(b"\r\n");
-                        }
-                        self.out.extend_from_slice(b"\r\n");
+                        self.out.extend_from_slice(b"0\r\n\r\n");
                     }
                     self.ended = true;
                 }

@@ -88,6 +88,10 @@ pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue, trusted: bool, 
             h.insert(name, v);
         }
     }
+    // The listener answers a client's `Expect: 100-continue` itself, and the body goes up
+    // with the head: an upstream that answered early without reading it would take the body
+    // for the next request on a kept-alive connection (nginx drops it too).
+    h.remove(header::EXPECT);
 }
 
 /// Readies a response head from upstream for the client: a `Content-Length` sent with
