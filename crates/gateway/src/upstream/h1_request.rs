@@ -32,17 +32,15 @@ pub enum Framing {
     Chunked,
 }
 
-/// Sets the framing headers of a request with `body` and says how it is framed, as
-/// hyper's client did: a length the client declared is kept; a body read whole gets its
-/// length (none when empty); a streaming body without a length goes chunked.
+/// Sets the framing headers of a request with `body` and says how it is framed. A body
+/// read whole goes with the length of what was read (the gateway's own count, as nginx
+/// sends it; none for no body unless the client declared one); a streaming body keeps the
+/// length the client declared (which the listener holds it to), or goes chunked.
 pub fn frame_request(headers: &mut HeaderMap, body: &Outgoing<'_>) -> Framing {
-    if headers.contains_key(header::CONTENT_LENGTH) {
-        return Framing::Length;
-    }
     match body {
         Outgoing::Whole(chunks) => {
             let n: usize = chunks.iter().map(Bytes::len).sum();
-            if n > 0 {
+            if n > 0 || headers.contains_key(header::CONTENT_LENGTH) {
                 let mut digits = itoa::Buffer::new();
                 if let Ok(v) = HeaderValue::from_str(digits.format(n)) {
                     headers.insert(header::CONTENT_LENGTH, v);
@@ -51,6 +49,11 @@ pub fn frame_request(headers: &mut HeaderMap, body: &Outgoing<'_>) -> Framing {
             Framing::Length
         }
         Outgoing::Streaming(_) => {
+            if let Some(declared) = headers.get(header::CONTENT_LENGTH).cloned() {
+                // Once, even when the client repeated it (HTTP/2 allows equal copies).
+                headers.insert(header::CONTENT_LENGTH, declared);
+                return Framing::Length;
+            }
             headers.insert(
                 header::TRANSFER_ENCODING,
                 HeaderValue::from_static("chunked"),
@@ -277,14 +280,22 @@ mod tests {
     fn the_framing_follows_what_the_client_declared_and_the_body() {
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        let mut body = Some(UpBody::empty());
         assert_eq!(
-            frame_request(&mut h, &Outgoing::Whole(&[])),
+            frame_request(&mut h, &Outgoing::Streaming(&mut body)),
+            Framing::Length
+        );
+        assert_eq!(h[header::CONTENT_LENGTH], "3", "a streaming body keeps it");
+        let three = [Bytes::from_static(b"abc")];
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("03"));
+        assert_eq!(
+            frame_request(&mut h, &Outgoing::Whole(&three)),
             Framing::Length
         );
         assert_eq!(
             h[header::CONTENT_LENGTH],
             "3",
-            "the declared length is kept"
+            "a whole body goes with its own count"
         );
         let mut h = HeaderMap::new();
         let chunks = [Bytes::from_static(b"ab"), Bytes::from_static(b"cde")];
