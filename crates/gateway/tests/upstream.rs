@@ -77,6 +77,24 @@ async fn a_reused_connection_closed_by_the_backend_is_retried_for_idempotent_req
 }
 
 #[tokio::test]
+async fn an_idempotent_request_with_a_body_read_whole_is_replayed_after_the_race() {
+    let (backend, answered, dropped) = closes_on_reuse().await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let c = TestClient::default();
+    for i in 0..4 {
+        let a = c
+            .request(Method::PUT, &gw.url(&format!("/doc/{i}")), &[], "body")
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {}", a.body);
+    }
+    assert_eq!(answered.load(Ordering::SeqCst), 4, "each PUT answered once");
+    assert!(
+        dropped.load(Ordering::SeqCst) >= 1,
+        "the race was exercised: a PUT went out on a connection the backend dropped"
+    );
+}
+
+#[tokio::test]
 async fn a_non_idempotent_request_is_never_replayed() {
     let (backend, answered, dropped) = closes_on_reuse().await;
     let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
