@@ -371,15 +371,7 @@ async fn a_streamed_body_goes_up_without_the_clients_trailers_or_expect() {
     let (got_tx, got_rx) = oneshot::channel::<Vec<u8>>();
     tokio::spawn(async move {
         let (mut s, _) = l.accept().await.expect("accept");
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !seen.ends_with(b"\r\n0\r\n\r\n") {
-            use tokio::io::AsyncReadExt;
-            match s.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => seen.extend_from_slice(&buf[..n]),
-            }
-        }
+        let seen = read_until(&mut s, b"\r\n0\r\n\r\n").await;
         let _ = s
             .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
             .await;
@@ -408,21 +400,24 @@ async fn a_streamed_body_goes_up_without_the_clients_trailers_or_expect() {
         "the client's Expect stays at the edge: {head}"
     );
     assert_eq!(body, "5\r\nhello\r\n0\r\n\r\n", "no trailers go up");
-    let answer = bounded("the answer", async {
-        let mut all = Vec::new();
-        let mut buf = [0u8; 1024];
-        use tokio::io::AsyncReadExt;
-        while !all.ends_with(b"ok") {
-            match c.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => all.extend_from_slice(&buf[..n]),
-            }
-        }
-        String::from_utf8_lossy(&all).to_string()
-    })
-    .await;
+    let answer = bounded("the answer", read_until(&mut c, b"ok")).await;
+    let answer = String::from_utf8_lossy(&answer);
     assert!(
         answer.contains("200 OK") && answer.ends_with("ok"),
         "{answer}"
     );
+}
+
+/// What `s` sends until it ends with `end`, or closes.
+async fn read_until(s: &mut tokio::net::TcpStream, end: &[u8]) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !seen.ends_with(end) {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    seen
 }
