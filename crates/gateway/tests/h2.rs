@@ -196,29 +196,12 @@ async fn frame_where(
     s: &mut (impl tokio::io::AsyncRead + Unpin),
     want: impl Fn(u8, u32) -> bool,
 ) -> Option<(u8, u32, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16384];
+    let mut frames = Frames::default();
     loop {
-        let n = s.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
+        let (k, _, id, payload) = frames.next(s).await?;
+        if want(k, id) {
+            return Some((k, id, payload));
         }
-        buf.extend_from_slice(&chunk[..n]);
-        let mut at = 0;
-        while buf.len() >= at + 9 {
-            let len = (usize::from(buf[at]) << 16)
-                | (usize::from(buf[at + 1]) << 8)
-                | usize::from(buf[at + 2]);
-            if buf.len() < at + 9 + len {
-                break;
-            }
-            let id = u32::from_be_bytes(buf[at + 5..at + 9].try_into().ok()?) & 0x7fff_ffff;
-            if want(buf[at + 3], id) {
-                return Some((buf[at + 3], id, buf[at + 9..at + 9 + len].to_vec()));
-            }
-            at += 9 + len;
-        }
-        buf.drain(..at);
     }
 }
 
@@ -836,28 +819,15 @@ fn data_of(id: u32, n: usize) -> Vec<u8> {
 
 /// Reads frames until the WINDOW_UPDATEs on stream `id` add up to `want`.
 async fn window_returned(s: &mut TcpStream, id: u32, want: u32) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16384];
+    let mut frames = Frames::default();
     let mut given = 0u32;
     while given < want {
-        let n = s.read(&mut chunk).await.expect("read");
-        assert!(n > 0, "closed with {given} of {want} given back");
-        buf.extend_from_slice(&chunk[..n]);
-        let mut at = 0;
-        while buf.len() >= at + 9 {
-            let len = (usize::from(buf[at]) << 16)
-                | (usize::from(buf[at + 1]) << 8)
-                | usize::from(buf[at + 2]);
-            if buf.len() < at + 9 + len {
-                break;
-            }
-            let on = u32::from_be_bytes(buf[at + 5..at + 9].try_into().expect("id")) & 0x7fff_ffff;
-            if buf[at + 3] == 0x8 && on == id && len == 4 {
-                given += u32::from_be_bytes(buf[at + 9..at + 13].try_into().expect("4 bytes"));
-            }
-            at += 9 + len;
+        let Some((k, _, on, p)) = frames.next(s).await else {
+            panic!("closed with {given} of {want} given back");
+        };
+        if k == 0x8 && on == id && p.len() == 4 {
+            given += u32::from_be_bytes(p[..4].try_into().expect("4 bytes"));
         }
-        buf.drain(..at);
     }
 }
 

@@ -488,3 +488,38 @@ pub async fn huge_answer_backend() -> (std::net::SocketAddr, tokio::sync::mpsc::
     });
     (addr, rx)
 }
+
+/// HTTP/2 frames read off a raw socket, whole, one at a time; what a read brings past a
+/// frame waits for the next call.
+#[derive(Default)]
+pub struct Frames {
+    buf: Vec<u8>,
+}
+
+impl Frames {
+    /// The next whole frame: its type, flags, stream and payload; `None` once the peer
+    /// closes (or the read fails).
+    pub async fn next(
+        &mut self,
+        s: &mut (impl tokio::io::AsyncRead + Unpin),
+    ) -> Option<(u8, u8, u32, Vec<u8>)> {
+        loop {
+            if self.buf.len() >= 9 {
+                let len = (usize::from(self.buf[0]) << 16)
+                    | (usize::from(self.buf[1]) << 8)
+                    | usize::from(self.buf[2]);
+                if self.buf.len() >= 9 + len {
+                    let f: Vec<u8> = self.buf.drain(..9 + len).collect();
+                    let id = u32::from_be_bytes([f[5], f[6], f[7], f[8]]) & 0x7fff_ffff;
+                    return Some((f[3], f[4], id, f[9..].to_vec()));
+                }
+            }
+            let mut chunk = [0u8; 16384];
+            let n = s.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
