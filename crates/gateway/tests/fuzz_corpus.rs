@@ -35,6 +35,11 @@ fn hpack() {
 }
 
 #[test]
+fn h1_framing() {
+    replay("h1_framing", tollgate_gateway::fuzz::h1_framing);
+}
+
+#[test]
 fn h2_frames() {
     replay("h2_frames", tollgate_gateway::fuzz::h2_frames);
 }

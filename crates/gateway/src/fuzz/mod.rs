@@ -4,6 +4,7 @@
 //! fuzzer reports it; none of this is used by the gateway itself.
 
 mod cache;
+mod h1_server;
 mod h2;
 mod inbound;
 #[cfg(test)]
@@ -12,6 +13,7 @@ mod runtime;
 mod upstream_h1;
 
 pub use cache::{cache_control, range_query};
+pub use h1_server::h1_framing;
 pub use h2::{h2_frames, hpack};
 pub use inbound::{check_host, check_path, path_host};
 pub use upstream_h1::upstream_h1;

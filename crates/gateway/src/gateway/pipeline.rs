@@ -256,7 +256,7 @@ impl Gateway {
         };
         let hop = ctx.upstream_peer(route);
         if let (true, Some(protocol)) = (route.cfg.websocket, ctx.upgrade.take()) {
-            if let Some(client) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
+            if let Some(client) = parts.extensions.remove::<crate::listener::h1::OnUpgrade>() {
                 let ask = upstream::UpgradeAsk {
                     protocol,
                     client,

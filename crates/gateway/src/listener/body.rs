@@ -1,5 +1,5 @@
-//! The body of a client's request, whichever protocol brought it: hyper's for HTTP/1.1,
-//! the HTTP/2 server's own ([`super::h2::RecvBody`]) for HTTP/2.
+//! The body of a client's request, whichever protocol brought it: the HTTP/1.1 server's
+//! ([`super::h1::recv::H1RecvBody`]) or the HTTP/2 server's ([`super::h2::RecvBody`]) for HTTP/2.
 
 pub use super::body_error::RequestBodyError;
 use super::h2::body::{HeldBytes, RecvBody};
@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 /// A request body as the gateway reads it.
 pub enum RequestBody {
     /// From an HTTP/1.1 connection.
-    Http1(hyper::body::Incoming),
+    Http1(super::h1::recv::H1RecvBody),
     /// From an HTTP/2 stream that carries one.
     Http2(RecvBody),
     /// None: an HTTP/2 request whose headers ended the stream.
@@ -65,7 +65,7 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
         match self.get_mut() {
-            RequestBody::Http1(b) => Pin::new(b)
+            RequestBody::Http1(b) => b
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(RequestBodyError::from))),
             RequestBody::Http2(b) => Pin::new(b).poll_frame(cx),

@@ -2,16 +2,12 @@
 //! knowledge on `h2c` listeners, TLS handshakes bounded by the header timeout, and a
 //! graceful close when the server shuts down.
 
-use super::body::RequestBody;
-use super::h1_only::{said_once, H1Only};
+use super::h1_only::H1Only;
 use super::h2::{Connection, Limits, PREFACE};
 use super::handler::Handler;
 use super::send_timeout::SendTimeout;
+pub use super::stop::Stop;
 use crate::exchange::ConnInfo;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -24,7 +20,6 @@ use tollgate_config::{Http2Config, ListenerConfig};
 /// The protocol settings of one listener, made once.
 #[derive(Clone)]
 pub struct Builders {
-    h1: http1::Builder,
     /// The listener's HTTP/2 limits.
     http2: Http2Config,
     /// How long a connection waits for a request head, or for an HTTP/2 stream.
@@ -43,38 +38,18 @@ impl Builders {
 
     /// Builders for `cfg`'s limits.
     pub fn new(cfg: &ListenerConfig) -> Self {
-        let mut h1 = http1::Builder::new();
-        h1.timer(TokioTimer::new())
-            .keep_alive(true)
-            .header_read_timeout(cfg.header_timeout)
-            .max_header_size(cfg.max_header_bytes);
-        // hyper keeps up to 100 header slots on the stack; any other count costs a heap
-        // allocation per request, so only ask for it when configured.
-        if cfg.max_headers != 100 {
-            h1.max_headers(cfg.max_headers);
-        }
         let tls = cfg.tls.as_ref().and_then(|t| {
             super::tls::server_config(t)
                 .map_err(|e| tracing::error!(listener = %cfg.address, "TLS config: {e}"))
                 .ok()
         });
         Builders {
-            h1,
             http2: cfg.http2.clone(),
             header_timeout: cfg.header_timeout,
             h2c: cfg.h2c,
             tls,
         }
     }
-}
-
-/// The server's stop signal as a connection sees it.
-#[derive(Clone)]
-pub struct Stop {
-    /// Set before `notify` is told, and read at each poll: an atomic load.
-    pub flag: Arc<AtomicBool>,
-    /// Wakes every connection when the server stops.
-    pub notify: Arc<tokio::sync::Notify>,
 }
 
 pin_project_lite::pin_project! {
@@ -142,52 +117,21 @@ where
     }
 }
 
-/// The service every protocol serves: the gateway's request path.
-fn service<H: Handler>(
-    gw: Arc<H>,
-    info: Arc<ConnInfo>,
-) -> impl hyper::service::Service<
-    http::Request<hyper::body::Incoming>,
-    Response = http::Response<H::Body>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<http::Response<H::Body>, Infallible>> + Send,
-> + Clone {
-    service_fn(move |req| {
-        let gw = gw.clone();
-        let info = info.clone();
-        async move { Ok::<_, Infallible>(gw.serve(req.map(RequestBody::Http1), &info).await) }
-    })
-}
-
 /// Serves HTTP/1.1 on a cleartext connection: the whole task is this one future, so an
-/// idle keep-alive connection holds hyper's state and little else. `done` runs at the end.
+/// idle keep-alive connection holds the server's state and little else. `done` runs at the
+/// end.
 pub fn serve_h1<H: Handler>(
     gw: Arc<H>,
     stream: TcpStream,
     info: Arc<ConnInfo>,
-    b: &Builders,
     stop: Stop,
     done: impl FnOnce() + Send + 'static,
 ) -> impl Future<Output = ()> + Send + 'static {
     let io = SendTimeout::new(H1Only::new(stream), info.listener.send_timeout);
-    let conn =
-        b.h1.serve_connection(TokioIo::new(io), service(gw, info.clone()))
-            .with_upgrades();
-    drive(
-        conn,
-        stop,
-        |c| c.graceful_shutdown(),
-        move |r| {
-            if let Err(e) = r {
-                // A preface that came in pieces gets past `H1Only` to hyper.
-                if e.is_parse_version_h2() {
-                    said_once(Some(info.listener.address), false);
-                }
-                tracing::debug!(peer = ?info.peer_ip, "connection ended: {e}");
-            }
-            done();
-        },
-    )
+    async move {
+        super::h1::serve(gw, io, info, stop).await;
+        done();
+    }
 }
 
 /// HTTP/2 with prior knowledge and HTTP/1.1 on one cleartext connection: the first bytes
@@ -462,13 +406,6 @@ async fn serve_stream<H: Handler, S>(
         )
         .await
     } else {
-        let svc = service(gw, info.clone());
-        drive(
-            b.h1.serve_connection(TokioIo::new(io), svc).with_upgrades(),
-            stop,
-            |c| c.graceful_shutdown(),
-            log_end(peer),
-        )
-        .await
+        super::h1::serve(gw, io, info, stop).await
     }
 }

@@ -1,14 +1,16 @@
-//! Listeners: accept under the connection cap, serve HTTP/1.1 with keep-alive and limits on
-//! the request head (HTTP/2 and TLS where configured, see [`conn`]), and drain in-flight
-//! requests on shutdown.
+//! Listeners: accept under the connection cap, serve HTTP/1.1 ([`h1`]) with keep-alive and
+//! limits on the request head (HTTP/2 and TLS where configured, see [`conn`]), and drain
+//! in-flight requests on shutdown.
 
 pub mod body;
 pub mod body_error;
 pub mod conn;
+pub mod h1;
 pub mod h1_only;
 pub mod h2;
 pub mod handler;
 pub mod send_timeout;
+pub mod stop;
 pub mod tls;
 
 pub use body::RequestBody;
@@ -204,7 +206,7 @@ async fn accept_loop<H: Handler>(
             info.permit = Some(permit);
             let closer = gw.clone();
             let done = move || closer.closed();
-            connections.spawn(conn::serve_h1(gw, stream, Arc::new(info), &b, stop, done));
+            connections.spawn(conn::serve_h1(gw, stream, Arc::new(info), stop, done));
             continue;
         }
         let events = gw.clone();

@@ -8,11 +8,11 @@ use super::headers;
 use super::response_body::PooledBody;
 use super::target::{for_hop, log_failure, Hop, Upstream};
 use crate::exchange::Refusal;
+use crate::listener::h1::OnUpgrade;
 use crate::observe::metrics::Metrics;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
-use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// What an upgrade needs beyond the request: the protocol asked for, the client side's
-/// connection once hyper hands it over, and the metrics that count joined connections.
+/// connection once the listener hands it over, and the metrics that count joined connections.
 pub struct UpgradeAsk {
     /// The client's `Upgrade` value (`websocket`).
     pub protocol: HeaderValue,
@@ -107,16 +107,18 @@ pub async fn upgrade(
     let ours = ask.client;
     let hold = ask.hold;
     tokio::spawn(async move {
-        let (c, u) = match tokio::try_join!(ours, theirs) {
-            Ok(both) => both,
-            Err(e) => {
-                tracing::debug!("upgrade not completed: {e}");
+        let (c, u) = match tokio::join!(ours, theirs) {
+            (Ok(c), Ok(u)) => (c, u),
+            (c, u) => {
+                let c = c.err().map(|e| e.to_string());
+                let u = u.err().map(|e| e.to_string());
+                tracing::debug!(client = ?c, upstream = ?u, "upgrade not completed");
                 return;
             }
         };
         metrics.upgrades.inc();
         metrics.upgrades_open.inc();
-        join(TokioIo::new(c), TokioIo::new(u), read_timeout).await;
+        join(c, TokioIo::new(u), read_timeout).await;
         metrics.upgrades_open.dec();
         drop(hold);
     });

@@ -1,0 +1,309 @@
+//! A request head, parsed by `httparse` straight from the connection's read buffer, and the
+//! framing decision made from it: how long the body is, whether the connection may be kept,
+//! whether the client asks for an upgrade. This is where request smuggling is won or lost,
+//! so it refuses what is ambiguous rather than guess (RFC 9112 §6).
+
+use bytes::BytesMut;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Uri, Version};
+use std::mem::MaybeUninit;
+
+/// The longest request target taken (as hyper: longer ones get 414).
+const MAX_URI_LEN: usize = u16::MAX as usize - 1;
+
+/// How the request body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body.
+    Empty,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// A parsed request head.
+#[derive(Debug)]
+pub struct Head {
+    /// Method, target, version and headers.
+    pub method: Method,
+    /// The request target.
+    pub uri: Uri,
+    /// HTTP/1.0 or HTTP/1.1.
+    pub version: Version,
+    /// The header fields, in order.
+    pub headers: HeaderMap,
+    /// How the body is framed.
+    pub framing: Framing,
+    /// Whether the connection may serve another request after this one.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue` (HTTP/1.1 only).
+    pub expect_continue: bool,
+    /// An `Upgrade` header (HTTP/1.1) or `CONNECT`.
+    pub upgrade: bool,
+}
+
+/// Why a head is refused: the status and a word for the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    /// 400, 414, 431 or 501.
+    pub status: u16,
+    /// What was wrong, for the answer's body and the log.
+    pub reason: &'static str,
+}
+
+const fn refused(status: u16, reason: &'static str) -> Refused {
+    Refused { status, reason }
+}
+
+/// The head's limits: the listener's `max_header_bytes` and `max_headers`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest head, request line included.
+    pub max_bytes: usize,
+    /// Most header fields.
+    pub max_headers: usize,
+}
+
+/// Header slots kept on the stack; more (a larger `max_headers`) are allocated.
+const STACK_HEADERS: usize = 100;
+
+/// Where a field's name and value lie in the head.
+#[derive(Clone, Copy, Default)]
+struct Field {
+    name: (usize, usize),
+    value: (usize, usize),
+}
+
+/// Parses the head at the start of `buf`. `Ok(None)`: not complete yet (read more). On
+/// success the head's bytes are taken out of `buf`; what follows (body, next request)
+/// stays.
+pub fn parse(buf: &mut BytesMut, limits: Limits) -> Result<Option<Head>, Refused> {
+    if limits.max_headers <= STACK_HEADERS {
+        let mut fields = [Field::default(); STACK_HEADERS];
+        parse_with(buf, limits, &mut fields[..limits.max_headers])
+    } else {
+        let mut fields = vec![Field::default(); limits.max_headers];
+        parse_with(buf, limits, &mut fields)
+    }
+}
+
+/// The request line as positions in the head.
+struct Located {
+    len: usize,
+    method: Method,
+    target: (usize, usize),
+    version: Version,
+    count: usize,
+}
+
+/// Runs httparse over `bytes`, noting where each field lies in `fields`.
+fn locate(bytes: &[u8], limits: Limits, fields: &mut [Field]) -> Result<Option<Located>, Refused> {
+    let mut stack = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADERS];
+    let mut heap = Vec::new();
+    let slots = if fields.len() <= STACK_HEADERS {
+        &mut stack[..fields.len()]
+    } else {
+        heap.resize(fields.len(), MaybeUninit::uninit());
+        &mut heap[..]
+    };
+    let mut req = httparse::Request::new(&mut []);
+    match httparse::ParserConfig::default()
+        .parse_request_with_uninit_headers(&mut req, bytes, slots)
+    {
+        Ok(httparse::Status::Complete(len)) => {
+            if len > limits.max_bytes {
+                return Err(refused(431, "request head larger than max_header_bytes"));
+            }
+            let target = req.path.unwrap_or("");
+            if target.len() > MAX_URI_LEN {
+                return Err(refused(414, "request target too long"));
+            }
+            let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
+                .map_err(|_| refused(400, "invalid method"))?;
+            for (f, h) in fields.iter_mut().zip(req.headers.iter()) {
+                f.name = range_in(bytes, h.name.as_bytes());
+                f.value = range_in(bytes, h.value);
+            }
+            let version = if req.version == Some(1) {
+                Version::HTTP_11
+            } else {
+                Version::HTTP_10
+            };
+            Ok(Some(Located {
+                len,
+                method,
+                target: range_in(bytes, target.as_bytes()),
+                version,
+                count: req.headers.len(),
+            }))
+        }
+        Ok(httparse::Status::Partial) => {
+            if bytes.len() > limits.max_bytes {
+                return Err(refused(431, "request head larger than max_header_bytes"));
+            }
+            Ok(None)
+        }
+        Err(e) => Err(refusal_of(e, req.method.is_none())),
+    }
+}
+
+fn parse_with(
+    buf: &mut BytesMut,
+    limits: Limits,
+    fields: &mut [Field],
+) -> Result<Option<Head>, Refused> {
+    // The head is parsed from a view of the buffer, then the buffer is split: the fields
+    // become slices of one shared piece, copied nowhere.
+    let Some(Located {
+        len,
+        method,
+        target,
+        version,
+        count,
+    }) = locate(buf, limits, fields)?
+    else {
+        return Ok(None);
+    };
+    let head = buf.split_to(len).freeze();
+    let uri = Uri::from_maybe_shared(head.slice(target.0..target.1))
+        .map_err(|_| refused(400, "invalid request target"))?;
+    let mut headers = HeaderMap::with_capacity(count);
+    let mut framing = Framing::Empty;
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let is_11 = version == Version::HTTP_11;
+    let mut keep_alive = is_11;
+    let mut close = false;
+    let mut expect_continue = false;
+    let mut upgrade = method == Method::CONNECT;
+    for f in &fields[..count] {
+        let name = HeaderName::from_bytes(&head[f.name.0..f.name.1])
+            .map_err(|_| refused(400, "invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(f.value.0..f.value.1))
+            .map_err(|_| refused(400, "invalid header value"))?;
+        match name {
+            header::TRANSFER_ENCODING => {
+                if !is_11 {
+                    return Err(refused(400, "Transfer-Encoding in an HTTP/1.0 request"));
+                }
+                // Only `chunked`, once: a list, a second coding or a repeat is refused
+                // rather than read one way here and another way behind.
+                if chunked {
+                    return Err(refused(400, "Transfer-Encoding given twice"));
+                }
+                if !value
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"chunked")
+                {
+                    return Err(refused(501, "transfer coding not supported (only chunked)"));
+                }
+                chunked = true;
+            }
+            header::CONTENT_LENGTH => {
+                let n = digits(value.as_bytes()).ok_or(refused(400, "invalid Content-Length"))?;
+                if length.is_some_and(|prev| prev != n) {
+                    return Err(refused(400, "two different Content-Length values"));
+                }
+                length = Some(n);
+            }
+            header::CONNECTION => {
+                if has_token(value.as_bytes(), b"close") {
+                    close = true;
+                } else if has_token(value.as_bytes(), b"keep-alive") {
+                    keep_alive = true;
+                }
+            }
+            header::EXPECT => {
+                expect_continue = is_11 && value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+            }
+            header::UPGRADE => upgrade |= is_11,
+            _ => {}
+        }
+        headers.append(name, value);
+    }
+    if chunked {
+        framing = Framing::Chunked;
+        if length.is_some() {
+            // Both: chunked wins (RFC 9112 §6.3), the length is dropped so nothing behind
+            // reads it, and the connection ends after this request.
+            headers.remove(header::CONTENT_LENGTH);
+            close = true;
+        }
+    } else if let Some(n) = length.filter(|n| *n > 0) {
+        framing = Framing::Length(n);
+    }
+    Ok(Some(Head {
+        method,
+        uri,
+        version,
+        headers,
+        framing,
+        keep_alive: keep_alive && !close,
+        expect_continue,
+        upgrade,
+    }))
+}
+
+/// Where `part` (a sub-slice of `whole`) lies in it.
+fn range_in(whole: &[u8], part: &[u8]) -> (usize, usize) {
+    let start = (part.as_ptr() as usize).saturating_sub(whole.as_ptr() as usize);
+    (start, start + part.len())
+}
+
+/// The answer to a head httparse refused.
+fn refusal_of(e: httparse::Error, no_method: bool) -> Refused {
+    use httparse::Error as E;
+    match e {
+        E::TooManyHeaders => refused(431, "more than max_headers header fields"),
+        E::Token if no_method => refused(400, "invalid method"),
+        E::Token => refused(400, "invalid request target"),
+        E::Version => refused(400, "invalid HTTP version"),
+        E::HeaderName => refused(400, "invalid header name"),
+        E::HeaderValue => refused(400, "invalid header value"),
+        E::NewLine | E::Status => refused(400, "malformed request line"),
+    }
+}
+
+/// A `Content-Length` value: digits only (no sign, no spaces, no list), no overflow.
+pub fn digits(v: &[u8]) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, b| {
+        if b.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+/// Whether a comma-separated header value holds `token` (any case).
+pub fn has_token(v: &[u8], token: &[u8]) -> bool {
+    v.split(|b| *b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// The bytes of a head's answer when it is refused: a JSON body as every answer the gateway
+/// gives itself, and `Connection: close` (the framing is in doubt).
+pub fn refusal_answer(r: Refused, date: &[u8], out: &mut Vec<u8>) {
+    let body = format!("{{\"status\":{},\"error\":\"{}\"}}\n", r.status, r.reason);
+    let reason = http::StatusCode::from_u16(r.status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Bad Request");
+    out.extend_from_slice(
+        format!(
+            "HTTP/1.1 {} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n\
+             content-length: {}\r\ndate: ",
+            r.status,
+            body.len()
+        )
+        .as_bytes(),
+    );
+    out.extend_from_slice(date);
+    out.extend_from_slice(b"\r\n\r\n");
+    out.extend_from_slice(body.as_bytes());
+}

@@ -1,0 +1,213 @@
+//! One HTTP/1.1 connection, served request after request: the head is read into one
+//! buffer (with what follows it: a body, the next pipelined request), the handler answers,
+//! the body is read for it while it works, and the answer is written. One deadline per
+//! connection covers the wait for a head (`header_timeout`, idle keep-alive included): it
+//! is moved by a store per request and re-armed only when it fires early.
+
+use super::chunked::Decoder;
+use super::date::with_date;
+use super::head::{self, Framing, Head, Limits};
+use super::recv::{self, Pump};
+use super::send::{self, Asked, Sent, Writer};
+use super::upgrade;
+use crate::exchange::ConnInfo;
+use crate::listener::body::RequestBody;
+use crate::listener::handler::Handler;
+use crate::listener::stop::Stop;
+use bytes::BytesMut;
+use http::{Method, Request, StatusCode};
+use http_body::Body;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+/// What the wait for a head came to.
+enum Waited {
+    Read(std::io::Result<usize>),
+    TimedOut,
+    Stopped,
+}
+
+/// The most read (and dropped) from a client after a refusal, before closing, so that the
+/// close does not reset the connection under the answer.
+const LINGER_BYTES: usize = 64 * 1024;
+const LINGER_FOR: Duration = Duration::from_secs(1);
+
+/// Serves HTTP/1.1 on `io` until the client closes, a request asks to close, the head
+/// deadline passes while waiting, or the server stops (then after the request in hand).
+pub async fn serve<H, S>(gw: Arc<H>, mut io: S, info: Arc<ConnInfo>, stop: Stop)
+where
+    H: Handler,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let limits = Limits {
+        max_bytes: info.listener.max_header_bytes,
+        max_headers: info.listener.max_headers,
+    };
+    let header_timeout = info.listener.header_timeout;
+    let mut rbuf = BytesMut::new();
+    let mut wbuf: Vec<u8> = Vec::new();
+    let mut due = Instant::now() + header_timeout;
+    let mut deadline = pin!(tokio::time::sleep_until(due));
+    let mut stopped = pin!(stop.notify.notified());
+    stopped.as_mut().enable();
+    loop {
+        // The head.
+        let head: Head = loop {
+            if !rbuf.is_empty() {
+                match head::parse(&mut rbuf, limits) {
+                    Ok(Some(h)) => break h,
+                    Ok(None) => {}
+                    Err(r) => {
+                        tracing::debug!(peer = ?info.peer_ip, status = r.status, "{}", r.reason);
+                        wbuf.clear();
+                        with_date(|d| head::refusal_answer(r, d, &mut wbuf));
+                        let _ = io.write_all(&wbuf).await;
+                        linger(&mut io, &mut rbuf).await;
+                        return;
+                    }
+                }
+            }
+            if rbuf.is_empty() && stop.flag.load(Ordering::Acquire) {
+                return;
+            }
+            let waited = poll_fn(|cx| {
+                if let Poll::Ready(r) = recv::read_more(&mut io, &mut rbuf, cx) {
+                    return Poll::Ready(Waited::Read(r));
+                }
+                if rbuf.is_empty() && stopped.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Waited::Stopped);
+                }
+                // The timer may be set for an earlier wait: it is moved only when it fires.
+                while deadline.as_mut().poll(cx).is_ready() {
+                    if Instant::now() >= due {
+                        return Poll::Ready(Waited::TimedOut);
+                    }
+                    deadline.as_mut().reset(due);
+                }
+                Poll::Pending
+            })
+            .await;
+            match waited {
+                Waited::Read(Ok(n)) if n > 0 => {}
+                // The client closed, failed, took too long or the server stops: nothing
+                // is owed (a partial head gets no answer, as nginx and hyper do).
+                Waited::Read(_) | Waited::TimedOut | Waited::Stopped => return,
+            }
+        };
+
+        // The request.
+        let asked = Asked {
+            head: head.method == Method::HEAD,
+            connect: head.method == Method::CONNECT,
+            version: head.version,
+        };
+        let (body, mut pump): (RequestBody, Option<Pump>) = match head.framing {
+            Framing::Empty => (RequestBody::Empty, None),
+            Framing::Length(n) => {
+                let (b, p) = recv::channel(Decoder::length(n), head.expect_continue);
+                (RequestBody::Http1(b), Some(p))
+            }
+            Framing::Chunked => {
+                let d = Decoder::chunked(limits.max_bytes, limits.max_headers);
+                let (b, p) = recv::channel(d, head.expect_continue);
+                (RequestBody::Http1(b), Some(p))
+            }
+        };
+        let mut req = Request::new(body);
+        *req.method_mut() = head.method;
+        *req.uri_mut() = head.uri;
+        *req.version_mut() = head.version;
+        *req.headers_mut() = head.headers;
+        let handover = head.upgrade.then(|| {
+            let (tx, rx) = upgrade::pending();
+            req.extensions_mut().insert(rx);
+            tx
+        });
+
+        // The answer.
+        let resp = {
+            let mut answer = pin!(gw.serve(req, &info));
+            poll_fn(|cx| {
+                if let Some(p) = pump.as_mut() {
+                    p.poll(&mut io, &mut rbuf, cx);
+                }
+                answer.as_mut().poll(cx)
+            })
+            .await
+        };
+        let (parts, body) = resp.into_parts();
+        let keep_alive = head.keep_alive && !stop.flag.load(Ordering::Acquire);
+        wbuf.clear();
+        let exact = body.size_hint().exact();
+        let empty = body.is_end_stream();
+        let (coding, mut keep_alive, trailers) =
+            with_date(|d| send::encode_head(&parts, exact, empty, asked, keep_alive, d, &mut wbuf));
+        let switched = parts.status == StatusCode::SWITCHING_PROTOCOLS
+            || (asked.connect && parts.status.is_success());
+        if let (true, Some(handover)) = (switched, handover) {
+            if io.write_all(&wbuf).await.is_err() || io.flush().await.is_err() {
+                return;
+            }
+            // What the client sent past the request is the upgraded protocol's.
+            if !handover.hand_over(io, rbuf.split().freeze()) {
+                tracing::debug!(peer = ?info.peer_ip, "upgrade answered but not taken");
+            }
+            return;
+        }
+        let mut writer = Writer::new(body, coding, trailers);
+        let sent = poll_fn(|cx| {
+            if let Some(p) = pump.as_mut() {
+                p.poll(&mut io, &mut rbuf, cx);
+            }
+            writer.poll(&mut io, &mut wbuf, cx)
+        })
+        .await;
+        drop(writer);
+        match sent {
+            Ok(Sent::Whole) => {}
+            Ok(Sent::Close) => keep_alive = false,
+            Err(e) => {
+                tracing::debug!(peer = ?info.peer_ip, "answer not written: {e}");
+                return;
+            }
+        }
+        // A body the handler did not read whole: the connection is kept only if its rest
+        // is already here.
+        if let Some(mut p) = pump.take() {
+            if !p.skip_buffered(&mut rbuf) {
+                keep_alive = false;
+            }
+        }
+        if wbuf.capacity() > 64 * 1024 {
+            wbuf = Vec::new();
+        }
+        if !keep_alive {
+            linger(&mut io, &mut rbuf).await;
+            return;
+        }
+        due = Instant::now() + header_timeout;
+    }
+}
+
+/// Reads and drops what the client still sends, briefly and up to a bound, so that closing
+/// with unread bytes does not reset the connection before the client has read its answer.
+async fn linger<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, buf: &mut BytesMut) {
+    let _ = io.shutdown().await;
+    let mut taken = 0;
+    let _ = tokio::time::timeout(LINGER_FOR, async {
+        while taken < LINGER_BYTES {
+            buf.clear();
+            match poll_fn(|cx| recv::read_more(io, buf, cx)).await {
+                Ok(n) if n > 0 => taken += n,
+                _ => return,
+            }
+        }
+    })
+    .await;
+}

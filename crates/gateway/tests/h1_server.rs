@@ -1,0 +1,196 @@
+//! The HTTP/1.1 server as a client meets it on the wire: pipelining, HTTP/1.0 keep-alive,
+//! `100-continue`, `HEAD`, framing it refuses, and the head deadline.
+
+mod common;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tollgate_gateway::SystemClock;
+
+const OPEN: &str = r#"
+routes:
+  - name: open
+    path_prefix: /
+    upstream: backend
+"#;
+
+async fn setup(listener_extra: &str) -> TestGateway {
+    let (backend, _) = inspect_backend().await;
+    let cfg = yaml(backend, OPEN).replace(
+        "listeners: [{address: \"127.0.0.1:0\"}]",
+        &format!("listeners: [{{address: \"127.0.0.1:0\"{listener_extra}}}]"),
+    );
+    TestGateway::start(&cfg, SystemClock::new()).await
+}
+
+/// Reads from `s` until `text` has been seen `times` times; returns all read.
+async fn read_until(s: &mut TcpStream, text: &str, times: usize) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&got).matches(text).count() < times {
+        let n = bounded("read", s.read(&mut buf)).await.expect("read");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order() {
+    let gw = setup("").await;
+    let r = raw(
+        gw.addr,
+        b"GET /first HTTP/1.1\r\nHost: x\r\n\r\nPOST /second HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbodyGET /third HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let first = r.find("GET /first").expect("first answered");
+    let second = r.find("POST /second").expect("second answered");
+    let third = r.find("GET /third").expect("third answered");
+    assert!(first < second && second < third, "{r}");
+    assert!(r.contains("\n\nbody"), "{r}");
+    assert_eq!(r.matches("HTTP/1.1 200 OK").count(), 3, "{r}");
+}
+
+#[tokio::test]
+async fn an_http10_client_that_asks_keeps_its_connection() {
+    let gw = setup("").await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    for i in 0..2 {
+        s.write_all(b"GET /old HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+            .await
+            .expect("write");
+        let got = read_until(&mut s, "GET /old", 1).await;
+        assert!(got.starts_with("HTTP/1.1 200"), "{i}: {got}");
+        assert!(got.contains("connection: keep-alive\r\n"), "{i}: {got}");
+        assert!(got.contains("content-length: "), "{i}: {got}");
+    }
+    // Without asking, an HTTP/1.0 connection ends after its answer.
+    let r = raw(gw.addr, b"GET /old HTTP/1.0\r\nHost: x\r\n\r\n").await;
+    assert!(r.contains("connection: close\r\n"), "{r}");
+    assert_eq!(r.matches("HTTP/1.1").count(), 1, "{r}");
+}
+
+#[tokio::test]
+async fn a_client_that_expects_100_continue_gets_it_before_sending_its_body() {
+    let gw = setup("").await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(
+        b"PUT /up HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let got = read_until(&mut s, "\r\n\r\n", 1).await;
+    assert_eq!(got, "HTTP/1.1 100 Continue\r\n\r\n");
+    s.write_all(b"hello").await.expect("write");
+    let got = read_until(&mut s, "hello", 1).await;
+    assert!(got.starts_with("HTTP/1.1 200 OK"), "{got}");
+    // The Expect header is the gateway's to answer: it does not go upstream.
+    assert!(!got.to_ascii_lowercase().contains("expect:"), "{got}");
+}
+
+#[tokio::test]
+async fn head_answers_carry_no_body_and_keep_the_connection() {
+    let gw = setup("").await;
+    let r = raw(
+        gw.addr,
+        b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let second = r.find("HTTP/1.1 200 OK").and_then(|first| {
+        let after = first + 1;
+        r[after..].find("HTTP/1.1 200 OK").map(|k| k + after)
+    });
+    let second = second.expect("two answers");
+    // The first answer is a head alone: the second starts right after its blank line.
+    assert!(r[..second].ends_with("\r\n\r\n"), "{r}");
+    assert!(!r[..second].contains("HEAD /h"), "{r}");
+    assert!(r[second..].contains("GET /g"), "{r}");
+}
+
+#[tokio::test]
+async fn framing_in_doubt_is_refused_with_the_reason_and_a_close() {
+    let gw = setup("").await;
+    for (req, status, reason) in [
+        (
+            &b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"[..],
+            501,
+            "transfer coding not supported",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            400,
+            "Transfer-Encoding given twice",
+        ),
+        (
+            b"POST /x HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            400,
+            "Transfer-Encoding in an HTTP/1.0 request",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+            400,
+            "two different Content-Length values",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: +3\r\n\r\nabc",
+            400,
+            "invalid Content-Length",
+        ),
+        (
+            b"GET /x HTTP/1.1\r\nHost: x\r\nBad Name: y\r\n\r\n",
+            400,
+            "invalid header name",
+        ),
+        (
+            b"GET /x HTTP/1.1\r\nHost: x\r\n folded: y\r\n\r\n",
+            400,
+            "invalid header name",
+        ),
+    ] {
+        let r = raw(gw.addr, req).await;
+        assert_eq!(status_of(&r), status, "{r}");
+        assert!(r.contains(reason), "{reason}: {r}");
+        assert!(r.contains("connection: close\r\n"), "{r}");
+        assert!(r.contains("content-type: application/json"), "{r}");
+        assert_eq!(r.matches("HTTP/1.1").count(), 1, "{r}");
+    }
+}
+
+#[tokio::test]
+async fn a_chunked_body_with_trailers_and_extensions_goes_up_whole() {
+    let gw = setup("").await;
+    let r = raw(
+        gw.addr,
+        b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n",
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    assert!(r.ends_with("\n\nhello world"), "{r}");
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_at_the_header_timeout() {
+    let gw = setup(", header_timeout: 300ms").await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    read_until(&mut s, "GET /a", 1).await;
+    // Then nothing: the server closes the connection, without an answer.
+    let mut rest = Vec::new();
+    bounded("close", s.read_to_end(&mut rest))
+        .await
+        .expect("read");
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    // A head that never ends is closed the same way.
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"GET /a HTTP/1.1\r\nHost:")
+        .await
+        .expect("write");
+    let mut rest = Vec::new();
+    bounded("close", s.read_to_end(&mut rest))
+        .await
+        .expect("read");
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+}
