@@ -194,3 +194,62 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_header_timeout() {
         .expect("read");
     assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
 }
+
+#[tokio::test]
+async fn a_client_that_leaves_takes_its_request_with_it() {
+    // A backend that never answers, and tells when the gateway closes its connection.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let backend = l.local_addr().expect("addr");
+    let (got_tx, got_rx) = tokio::sync::oneshot::channel::<()>();
+    let (ended_tx, ended_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let Ok((mut s, _)) = l.accept().await else {
+            return;
+        };
+        // Read the request, then wait for the gateway to close the connection.
+        let got = read_head(&mut s).await;
+        let _ = got_tx.send(());
+        if got.is_some() {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        let _ = ended_tx.send(());
+    });
+    let cfg = yaml(backend, OPEN).replace("response_timeout: 2s", "response_timeout: 60s");
+    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    // The request reaches the backend before the client goes.
+    bounded("the request upstream", got_rx)
+        .await
+        .expect("the backend got the request");
+    drop(s);
+    bounded("the upstream exchange dropped", ended_rx)
+        .await
+        .expect("the backend saw its connection end");
+}
+
+#[tokio::test]
+async fn a_head_that_comes_a_byte_at_a_time_is_served() {
+    let gw = setup("").await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.set_nodelay(true).expect("nodelay");
+    for b in b"GET /slowly HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" {
+        s.write_all(&[*b]).await.expect("write");
+    }
+    let mut out = Vec::new();
+    bounded("answer", s.read_to_end(&mut out))
+        .await
+        .expect("read");
+    let r = String::from_utf8_lossy(&out);
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    assert!(r.contains("GET /slowly"), "{r}");
+}

@@ -21,13 +21,15 @@ const LIMITS: Limits = Limits {
 
 /// Refusals where the server is stricter than hyper on purpose: only `chunked`, once, as a
 /// transfer coding (hyper takes any list ending in it); no control bytes in a chunk-size
-/// line; trailers only as a complete, well-formed field section.
+/// line; trailers only as a complete, well-formed field section with CRLF line ends; 16 KiB
+/// of chunk extensions per body, counted with their whitespace (hyper counts a little less).
 const DELIBERATE: &[&str] = &[
     "transfer coding not supported (only chunked)",
     "Transfer-Encoding given twice",
     "control byte in a chunk size line",
     "malformed trailer section",
     "trailers larger than max_header_bytes",
+    "chunk extensions too large",
 ];
 
 /// What hyper's service saw of the body: its bytes, or whether it broke off incomplete.

@@ -9,6 +9,10 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// The longest chunk-size line (with extensions) taken.
 const MAX_SIZE_LINE: usize = 4096;
+/// The most bytes of chunk extensions (and leading zeros past 16 digits) in one body, as
+/// hyper's 16 KiB: extensions carry nothing the gateway uses, and many small chunks with
+/// long extensions would otherwise cost far more than the body they carry.
+const MAX_EXTENSIONS: usize = 16 * 1024;
 
 /// What the next step of decoding gives.
 #[derive(Debug, PartialEq)]
@@ -42,6 +46,11 @@ enum State {
 #[derive(Debug, Clone)]
 pub struct Decoder {
     state: State,
+    /// How far a size line or the trailers have been searched for their end, so that bytes
+    /// that come one at a time are not searched again and again.
+    scanned: usize,
+    /// Extension bytes so far.
+    extensions: usize,
     /// The trailers' limits: the listener's head limits.
     max_trailer_bytes: usize,
     max_trailers: usize,
@@ -56,6 +65,8 @@ impl Decoder {
             } else {
                 State::Length(n)
             },
+            scanned: 0,
+            extensions: 0,
             max_trailer_bytes: 0,
             max_trailers: 0,
         }
@@ -65,6 +76,8 @@ impl Decoder {
     pub fn chunked(max_bytes: usize, max_fields: usize) -> Decoder {
         Decoder {
             state: State::Size,
+            scanned: 0,
+            extensions: 0,
             max_trailer_bytes: max_bytes,
             max_trailers: max_fields,
         }
@@ -99,14 +112,24 @@ impl Decoder {
                     return Ok(Decoded::Data(data));
                 }
                 State::Size => {
-                    let Some(nl) = buf.iter().take(MAX_SIZE_LINE).position(|b| *b == b'\n') else {
+                    let from = self.scanned.min(buf.len());
+                    let upto = buf.len().min(MAX_SIZE_LINE);
+                    let found = buf[from.min(upto)..upto].iter().position(|b| *b == b'\n');
+                    let Some(k) = found else {
                         if buf.len() >= MAX_SIZE_LINE {
                             return Err(Broken("chunk size line too long"));
                         }
+                        self.scanned = buf.len();
                         return Ok(Decoded::Need);
                     };
+                    let nl = from.min(upto) + k;
+                    self.scanned = 0;
                     let line = buf.split_to(nl + 1);
-                    let size = chunk_size(&line[..nl])?;
+                    let (size, extra) = chunk_size(&line[..nl])?;
+                    self.extensions += extra;
+                    if self.extensions > MAX_EXTENSIONS {
+                        return Err(Broken("chunk extensions too large"));
+                    }
                     self.state = if size == 0 {
                         State::Trailers
                     } else {
@@ -169,6 +192,14 @@ impl Decoder {
             return Ok(Decoded::Need);
         };
         let block = buf.split_to(end + 4).freeze();
+        // Every line ends in CRLF: a bare LF could end a line here and not behind.
+        let bare_lf = block
+            .iter()
+            .enumerate()
+            .any(|(i, b)| *b == b'\n' && (i == 0 || block[i - 1] != b'\r'));
+        if bare_lf {
+            return Err(Broken("malformed trailer section"));
+        }
         let mut slots = vec![httparse::EMPTY_HEADER; self.max_trailers.max(1)];
         let fields = match httparse::parse_headers(&block, &mut slots) {
             Ok(httparse::Status::Complete((_, fields))) => fields,
@@ -190,17 +221,15 @@ impl Decoder {
 }
 
 /// A chunk-size line without its LF: hex digits, optional whitespace and `;` extensions,
-/// then the CR. No control bytes but tab anywhere in it.
-fn chunk_size(line: &[u8]) -> Result<u64, Broken> {
+/// then the CR. No control bytes but tab anywhere in it. Returns the size and the bytes
+/// that carry nothing (extensions, leading digits past 16).
+fn chunk_size(line: &[u8]) -> Result<(u64, usize), Broken> {
     let Some(line) = line.strip_suffix(b"\r") else {
         return Err(Broken("chunk size line not ended by CRLF"));
     };
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     if digits == 0 {
         return Err(Broken("invalid chunk size"));
-    }
-    if digits > 16 {
-        return Err(Broken("chunk size too large"));
     }
     let rest = &line[digits..];
     if rest
@@ -213,11 +242,12 @@ fn chunk_size(line: &[u8]) -> Result<u64, Broken> {
     if !(rest.is_empty() || rest.first() == Some(&b';')) {
         return Err(Broken("invalid chunk size"));
     }
-    line[..digits].iter().try_fold(0u64, |n, b| {
+    let size = line[..digits].iter().try_fold(0u64, |n, b| {
         let d = char::from(*b).to_digit(16).map(u64::from);
         d.and_then(|d| n.checked_mul(16)?.checked_add(d))
             .ok_or(Broken("chunk size too large"))
-    })
+    })?;
+    Ok((size, line.len() - digits + digits.saturating_sub(16)))
 }
 
 #[cfg(test)]
@@ -249,6 +279,10 @@ mod tests {
         assert_eq!(t.unwrap().get("x-t").unwrap(), "1");
         let mut d = Decoder::chunked(8192, 100);
         assert_eq!(all(&mut d, b"3\r\nabc\r\n0\r\n\r\n").unwrap().0, b"abc");
+        // Leading zeros are digits like any other (RFC 9112 §7.1: 1*HEXDIG).
+        let mut d = Decoder::chunked(8192, 100);
+        let zeros = b"00000000000000000000003\r\nabc\r\n000000000000000000000\r\n\r\n";
+        assert_eq!(all(&mut d, zeros).unwrap().0, b"abc");
     }
 
     #[test]
@@ -260,9 +294,11 @@ mod tests {
             b"-1\r\n",
             b"5\r\x00\r\n",
             b"11111111111111111\r\n",
+            b"0000000000000000000000011111111111111111\r\n",
             b"0x5\r\nhello\r\n0\r\n\r\n",
             b"5 6\r\nhello\r\n",
             b"0\r\nbad header\r\n\r\n",
+            b"0\r\nA: 1\nB: 2\r\n\r\n",
         ] {
             let mut d = Decoder::chunked(8192, 100);
             assert!(
@@ -271,6 +307,44 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn extensions_are_capped_per_body() {
+        let mut input = Vec::new();
+        for _ in 0..10 {
+            input.extend_from_slice(b"1;");
+            input.extend_from_slice(&[b'a'; 2000]);
+            input.extend_from_slice(b"\r\nX\r\n");
+        }
+        input.extend_from_slice(b"0\r\n\r\n");
+        let mut d = Decoder::chunked(8192, 100);
+        assert_eq!(
+            all(&mut d, &input).err(),
+            Some(Broken("chunk extensions too large"))
+        );
+    }
+
+    #[test]
+    fn bytes_that_come_one_at_a_time_decode_the_same() {
+        let input = b"5;a=b\r\nhello\r\n0\r\nX-T: 1\r\n\r\nNEXT";
+        let mut d = Decoder::chunked(8192, 100);
+        let mut buf = BytesMut::new();
+        let mut body = Vec::new();
+        let mut trailers = None;
+        for b in input {
+            buf.extend_from_slice(&[*b]);
+            loop {
+                match d.decode(&mut buf).unwrap() {
+                    Decoded::Data(x) => body.extend_from_slice(&x),
+                    Decoded::Trailers(t) => trailers = Some(t),
+                    Decoded::Need | Decoded::End => break,
+                }
+            }
+        }
+        assert_eq!(body, b"hello");
+        assert_eq!(trailers.unwrap().get("x-t").unwrap(), "1");
+        assert_eq!(&buf[..], b"NEXT");
     }
 
     #[test]

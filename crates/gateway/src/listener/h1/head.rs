@@ -6,6 +6,7 @@
 use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Uri, Version};
+use smallvec::SmallVec;
 use std::mem::MaybeUninit;
 
 /// The longest request target taken (as hyper: longer ones get 414).
@@ -65,28 +66,43 @@ pub struct Limits {
     pub max_headers: usize,
 }
 
+/// Header fields the request path may add before the request goes upstream.
+const ADDED_ON_THE_WAY: usize = 8;
+
 /// Header slots kept on the stack; more (a larger `max_headers`) are allocated.
 const STACK_HEADERS: usize = 100;
 
 /// Where a field's name and value lie in the head.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Field {
     name: (usize, usize),
     value: (usize, usize),
+}
+
+/// A head larger than `max_header_bytes`.
+pub const TOO_LARGE: Refused = refused(431, "request head larger than max_header_bytes");
+
+/// Whether `buf` may hold the end of a head (an empty line) past `scanned`, the length
+/// it had when last looked at: a head is parsed only when it may be whole, as hyper does.
+pub fn may_end(buf: &[u8], scanned: usize) -> bool {
+    let from = scanned.saturating_sub(2).min(buf.len());
+    let tail = &buf[from..];
+    tail.iter().enumerate().any(|(i, b)| {
+        *b == b'\n'
+            && (tail.get(i + 1) == Some(&b'\n')
+                || (tail.get(i + 1) == Some(&b'\r') && tail.get(i + 2) == Some(&b'\n')))
+    })
 }
 
 /// Parses the head at the start of `buf`. `Ok(None)`: not complete yet (read more). On
 /// success the head's bytes are taken out of `buf`; what follows (body, next request)
 /// stays.
 pub fn parse(buf: &mut BytesMut, limits: Limits) -> Result<Option<Head>, Refused> {
-    if limits.max_headers <= STACK_HEADERS {
-        let mut fields = [Field::default(); STACK_HEADERS];
-        parse_with(buf, limits, &mut fields[..limits.max_headers])
-    } else {
-        let mut fields = vec![Field::default(); limits.max_headers];
-        parse_with(buf, limits, &mut fields)
-    }
+    parse_with(buf, limits, &mut Fields::new())
 }
+
+/// Where the fields lie; kept on the stack for a usual head, and not zeroed first.
+type Fields = SmallVec<[Field; 32]>;
 
 /// The request line as positions in the head.
 struct Located {
@@ -98,13 +114,13 @@ struct Located {
 }
 
 /// Runs httparse over `bytes`, noting where each field lies in `fields`.
-fn locate(bytes: &[u8], limits: Limits, fields: &mut [Field]) -> Result<Option<Located>, Refused> {
+fn locate(bytes: &[u8], limits: Limits, fields: &mut Fields) -> Result<Option<Located>, Refused> {
     let mut stack = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADERS];
     let mut heap = Vec::new();
-    let slots = if fields.len() <= STACK_HEADERS {
-        &mut stack[..fields.len()]
+    let slots = if limits.max_headers <= STACK_HEADERS {
+        &mut stack[..limits.max_headers]
     } else {
-        heap.resize(fields.len(), MaybeUninit::uninit());
+        heap.resize(limits.max_headers, MaybeUninit::uninit());
         &mut heap[..]
     };
     let mut req = httparse::Request::new(&mut []);
@@ -113,7 +129,7 @@ fn locate(bytes: &[u8], limits: Limits, fields: &mut [Field]) -> Result<Option<L
     {
         Ok(httparse::Status::Complete(len)) => {
             if len > limits.max_bytes {
-                return Err(refused(431, "request head larger than max_header_bytes"));
+                return Err(TOO_LARGE);
             }
             let target = req.path.unwrap_or("");
             if target.len() > MAX_URI_LEN {
@@ -121,10 +137,10 @@ fn locate(bytes: &[u8], limits: Limits, fields: &mut [Field]) -> Result<Option<L
             }
             let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
                 .map_err(|_| refused(400, "invalid method"))?;
-            for (f, h) in fields.iter_mut().zip(req.headers.iter()) {
-                f.name = range_in(bytes, h.name.as_bytes());
-                f.value = range_in(bytes, h.value);
-            }
+            fields.extend(req.headers.iter().map(|h| Field {
+                name: range_in(bytes, h.name.as_bytes()),
+                value: range_in(bytes, h.value),
+            }));
             let version = if req.version == Some(1) {
                 Version::HTTP_11
             } else {
@@ -140,7 +156,7 @@ fn locate(bytes: &[u8], limits: Limits, fields: &mut [Field]) -> Result<Option<L
         }
         Ok(httparse::Status::Partial) => {
             if bytes.len() > limits.max_bytes {
-                return Err(refused(431, "request head larger than max_header_bytes"));
+                return Err(TOO_LARGE);
             }
             Ok(None)
         }
@@ -151,7 +167,7 @@ fn locate(bytes: &[u8], limits: Limits, fields: &mut [Field]) -> Result<Option<L
 fn parse_with(
     buf: &mut BytesMut,
     limits: Limits,
-    fields: &mut [Field],
+    fields: &mut Fields,
 ) -> Result<Option<Head>, Refused> {
     // The head is parsed from a view of the buffer, then the buffer is split: the fields
     // become slices of one shared piece, copied nowhere.
@@ -168,7 +184,9 @@ fn parse_with(
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.1))
         .map_err(|_| refused(400, "invalid request target"))?;
-    let mut headers = HeaderMap::with_capacity(count);
+    // Room for what the gateway adds on the way (forwarding headers, request id, consumer):
+    // a map that grows is rehashed and moved.
+    let mut headers = HeaderMap::with_capacity(count + ADDED_ON_THE_WAY);
     let mut framing = Framing::Empty;
     let mut length: Option<u64> = None;
     let mut chunked = false;

@@ -42,6 +42,8 @@ pub struct Pump {
     decoder: Decoder,
     /// The rest of a `100 Continue` still to write.
     continue_left: &'static [u8],
+    /// The `100 Continue` is written but not yet flushed.
+    continue_unflushed: bool,
     finished: bool,
 }
 
@@ -59,6 +61,7 @@ pub fn channel(decoder: Decoder, expect_continue: bool) -> (H1RecvBody, Pump) {
             slot,
             decoder,
             continue_left: if expect_continue { CONTINUE } else { &[] },
+            continue_unflushed: false,
             finished: false,
         },
     )
@@ -104,10 +107,9 @@ impl H1RecvBody {
 
     /// What is left, when known.
     pub fn size_hint(&self) -> SizeHint {
-        let s = self.slot.lock();
-        let pending = s.data.as_ref().map_or(0, |d| d.len() as u64);
-        match s.left {
-            Some(n) => SizeHint::with_exact(n + pending),
+        // `left` counts what the reader has not taken, the piece waiting for it included.
+        match self.slot.lock().left {
+            Some(n) => SizeHint::with_exact(n),
             None => SizeHint::default(),
         }
     }
@@ -154,6 +156,15 @@ impl Pump {
                     Poll::Ready(_) => return self.broke("client connection failed"),
                     Poll::Pending => return,
                 }
+                self.continue_unflushed = self.continue_left.is_empty();
+            }
+            if self.continue_unflushed {
+                // Flushed at once, or a TLS layer could keep it.
+                match Pin::new(&mut *io).poll_flush(cx) {
+                    Poll::Ready(Ok(())) => self.continue_unflushed = false,
+                    Poll::Ready(Err(_)) => return self.broke("client connection failed"),
+                    Poll::Pending => return,
+                }
             }
             let step = self.decoder.decode(buf);
             let mut s = self.slot.lock();
@@ -191,6 +202,34 @@ impl Pump {
                 return;
             }
         }
+    }
+
+    /// The answer's head is about to be written: a `100 Continue` not begun is never
+    /// sent (the client learns from the answer); one begun is finished first, so that the
+    /// answer does not start inside it.
+    pub fn poll_answering<S: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut S,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.continue_left.len() == CONTINUE.len() {
+            self.continue_left = &[];
+        }
+        while !self.continue_left.is_empty() {
+            match std::task::ready!(Pin::new(&mut *io).poll_write(cx, self.continue_left)) {
+                Ok(n) if n > 0 => self.continue_left = &self.continue_left[n..],
+                Ok(_) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Whether the reader is gone or the body broke: nothing more of it will be read for
+    /// the handler.
+    pub fn abandoned(&self) -> bool {
+        let s = self.slot.lock();
+        s.dropped || s.broken.is_some()
     }
 
     fn broke(&mut self, why: &'static str) {

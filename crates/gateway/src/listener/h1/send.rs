@@ -218,6 +218,8 @@ where
                 ready!(self.poll_flush(io, wbuf, cx))?;
                 continue;
             }
+            // What was written leaves now: a TLS layer may hold written bytes until flushed.
+            ready!(Pin::new(&mut *io).poll_flush(cx))?;
             if self.body.is_some() {
                 // Waiting on the body; its waker is registered.
                 return Poll::Pending;

@@ -58,9 +58,20 @@ where
     stopped.as_mut().enable();
     loop {
         // The head.
+        // How much of the buffer is known not to end a head: bytes that come one at a time
+        // are not parsed again and again.
+        let mut scanned = 0;
         let head: Head = loop {
             if !rbuf.is_empty() {
-                match head::parse(&mut rbuf, limits) {
+                let parsed = if head::may_end(&rbuf, scanned) {
+                    head::parse(&mut rbuf, limits)
+                } else if rbuf.len() > limits.max_bytes {
+                    Err(head::TOO_LARGE)
+                } else {
+                    Ok(None)
+                };
+                scanned = rbuf.len();
+                match parsed {
                     Ok(Some(h)) => break h,
                     Ok(None) => {}
                     Err(r) => {
@@ -130,19 +141,46 @@ where
             tx
         });
 
-        // The answer.
+        // The answer. A request without a body still has its connection watched: a client
+        // that goes away takes its request with it (the upstream exchange is dropped), as
+        // one that sends the next request early has it kept for later.
         let resp = {
             let mut answer = pin!(gw.serve(req, &info));
+            let mut gone = false;
             poll_fn(|cx| {
-                if let Some(p) = pump.as_mut() {
-                    p.poll(&mut io, &mut rbuf, cx);
+                match pump.as_mut() {
+                    Some(p) => p.poll(&mut io, &mut rbuf, cx),
+                    None if !gone && rbuf.len() < limits.max_bytes => {
+                        if let Poll::Ready(r) = recv::read_more(&mut io, &mut rbuf, cx) {
+                            gone = !matches!(r, Ok(n) if n > 0);
+                            if gone {
+                                return Poll::Ready(None);
+                            }
+                            cx.waker().wake_by_ref();
+                        }
+                    }
+                    None => {}
                 }
-                answer.as_mut().poll(cx)
+                answer.as_mut().poll(cx).map(Some)
             })
             .await
         };
+        let Some(resp) = resp else {
+            tracing::debug!(peer = ?info.peer_ip, "the client left before its answer");
+            return;
+        };
         let (parts, body) = resp.into_parts();
-        let keep_alive = head.keep_alive && !stop.flag.load(Ordering::Acquire);
+        let mut keep_alive = head.keep_alive && !stop.flag.load(Ordering::Acquire);
+        if let Some(p) = pump.as_mut() {
+            // A body no one reads any more: the connection is kept only if its rest is
+            // here, and the answer says so when it is not.
+            if p.abandoned() && !p.skip_buffered(&mut rbuf) {
+                keep_alive = false;
+            }
+            if poll_fn(|cx| p.poll_answering(&mut io, cx)).await.is_err() {
+                return;
+            }
+        }
         wbuf.clear();
         let exact = body.size_hint().exact();
         let empty = body.is_end_stream();

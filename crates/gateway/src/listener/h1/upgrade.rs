@@ -32,7 +32,7 @@ pub struct NotUpgraded;
 /// Resolves to the client's connection once the upgrade's answer is written. Shared (a
 /// request's extensions must be cloneable): the first to await it gets the connection.
 #[derive(Clone)]
-pub struct OnUpgrade(Arc<Mutex<oneshot::Receiver<Upgraded>>>);
+pub struct OnUpgrade(Arc<Mutex<Option<oneshot::Receiver<Upgraded>>>>);
 
 /// The connection's side: it hands the connection over.
 pub struct Handover(oneshot::Sender<Upgraded>);
@@ -40,7 +40,7 @@ pub struct Handover(oneshot::Sender<Upgraded>);
 /// A pair for one request that asks for an upgrade.
 pub fn pending() -> (Handover, OnUpgrade) {
     let (tx, rx) = oneshot::channel();
-    (Handover(tx), OnUpgrade(Arc::new(Mutex::new(rx))))
+    (Handover(tx), OnUpgrade(Arc::new(Mutex::new(Some(rx)))))
 }
 
 impl Handover {
@@ -60,10 +60,14 @@ impl Future for OnUpgrade {
     type Output = Result<Upgraded, NotUpgraded>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut rx = self.0.lock();
-        Pin::new(&mut *rx)
-            .poll(cx)
-            .map(|r| r.map_err(|_| NotUpgraded))
+        let mut slot = self.0.lock();
+        let Some(rx) = slot.as_mut() else {
+            // Another clone took the connection.
+            return Poll::Ready(Err(NotUpgraded));
+        };
+        let r = std::task::ready!(Pin::new(rx).poll(cx));
+        *slot = None;
+        Poll::Ready(r.map_err(|_| NotUpgraded))
     }
 }
 
