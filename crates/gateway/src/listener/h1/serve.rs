@@ -59,11 +59,11 @@ where
     loop {
         // The head.
         // How much of the buffer is known not to end a head: bytes that come one at a time
-        // are not parsed again and again.
+        // are not parsed again and again. A head that comes whole is parsed at once.
         let mut scanned = 0;
         let head: Head = loop {
             if !rbuf.is_empty() {
-                let parsed = if head::may_end(&rbuf, scanned) {
+                let parsed = if scanned == 0 || head::may_end(&rbuf, scanned) {
                     head::parse(&mut rbuf, limits)
                 } else if rbuf.len() > limits.max_bytes {
                     Err(head::TOO_LARGE)
