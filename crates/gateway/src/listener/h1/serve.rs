@@ -189,6 +189,14 @@ where
         let switched = parts.status == StatusCode::SWITCHING_PROTOCOLS
             || (asked.connect && parts.status.is_success());
         if let (true, Some(handover)) = (switched, handover) {
+            // A body sent with the upgrade request is not the new protocol's: it is skipped
+            // if it is all here, else the connection is not handed over.
+            if let Some(p) = pump.as_mut() {
+                if !p.skip_buffered(&mut rbuf) {
+                    tracing::debug!(peer = ?info.peer_ip, "upgrade with an unread body: closed");
+                    return;
+                }
+            }
             if io.write_all(&wbuf).await.is_err() || io.flush().await.is_err() {
                 return;
             }
