@@ -42,6 +42,8 @@ pub struct Head {
     pub expect_continue: bool,
     /// An `Upgrade` header (HTTP/1.1) or `CONNECT`.
     pub upgrade: bool,
+    /// `TE: trailers`: the client takes trailer fields in a chunked answer.
+    pub te_trailers: bool,
 }
 
 /// Why a head is refused: the status and a word for the client.
@@ -195,6 +197,7 @@ fn parse_with(
     let mut close = false;
     let mut expect_continue = false;
     let mut upgrade = method == Method::CONNECT;
+    let mut te_trailers = false;
     for f in &fields[..count] {
         let name = HeaderName::from_bytes(&head[f.name.0..f.name.1])
             .map_err(|_| refused(400, "invalid header name"))?;
@@ -237,6 +240,7 @@ fn parse_with(
                 expect_continue = is_11 && value.as_bytes().eq_ignore_ascii_case(b"100-continue");
             }
             header::UPGRADE => upgrade |= is_11,
+            header::TE => te_trailers |= has_token(value.as_bytes(), b"trailers"),
             _ => {}
         }
         headers.append(name, value);
@@ -261,6 +265,7 @@ fn parse_with(
         keep_alive: keep_alive && !close,
         expect_continue,
         upgrade,
+        te_trailers,
     }))
 }
 

@@ -28,6 +28,8 @@ pub struct Asked {
     pub connect: bool,
     /// The request's version.
     pub version: Version,
+    /// The client said `TE: trailers`: declared trailer fields are sent (RFC 9110 §6.5.1).
+    pub trailers: bool,
 }
 
 /// How the answer's body is framed.
@@ -106,7 +108,12 @@ pub fn encode_head(
             }
             None if asked.version == Version::HTTP_11 => {
                 out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                for v in &trailer_values {
+                let sent = if asked.trailers {
+                    &trailer_values[..]
+                } else {
+                    &[]
+                };
+                for v in sent {
                     field(out, b"trailer", v.as_bytes());
                     trailer_names.extend(
                         v.to_str()
@@ -392,6 +399,7 @@ mod tests {
         head: false,
         connect: false,
         version: Version::HTTP_11,
+        trailers: false,
     };
 
     #[test]
@@ -434,6 +442,25 @@ mod tests {
         let (h, c, _) = head_of(r, Some(0), true, head);
         assert_eq!(c, Coding::Bodiless);
         assert!(h.contains("content-length: 42\r\n"), "{h}");
+    }
+
+    #[test]
+    fn trailers_are_declared_only_to_a_client_that_takes_them() {
+        let declared = || {
+            http::Response::builder()
+                .header("trailer", "x-sum")
+                .body(())
+                .unwrap()
+        };
+        let (h, c, _) = head_of(declared(), None, false, GET11);
+        assert_eq!(c, Coding::Chunked);
+        assert!(!h.contains("trailer:"), "{h}");
+        let takes = Asked {
+            trailers: true,
+            ..GET11
+        };
+        let (h, _, _) = head_of(declared(), None, false, takes);
+        assert!(h.contains("trailer: x-sum\r\n"), "{h}");
     }
 
     #[tokio::test]

@@ -117,6 +117,7 @@ where
             head: head.method == Method::HEAD,
             connect: head.method == Method::CONNECT,
             version: head.version,
+            trailers: head.te_trailers,
         };
         let (body, mut pump): (RequestBody, Option<Pump>) = match head.framing {
             Framing::Empty => (RequestBody::Empty, None),
@@ -230,7 +231,9 @@ where
                 keep_alive = false;
             }
         }
-        if wbuf.capacity() > 64 * 1024 {
+        // An idle connection keeps a write buffer the size of a small answer, not of the
+        // largest it ever wrote.
+        if wbuf.capacity() > 16 * 1024 {
             wbuf = Vec::new();
         }
         if !keep_alive {
