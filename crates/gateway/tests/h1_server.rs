@@ -253,3 +253,24 @@ async fn a_head_that_comes_a_byte_at_a_time_is_served() {
     assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
     assert!(r.contains("GET /slowly"), "{r}");
 }
+
+/// A client that closes its side has left (as nginx and hyper take it): the request in
+/// hand when the close is read is dropped. Requests read before it are still answered.
+#[tokio::test]
+async fn a_request_read_before_the_client_closes_its_side_is_answered() {
+    let gw = setup("").await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(
+        b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    s.shutdown().await.expect("half-close");
+    let mut out = Vec::new();
+    bounded("answers", s.read_to_end(&mut out))
+        .await
+        .expect("read");
+    let r = String::from_utf8_lossy(&out);
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    assert!(r.contains("GET /a"), "{r}");
+}

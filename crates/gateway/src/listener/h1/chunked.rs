@@ -185,12 +185,18 @@ impl Decoder {
             return Ok(Decoded::End);
         }
         let limit = self.max_trailer_bytes.max(64);
-        let Some(end) = buf.windows(4).take(limit).position(|w| w == b"\r\n\r\n") else {
+        // Searched from where the last search stopped (less 3: the end may straddle reads).
+        let upto = buf.len().min(limit + 4);
+        let from = self.scanned.saturating_sub(3).min(upto);
+        let found = buf[from..upto].windows(4).position(|w| w == b"\r\n\r\n");
+        let Some(end) = found.map(|k| from + k) else {
             if buf.len() >= limit {
                 return Err(Broken("trailers larger than max_header_bytes"));
             }
+            self.scanned = buf.len();
             return Ok(Decoded::Need);
         };
+        self.scanned = 0;
         let block = buf.split_to(end + 4).freeze();
         // Every line ends in CRLF: a bare LF could end a line here and not behind.
         let bare_lf = block

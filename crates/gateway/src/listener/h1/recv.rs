@@ -254,6 +254,8 @@ impl Pump {
                 Ok(Decoded::Data(_)) => {}
                 Ok(Decoded::Trailers(_) | Decoded::End) => {
                     self.finished = true;
+                    // A reader still holding the body learns it will see no more of it.
+                    self.broke("the body was skipped");
                     return true;
                 }
                 Ok(Decoded::Need) | Err(_) => return false,

@@ -143,15 +143,17 @@ where
         });
 
         // The answer. A request without a body still has its connection watched: a client
-        // that goes away takes its request with it (the upstream exchange is dropped), as
-        // one that sends the next request early has it kept for later.
+        // that goes away (or closes its side, as hyper takes it) takes its request with it
+        // (the upstream exchange is dropped); the first bytes of a next request are kept.
         let resp = {
             let mut answer = pin!(gw.serve(req, &info));
             let mut gone = false;
             poll_fn(|cx| {
                 match pump.as_mut() {
                     Some(p) => p.poll(&mut io, &mut rbuf, cx),
-                    None if !gone && rbuf.len() < limits.max_bytes => {
+                    // Only while nothing is buffered: a client that sent its next requests
+                    // and then closed its side still has them answered.
+                    None if !gone && rbuf.is_empty() => {
                         if let Poll::Ready(r) = recv::read_more(&mut io, &mut rbuf, cx) {
                             gone = !matches!(r, Ok(n) if n > 0);
                             if gone {
@@ -195,6 +197,7 @@ where
             if let Some(p) = pump.as_mut() {
                 if !p.skip_buffered(&mut rbuf) {
                     tracing::debug!(peer = ?info.peer_ip, "upgrade with an unread body: closed");
+                    linger(&mut io, &mut rbuf).await;
                     return;
                 }
             }
@@ -233,7 +236,7 @@ where
         }
         // An idle connection keeps a write buffer the size of a small answer, not of the
         // largest it ever wrote.
-        if wbuf.capacity() > 16 * 1024 {
+        if wbuf.capacity() > 32 * 1024 {
             wbuf = Vec::new();
         }
         if !keep_alive {
