@@ -30,7 +30,7 @@ enum State {
     /// HTTP/1: bytes pass through.
     Http1,
     /// An HTTP/2 preface came and was refused: what else arrives is taken in and dropped
-    /// until the client closes (hyper's header timeout bounds the wait).
+    /// until the client closes (the HTTP/1.1 server's header timeout bounds the wait).
     Refused,
 }
 
@@ -69,10 +69,10 @@ impl AsyncRead for H1Only {
                     *this.state = State::Http1;
                     return Poll::Ready(Ok(()));
                 }
-                // Nothing of it goes to hyper, which would answer in HTTP/1.
+                // Nothing of it goes to the HTTP/1.1 server, which would answer in HTTP/1.
                 buf.set_filled(before);
                 *this.state = State::Refused;
-                said_once(this.io.local_addr().ok(), true);
+                said_once(this.io.local_addr().ok());
                 // A fresh connection's send buffer takes 26 bytes at once.
                 let _ = this.io.as_mut().poll_write(cx, &REFUSAL);
                 let _ = this.io.as_mut().poll_shutdown(cx);
@@ -122,20 +122,15 @@ impl AsyncWrite for H1Only {
     }
 }
 
-/// An HTTP/2 preface on a listener without `h2c`: say so once per process, at info, and
-/// how it was answered (`goaway`; else hyper closed the connection).
-pub fn said_once(listener: Option<std::net::SocketAddr>, goaway: bool) {
+/// An HTTP/2 preface on a listener without `h2c`: say so once per process, at info.
+pub fn said_once(listener: Option<std::net::SocketAddr>) {
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, Ordering::Relaxed) {
         let listener = listener.map(|a| a.to_string()).unwrap_or_default();
-        let answer = if goaway {
-            "refused with GOAWAY (HTTP_1_1_REQUIRED) and closed"
-        } else {
-            "closed"
-        };
         tracing::info!(
             %listener,
-            "a client sent an HTTP/2 preface to a listener without `h2c: true`; {answer} (said once)"
+            "a client sent an HTTP/2 preface to a listener without `h2c: true`; refused with \
+             GOAWAY (HTTP_1_1_REQUIRED) and closed (said once)"
         );
     }
 }
