@@ -98,12 +98,9 @@ impl Decoder {
             match self.state {
                 State::Done => return Ok(Decoded::End),
                 State::Length(left) => {
-                    if buf.is_empty() {
+                    let Some((data, left)) = take_up_to(buf, left) else {
                         return Ok(Decoded::Need);
-                    }
-                    let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
-                    let data = buf.split_to(take).freeze();
-                    let left = left - take as u64;
+                    };
                     self.state = if left == 0 {
                         State::Done
                     } else {
@@ -137,12 +134,9 @@ impl Decoder {
                     };
                 }
                 State::Data(left) => {
-                    if buf.is_empty() {
+                    let Some((data, left)) = take_up_to(buf, left) else {
                         return Ok(Decoded::Need);
-                    }
-                    let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
-                    let data = buf.split_to(take).freeze();
-                    let left = left - take as u64;
+                    };
                     self.state = if left == 0 {
                         State::DataEnd
                     } else {
@@ -224,6 +218,16 @@ impl Decoder {
         self.state = State::Done;
         Ok(Decoded::Trailers(map))
     }
+}
+
+/// Up to `left` bytes from the front of `buf`, and what is left after them; `None` when
+/// `buf` is empty.
+fn take_up_to(buf: &mut BytesMut, left: u64) -> Option<(Bytes, u64)> {
+    if buf.is_empty() {
+        return None;
+    }
+    let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+    Some((buf.split_to(take).freeze(), left - take as u64))
 }
 
 /// A chunk-size line without its LF: hex digits, optional whitespace and `;` extensions,
