@@ -171,7 +171,7 @@ async fn a_chunked_body_with_trailers_and_extensions_goes_up_whole() {
 
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_at_the_header_timeout() {
-    let gw = setup(", header_timeout: 300ms").await;
+    let gw = setup(", header_timeout: 1s").await;
     let mut s = TcpStream::connect(gw.addr).await.expect("connect");
     s.write_all(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
