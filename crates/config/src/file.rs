@@ -43,6 +43,42 @@ pub struct FileConfig {
     pub analytics: Option<Analytics>,
     /// What `/metrics` breaks down.
     pub metrics: Option<Metrics>,
+    /// OpenTelemetry traces, exported over OTLP.
+    pub tracing: Option<Tracing>,
+}
+
+/// OpenTelemetry traces: one span per request, sampled, exported in batches over OTLP.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tracing {
+    /// Where spans are sent.
+    pub otlp: Otlp,
+    /// Share of new traces recorded, 0 to 1 (default 1). A trusted parent's decision wins.
+    pub sample_ratio: Option<f64>,
+    /// `service.name` of the spans (default `tollgate`).
+    pub service_name: Option<String>,
+}
+
+/// The OTLP collector and how spans reach it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Otlp {
+    /// The collector's URL (default `http://localhost:4317` for gRPC,
+    /// `http://localhost:4318/v1/traces` for HTTP).
+    pub endpoint: Option<String>,
+    /// `grpc` or `http` (protobuf over HTTP); default `grpc`.
+    pub protocol: Option<String>,
+    /// Longest wait for one export (default 10s).
+    pub timeout: Option<Dur>,
+    /// Headers (gRPC metadata) sent with every export, e.g. an API key for the collector.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Spans held for export; beyond, new spans are dropped and counted (default 2048).
+    pub queue_size: Option<usize>,
+    /// Most spans in one export (default 512).
+    pub batch_size: Option<usize>,
+    /// How often held spans are sent when fewer than a batch wait (default 1s).
+    pub export_interval: Option<Dur>,
 }
 
 /// Where limit counters are kept across restarts.
@@ -190,6 +226,10 @@ pub struct Listener {
     /// Keep the client's `X-Request-Id` (default: only from `trusted_proxies`; others get a new one).
     #[serde(default)]
     pub trust_request_id: bool,
+    /// Continue every client's W3C trace (`traceparent`, `tracestate`) and honour its
+    /// sampling decision (default: only from `trusted_proxies`; others start a new trace).
+    #[serde(default)]
+    pub trust_trace_context: bool,
     /// Terminate TLS on this listener (HTTP/1.1 and HTTP/2 by ALPN).
     pub tls: Option<ListenerTls>,
     /// Serve cleartext HTTP/2 with prior knowledge too (HTTP/1.1 is still served).

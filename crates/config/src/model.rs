@@ -37,6 +37,8 @@ pub struct Config {
     pub analytics: Option<AnalyticsConfig>,
     /// `/metrics` options.
     pub metrics: MetricsConfig,
+    /// OpenTelemetry traces, if exported.
+    pub tracing: Option<TracingConfig>,
     /// What is taken as written but is likely a mistake (an unregistered method), each
     /// with its place in the file: `check` prints them, `run` logs them.
     pub warnings: Vec<crate::Problem>,
@@ -87,6 +89,38 @@ pub struct AnalyticsConfig {
     pub retention: Duration,
     /// Refuse to start without it.
     pub required: bool,
+}
+
+/// How spans travel to the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// OTLP over gRPC.
+    Grpc,
+    /// OTLP as protobuf over HTTP (`POST …/v1/traces`).
+    Http,
+}
+
+/// OpenTelemetry traces.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingConfig {
+    /// The collector's URL; for HTTP, the full URL spans are posted to.
+    pub endpoint: String,
+    /// gRPC or HTTP.
+    pub protocol: OtlpProtocol,
+    /// Longest wait for one export.
+    pub timeout: Duration,
+    /// Headers (gRPC metadata) sent with every export, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// Share of new traces recorded, 0 to 1.
+    pub sample_ratio: f64,
+    /// `service.name` of the spans.
+    pub service_name: String,
+    /// Spans held for export at most; beyond, new ones are dropped and counted.
+    pub queue_size: usize,
+    /// Most spans in one export.
+    pub batch_size: usize,
+    /// How often held spans are sent when fewer than a batch wait.
+    pub export_interval: Duration,
 }
 
 /// `/metrics` options.
@@ -202,6 +236,8 @@ pub struct ListenerConfig {
     pub trusted_proxies: Vec<IpNet>,
     /// Keep every client's `X-Request-Id` (trusted proxies' are always kept).
     pub trust_request_id: bool,
+    /// Continue every client's W3C trace context (trusted proxies' are always continued).
+    pub trust_trace_context: bool,
     /// TLS termination, if on; reloads with the config.
     pub tls: Option<crate::tls::TlsConfig>,
     /// Cleartext HTTP/2 with prior knowledge, beside HTTP/1.1.

@@ -414,7 +414,7 @@ fn limit_set(all: Vec<(usize, &LimitConfig, String)>, handles: &mut LimitHandles
     }
 }
 
-impl crate::observe::access_log::Names for Snapshot {
+impl crate::observe::record::Names for Snapshot {
     fn consumer_name(&self, index: usize) -> &str {
         Snapshot::consumer_name(self, index)
     }

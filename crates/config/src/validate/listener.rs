@@ -96,6 +96,7 @@ pub(super) fn listeners(
             max_connections,
             trusted_proxies,
             trust_request_id: l.trust_request_id,
+            trust_trace_context: l.trust_trace_context,
             tls,
             h2c: l.h2c,
             http2,

@@ -4,6 +4,7 @@ mod limits;
 mod listener;
 mod problems;
 mod route;
+mod tracing;
 mod upstream;
 
 pub(crate) use limits::limits;
@@ -108,6 +109,7 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
     let metrics = MetricsConfig {
         per_consumer: raw.metrics.as_ref().is_some_and(|m| m.per_consumer),
     };
+    let tracing = raw.tracing.as_ref().map(|t| tracing::tracing(t, &mut p));
 
     if !p.0.is_empty() {
         return Err(ConfigError::Invalid(p.0));
@@ -117,6 +119,7 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
         access_log,
         analytics,
         metrics,
+        tracing,
         server,
         listeners,
         upstreams,

@@ -169,6 +169,41 @@ fn observability_settings_are_checked() {
 }
 
 #[test]
+fn tracing_settings_are_checked_and_defaulted() {
+    let c = from_yaml(&format!("{GOOD}tracing: {{otlp: {{}}}}\n")).expect("valid");
+    let t = c.tracing.expect("tracing");
+    assert_eq!(t.endpoint, "http://localhost:4317");
+    assert_eq!(t.protocol, crate::OtlpProtocol::Grpc);
+    assert!((t.sample_ratio - 1.0).abs() < f64::EPSILON);
+    assert_eq!(t.service_name, "tollgate");
+    assert_eq!((t.queue_size, t.batch_size), (2048, 512));
+    let c = from_yaml(&format!(
+        "{GOOD}tracing: {{otlp: {{endpoint: \"http://10.0.0.9:4318/\", protocol: http, headers: {{X-Key: abc}}}}, sample_ratio: 0.01, service_name: edge}}\n"
+    ))
+    .expect("valid");
+    let t = c.tracing.expect("tracing");
+    assert_eq!(
+        t.endpoint, "http://10.0.0.9:4318/v1/traces",
+        "a base URL gets the signal's path"
+    );
+    assert_eq!(t.headers, vec![("x-key".to_string(), "abc".to_string())]);
+    assert_eq!(t.service_name, "edge");
+    let bad = format!(
+        "{GOOD}tracing: {{otlp: {{endpoint: \"udp://x:1\", protocol: thrift, batch_size: 9, queue_size: 8}}, sample_ratio: 1.5, service_name: \" \"}}\n"
+    );
+    let text = from_yaml(&bad).expect_err("invalid").to_string();
+    for want in [
+        "tracing.otlp.endpoint: \"udp://x:1\" must be an http:// or https:// URL",
+        "tracing.otlp.protocol: \"thrift\" must be \"grpc\" or \"http\"",
+        "tracing.otlp.batch_size: must be between 1 and `queue_size`",
+        "tracing.sample_ratio: must be between 0",
+        "tracing.service_name: must not be empty",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+}
+
+#[test]
 fn trusted_proxies_are_address_blocks() {
     let cfg = GOOD.replace(
         "address: \"127.0.0.1:8080\"",

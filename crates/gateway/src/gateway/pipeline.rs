@@ -21,8 +21,10 @@ use crate::cache::{self, Ask};
 use crate::exchange::{ConnInfo, Refusal, UpstreamWork, REASONS};
 use crate::inbound;
 use crate::listener::RequestBody;
-use crate::observe::access_log::{Logged, Record};
+use crate::observe::logged::{Logged, Pending};
+use crate::observe::record::Record;
 use crate::observe::request_id::{self, X_REQUEST_ID};
+use crate::observe::trace::{RequestTrace, SpanHead};
 use crate::policy::{self, cors, Admitted, Verdict};
 use crate::response::{refuse, Body};
 use crate::route;
@@ -68,8 +70,11 @@ pub(crate) struct Ctx<'s> {
     limit: Option<Arc<str>>,
     /// Time waiting for the upstream's response head, when the request went upstream.
     upstream_ns: Option<u64>,
-    /// Where the upstream target that answered is noted, when the access log wants it.
+    /// Where the upstream target that answered is noted, when the access log or the
+    /// request's span wants it.
     note_target: Option<&'s AnsweredBy>,
+    /// The request's trace, when tracing is on.
+    trace: Option<RequestTrace>,
 }
 
 impl<'s> Ctx<'s> {
@@ -89,6 +94,7 @@ impl<'s> Ctx<'s> {
             limit: None,
             upstream_ns: None,
             note_target: None,
+            trace: None,
         }
     }
 
@@ -132,14 +138,31 @@ impl<'s> Ctx<'s> {
     }
 }
 
-/// What the access log needs of the request head, copied before the head is consumed.
+/// What the access log (and a recorded span) needs of the request head, copied before the
+/// head is consumed.
 struct Head {
     uri: SmallVec<[u8; 96]>,
     bytes_in: Option<u64>,
+    span: Option<Box<SpanHead>>,
 }
 
 impl Head {
-    fn of(req: &Request<RequestBody>) -> Self {
+    fn of(req: &Request<RequestBody>, conn: &ConnInfo, sampled: bool) -> Self {
+        let span = sampled.then(|| {
+            let h = req.headers();
+            Box::new(SpanHead {
+                host: h.get(http::header::HOST).cloned().or_else(|| {
+                    req.uri()
+                        .authority()
+                        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                }),
+                user_agent: h.get(http::header::USER_AGENT).cloned(),
+                version: req.version(),
+                https: conn.listener.tls.is_some(),
+                port: conn.listener.address.port(),
+                route_path: None,
+            })
+        });
         let bytes_in = req
             .headers()
             .get(http::header::CONTENT_LENGTH)
@@ -152,7 +175,11 @@ impl Head {
             || SmallVec::from_slice(req.uri().path().as_bytes()),
             |pq| SmallVec::from_slice(pq.as_str().as_bytes()),
         );
-        Head { uri, bytes_in }
+        Head {
+            uri,
+            bytes_in,
+            span,
+        }
     }
 }
 
@@ -174,10 +201,20 @@ impl Gateway {
         let method = req.method().clone();
         let h2 = req.version() == http::Version::HTTP_2;
         let log = self.access_log.load_full();
-        let head = log.as_ref().map(|_| Head::of(&req));
+        let spans = self.spans.load_full().and_then(|s| {
+            let trace = s.begin(
+                req.headers(),
+                conn.trusted || conn.listener.trust_trace_context,
+            );
+            let sampled = trace.sampled;
+            ctx.trace = Some(trace);
+            sampled.then_some(s)
+        });
+        let head =
+            (log.is_some() || spans.is_some()).then(|| Head::of(&req, conn, spans.is_some()));
         let wall_ns = self.analytics.is_some().then(|| self.clock.wall_nanos());
-        let answered = AnsweredBy::new();
-        if log.is_some() {
+        let answered = AnsweredBy::default();
+        if head.is_some() {
             ctx.note_target = Some(&answered);
         }
         let (mut parts, body) = req.into_parts();
@@ -199,9 +236,11 @@ impl Gateway {
         let line = self.logging(ctx, method, &resp, head, wall_ns);
         // The request's own reference to its snapshot, and the target it noted, move into
         // its log record: nothing is counted or copied for them.
-        let pending = line
-            .zip(log)
-            .map(|(line, log)| (line(snap, answered.into_inner()), log));
+        let pending = line.map(|line| Pending {
+            rec: line(snap, answered),
+            log,
+            spans,
+        });
         resp.map(|b| Logged::new(b, pending))
     }
 
@@ -238,6 +277,9 @@ impl Gateway {
             Verdict::Forward(admitted) => {
                 ctx.admitted = admitted;
                 parts.headers.insert(X_REQUEST_ID, ctx.request_id.clone());
+                if let Some(t) = &ctx.trace {
+                    t.inject(&mut parts.headers);
+                }
                 Ok(None)
             }
         }
@@ -346,7 +388,7 @@ impl Gateway {
         resp: &Response<Body>,
         head: Option<Head>,
         wall_ns: Option<u64>,
-    ) -> Option<impl FnOnce(Arc<Snapshot>, Option<Arc<str>>) -> Box<Record> + use<>> {
+    ) -> Option<impl FnOnce(Arc<Snapshot>, AnsweredBy) -> Box<Record> + use<>> {
         let snap = ctx.snap;
         let status = resp.status().as_u16();
         self.metrics.response(status);
@@ -373,7 +415,13 @@ impl Gateway {
                 status,
             );
         }
-        let head = head?;
+        let mut head = head?;
+        if let (Some(span), Some(route)) = (head.span.as_mut(), ctx.route) {
+            span.route_path = Some(match &route.cfg.path {
+                tollgate_config::PathMatch::Exact(p) => p.as_str().into(),
+                tollgate_config::PathMatch::Prefix(p) => format!("{p}*").into(),
+            });
+        }
         let cache = ctx
             .route
             .filter(|r| r.cfg.cache.is_some())
@@ -386,10 +434,11 @@ impl Gateway {
             upstream_ns,
             refusal,
             limit,
+            trace,
             ..
         } = ctx;
         let client = conn.peer_ip.clone();
-        Some(move |snap: Arc<Snapshot>, target: Option<Arc<str>>| {
+        Some(move |snap: Arc<Snapshot>, answered: AnsweredBy| {
             Box::new(Record {
                 start,
                 request_id: SmallVec::from_slice(request_id.as_bytes()),
@@ -404,10 +453,13 @@ impl Gateway {
                 bytes_out: 0,
                 duration: Duration::ZERO,
                 upstream_ns,
-                target,
+                target: answered.target.into_inner(),
                 refusal: refusal.and_then(|i| REASONS.get(i).copied()),
                 limit,
                 cache,
+                trace,
+                span_head: head.span,
+                retries: answered.retries.into_inner(),
             })
         })
     }

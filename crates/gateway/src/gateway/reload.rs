@@ -45,6 +45,15 @@ impl Gateway {
                     .map(|c| AccessLog::start(c, self.metrics.clone())),
             );
         }
+        if old.config.tracing != config.tracing {
+            let spans = match (&config.tracing, &self.runtime) {
+                (Some(t), Some(rt)) => {
+                    crate::observe::trace::Spans::start(t, self.metrics.clone(), rt)
+                }
+                _ => None,
+            };
+            self.spans.store(spans);
+        }
         if old.config.admin != config.admin {
             tracing::warn!(
                 "admin changes (address, token, limits) take effect at the next restart"

@@ -1,5 +1,6 @@
 //! Start-up: the parts a gateway is wired from, once, in order (cluster link, state file,
-//! limit cells, registry, logs, usage history, snapshot, cache), and the sweeper thread.
+//! limit cells, registry, logs, usage history, span exporter, snapshot, cache), and the
+//! sweeper thread.
 
 use super::state::{Gateway, ReloadStatus};
 use crate::cache::Cache;
@@ -95,6 +96,15 @@ impl Gateway {
                 }
             },
         };
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let spans = match (&config.tracing, &runtime) {
+            (Some(t), Some(rt)) => crate::observe::trace::Spans::start(t, metrics.clone(), rt),
+            (Some(_), None) => {
+                tracing::error!("tracing: no runtime to export spans on; traces are off");
+                None
+            }
+            (None, _) => None,
+        };
         let snapshot = Snapshot::build(config, &registry);
         let (status, _) = watch::channel(ReloadStatus {
             generation: 1,
@@ -114,6 +124,8 @@ impl Gateway {
             status,
             metrics,
             access_log: ArcSwapOption::new(access_log),
+            spans: ArcSwapOption::new(spans),
+            runtime,
             analytics,
             analytics_error,
             started: Instant::now(),

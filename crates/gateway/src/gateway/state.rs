@@ -38,6 +38,10 @@ pub struct Gateway {
     pub(super) status: watch::Sender<ReloadStatus>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) access_log: ArcSwapOption<AccessLog>,
+    /// The span exporter, when `tracing:` is set.
+    pub(super) spans: ArcSwapOption<crate::observe::trace::Spans>,
+    /// The runtime the gateway was made in: span exporters made by reloads run on it.
+    pub(super) runtime: Option<tokio::runtime::Handle>,
     pub(super) analytics: Option<Arc<Analytics>>,
     pub(super) analytics_error: Option<String>,
     pub(super) started: Instant,
@@ -117,6 +121,18 @@ impl Gateway {
         }
         if let Some(l) = self.access_log.load_full() {
             let _ = tokio::task::spawn_blocking(move || l.sync(Duration::from_secs(5))).await;
+        }
+        if let Some(s) = self.spans.load_full() {
+            s.flush(Duration::from_secs(5)).await;
+        }
+    }
+
+    /// Waits (at most `wait`) until the spans of requests answered so far are exported or
+    /// given up. False when tracing is off or the wait ran out.
+    pub async fn flush_spans(&self, wait: Duration) -> bool {
+        match self.spans.load_full() {
+            Some(s) => s.flush(wait).await,
+            None => false,
         }
     }
 

@@ -78,6 +78,11 @@ struct UpstreamLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailureLabels {
     upstream: String,
     kind: &'static str,
@@ -177,6 +182,12 @@ pub struct Metrics {
     pub log_errors: Counter,
     /// Usage-history batches that could not be stored.
     pub analytics_errors: Counter,
+    /// Spans sent to the collector.
+    pub trace_exported: Counter,
+    /// Spans dropped because the export queue was full.
+    pub trace_dropped_full: Counter,
+    /// Spans dropped because their export failed or timed out.
+    pub trace_dropped_failed: Counter,
     routes: Mutex<HashMap<String, Arc<RouteStats>>>,
     upstreams: Mutex<HashMap<String, UpstreamStats>>,
     unrouted: Arc<RouteStats>,
@@ -332,6 +343,28 @@ impl Metrics {
             "Usage-history batches that could not be stored",
             analytics_errors.clone(),
         );
+        let trace_exported = Counter::default();
+        registry.register(
+            "trace_spans_exported",
+            "Spans sent to the OTLP collector",
+            trace_exported.clone(),
+        );
+        let trace_dropped = Family::<DropLabel, Counter>::default();
+        registry.register(
+            "trace_spans_dropped",
+            "Spans dropped: the export queue was full, or their export failed",
+            trace_dropped.clone(),
+        );
+        let trace_dropped_full = trace_dropped
+            .get_or_create(&DropLabel {
+                reason: "queue_full",
+            })
+            .clone();
+        let trace_dropped_failed = trace_dropped
+            .get_or_create(&DropLabel {
+                reason: "export_failed",
+            })
+            .clone();
         let unrouted = Arc::new(route_stats("", &requests, &duration, &upstream_duration));
         // The dashboard's series read these two families only, once a second: the full
         // exposition (live collectors, per-consumer families) is for scrapes.
@@ -367,6 +400,9 @@ impl Metrics {
             log_dropped,
             log_errors,
             analytics_errors,
+            trace_exported,
+            trace_dropped_full,
+            trace_dropped_failed,
             routes: Mutex::new(HashMap::new()),
             upstreams: Mutex::new(HashMap::new()),
             unrouted,

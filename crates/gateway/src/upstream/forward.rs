@@ -143,6 +143,9 @@ async fn send(
     while tries.next() {
         if tries.retried() {
             up.stats.retries.inc();
+            if let Some(n) = hop.note_target {
+                n.retried();
+            }
         }
         let (key, target) = match up.pick(last_target.is_some()) {
             Ok(t) => t,
@@ -202,7 +205,7 @@ async fn send(
                 *resp.headers_mut() = h.headers;
                 headers::rewrite_response(resp.headers_mut());
                 if let Some(n) = hop.note_target {
-                    let _ = n.set(target.name.clone());
+                    n.answered(&target.name);
                 }
                 return Ok(resp);
             }

@@ -69,8 +69,28 @@ pub struct Upstream {
     pub(super) stats: UpstreamStats,
 }
 
-/// Where a request notes the target that answered it (for the access log).
-pub type AnsweredBy = std::sync::OnceLock<Arc<str>>;
+/// Where a request notes the target that answered it and how often it was retried (for
+/// the access log and the request's span).
+#[derive(Debug, Default)]
+pub struct AnsweredBy {
+    /// The target that answered.
+    pub target: std::sync::OnceLock<Arc<str>>,
+    /// Tries after the first.
+    pub retries: std::sync::atomic::AtomicU32,
+}
+
+impl AnsweredBy {
+    /// Notes the target that answered.
+    pub fn answered(&self, target: &Arc<str>) {
+        let _ = self.target.set(target.clone());
+    }
+
+    /// Notes one more try.
+    pub fn retried(&self) {
+        self.retries
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

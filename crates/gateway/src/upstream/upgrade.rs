@@ -80,7 +80,7 @@ pub async fn upgrade(
     };
     up.outcome(target, !resp.status().is_server_error());
     if let Some(n) = hop.note_target {
-        let _ = n.set(target.name.clone());
+        n.answered(&target.name);
     }
     let read_timeout = up.cfg.read_timeout;
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {

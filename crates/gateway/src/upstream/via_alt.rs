@@ -96,7 +96,7 @@ pub(super) async fn forward(
                 up.outcome(target, !resp.status().is_server_error());
                 rewrite_response(resp.headers_mut());
                 if let Some(n) = hop.note_target {
-                    let _ = n.set(target.name.clone());
+                    n.answered(&target.name);
                 }
                 let read_timeout = up.cfg.read_timeout;
                 return Ok(resp.map(|b| PooledBody::plain(b, read_timeout)));
@@ -109,6 +109,9 @@ pub(super) async fn forward(
                     last = Refusal::Upstream("connection refused");
                     if whole.is_some() {
                         up.stats.retries.inc();
+                        if let Some(n) = hop.note_target {
+                            n.retried();
+                        }
                         continue;
                     }
                 } else {

@@ -1,7 +1,7 @@
 //! One record as one line of JSON: fixed decimals, escapes only where needed, time read
 //! once per batch.
 
-use super::record::Record;
+use crate::observe::record::Record;
 use http::HeaderValue;
 use std::time::{Duration, SystemTime};
 
@@ -182,6 +182,17 @@ impl Clock {
     }
 }
 
+/// A trace id as W3C writes it: 32 lowercase hex digits.
+fn hex32(id: [u8; 16]) -> [u8; 32] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, b) in id.iter().enumerate() {
+        out[2 * i] = HEX[usize::from(b >> 4)];
+        out[2 * i + 1] = HEX[usize::from(b & 0xf)];
+    }
+    out
+}
+
 /// Writes `rec`'s line; it arrived at `arrived_ns` (wall clock, since the epoch).
 pub(super) fn write_line(rec: &Record, arrived_ns: u64, clock: &mut Clock, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"time\":");
@@ -190,6 +201,8 @@ pub(super) fn write_line(rec: &Record, arrived_ns: u64, clock: &mut Clock, out: 
     // Ids are validated to need no escaping; addresses, methods, limit names and targets
     // cannot hold a quote or a backslash.
     j.plain(b",\"request_id\":", Some(&rec.request_id));
+    let trace_id = rec.trace.as_ref().map(|t| hex32(t.trace_id.to_bytes()));
+    j.plain(b",\"trace_id\":", trace_id.as_ref().map(|t| &t[..]));
     j.plain(b",\"client\":", Some(rec.client.as_bytes()));
     j.plain(b",\"method\":", Some(rec.method.as_str().as_bytes()));
     // A copy of a `&str`: always UTF-8.
@@ -220,8 +233,8 @@ pub(super) fn write_line(rec: &Record, arrived_ns: u64, clock: &mut Clock, out: 
 
 #[cfg(test)]
 mod tests {
-    use super::super::record::Names;
     use super::*;
+    use crate::observe::record::Names;
     use http::{HeaderValue, Method};
     use smallvec::SmallVec;
     use std::sync::Arc;
@@ -282,6 +295,17 @@ mod tests {
             refusal: None,
             limit: None,
             cache: None,
+            trace: Some(crate::observe::trace::RequestTrace {
+                trace_id: opentelemetry::trace::TraceId::from(
+                    0x0af7_6519_16cd_43dd_8448_eb21_1c80_319c,
+                ),
+                span_id: opentelemetry::trace::SpanId::from(7),
+                sampled: false,
+                parent: None,
+                state: None,
+            }),
+            span_head: None,
+            retries: 0,
         };
         let mut out = Vec::new();
         write_line(
@@ -296,6 +320,7 @@ mod tests {
         assert_eq!(v["time"], "2026-11-22T19:29:02.123Z");
         assert_eq!(v["path"], "/p?x=1;y=\"");
         assert_eq!(v["route"], "r\"q");
+        assert_eq!(v["trace_id"], "0af7651916cd43dd8448eb211c80319c");
         assert_eq!(v["consumer"], "c\"1");
         assert_eq!(v["limit"], serde_json::Value::Null);
         assert_eq!(v["duration_ms"], 1.235);

@@ -7,13 +7,9 @@
 //! queued when the response body has been sent (or abandoned), so it carries the bytes
 //! sent and the whole duration. `SIGUSR1` reopens the file, for logrotate.
 
-mod body;
 mod json;
 mod queue;
-mod record;
 
-pub use body::Logged;
 #[cfg(test)]
 pub(crate) use json::escape;
 pub use queue::AccessLog;
-pub use record::{Names, Record};

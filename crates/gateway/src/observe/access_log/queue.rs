@@ -1,8 +1,8 @@
 //! The queue requests push their records onto, and the thread that writes them out.
 
 use super::json::{write_line, Clock};
-use super::record::Record;
 use crate::observe::metrics::Metrics;
+use crate::observe::record::Record;
 use parking_lot::Mutex;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,5 +1,6 @@
-//! What one request did, as the access log writes it.
+//! What one request did, as the access log writes it and its span tells it.
 
+use super::trace::context::{RequestTrace, SpanHead};
 use http::{HeaderValue, Method};
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -14,8 +15,8 @@ pub trait Names: Send + Sync + std::fmt::Debug {
     fn credential_params(&self) -> &[String];
 }
 
-/// What one request did, as the access log writes it.
-#[derive(Debug)]
+/// What one request did, as the access log writes it and its span tells it.
+#[derive(Debug, Clone)]
 pub struct Record {
     /// When the request arrived. The writer turns it into wall-clock time against one
     /// reading of both clocks per batch: no wall-clock read per request.
@@ -58,4 +59,10 @@ pub struct Record {
     pub limit: Option<Arc<str>>,
     /// `Cache-Status`, on routes with a cache.
     pub cache: Option<HeaderValue>,
+    /// The trace the request belongs to, when tracing is on.
+    pub trace: Option<RequestTrace>,
+    /// What a recorded span tells beyond the log line (sampled requests only).
+    pub span_head: Option<Box<SpanHead>>,
+    /// Tries upstream after the first.
+    pub retries: u32,
 }

@@ -1,0 +1,202 @@
+//! W3C Trace Context on the request path: the client's `traceparent`/`tracestate` read
+//! (through OpenTelemetry's propagator) when the listener trusts the client, and the
+//! gateway's own `traceparent` sent upstream, its span as the parent.
+
+use http::{HeaderMap, HeaderName, HeaderValue, Version};
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceId};
+use opentelemetry::Context;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+
+/// `traceparent`.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+/// `tracestate`.
+pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// The trace a request belongs to and the gateway's span in it.
+#[derive(Debug, Clone)]
+pub struct RequestTrace {
+    /// The trace: the client's, when continued, or a new one.
+    pub trace_id: TraceId,
+    /// The gateway's span for this request.
+    pub span_id: SpanId,
+    /// Whether the span is recorded and exported (and says so upstream).
+    pub sampled: bool,
+    /// The client's span, when its trace is continued.
+    pub parent: Option<SpanId>,
+    /// The client's `tracestate`, passed upstream unchanged, when its trace is continued.
+    pub state: Option<HeaderValue>,
+}
+
+impl RequestTrace {
+    /// The `traceparent` sent upstream: this trace, the gateway's span as the parent.
+    pub fn traceparent(&self) -> HeaderValue {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 55];
+        out[..3].copy_from_slice(b"00-");
+        let t = u128::from_be_bytes(self.trace_id.to_bytes());
+        for (i, b) in out[3..35].iter_mut().enumerate() {
+            *b = HEX[usize::try_from((t >> (124 - 4 * i)) & 0xf).unwrap_or(0)];
+        }
+        out[35] = b'-';
+        let s = u64::from_be_bytes(self.span_id.to_bytes());
+        for (i, b) in out[36..52].iter_mut().enumerate() {
+            *b = HEX[usize::try_from((s >> (60 - 4 * i)) & 0xf).unwrap_or(0)];
+        }
+        out[52..].copy_from_slice(if self.sampled { b"-01" } else { b"-00" });
+        HeaderValue::from_bytes(&out).unwrap_or(HeaderValue::from_static(""))
+    }
+
+    /// Puts this trace on the request going upstream: the gateway's `traceparent`, and
+    /// the client's `tracestate` only when its trace is continued.
+    pub fn inject(&self, headers: &mut HeaderMap) {
+        headers.insert(TRACEPARENT, self.traceparent());
+        match &self.state {
+            Some(s) => {
+                headers.insert(TRACESTATE, s.clone());
+            }
+            None => {
+                headers.remove(TRACESTATE);
+            }
+        }
+    }
+}
+
+/// What a recorded span tells of the request head beyond the access log's record.
+#[derive(Debug, Clone)]
+pub struct SpanHead {
+    /// `Host` (or HTTP/2's `:authority`).
+    pub host: Option<HeaderValue>,
+    /// `User-Agent`.
+    pub user_agent: Option<HeaderValue>,
+    /// The client's HTTP version.
+    pub version: Version,
+    /// The client came over TLS.
+    pub https: bool,
+    /// The listener's port.
+    pub port: u16,
+    /// The matched route's path, as configured (`/v1/` prefix or `/health` exact).
+    pub route_path: Option<Box<str>>,
+}
+
+/// A new trace id: random, never zero (zero means "none" in W3C).
+pub fn new_trace_id() -> TraceId {
+    TraceId::from(fastrand::u128(1..))
+}
+
+/// A new span id, never zero.
+pub fn new_span_id() -> SpanId {
+    SpanId::from(fastrand::u64(1..))
+}
+
+/// Headers as OpenTelemetry's propagator reads them.
+struct Headers<'a>(&'a HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+/// The client's trace context, when `traceparent` is valid: as a context the sampler
+/// reads (its remote span), with its `tracestate` as a header to pass on.
+pub fn extract(headers: &HeaderMap) -> Option<(Context, Option<HeaderValue>)> {
+    // Most requests carry none: no propagator, no context for them.
+    if !headers.contains_key(TRACEPARENT) {
+        return None;
+    }
+    // Two `traceparent` fields cannot be told apart: W3C says to start a new trace.
+    let mut all = headers.get_all(TRACEPARENT).iter();
+    if let (Some(_), Some(_)) = (all.next(), all.next()) {
+        return None;
+    }
+    let cx = TraceContextPropagator::new().extract(&Headers(headers));
+    let state = {
+        let span = cx.span();
+        let sc: &SpanContext = span.span_context();
+        if !sc.is_valid() {
+            return None;
+        }
+        let state = sc.trace_state().header();
+        (!state.is_empty())
+            .then(|| HeaderValue::from_str(&state).ok())
+            .flatten()
+    };
+    Some((cx, state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traced(t: &str, s: &str) -> RequestTrace {
+        RequestTrace {
+            trace_id: TraceId::from_hex(t).expect("hex"),
+            span_id: SpanId::from_hex(s).expect("hex"),
+            sampled: true,
+            parent: None,
+            state: None,
+        }
+    }
+
+    #[test]
+    fn traceparent_is_the_w3c_form() {
+        let t = traced("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+        assert_eq!(
+            t.traceparent(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        let t = RequestTrace {
+            sampled: false,
+            ..traced("00000000000000000000000000000001", "0000000000000002")
+        };
+        assert_eq!(
+            t.traceparent(),
+            "00-00000000000000000000000000000001-0000000000000002-00"
+        );
+    }
+
+    #[test]
+    fn a_valid_parent_is_read_with_its_state_and_a_bad_one_is_not() {
+        let mut h = HeaderMap::new();
+        assert!(extract(&h).is_none());
+        h.insert(
+            TRACEPARENT,
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        h.insert(TRACESTATE, HeaderValue::from_static("congo=t61rcWkgMzE"));
+        let (cx, state) = extract(&h).expect("valid");
+        let sc = cx.span().span_context().clone();
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
+        assert!(sc.is_sampled() && sc.is_remote());
+        assert_eq!(state.expect("state"), "congo=t61rcWkgMzE");
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "garbage",
+        ] {
+            h.insert(TRACEPARENT, HeaderValue::from_static(bad));
+            assert!(extract(&h).is_none(), "{bad}");
+        }
+        h.insert(
+            TRACEPARENT,
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        h.append(
+            TRACEPARENT,
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b7-01"),
+        );
+        assert!(extract(&h).is_none(), "two parents: a new trace");
+    }
+}
