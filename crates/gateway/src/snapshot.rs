@@ -146,6 +146,8 @@ pub struct Route {
     pub limit_sets: Vec<LimitSet>,
     /// `Allow` header value for 405 answers.
     pub allow_header: Option<HeaderValue>,
+    /// Its path as a trace's `http.route` says it: `/v1/items` (exact) or `/v1/*` (prefix).
+    pub template: Arc<str>,
     /// Its counters in `/metrics`, kept across reloads.
     pub stats: Arc<RouteStats>,
 }
@@ -238,8 +240,13 @@ impl Snapshot {
                     (tollgate_config::PathMatch::Prefix(p), true) => Some(Arc::from(p.as_str())),
                     _ => None,
                 };
+                let template = match &r.path {
+                    tollgate_config::PathMatch::Exact(p) => Arc::from(p.as_str()),
+                    tollgate_config::PathMatch::Prefix(p) => Arc::from(format!("{p}*")),
+                };
                 Route {
                     name: route_names[ri].clone(),
+                    template,
                     strip,
                     cfg: r.clone(),
                     upstream,

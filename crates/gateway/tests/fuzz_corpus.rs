@@ -30,6 +30,11 @@ fn replay(target: &str, harness: fn(&[u8])) {
 }
 
 #[test]
+fn otlp_span() {
+    replay("otlp_span", tollgate_gateway::fuzz::otlp_span);
+}
+
+#[test]
 fn hpack() {
     replay("hpack", tollgate_gateway::fuzz::hpack);
 }

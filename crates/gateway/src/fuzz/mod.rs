@@ -7,6 +7,7 @@ mod cache;
 mod h1_server;
 mod h2;
 mod inbound;
+mod otlp;
 #[cfg(test)]
 mod props;
 mod runtime;
@@ -16,4 +17,5 @@ pub use cache::{cache_control, range_query};
 pub use h1_server::h1_framing;
 pub use h2::{h2_frames, hpack};
 pub use inbound::{check_host, check_path, path_host};
+pub use otlp::otlp_span;
 pub use upstream_h1::upstream_h1;

@@ -28,10 +28,13 @@ pub(super) struct UpFetch {
     pub(super) took_ns: AtomicU64,
     /// The client connection, whose share of upstream connections a fetch takes.
     conn: Arc<ConnInfo>,
+    /// The `traceparent` of the request that made it (a background refresh keeps its
+    /// trace).
+    traceparent: Option<[u8; 55]>,
 }
 
 impl UpFetch {
-    pub(super) fn new(route: &Route, conn: &Arc<ConnInfo>) -> Self {
+    pub(super) fn new(route: &Route, conn: &Arc<ConnInfo>, traceparent: Option<[u8; 55]>) -> Self {
         UpFetch {
             upstream: route.upstream.clone(),
             peer_ip: conn.peer_ip.clone(),
@@ -45,6 +48,7 @@ impl UpFetch {
             stats: route.stats.clone(),
             took_ns: AtomicU64::new(0),
             conn: conn.clone(),
+            traceparent,
         }
     }
 }
@@ -62,6 +66,7 @@ impl cache::Fetch for UpFetch {
             stream_body: false,
             route: &self.route,
             note_target: None,
+            traceparent: self.traceparent,
         };
         let share = share_for(&self.conn, parts.version, &self.upstream).await?;
         let t = Instant::now();

@@ -112,6 +112,7 @@ impl<'s> Ctx<'s> {
             stream_body: !route.cfg.request_buffering,
             route: &route.cfg.name,
             note_target: self.note_target,
+            traceparent: self.trace.as_ref().map(RequestTrace::traceparent),
         }
     }
 
@@ -278,7 +279,7 @@ impl Gateway {
                 ctx.admitted = admitted;
                 parts.headers.insert(X_REQUEST_ID, ctx.request_id.clone());
                 if let Some(t) = &ctx.trace {
-                    t.inject(&mut parts.headers);
+                    t.prepare(&mut parts.headers);
                 }
                 Ok(None)
             }
@@ -353,9 +354,10 @@ impl Gateway {
         // The cache's way upstream, made only when a request needs it (a hit does not).
         let fetch = OnceLock::new();
         let conn = ctx.conn;
+        let traceparent = ctx.trace.as_ref().map(RequestTrace::traceparent);
         let make = || {
             fetch
-                .get_or_init(|| Arc::new(UpFetch::new(route, conn)))
+                .get_or_init(|| Arc::new(UpFetch::new(route, conn, traceparent)))
                 .clone()
         };
         let resp = Box::pin(self.cache.serve(ask, key, parts, make)).await?;
@@ -417,10 +419,7 @@ impl Gateway {
         }
         let mut head = head?;
         if let (Some(span), Some(route)) = (head.span.as_mut(), ctx.route) {
-            span.route_path = Some(match &route.cfg.path {
-                tollgate_config::PathMatch::Exact(p) => p.as_str().into(),
-                tollgate_config::PathMatch::Prefix(p) => format!("{p}*").into(),
-            });
+            span.route_path = Some(route.template.clone());
         }
         let cache = ctx
             .route

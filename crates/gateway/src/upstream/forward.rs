@@ -160,6 +160,13 @@ async fn send(
                 headers.insert(header::HOST, target.host.clone());
             }
             h1::encode_head(method, pq.as_str(), &headers, &mut head);
+            if let Some(tp) = &hop.traceparent {
+                // Before the blank line that ends the head.
+                head.truncate(head.len() - 2);
+                head.extend_from_slice(b"traceparent: ");
+                head.extend_from_slice(tp);
+                head.extend_from_slice(b"\r\n\r\n");
+            }
             encoded_for = Some(key);
         }
         let (conn, reused) = match target.conn(up).await {

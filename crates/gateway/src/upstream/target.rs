@@ -10,7 +10,7 @@ use super::headers::rewrite_request;
 use super::health::Health;
 use crate::exchange::Refusal;
 use crate::observe::metrics::UpstreamStats;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Uri};
@@ -230,6 +230,22 @@ pub struct Hop<'a> {
     pub route: &'a str,
     /// Where to note the target that answered, when the access log wants it.
     pub note_target: Option<&'a AnsweredBy>,
+    /// The W3C `traceparent` to send (the gateway's span as the parent), when tracing is
+    /// on. The lean HTTP/1.1 client writes it straight into the request head; the others
+    /// take it as a header.
+    pub traceparent: Option<[u8; 55]>,
+}
+
+impl Hop<'_> {
+    /// Puts the `traceparent` on `headers`, for the clients that send a header map.
+    pub(super) fn put_traceparent(&self, headers: &mut http::HeaderMap) {
+        if let Some(v) = self
+            .traceparent
+            .and_then(|t| HeaderValue::from_bytes(&t).ok())
+        {
+            headers.insert(HeaderName::from_static("traceparent"), v);
+        }
+    }
 }
 
 pub(super) fn is_idempotent(m: &Method) -> bool {

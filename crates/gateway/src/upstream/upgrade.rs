@@ -54,6 +54,7 @@ pub async fn upgrade(
     if !hop.preserve_host {
         h.insert(header::HOST, target.host.clone());
     }
+    hop.put_traceparent(&mut h);
     h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     h.insert(header::UPGRADE, ask.protocol.clone());
     let mut req = Request::new(UpBody::empty());

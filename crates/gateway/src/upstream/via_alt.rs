@@ -24,6 +24,7 @@ pub(super) async fn forward(
     use hyper::body::Body as _;
 
     check_declared(&headers, hop.max_body)?;
+    hop.put_traceparent(&mut headers);
     // A whole body stays counted as held (HTTP/2's `max_request_buffer`) until this
     // function is done with it.
     let (mut streaming, whole, _held) = match body {

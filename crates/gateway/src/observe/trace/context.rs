@@ -29,37 +29,55 @@ pub struct RequestTrace {
 }
 
 impl RequestTrace {
-    /// The `traceparent` sent upstream: this trace, the gateway's span as the parent.
-    pub fn traceparent(&self) -> HeaderValue {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut out = [0u8; 55];
-        out[..3].copy_from_slice(b"00-");
+    /// The `traceparent` sent upstream: this trace, the gateway's span as the parent, as
+    /// the header's bytes (the lean upstream client writes them into the request head).
+    pub fn traceparent(&self) -> [u8; 55] {
+        let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
         let t = u128::from_be_bytes(self.trace_id.to_bytes());
-        for (i, b) in out[3..35].iter_mut().enumerate() {
-            *b = HEX[usize::try_from((t >> (124 - 4 * i)) & 0xf).unwrap_or(0)];
+        out[3..19].copy_from_slice(&hex16((t >> 64) as u64));
+        out[19..35].copy_from_slice(&hex16(t as u64));
+        out[36..52].copy_from_slice(&hex16(u64::from_be_bytes(self.span_id.to_bytes())));
+        if self.sampled {
+            out[54] = b'1';
         }
-        out[35] = b'-';
-        let s = u64::from_be_bytes(self.span_id.to_bytes());
-        for (i, b) in out[36..52].iter_mut().enumerate() {
-            *b = HEX[usize::try_from((s >> (60 - 4 * i)) & 0xf).unwrap_or(0)];
-        }
-        out[52..].copy_from_slice(if self.sampled { b"-01" } else { b"-00" });
-        HeaderValue::from_bytes(&out).unwrap_or(HeaderValue::from_static(""))
+        out
     }
 
-    /// Puts this trace on the request going upstream: the gateway's `traceparent`, and
-    /// the client's `tracestate` only when its trace is continued.
-    pub fn inject(&self, headers: &mut HeaderMap) {
-        headers.insert(TRACEPARENT, self.traceparent());
-        match &self.state {
-            Some(s) => {
-                headers.insert(TRACESTATE, s.clone());
-            }
-            None => {
-                headers.remove(TRACESTATE);
-            }
+    /// Readies the request's headers for the upstream: the client's trace headers off
+    /// (the gateway's `traceparent` replaces them), and a continued trace's `tracestate`
+    /// on. Most requests carry none: a look at the names spares them two lookups.
+    pub fn prepare(&self, headers: &mut HeaderMap) {
+        if headers
+            .keys()
+            .any(|k| *k == TRACEPARENT || *k == TRACESTATE)
+        {
+            headers.remove(TRACEPARENT);
+            headers.remove(TRACESTATE);
+        }
+        if let Some(s) = &self.state {
+            headers.insert(TRACESTATE, s.clone());
         }
     }
+}
+
+/// `x` as 16 lowercase hex digits, most significant first, computed on all digits at
+/// once: every request forwarded with tracing on writes three of these, and a loop over a
+/// table cost about 240 instructions of the 750 tracing adds to a request (callgrind).
+fn hex16(x: u64) -> [u8; 16] {
+    const fn lanes(b: u8) -> u128 {
+        u128::from_ne_bytes([b; 16])
+    }
+    // Spread the 16 nibbles into 16 bytes, nibble k (from the lowest) into byte k.
+    let mut v = u128::from(x);
+    v = (v & 0xffff_ffff) | ((v & 0xffff_ffff_0000_0000) << 32);
+    v = (v & 0x0000_ffff_0000_ffff_0000_ffff_0000_ffff)
+        | ((v & 0xffff_0000_ffff_0000_ffff_0000_ffff_0000) << 16);
+    v = (v & 0x00ff_00ff_00ff_00ff_00ff_00ff_00ff_00ff)
+        | ((v & 0xff00_ff00_ff00_ff00_ff00_ff00_ff00_ff00) << 8);
+    v = (v & lanes(0x0f)) | ((v & lanes(0xf0)) << 4);
+    // '0' + n, and 39 more ('a' - '0' - 10) where n > 9.
+    let letters = ((v + lanes(0x06)) >> 4) & lanes(0x01);
+    (v + lanes(b'0') + letters * 39).to_be_bytes()
 }
 
 /// What a recorded span tells of the request head beyond the access log's record.
@@ -76,7 +94,7 @@ pub struct SpanHead {
     /// The listener's port.
     pub port: u16,
     /// The matched route's path, as configured (`/v1/` prefix or `/health` exact).
-    pub route_path: Option<Box<str>>,
+    pub route_path: Option<std::sync::Arc<str>>,
 }
 
 /// A new trace id: random, never zero (zero means "none" in W3C).
@@ -144,19 +162,33 @@ mod tests {
     }
 
     #[test]
+    fn hex_digits_are_those_of_format() {
+        let mut x = 0x0123_4567_89ab_cdefu64;
+        for _ in 0..10_000 {
+            assert_eq!(hex16(x), *format!("{x:016x}").as_bytes(), "{x:#x}");
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+        }
+        for x in [0, u64::MAX, 0xa, 0x9, 0xf0f0_f0f0_0909_0a0a] {
+            assert_eq!(hex16(x), *format!("{x:016x}").as_bytes(), "{x:#x}");
+        }
+    }
+
+    #[test]
     fn traceparent_is_the_w3c_form() {
         let t = traced("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
         assert_eq!(
-            t.traceparent(),
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            &t.traceparent(),
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
         );
         let t = RequestTrace {
             sampled: false,
             ..traced("00000000000000000000000000000001", "0000000000000002")
         };
         assert_eq!(
-            t.traceparent(),
-            "00-00000000000000000000000000000001-0000000000000002-00"
+            &t.traceparent(),
+            b"00-00000000000000000000000000000001-0000000000000002-00"
         );
     }
 

@@ -15,7 +15,7 @@
 
 pub mod context;
 mod export;
-mod span;
+pub(crate) mod otlp;
 
 pub use context::{RequestTrace, SpanHead};
 
@@ -24,16 +24,20 @@ use crate::observe::record::Record;
 use http::HeaderMap;
 use opentelemetry::trace::SpanKind;
 use opentelemetry_sdk::trace::{Sampler, SamplingDecision, ShouldSample};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tollgate_config::TracingConfig;
 
 /// The handle requests trace through: the sampler, and the queue to the exporting task.
 pub struct Spans {
+    /// For a continued trace: the parent's decision (OpenTelemetry's `ParentBased`).
     sampler: Sampler,
-    queue: mpsc::Sender<Box<Record>>,
-    flushes: mpsc::UnboundedSender<tokio::sync::oneshot::Sender<()>>,
+    /// For a new trace: recorded when the trace id's low 63 bits fall below this, as
+    /// OpenTelemetry's `TraceIdRatioBased` decides (computed once here, since the SDK's
+    /// sampler call costs five times the comparison on every request).
+    root_bound: Option<u64>,
+    queue: Arc<export::Queue>,
     metrics: Arc<Metrics>,
 }
 
@@ -61,23 +65,23 @@ impl Spans {
                 }
             }
         };
-        let (queue, rx) = mpsc::channel(cfg.queue_size);
-        let (flushes, flush_rx) = mpsc::unbounded_channel();
+        let queue = Arc::new(export::Queue::new(cfg.queue_size, cfg.batch_size));
         runtime.spawn(export::run(
             exporter,
-            rx,
-            flush_rx,
+            queue.clone(),
             export::Batching {
                 size: cfg.batch_size,
                 every: cfg.export_interval,
                 timeout: cfg.timeout,
             },
+            cfg.service_name.clone(),
             metrics.clone(),
         ));
         Some(Arc::new(Spans {
             sampler: Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(cfg.sample_ratio))),
+            root_bound: (cfg.sample_ratio < 1.0)
+                .then(|| (cfg.sample_ratio.max(0.0) * (1u64 << 63) as f64) as u64),
             queue,
-            flushes,
             metrics,
         }))
     }
@@ -98,21 +102,22 @@ impl Spans {
             }
             None => (context::new_trace_id(), None),
         };
-        let decision = self
-            .sampler
-            .should_sample(
-                parent.as_ref().map(|(cx, _)| cx),
-                trace_id,
-                "",
-                &SpanKind::Server,
-                &[],
-                &[],
-            )
-            .decision;
+        let sampled = match &parent {
+            Some((cx, _)) => {
+                self.sampler
+                    .should_sample(Some(cx), trace_id, "", &SpanKind::Server, &[], &[])
+                    .decision
+                    == SamplingDecision::RecordAndSample
+            }
+            None => self.root_bound.is_none_or(|bound| {
+                let id = u128::from_be_bytes(trace_id.to_bytes());
+                (id as u64) >> 1 < bound
+            }),
+        };
         RequestTrace {
             trace_id,
             span_id: context::new_span_id(),
-            sampled: decision == SamplingDecision::RecordAndSample,
+            sampled,
             parent: parent_span,
             state: parent.and_then(|(_, s)| s),
         }
@@ -120,7 +125,7 @@ impl Spans {
 
     /// Queues a finished request's span; drops and counts it when the queue is full.
     pub fn end(&self, rec: Box<Record>) {
-        if self.queue.try_send(rec).is_err() {
+        if !self.queue.push(rec) {
             self.metrics.trace_dropped_full.inc();
         }
     }
@@ -128,11 +133,18 @@ impl Spans {
     /// Waits (at most `wait`) until the spans queued so far are exported or given up.
     pub async fn flush(&self, wait: Duration) -> bool {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.flushes.send(tx).is_err() {
-            return false;
-        }
+        self.queue.flushes.lock().push(tx);
+        self.queue.wake.notify_one();
         tokio::time::timeout(wait, rx)
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+}
+
+impl Drop for Spans {
+    /// The exporting task sends what is left and stops.
+    fn drop(&mut self) {
+        self.queue.closed.store(true, Ordering::Release);
+        self.queue.wake.notify_one();
     }
 }
