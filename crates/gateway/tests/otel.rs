@@ -272,6 +272,11 @@ async fn spans_reach_a_grpc_collector_with_the_request_and_the_gateways_own_attr
         "the upstream's parent is the gateway's span"
     );
     assert_ne!(first.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(
+        first.trace_id,
+        ok.header("x-request-id"),
+        "a new trace's id is the request id the gateway made"
+    );
     assert!(first.parent.is_empty(), "a root span: {first:?}");
     assert_eq!(header_in(&head, "tracestate"), None, "{head}");
     assert_eq!(first.service, "edge-gw");

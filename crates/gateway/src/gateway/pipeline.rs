@@ -194,7 +194,7 @@ impl Gateway {
         conn: &Arc<ConnInfo>,
     ) -> Response<Logged<Body>> {
         let snap = self.snapshot.load_full();
-        let id = request_id::pick(
+        let (id, id_bits) = request_id::pick(
             req.headers(),
             conn.trusted || conn.listener.trust_request_id,
         );
@@ -202,14 +202,16 @@ impl Gateway {
         let method = req.method().clone();
         let h2 = req.version() == http::Version::HTTP_2;
         let log = self.access_log.load_full();
-        let spans = self.spans.load_full().and_then(|s| {
+        // A guard, not a clone: only a sampled request keeps the exporter.
+        let spans = self.spans.load().as_ref().and_then(|s| {
             let trace = s.begin(
                 req.headers(),
                 conn.trusted || conn.listener.trust_trace_context,
+                id_bits,
             );
             let sampled = trace.sampled;
             ctx.trace = Some(trace);
-            sampled.then_some(s)
+            sampled.then(|| s.clone())
         });
         let head =
             (log.is_some() || spans.is_some()).then(|| Head::of(&req, conn, spans.is_some()));

@@ -7,11 +7,10 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 /// The header name.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// A new id: 128 bits from a per-thread generator seeded at random, so making one takes
-/// no lock and no system call. Marked sensitive, see [`unindexed`].
-pub fn generate() -> HeaderValue {
+/// The id made of `n`'s 128 bits (drawn from a per-thread generator seeded at random, so
+/// making one takes no lock and no system call). Marked sensitive, see [`unindexed`].
+fn from_bits(n: u128) -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let n = fastrand::u128(..);
     let mut out = [0u8; 32];
     for (i, b) in out.iter_mut().enumerate() {
         *b = HEX[usize::try_from((n >> (124 - 4 * i)) & 0xf).unwrap_or(0)];
@@ -38,17 +37,20 @@ pub fn acceptable(v: &HeaderValue) -> bool {
             .all(|&c| (0x21..0x7f).contains(&c) && c != b'"' && c != b'\\')
 }
 
-/// The request's id: the client's when `trusted` and acceptable, else a new one.
-pub fn pick(headers: &HeaderMap, trusted: bool) -> HeaderValue {
+/// The request's id: the client's when `trusted` and acceptable, else a new one, with
+/// its random bits (which a new trace takes as its id: one draw, and a trace id that
+/// reads as the request id).
+pub fn pick(headers: &HeaderMap, trusted: bool) -> (HeaderValue, Option<u128>) {
     if trusted {
         let mut all = headers.get_all(&X_REQUEST_ID).iter();
         if let (Some(v), None) = (all.next(), all.next()) {
             if acceptable(v) {
-                return unindexed(v.clone());
+                return (unindexed(v.clone()), None);
             }
         }
     }
-    generate()
+    let n = fastrand::u128(..);
+    (from_bits(n), Some(n))
 }
 
 #[cfg(test)]
@@ -57,8 +59,8 @@ mod tests {
 
     #[test]
     fn ids_are_hex_and_distinct() {
-        let a = generate();
-        let b = generate();
+        let a = pick(&HeaderMap::new(), false).0;
+        let b = pick(&HeaderMap::new(), false).0;
         assert_eq!(a.len(), 32);
         assert!(a.as_bytes().iter().all(u8::is_ascii_hexdigit));
         assert_ne!(a, b);
@@ -72,13 +74,15 @@ mod tests {
     fn keeps_only_a_trusted_clean_single_id() {
         let mut h = HeaderMap::new();
         h.insert(X_REQUEST_ID, HeaderValue::from_static("abc-123"));
-        assert_eq!(pick(&h, true), "abc-123");
-        assert_ne!(pick(&h, false), "abc-123");
+        assert_eq!(pick(&h, true).0, "abc-123");
+        let (id, bits) = pick(&h, false);
+        assert_ne!(id, "abc-123");
+        assert_eq!(id, format!("{:032x}", bits.expect("made here")).as_str());
         h.insert(X_REQUEST_ID, HeaderValue::from_static("a\"b"));
-        assert_ne!(pick(&h, true), "a\"b");
+        assert_ne!(pick(&h, true).0, "a\"b");
         h.insert(X_REQUEST_ID, HeaderValue::from_static("one"));
         h.append(X_REQUEST_ID, HeaderValue::from_static("two"));
-        let got = pick(&h, true);
+        let got = pick(&h, true).0;
         assert!(got != "one" && got != "two");
     }
 }

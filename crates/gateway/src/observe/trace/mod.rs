@@ -22,7 +22,7 @@ pub use context::{RequestTrace, SpanHead};
 use crate::observe::metrics::Metrics;
 use crate::observe::record::Record;
 use http::HeaderMap;
-use opentelemetry::trace::SpanKind;
+use opentelemetry::trace::{SpanKind, TraceId};
 use opentelemetry_sdk::trace::{Sampler, SamplingDecision, ShouldSample};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -87,8 +87,9 @@ impl Spans {
     }
 
     /// The trace of a request with these `headers`: the client's continued when `trusted`
-    /// and valid, else a new one; sampled as the parent says or at the ratio.
-    pub fn begin(&self, headers: &HeaderMap, trusted: bool) -> RequestTrace {
+    /// and valid, else a new one (its id `fresh`, random bits the caller drew, when given
+    /// and not zero); sampled as the parent says or at the ratio.
+    pub fn begin(&self, headers: &HeaderMap, trusted: bool, fresh: Option<u128>) -> RequestTrace {
         let parent = if trusted {
             context::extract(headers)
         } else {
@@ -100,7 +101,12 @@ impl Spans {
                 let sc = cx.span().span_context().clone();
                 (sc.trace_id(), Some(sc.span_id()))
             }
-            None => (context::new_trace_id(), None),
+            None => (
+                fresh
+                    .filter(|n| *n != 0)
+                    .map_or_else(context::new_trace_id, TraceId::from),
+                None,
+            ),
         };
         let sampled = match &parent {
             Some((cx, _)) => {
