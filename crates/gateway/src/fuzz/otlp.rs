@@ -89,6 +89,7 @@ pub fn otlp_span(data: &[u8]) {
             sampled: true,
             parent,
             state: state.filter(|_| parent.is_some()),
+            id_from_request: flags & 1 == 0 && k(70) & 1 != 0,
         }),
         span_head: (k(67) & 1 != 0).then(|| {
             Box::new(SpanHead {
@@ -137,9 +138,10 @@ pub fn otlp_span(data: &[u8]) {
         attr("http.response.status_code"),
         Some(Value::IntValue(i64::from(status)))
     );
+    let id_from_request = rec.trace.as_ref().is_some_and(|t| t.id_from_request);
     assert_eq!(
         attr("tollgate.request_id"),
-        Some(Value::StringValue(text(&request_id)))
+        (!id_from_request).then(|| Value::StringValue(text(&request_id)))
     );
     assert_eq!(
         attr("tollgate.route"),

@@ -303,6 +303,7 @@ mod tests {
                 sampled: false,
                 parent: None,
                 state: None,
+                id_from_request: false,
             }),
             span_head: None,
             retries: 0,

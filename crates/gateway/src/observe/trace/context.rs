@@ -26,6 +26,9 @@ pub struct RequestTrace {
     pub parent: Option<SpanId>,
     /// The client's `tracestate`, passed upstream unchanged, when its trace is continued.
     pub state: Option<HeaderValue>,
+    /// The trace id is the request id's bits (both made by the gateway): the span need not
+    /// say the request id again.
+    pub id_from_request: bool,
 }
 
 impl RequestTrace {
@@ -158,6 +161,7 @@ mod tests {
             sampled: true,
             parent: None,
             state: None,
+            id_from_request: false,
         }
     }
 

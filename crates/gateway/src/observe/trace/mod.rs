@@ -95,6 +95,7 @@ impl Spans {
         } else {
             None
         };
+        let fresh = fresh.filter(|n| *n != 0);
         let (trace_id, parent_span) = match &parent {
             Some((cx, _)) => {
                 use opentelemetry::trace::TraceContextExt;
@@ -102,9 +103,7 @@ impl Spans {
                 (sc.trace_id(), Some(sc.span_id()))
             }
             None => (
-                fresh
-                    .filter(|n| *n != 0)
-                    .map_or_else(context::new_trace_id, TraceId::from),
+                fresh.map_or_else(context::new_trace_id, TraceId::from),
                 None,
             ),
         };
@@ -125,6 +124,7 @@ impl Spans {
             span_id: context::new_span_id(),
             sampled,
             parent: parent_span,
+            id_from_request: parent.is_none() && fresh.is_some(),
             state: parent.and_then(|(_, s)| s),
         }
     }

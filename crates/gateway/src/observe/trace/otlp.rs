@@ -315,12 +315,15 @@ impl Batch {
             let mut b = itoa::Buffer::new();
             attr(s, 9, &K_ERROR_TYPE, Val::Str(b.format(rec.status)));
         }
-        attr(
-            s,
-            9,
-            &K_TOLLGATE_REQUEST_ID,
-            Val::Str(&utf8(&rec.request_id)),
-        );
+        // A request id the gateway made is the trace id: said once.
+        if !trace.is_some_and(|t| t.id_from_request) {
+            attr(
+                s,
+                9,
+                &K_TOLLGATE_REQUEST_ID,
+                Val::Str(&utf8(&rec.request_id)),
+            );
+        }
         if let Some(r) = &rec.route {
             attr(s, 9, &K_TOLLGATE_ROUTE, Val::Str(r));
         }
