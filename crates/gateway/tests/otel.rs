@@ -465,6 +465,42 @@ async fn a_dead_collector_costs_requests_nothing_and_its_losses_are_counted() {
 }
 
 #[tokio::test]
+async fn a_cache_fill_carries_the_requests_traceparent_and_long_values_are_cut() {
+    let (collector, mut rx) = grpc_receiver().await;
+    let (backend, seen) = recording_backend().await;
+    let cfg = format!(
+        "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  backend:\n    targets: [\"{backend}\"]\n    response_timeout: 2s\nroutes:\n  - name: cached\n    path_prefix: /c/\n    upstream: backend\n    cache: {{default_ttl: 10s}}\ntracing:\n  otlp: {{endpoint: \"http://{collector}\", export_interval: 20ms}}\n"
+    );
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let c = TestClient::default();
+    let long = "x".repeat(3000);
+    let miss = c
+        .request(
+            Method::GET,
+            &gw.url(&format!("/c/{long}")),
+            &[("traceparent", CLIENT_PARENT), ("user-agent", &long)],
+            "",
+        )
+        .await;
+    assert_eq!(miss.status, StatusCode::OK);
+    let got = spans(&mut rx, 1).await;
+    let head = seen.lock().last().cloned().expect("the fill went upstream");
+    assert_eq!(
+        header_in(&head, "traceparent"),
+        Some(format!("00-{}-{}-01", got[0].trace_id, got[0].span_id)),
+        "one traceparent, the gateway's, on the fill: {head}"
+    );
+    assert_eq!(head.matches("traceparent").count(), 1, "{head}");
+    let a = &got[0].attrs;
+    assert_eq!(a["url.path"].len(), 1024, "cut at 1 KiB");
+    assert_eq!(
+        a["user_agent.original"].len(),
+        512,
+        "a span keeps 512 bytes of a header"
+    );
+}
+
+#[tokio::test]
 async fn without_tracing_trace_headers_pass_untouched() {
     let (backend, seen) = recording_backend().await;
     let gw = TestGateway::start(&yaml(backend, ROUTES), ManualClock::new()).await;

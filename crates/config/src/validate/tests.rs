@@ -189,7 +189,7 @@ fn tracing_settings_are_checked_and_defaulted() {
     assert_eq!(t.headers, vec![("x-key".to_string(), "abc".to_string())]);
     assert_eq!(t.service_name, "edge");
     let bad = format!(
-        "{GOOD}tracing: {{otlp: {{endpoint: \"udp://x:1\", protocol: thrift, batch_size: 9, queue_size: 8}}, sample_ratio: 1.5, service_name: \" \"}}\n"
+        "{GOOD}tracing: {{otlp: {{endpoint: \"udp://x:1\", protocol: thrift, batch_size: 9, queue_size: 8, headers: {{auth-bin: x}}}}, sample_ratio: 1.5, service_name: \" \"}}\n"
     );
     let text = from_yaml(&bad).expect_err("invalid").to_string();
     for want in [
@@ -198,6 +198,7 @@ fn tracing_settings_are_checked_and_defaulted() {
         "tracing.otlp.batch_size: must be between 1 and `queue_size`",
         "tracing.sample_ratio: must be between 0",
         "tracing.service_name: must not be empty",
+        "tracing.otlp.headers.auth-bin: binary gRPC metadata",
     ] {
         assert!(text.contains(want), "{want}: {text}");
     }

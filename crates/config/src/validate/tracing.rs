@@ -30,6 +30,13 @@ pub(crate) fn tracing(t: &file::Tracing, p: &mut Problems) -> TracingConfig {
         let lower = name.to_ascii_lowercase();
         if http::HeaderName::from_bytes(lower.as_bytes()).is_err() {
             p.add(at, "is not a valid header name");
+        } else if lower.ends_with("-bin") {
+            p.add(
+                at,
+                "binary gRPC metadata (a name ending in `-bin`) is not supported; use a text header",
+            );
+        } else if lower.starts_with("grpc-") {
+            p.add(at, "names starting with `grpc-` belong to gRPC itself");
         } else if http::HeaderValue::from_str(value).is_err() {
             p.add(at, "the value must be visible ASCII text");
         } else {

@@ -45,8 +45,8 @@ pub fn otlp_span(data: &[u8]) {
     let method = Method::from_bytes(next()).unwrap_or(Method::GET);
     let uri = text(next());
     let client = header(next()).unwrap_or(HeaderValue::from_static("127.0.0.1"));
-    let host = header(next());
-    let user_agent = header(next());
+    let host = next();
+    let user_agent = next();
     let request_id = next().to_vec();
     let route = text(next());
     let consumer = text(next());
@@ -93,8 +93,8 @@ pub fn otlp_span(data: &[u8]) {
         }),
         span_head: (k(67) & 1 != 0).then(|| {
             Box::new(SpanHead {
-                host,
-                user_agent,
+                host: (!host.is_empty()).then(|| SpanHead::copy(host)),
+                user_agent: (!user_agent.is_empty()).then(|| SpanHead::copy(user_agent)),
                 version: http::Version::HTTP_11,
                 https: k(67) & 2 != 0,
                 port: u16::from(k(68)),
@@ -154,7 +154,29 @@ pub fn otlp_span(data: &[u8]) {
         rec.consumer.map(|_| Value::StringValue(consumer.clone()))
     );
     let (path, _) = uri.split_once('?').unwrap_or((&uri, ""));
-    assert_eq!(attr("url.path"), Some(Value::StringValue(path.to_string())));
+    let mut end = path.len().min(otlp::MAX_VALUE);
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    assert_eq!(
+        attr("url.path"),
+        Some(Value::StringValue(path[..end].to_string()))
+    );
+    for kv in &s.attributes {
+        if let Some(Value::StringValue(v)) = kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+            assert!(
+                v.len() <= otlp::MAX_VALUE,
+                "{} is {} bytes",
+                kv.key,
+                v.len()
+            );
+        }
+    }
+    if let (Some(h), Some(Value::StringValue(ua))) = (&rec.span_head, attr("user_agent.original")) {
+        let kept = h.user_agent.as_ref().expect("a user agent was given");
+        assert!(kept.len() <= SpanHead::MAX_VALUE);
+        assert!(String::from_utf8_lossy(kept).starts_with(ua.as_str()));
+    }
     let plain = !credential.is_empty() && credential.bytes().all(|b| b.is_ascii_alphanumeric());
     if let (Some(Value::StringValue(q)), true) = (attr("url.query"), plain) {
         for piece in q.split(['&', ';']) {

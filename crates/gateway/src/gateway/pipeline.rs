@@ -152,12 +152,14 @@ impl Head {
         let span = sampled.then(|| {
             let h = req.headers();
             Box::new(SpanHead {
-                host: h.get(http::header::HOST).cloned().or_else(|| {
-                    req.uri()
-                        .authority()
-                        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-                }),
-                user_agent: h.get(http::header::USER_AGENT).cloned(),
+                host: h
+                    .get(http::header::HOST)
+                    .map(HeaderValue::as_bytes)
+                    .or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()))
+                    .map(SpanHead::copy),
+                user_agent: h
+                    .get(http::header::USER_AGENT)
+                    .map(|v| SpanHead::copy(v.as_bytes())),
                 version: req.version(),
                 https: conn.listener.tls.is_some(),
                 port: conn.listener.address.port(),

@@ -46,13 +46,16 @@ impl Gateway {
             );
         }
         if old.config.tracing != config.tracing {
-            let spans = match (&config.tracing, &self.runtime) {
+            match (&config.tracing, &self.runtime) {
                 (Some(t), Some(rt)) => {
-                    crate::observe::trace::Spans::start(t, self.metrics.clone(), rt)
+                    match crate::observe::trace::Spans::start(t, self.metrics.clone(), rt) {
+                        Some(s) => self.spans.store(Some(s)),
+                        // Said in the log by `start`; the running exporter stays.
+                        None => tracing::error!("tracing: the new `tracing:` settings are not applied; the previous ones stay"),
+                    }
                 }
-                _ => None,
-            };
-            self.spans.store(spans);
+                _ => self.spans.store(None),
+            }
         }
         if old.config.admin != config.admin {
             tracing::warn!(

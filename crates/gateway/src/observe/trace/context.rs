@@ -83,21 +83,33 @@ fn hex16(x: u64) -> [u8; 16] {
     (v + lanes(b'0') + letters * 39).to_be_bytes()
 }
 
-/// What a recorded span tells of the request head beyond the access log's record.
+/// What a recorded span tells of the request head beyond the access log's record. Copies,
+/// cut at [`SpanHead::MAX_VALUE`]: a header value would hold the connection's whole read
+/// buffer for as long as the span waits for export.
 #[derive(Debug, Clone)]
 pub struct SpanHead {
     /// `Host` (or HTTP/2's `:authority`).
-    pub host: Option<HeaderValue>,
+    pub host: Option<smallvec::SmallVec<[u8; 32]>>,
     /// `User-Agent`.
-    pub user_agent: Option<HeaderValue>,
+    pub user_agent: Option<smallvec::SmallVec<[u8; 64]>>,
     /// The client's HTTP version.
     pub version: Version,
     /// The client came over TLS.
     pub https: bool,
     /// The listener's port.
     pub port: u16,
-    /// The matched route's path, as configured (`/v1/` prefix or `/health` exact).
+    /// The matched route's path, as a trace names it (`/v1/*`, `/health`).
     pub route_path: Option<std::sync::Arc<str>>,
+}
+
+impl SpanHead {
+    /// The most bytes of a header value a span keeps.
+    pub const MAX_VALUE: usize = 512;
+
+    /// A bounded copy of `v`.
+    pub fn copy<const N: usize>(v: &[u8]) -> smallvec::SmallVec<[u8; N]> {
+        smallvec::SmallVec::from_slice(&v[..v.len().min(Self::MAX_VALUE)])
+    }
 }
 
 /// A new trace id: random, never zero (zero means "none" in W3C).
@@ -110,16 +122,40 @@ pub fn new_span_id() -> SpanId {
     SpanId::from(fastrand::u64(1..))
 }
 
-/// Headers as OpenTelemetry's propagator reads them.
-struct Headers<'a>(&'a HeaderMap);
+/// Headers as OpenTelemetry's propagator reads them; `tracestate` sent as several fields
+/// is read as their one combined list (W3C Trace Context §3.3.1).
+struct Headers<'a> {
+    map: &'a HeaderMap,
+    state: Option<String>,
+}
+
+impl<'a> Headers<'a> {
+    fn new(map: &'a HeaderMap) -> Self {
+        let mut all = map.get_all(TRACESTATE).iter();
+        let state = match (all.next(), all.next()) {
+            (Some(_), Some(_)) => Some(
+                map.get_all(TRACESTATE)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            _ => None,
+        };
+        Headers { map, state }
+    }
+}
 
 impl Extractor for Headers<'_> {
     fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
+        if let (Some(s), true) = (&self.state, key.eq_ignore_ascii_case("tracestate")) {
+            return Some(s);
+        }
+        self.map.get(key).and_then(|v| v.to_str().ok())
     }
 
     fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(HeaderName::as_str).collect()
+        self.map.keys().map(HeaderName::as_str).collect()
     }
 }
 
@@ -135,7 +171,7 @@ pub fn extract(headers: &HeaderMap) -> Option<(Context, Option<HeaderValue>)> {
     if let (Some(_), Some(_)) = (all.next(), all.next()) {
         return None;
     }
-    let cx = TraceContextPropagator::new().extract(&Headers(headers));
+    let cx = TraceContextPropagator::new().extract(&Headers::new(headers));
     let state = {
         let span = cx.span();
         let sc: &SpanContext = span.span_context();
@@ -234,5 +270,20 @@ mod tests {
             HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b7-01"),
         );
         assert!(extract(&h).is_none(), "two parents: a new trace");
+        h.remove(TRACEPARENT);
+        h.insert(
+            TRACEPARENT,
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        h.append(
+            TRACESTATE,
+            HeaderValue::from_static("rojo=00f067aa0ba902b7"),
+        );
+        let (_, state) = extract(&h).expect("valid");
+        assert_eq!(
+            state.expect("state"),
+            "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7",
+            "several tracestate fields are one list"
+        );
     }
 }

@@ -28,6 +28,9 @@ pub(super) struct Batching {
     pub timeout: Duration,
 }
 
+/// The most bytes of spans in one export request.
+const MAX_EXPORT_BYTES: usize = 2 << 20;
+
 /// The gRPC method spans are exported with.
 const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
@@ -129,8 +132,16 @@ impl Exporter {
                 }
                 let resp = client.request(req).await.map_err(|e| e.to_string())?;
                 let status = resp.status();
-                // The answer is read whole (and dropped) so the connection can be reused.
-                let _ = resp.into_body().collect().await;
+                // The answer is read (and dropped) so the connection can be reused, up to
+                // 64 KiB: a collector's reply says little, and a larger one is not waited for.
+                let mut body = resp.into_body();
+                let mut read = 0usize;
+                while read < 64 << 10 {
+                    match body.frame().await {
+                        Some(Ok(f)) => read += f.data_ref().map_or(0, Bytes::len),
+                        _ => break,
+                    }
+                }
                 if status.is_success() {
                     Ok(())
                 } else {
@@ -259,19 +270,22 @@ pub(super) async fn run(
         let closed = queue.closed.load(Ordering::Acquire);
         let waiting = std::mem::take(&mut *queue.flushes.lock());
         std::mem::swap(&mut taken, &mut *queue.held.lock());
-        for chunk in taken.chunks(batching.size) {
-            // One reading of both clocks per batch: each span's wall-clock start is its
-            // arrival measured back from now.
-            let (now_wall, now) = (SystemTime::now(), Instant::now());
-            for rec in chunk {
-                let start = now_wall
-                    .checked_sub(now.saturating_duration_since(rec.start))
-                    .unwrap_or(now_wall);
-                batch.add(rec, start);
+        // One reading of both clocks per round: each span's wall-clock start is its
+        // arrival measured back from now.
+        let (now_wall, now) = (SystemTime::now(), Instant::now());
+        let last = taken.len().saturating_sub(1);
+        for (i, rec) in taken.iter().enumerate() {
+            let start = now_wall
+                .checked_sub(now.saturating_duration_since(rec.start))
+                .unwrap_or(now_wall);
+            batch.add(rec, start);
+            // An export holds `batch_size` spans, and stays well under the 4 MiB a
+            // collector's gRPC receiver takes by default.
+            if batch.count == batching.size || batch.bytes() >= MAX_EXPORT_BYTES || i == last {
+                let n = batch.count as u64;
+                let body = batch.take(&resource, &scope);
+                send(&exporter, body, n, &batching, &metrics, &mut last_warned).await;
             }
-            let n = batch.count as u64;
-            let body = batch.take(&resource, &scope);
-            send(&exporter, body, n, &batching, &metrics, &mut last_warned).await;
         }
         // Records are dropped here, in the exporter, not on a request's thread.
         taken.clear();

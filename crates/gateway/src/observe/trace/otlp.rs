@@ -129,6 +129,10 @@ enum Val<'a> {
 /// A `KeyValue` in `field` (9 for a span's attributes, 1 for a resource's). All tags here
 /// are one byte, so every length is known before it is written.
 fn attr(out: &mut Vec<u8>, field: u32, key: &Key, v: Val<'_>) {
+    let v = match v {
+        Val::Str(s) => Val::Str(cut(s)),
+        other => other,
+    };
     let any = match &v {
         Val::Str(s) => 1 + varint_len(s.len() as u64) + s.len(),
         Val::Int(i) => 1 + varint_len(*i as u64),
@@ -166,6 +170,23 @@ fn attr(out: &mut Vec<u8>, field: u32, key: &Key, v: Val<'_>) {
             out.extend_from_slice(&d.to_le_bytes());
         }
     }
+}
+
+/// The most bytes of an attribute's string value (as OpenTelemetry's
+/// `attribute_value_length_limit`): a long target or header value is cut there, so that a
+/// client cannot make a batch too large for the collector to take.
+pub(crate) const MAX_VALUE: usize = 1024;
+
+/// `s` cut to [`MAX_VALUE`] bytes, at a character boundary.
+fn cut(s: &str) -> &str {
+    if s.len() <= MAX_VALUE {
+        return s;
+    }
+    let mut end = MAX_VALUE;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// Bytes as protobuf's `string` needs them: UTF-8 (anything else replaced, as a decoder
@@ -293,7 +314,7 @@ impl Batch {
             };
             attr(s, 9, &K_NETWORK_PROTOCOL_VERSION, Val::Str(version));
             if let Some(host) = &h.host {
-                let host = utf8(host.as_bytes());
+                let host = utf8(host);
                 let (name, port) = split_host(&host);
                 attr(s, 9, &K_SERVER_ADDRESS, Val::Str(name));
                 attr(
@@ -304,7 +325,7 @@ impl Batch {
                 );
             }
             if let Some(ua) = &h.user_agent {
-                attr(s, 9, &K_USER_AGENT_ORIGINAL, Val::Str(&utf8(ua.as_bytes())));
+                attr(s, 9, &K_USER_AGENT_ORIGINAL, Val::Str(&utf8(ua)));
             }
             if let Some(r) = route_path {
                 attr(s, 9, &K_HTTP_ROUTE, Val::Str(r));
@@ -402,8 +423,15 @@ impl Batch {
         len_field(&mut out, 1, scope);
         out.extend_from_slice(&self.spans);
         self.spans.clear();
+        // A batch of unusually large spans does not keep its buffer.
+        self.spans.shrink_to(64 << 10);
         self.count = 0;
         out
+    }
+
+    /// Bytes of the spans written so far.
+    pub(crate) fn bytes(&self) -> usize {
+        self.spans.len()
     }
 }
 
