@@ -1,6 +1,6 @@
 //! `tracing:`: the OTLP collector, the sampling ratio and the batching of spans.
 
-use super::Problems;
+use super::problems::Problems;
 use crate::file;
 use crate::model::{OtlpProtocol, TracingConfig};
 use std::time::Duration;
