@@ -570,6 +570,72 @@ async fn h2_upstreams_pass_grpc_trailers_through() {
 }
 
 #[tokio::test]
+async fn a_streamed_bodys_trailers_do_not_reach_an_h2_upstream() {
+    // An HTTP/2 backend that says whether the request's body came with trailers.
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let svc = service_fn(|req: Request<Incoming>| async move {
+                    let got = req.into_body().collect().await;
+                    let (trailers, bytes) = match got {
+                        Ok(c) => (c.trailers().cloned(), c.to_bytes()),
+                        Err(_) => (None, Bytes::new()),
+                    };
+                    let mut r = Response::new(Full::new(bytes));
+                    let saw = if trailers.is_some() { "yes" } else { "no" };
+                    r.headers_mut()
+                        .insert("x-saw-trailers", saw.parse().expect("v"));
+                    Ok::<_, Infallible>(r)
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    let y = format!(
+        "listeners: [{{address: \"127.0.0.1:0\", h2c: true}}]\nupstreams:\n  up: {{targets: [\"{backend}\"], protocol: h2}}\nroutes:\n  - {{path_prefix: /, upstream: up, request_buffering: false}}\n"
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
+    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .expect("h2");
+    tokio::spawn(conn);
+    let (mut body_tx, body) = http_body_util::channel::Channel::<Bytes, Infallible>::new(4);
+    tokio::spawn(async move {
+        let _ = body_tx.send_data(Bytes::from_static(b"payload")).await;
+        let mut t = http::HeaderMap::new();
+        t.insert("x-consumer-id", "forged".parse().expect("v"));
+        t.insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                .parse()
+                .expect("v"),
+        );
+        let _ = body_tx.send_trailers(t).await;
+    });
+    let req = Request::builder()
+        .method("POST")
+        .uri("http://api.test/upload")
+        .body(body)
+        .expect("req");
+    let resp = bounded("upload", tx.send_request(req))
+        .await
+        .expect("response");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers().get("x-saw-trailers").map(|v| v.as_bytes()),
+        Some(&b"no"[..]),
+        "the client's trailers stay at the edge"
+    );
+    let got = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&got[..], b"payload", "the body itself goes whole");
+}
+
+#[tokio::test]
 async fn an_upgraded_connection_keeps_its_place_under_max_connections() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let backend = ws_backend().await;

@@ -259,10 +259,17 @@ impl Body for UpBody {
                 let n = frame.data_ref().map_or(0, |d| d.len() as u64);
                 if n > rest.allowed {
                     ClientFault::TooLarge
+                } else if frame.is_trailers() {
+                    // Trailers end the body, and the client's are not sent on (as on the
+                    // lean client): the gateway's rules on headers (owned names, identity)
+                    // read the head alone, and an upstream that merges trailers into
+                    // headers would trust forged ones.
+                    rest.watch.finish();
+                    self.rest = None;
+                    return Poll::Ready(None);
                 } else {
                     rest.allowed -= n;
-                    // Trailers are the last frame, whatever the body says of its end.
-                    if rest.incoming.is_end_stream() || frame.is_trailers() {
+                    if rest.incoming.is_end_stream() {
                         rest.watch.finish();
                     }
                     return Poll::Ready(Some(Ok(frame)));
