@@ -501,6 +501,46 @@ async fn a_cache_fill_carries_the_requests_traceparent_and_long_values_are_cut()
 }
 
 #[tokio::test]
+async fn a_reload_moves_spans_to_the_new_collector_and_can_turn_tracing_off() {
+    let (first, mut first_rx) = grpc_receiver().await;
+    let (second, mut second_rx) = http_receiver().await;
+    let (backend, seen) = recording_backend().await;
+    let cfg = |collector: &str| traced(backend, collector, "");
+    let gw = TestGateway::start(
+        &cfg(&format!("endpoint: \"http://{first}\", protocol: grpc")),
+        ManualClock::new(),
+    )
+    .await;
+    let c = TestClient::default();
+    let _ = c.get(&gw.url("/open/one")).await;
+    let got = spans(&mut first_rx, 1).await;
+    assert_eq!(got[0].attrs["url.path"], "/open/one");
+
+    gw.apply(&cfg(&format!(
+        "endpoint: \"http://{second}\", protocol: http"
+    )));
+    let _ = c.get(&gw.url("/open/two")).await;
+    let got = spans(&mut second_rx, 1).await;
+    assert_eq!(got[0].attrs["url.path"], "/open/two");
+
+    // Without `tracing:`, the client's trace headers pass as they came.
+    gw.apply(&yaml(backend, ROUTES));
+    let _ = c
+        .request(
+            Method::GET,
+            &gw.url("/open/three"),
+            &[("traceparent", CLIENT_PARENT)],
+            "",
+        )
+        .await;
+    let head = seen.lock().last().cloned().expect("seen");
+    assert_eq!(
+        header_in(&head, "traceparent").as_deref(),
+        Some(CLIENT_PARENT)
+    );
+}
+
+#[tokio::test]
 async fn without_tracing_trace_headers_pass_untouched() {
     let (backend, seen) = recording_backend().await;
     let gw = TestGateway::start(&yaml(backend, ROUTES), ManualClock::new()).await;

@@ -48,10 +48,16 @@ impl Gateway {
         if old.config.tracing != config.tracing {
             match (&config.tracing, &self.runtime) {
                 (Some(t), Some(rt)) => {
-                    match crate::observe::trace::Spans::start(t, self.metrics.clone(), rt) {
-                        Some(s) => self.spans.store(Some(s)),
-                        // Said in the log by `start`; the running exporter stays.
-                        None => tracing::error!("tracing: the new `tracing:` settings are not applied; the previous ones stay"),
+                    let new = crate::observe::trace::Spans::start(t, self.metrics.clone(), rt);
+                    let running = self.spans.load().as_ref().is_some_and(|s| s.exporting());
+                    if new.exporting() || !running {
+                        self.spans.store(Some(new));
+                    } else {
+                        // Why is in the log already (from `start`); the running exporter
+                        // stays.
+                        tracing::error!(
+                            "tracing: the new `tracing:` settings are not applied; the previous ones stay"
+                        );
                     }
                 }
                 _ => self.spans.store(None),

@@ -98,7 +98,9 @@ impl Gateway {
         };
         let runtime = tokio::runtime::Handle::try_current().ok();
         let spans = match (&config.tracing, &runtime) {
-            (Some(t), Some(rt)) => crate::observe::trace::Spans::start(t, metrics.clone(), rt),
+            (Some(t), Some(rt)) => {
+                Some(crate::observe::trace::Spans::start(t, metrics.clone(), rt))
+            }
             (Some(_), None) => {
                 tracing::error!("tracing: no runtime to export spans on; traces are off");
                 None

@@ -37,7 +37,10 @@ pub struct Spans {
     /// OpenTelemetry's `TraceIdRatioBased` decides (computed once here, since the SDK's
     /// sampler call costs five times the comparison on every request).
     root_bound: Option<u64>,
-    queue: Arc<export::Queue>,
+    /// The queue to the exporting task; none when no exporter could be made for the
+    /// settings (then traces are still made and passed upstream, and their spans are
+    /// counted as dropped).
+    queue: Option<Arc<export::Queue>>,
     metrics: Arc<Metrics>,
 }
 
@@ -48,42 +51,55 @@ impl std::fmt::Debug for Spans {
 }
 
 impl Spans {
-    /// Starts the exporting task for `cfg` on `runtime`. An exporter that cannot be made
-    /// (an endpoint the OTLP client refuses) is logged, and no trace is kept.
+    /// Starts the exporting task for `cfg` on `runtime`. When no exporter can be made for
+    /// the settings (no trust roots for an `https://` collector, say), that is logged, and
+    /// requests are still traced and their trace passed upstream as configured; their
+    /// spans are counted as dropped (`export_failed`).
     pub fn start(
         cfg: &TracingConfig,
         metrics: Arc<Metrics>,
         runtime: &tokio::runtime::Handle,
-    ) -> Option<Arc<Spans>> {
+    ) -> Arc<Spans> {
         let exporter = {
             let _entered = runtime.enter();
-            match export::exporter(cfg) {
-                Ok(e) => e,
-                Err(e) => {
-                    tracing::error!("tracing: cannot export to {}: {e}", cfg.endpoint);
-                    return None;
-                }
+            export::exporter(cfg)
+        };
+        let queue = match exporter {
+            Ok(exporter) => {
+                let queue = Arc::new(export::Queue::new(cfg.queue_size, cfg.batch_size));
+                runtime.spawn(export::run(
+                    exporter,
+                    queue.clone(),
+                    export::Batching {
+                        size: cfg.batch_size,
+                        every: cfg.export_interval,
+                        timeout: cfg.timeout,
+                    },
+                    cfg.service_name.clone(),
+                    metrics.clone(),
+                ));
+                Some(queue)
+            }
+            Err(e) => {
+                tracing::error!(
+                    "tracing: cannot export to {}: {e}; spans are dropped (counted in tollgate_trace_spans_dropped_total)",
+                    cfg.endpoint
+                );
+                None
             }
         };
-        let queue = Arc::new(export::Queue::new(cfg.queue_size, cfg.batch_size));
-        runtime.spawn(export::run(
-            exporter,
-            queue.clone(),
-            export::Batching {
-                size: cfg.batch_size,
-                every: cfg.export_interval,
-                timeout: cfg.timeout,
-            },
-            cfg.service_name.clone(),
-            metrics.clone(),
-        ));
-        Some(Arc::new(Spans {
+        Arc::new(Spans {
             sampler: Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(cfg.sample_ratio))),
             root_bound: (cfg.sample_ratio < 1.0)
                 .then(|| (cfg.sample_ratio.max(0.0) * (1u64 << 63) as f64) as u64),
             queue,
             metrics,
-        }))
+        })
+    }
+
+    /// Whether spans are exported (an exporter could be made for the settings).
+    pub fn exporting(&self) -> bool {
+        self.queue.is_some()
     }
 
     /// The trace of a request with these `headers`: the client's continued when `trusted`
@@ -131,16 +147,26 @@ impl Spans {
 
     /// Queues a finished request's span; drops and counts it when the queue is full.
     pub fn end(&self, rec: Box<Record>) {
-        if !self.queue.push(rec) {
-            self.metrics.trace_dropped_full.inc();
+        match &self.queue {
+            Some(q) => {
+                if !q.push(rec) {
+                    self.metrics.trace_dropped_full.inc();
+                }
+            }
+            None => {
+                self.metrics.trace_dropped_failed.inc();
+            }
         }
     }
 
     /// Waits (at most `wait`) until the spans queued so far are exported or given up.
     pub async fn flush(&self, wait: Duration) -> bool {
+        let Some(queue) = &self.queue else {
+            return false;
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.queue.flushes.lock().push(tx);
-        self.queue.wake.notify_one();
+        queue.flushes.lock().push(tx);
+        queue.wake.notify_one();
         tokio::time::timeout(wait, rx)
             .await
             .is_ok_and(|r| r.is_ok())
@@ -150,7 +176,9 @@ impl Spans {
 impl Drop for Spans {
     /// The exporting task sends what is left and stops.
     fn drop(&mut self) {
-        self.queue.closed.store(true, Ordering::Release);
-        self.queue.wake.notify_one();
+        if let Some(q) = &self.queue {
+            q.closed.store(true, Ordering::Release);
+            q.wake.notify_one();
+        }
     }
 }
