@@ -2,6 +2,7 @@
 //! once per batch.
 
 use crate::observe::record::Record;
+use crate::observe::request_id::hex32;
 use http::HeaderValue;
 use std::time::{Duration, SystemTime};
 
@@ -182,17 +183,6 @@ impl Clock {
     }
 }
 
-/// A trace id as W3C writes it: 32 lowercase hex digits.
-fn hex32(id: [u8; 16]) -> [u8; 32] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0u8; 32];
-    for (i, b) in id.iter().enumerate() {
-        out[2 * i] = HEX[usize::from(b >> 4)];
-        out[2 * i + 1] = HEX[usize::from(b & 0xf)];
-    }
-    out
-}
-
 /// Writes `rec`'s line; it arrived at `arrived_ns` (wall clock, since the epoch).
 pub(super) fn write_line(rec: &Record, arrived_ns: u64, clock: &mut Clock, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"time\":");
@@ -201,7 +191,10 @@ pub(super) fn write_line(rec: &Record, arrived_ns: u64, clock: &mut Clock, out: 
     // Ids are validated to need no escaping; addresses, methods, limit names and targets
     // cannot hold a quote or a backslash.
     j.plain(b",\"request_id\":", Some(&rec.request_id));
-    let trace_id = rec.trace.as_ref().map(|t| hex32(t.trace_id.to_bytes()));
+    let trace_id = rec
+        .trace
+        .as_ref()
+        .map(|t| hex32(u128::from_be_bytes(t.trace_id.to_bytes())));
     j.plain(b",\"trace_id\":", trace_id.as_ref().map(|t| &t[..]));
     j.plain(b",\"client\":", Some(rec.client.as_bytes()));
     j.plain(b",\"method\":", Some(rec.method.as_str().as_bytes()));
