@@ -10,7 +10,7 @@ use super::headers::rewrite_request;
 use super::health::Health;
 use crate::exchange::Refusal;
 use crate::observe::metrics::UpstreamStats;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Uri};
@@ -243,7 +243,7 @@ impl Hop<'_> {
             .traceparent
             .and_then(|t| HeaderValue::from_bytes(&t).ok())
         {
-            headers.insert(HeaderName::from_static("traceparent"), v);
+            headers.insert(crate::observe::trace::context::TRACEPARENT, v);
         }
     }
 }

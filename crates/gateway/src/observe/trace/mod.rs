@@ -106,42 +106,39 @@ impl Spans {
     /// and valid, else a new one (its id `fresh`, random bits the caller drew, when given
     /// and not zero); sampled as the parent says or at the ratio.
     pub fn begin(&self, headers: &HeaderMap, trusted: bool, fresh: Option<u128>) -> RequestTrace {
-        let parent = if trusted {
-            context::extract(headers)
-        } else {
-            None
-        };
+        let span_id = context::new_span_id();
+        // A trusted client's valid trace: continued, its sampling decision honoured.
+        if let Some((cx, state)) = trusted.then(|| context::extract(headers)).flatten() {
+            use opentelemetry::trace::TraceContextExt;
+            let (trace_id, parent) = {
+                let sc = cx.span();
+                (sc.span_context().trace_id(), sc.span_context().span_id())
+            };
+            let sampled = self
+                .sampler
+                .should_sample(Some(&cx), trace_id, "", &SpanKind::Server, &[], &[])
+                .decision
+                == SamplingDecision::RecordAndSample;
+            return RequestTrace {
+                trace_id,
+                span_id,
+                sampled,
+                parent: Some(parent),
+                state,
+                id_from_request: false,
+            };
+        }
+        // A new trace: the request id's bits when given, sampled at the ratio.
         let fresh = fresh.filter(|n| *n != 0);
-        let (trace_id, parent_span) = match &parent {
-            Some((cx, _)) => {
-                use opentelemetry::trace::TraceContextExt;
-                let sc = cx.span().span_context().clone();
-                (sc.trace_id(), Some(sc.span_id()))
-            }
-            None => (
-                fresh.map_or_else(context::new_trace_id, TraceId::from),
-                None,
-            ),
-        };
-        let sampled = match &parent {
-            Some((cx, _)) => {
-                self.sampler
-                    .should_sample(Some(cx), trace_id, "", &SpanKind::Server, &[], &[])
-                    .decision
-                    == SamplingDecision::RecordAndSample
-            }
-            None => self.root_bound.is_none_or(|bound| {
-                let id = u128::from_be_bytes(trace_id.to_bytes());
-                (id as u64) >> 1 < bound
-            }),
-        };
+        let trace_id = fresh.map_or_else(context::new_trace_id, TraceId::from);
+        let low = u128::from_be_bytes(trace_id.to_bytes()) as u64;
         RequestTrace {
             trace_id,
-            span_id: context::new_span_id(),
-            sampled,
-            parent: parent_span,
-            id_from_request: parent.is_none() && fresh.is_some(),
-            state: parent.and_then(|(_, s)| s),
+            span_id,
+            sampled: self.root_bound.is_none_or(|bound| low >> 1 < bound),
+            parent: None,
+            state: None,
+            id_from_request: fresh.is_some(),
         }
     }
 
