@@ -496,48 +496,71 @@ async fn https_upstreams_are_verified_against_their_ca() {
     assert_eq!(c.get(&g3.url("/x")).await.status, 502);
 }
 
-#[tokio::test]
-async fn h2_upstreams_pass_grpc_trailers_through() {
-    // A cleartext HTTP/2 backend that answers with a body and gRPC trailers.
+/// A cleartext HTTP/2 backend on loopback answering every request with `answer`.
+async fn h2c_backend<F, Fut, B>(answer: F) -> SocketAddr
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let backend = l.local_addr().expect("addr");
+    let addr = l.local_addr().expect("addr");
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
+            let svc = service_fn(answer.clone());
             tokio::spawn(async move {
-                let svc = service_fn(|req: Request<Incoming>| async move {
-                    let te = req.headers().get("te").cloned();
-                    let (tx, body) = http_body_util::channel::Channel::<Bytes, Infallible>::new(4);
-                    let mut tx = tx;
-                    tokio::spawn(async move {
-                        let _ = tx.send_data(Bytes::from_static(b"\0\0\0\0\x02hi")).await;
-                        let mut t = http::HeaderMap::new();
-                        t.insert("grpc-status", "0".parse().expect("v"));
-                        t.insert("grpc-message", "fine".parse().expect("v"));
-                        let _ = tx.send_trailers(t).await;
-                    });
-                    let mut r = Response::new(body);
-                    r.headers_mut()
-                        .insert("content-type", "application/grpc".parse().expect("v"));
-                    if let Some(te) = te {
-                        r.headers_mut().insert("x-saw-te", te);
-                    }
-                    Ok::<_, Infallible>(r)
-                });
                 let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(s), svc)
                     .await;
             });
         }
     });
+    addr
+}
+
+/// An HTTP/2 (prior knowledge) client connection to `addr`.
+async fn h2c_client<B>(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let io = TokioIo::new(TcpStream::connect(addr).await.expect("connect"));
+    let (tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .expect("h2");
+    tokio::spawn(conn);
+    tx
+}
+
+#[tokio::test]
+async fn h2_upstreams_pass_grpc_trailers_through() {
+    // A cleartext HTTP/2 backend that answers with a body and gRPC trailers.
+    let backend = h2c_backend(|req: Request<Incoming>| async move {
+        let te = req.headers().get("te").cloned();
+        let (tx, body) = http_body_util::channel::Channel::<Bytes, Infallible>::new(4);
+        let mut tx = tx;
+        tokio::spawn(async move {
+            let _ = tx.send_data(Bytes::from_static(b"\0\0\0\0\x02hi")).await;
+            let mut t = http::HeaderMap::new();
+            t.insert("grpc-status", "0".parse().expect("v"));
+            t.insert("grpc-message", "fine".parse().expect("v"));
+            let _ = tx.send_trailers(t).await;
+        });
+        let mut r = Response::new(body);
+        r.headers_mut()
+            .insert("content-type", "application/grpc".parse().expect("v"));
+        if let Some(te) = te {
+            r.headers_mut().insert("x-saw-te", te);
+        }
+        Ok::<_, Infallible>(r)
+    })
+    .await;
     let y = format!(
         "listeners: [{{address: \"127.0.0.1:0\", h2c: true}}]\nupstreams:\n  grpc: {{targets: [\"{backend}\"], protocol: h2}}\nroutes:\n  - {{path_prefix: /, upstream: grpc}}\n"
     );
     let g = TestGateway::start(&y, SystemClock::new()).await;
-    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
-    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-        .await
-        .expect("h2");
-    tokio::spawn(conn);
+    let mut tx = h2c_client(g.addr).await;
     let req = Request::builder()
         .method("POST")
         .uri("http://api.test/pkg.Service/Call")
@@ -572,38 +595,24 @@ async fn h2_upstreams_pass_grpc_trailers_through() {
 #[tokio::test]
 async fn a_streamed_bodys_trailers_do_not_reach_an_h2_upstream() {
     // An HTTP/2 backend that says whether the request's body came with trailers.
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let backend = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let svc = service_fn(|req: Request<Incoming>| async move {
-                    let got = req.into_body().collect().await;
-                    let (trailers, bytes) = match got {
-                        Ok(c) => (c.trailers().cloned(), c.to_bytes()),
-                        Err(_) => (None, Bytes::new()),
-                    };
-                    let mut r = Response::new(Full::new(bytes));
-                    let saw = if trailers.is_some() { "yes" } else { "no" };
-                    r.headers_mut()
-                        .insert("x-saw-trailers", saw.parse().expect("v"));
-                    Ok::<_, Infallible>(r)
-                });
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
-            });
-        }
-    });
+    let backend = h2c_backend(|req: Request<Incoming>| async move {
+        let got = req.into_body().collect().await;
+        let (trailers, bytes) = match got {
+            Ok(c) => (c.trailers().cloned(), c.to_bytes()),
+            Err(_) => (None, Bytes::new()),
+        };
+        let mut r = Response::new(Full::new(bytes));
+        let saw = if trailers.is_some() { "yes" } else { "no" };
+        r.headers_mut()
+            .insert("x-saw-trailers", saw.parse().expect("v"));
+        Ok::<_, Infallible>(r)
+    })
+    .await;
     let y = format!(
         "listeners: [{{address: \"127.0.0.1:0\", h2c: true}}]\nupstreams:\n  up: {{targets: [\"{backend}\"], protocol: h2}}\nroutes:\n  - {{path_prefix: /, upstream: up, request_buffering: false}}\n"
     );
     let g = TestGateway::start(&y, SystemClock::new()).await;
-    let io = TokioIo::new(TcpStream::connect(g.addr).await.expect("connect"));
-    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-        .await
-        .expect("h2");
-    tokio::spawn(conn);
+    let mut tx = h2c_client(g.addr).await;
     let (mut body_tx, body) = http_body_util::channel::Channel::<Bytes, Infallible>::new(4);
     tokio::spawn(async move {
         let _ = body_tx.send_data(Bytes::from_static(b"payload")).await;
