@@ -218,6 +218,20 @@ fn header_in(head: &str, name: &str) -> Option<String> {
     })
 }
 
+/// The `traceparent` the backend received for a GET of `url` that carried
+/// [`CLIENT_PARENT`].
+async fn traceparent_sent(c: &TestClient, url: &str, seen: &Heads) -> Option<String> {
+    let _ = c
+        .request(Method::GET, url, &[("traceparent", CLIENT_PARENT)], "")
+        .await;
+    let head = seen
+        .lock()
+        .last()
+        .cloned()
+        .expect("the backend saw the request");
+    header_in(&head, "traceparent")
+}
+
 const CLIENT_PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 #[tokio::test]
@@ -525,18 +539,12 @@ async fn a_reload_moves_spans_to_the_new_collector_and_can_turn_tracing_off() {
 
     // Without `tracing:`, the client's trace headers pass as they came.
     gw.apply(&yaml(backend, ROUTES));
-    let _ = c
-        .request(
-            Method::GET,
-            &gw.url("/open/three"),
-            &[("traceparent", CLIENT_PARENT)],
-            "",
-        )
-        .await;
-    let head = seen.lock().last().cloned().expect("seen");
     assert_eq!(
-        header_in(&head, "traceparent").as_deref(),
-        Some(CLIENT_PARENT)
+        traceparent_sent(&c, &gw.url("/open/three"), &seen)
+            .await
+            .as_deref(),
+        Some(CLIENT_PARENT),
+        "the client's trace headers pass as they came"
     );
 }
 
@@ -545,17 +553,11 @@ async fn without_tracing_trace_headers_pass_untouched() {
     let (backend, seen) = recording_backend().await;
     let gw = TestGateway::start(&yaml(backend, ROUTES), ManualClock::new()).await;
     let c = TestClient::default();
-    let _ = c
-        .request(
-            Method::GET,
-            &gw.url("/api/x?apikey=alice-key"),
-            &[("traceparent", CLIENT_PARENT)],
-            "",
-        )
-        .await;
-    let head = seen.lock().last().cloned().expect("seen");
     assert_eq!(
-        header_in(&head, "traceparent").as_deref(),
-        Some(CLIENT_PARENT)
+        traceparent_sent(&c, &gw.url("/api/x?apikey=alice-key"), &seen)
+            .await
+            .as_deref(),
+        Some(CLIENT_PARENT),
+        "the client's trace headers pass as they came"
     );
 }
