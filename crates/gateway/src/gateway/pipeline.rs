@@ -204,8 +204,11 @@ impl Gateway {
         let method = req.method().clone();
         let h2 = req.version() == http::Version::HTTP_2;
         let log = self.access_log.load_full();
-        // A guard, not a clone: only a sampled request keeps the exporter.
-        let spans = self.spans.load().as_ref().and_then(|s| {
+        // Without `tracing:` nothing is loaded; with it, a guard, not a clone: only a
+        // sampled request keeps the exporter.
+        let tracing = snap.config.tracing.is_some();
+        let spans = tracing.then(|| self.spans.load()).and_then(|g| {
+            let s = g.as_ref()?;
             let trace = s.begin(
                 req.headers(),
                 conn.trusted || conn.listener.trust_trace_context,
