@@ -396,6 +396,45 @@ pub struct Auth {
     /// URI, email) or subject CN that names a consumer.
     #[serde(default)]
     pub mtls: bool,
+    /// Accept a signed bearer token (JWT) instead of, or beside, an API key.
+    pub jwt: Option<Jwt>,
+}
+
+/// `auth.jwt:`: who signs the tokens a route accepts, and what in them names the caller.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Jwt {
+    /// The issuer: checked against `iss`; alone, its OpenID metadata names the JWKS.
+    pub issuer: Option<String>,
+    /// The issuer's JSON Web Key Set, fetched over HTTP(S).
+    pub jwks_url: Option<String>,
+    /// A JSON Web Key Set on disk.
+    pub jwks_file: Option<String>,
+    /// The shared secret of HS256/384/512 tokens, on disk.
+    pub secret_file: Option<String>,
+    /// Accepted `aud` values (any one must be in the token).
+    #[serde(default)]
+    pub audiences: Vec<String>,
+    /// Accepted signing algorithms.
+    pub algorithms: Option<Vec<String>>,
+    /// The claim naming the consumer (default `sub`).
+    pub consumer_claim: Option<String>,
+    /// The claim naming the plan of a caller who is not a listed consumer.
+    pub plan_claim: Option<String>,
+    /// The plan of a caller with a valid token who is not a listed consumer.
+    pub anonymous_plan: Option<String>,
+    /// Tolerance on `exp` and `nbf` (default 30s).
+    pub clock_skew: Option<Dur>,
+    /// Forward `Authorization` upstream (default: removed).
+    #[serde(default)]
+    pub forward_token: bool,
+    /// Request headers set from claims: header name → claim name.
+    #[serde(default)]
+    pub claims_to_headers: BTreeMap<String, String>,
+    /// Longest token accepted (default 8KiB); longer ones are refused unread.
+    pub max_token_bytes: Option<Size>,
+    /// Timeout of one fetch of the JWKS or the issuer's metadata (default 10s).
+    pub fetch_timeout: Option<Dur>,
 }
 
 /// Who may call a route.

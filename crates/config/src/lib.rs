@@ -18,12 +18,14 @@ mod key_table;
 pub mod model;
 pub mod parse;
 pub mod tls;
+pub mod token;
 pub mod units;
 mod validate;
 
 pub use consumers::{key_digest, Consumers};
 pub use error::{ConfigError, Problem};
 pub use model::*;
+pub use token::*;
 
 use std::path::Path;
 

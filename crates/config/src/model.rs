@@ -461,6 +461,8 @@ pub struct AuthConfig {
     pub consumer_header: HeaderName,
     /// The consumer is named by the verified client certificate instead of a key.
     pub mtls: bool,
+    /// Signed bearer tokens, accepted instead of or beside a key.
+    pub jwt: Option<std::sync::Arc<crate::token::JwtConfig>>,
 }
 
 /// Who may call a route.

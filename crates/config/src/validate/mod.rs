@@ -1,5 +1,6 @@
 //! File types → validated [`Config`]. Every problem is collected, none stops the others.
 
+mod jwt;
 mod limits;
 mod listener;
 mod problems;
@@ -52,9 +53,15 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
     let mut names = HashSet::new();
     for (i, r) in raw.routes.iter().enumerate() {
         let at = format!("routes[{i}]");
-        if let Some(route) =
-            route::route(r, &at, &upstream_index, &plan_index, consumer_index, &mut p)
-        {
+        if let Some(route) = route::route(
+            r,
+            &at,
+            base,
+            &upstream_index,
+            &plan_index,
+            consumer_index,
+            &mut p,
+        ) {
             if !names.insert(route.name.clone()) {
                 p.add(
                     format!("{at}.name"),

@@ -90,6 +90,7 @@ fn header_names(raw: &[String], at: &str, p: &mut Problems) -> Vec<HeaderName> {
 pub(super) fn route(
     r: &file::Route,
     at: &str,
+    base: &std::path::Path,
     upstream_index: &HashMap<String, usize>,
     plan_index: &HashMap<String, usize>,
     consumer_index: &crate::Consumers,
@@ -157,7 +158,23 @@ pub(super) fn route(
                 "names the consumer by its client certificate; leave out `query` and `header`",
             );
         }
-        let (query, header) = if a.mtls {
+        let jwt = a
+            .jwt
+            .as_ref()
+            .and_then(|j| super::jwt::jwt(j, &format!("{at}.auth.jwt"), base, plan_index, p));
+        if a.mtls && a.jwt.is_some() {
+            p.add(
+                format!("{at}.auth.jwt"),
+                "a route names its consumer either by client certificate (`mtls`) or by token, not both",
+            );
+        }
+        if a.jwt.is_some() && a.header.iter().any(|h| h.eq_ignore_ascii_case("authorization")) {
+            p.add(
+                format!("{at}.auth.header"),
+                "`Authorization` carries the route's bearer token; take the API key from another header",
+            );
+        }
+        let (query, header) = if a.mtls || (a.jwt.is_some() && a.query.is_empty() && a.header.is_empty()) {
             (Vec::new(), Vec::new())
         } else if a.query.is_empty() && a.header.is_empty() {
             (vec!["apikey".to_string()], vec!["x-api-key".to_string()])
@@ -190,6 +207,7 @@ pub(super) fn route(
             keep_credential: a.keep_credential,
             consumer_header,
             mtls: a.mtls,
+            jwt: jwt.map(std::sync::Arc::new),
         }
     });
 

@@ -316,3 +316,81 @@ routes:
     assert_eq!((a.interval.as_secs(), a.healthy, a.unhealthy), (5, 2, 3));
     assert!(c.routes[0].websocket);
 }
+
+#[test]
+fn token_settings_are_checked_with_their_place() {
+    let dir = std::env::temp_dir().join(format!("tollgate-jwt-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("short.secret"), "too short\n").expect("write");
+    std::fs::write(dir.join("set.json"), r#"{"kids": []}"#).expect("write");
+    let bad = r#"
+upstreams:
+  backend: {targets: ["127.0.0.1:1337"]}
+routes:
+  - {name: a, path_prefix: /a/, upstream: backend, auth: {jwt: {audiences: [x]}}}
+  - {name: b, path_prefix: /b/, upstream: backend, auth: {jwt: {issuer: "id.example.com"}}}
+  - {name: c, path_prefix: /c/, upstream: backend, auth: {jwt: {secret_file: short.secret}}}
+  - {name: d, path_prefix: /d/, upstream: backend, auth: {jwt: {jwks_file: set.json}}}
+  - name: e
+    path_prefix: /e/
+    upstream: backend
+    auth:
+      header: [Authorization]
+      jwt:
+        jwks_url: https://id.example.com/jwks
+        algorithms: [RS256, XS256]
+        anonymous_plan: platinum
+        claims_to_headers: {Host: sub, X-Email: ""}
+        clock_skew: 1h
+  - {name: f, path_prefix: /f/, upstream: backend, auth: {jwt: {jwks_url: "http://x/j", secret_file: s}}}
+"#;
+    let err = crate::from_yaml_in(bad, &dir)
+        .expect_err("invalid")
+        .to_string();
+    for want in [
+        "routes[0].auth.jwt: needs `issuer`",
+        "routes[1].auth.jwt.issuer: \"id.example.com\" must be an http:// or https:// URL",
+        "routes[2].auth.jwt.secret_file: the secret in",
+        "HMAC needs at least 32",
+        "routes[3].auth.jwt.jwks_file:",
+        "is not a JSON Web Key Set",
+        "routes[4].auth.header: `Authorization` carries the route's bearer token",
+        "routes[4].auth.jwt.algorithms[1]: unknown algorithm \"XS256\"",
+        "routes[4].auth.jwt.anonymous_plan: unknown plan \"platinum\"",
+        "routes[4].auth.jwt.claims_to_headers.Host: frames or routes the request",
+        "routes[4].auth.jwt.claims_to_headers.X-Email: must name a claim",
+        "routes[4].auth.jwt.clock_skew: must be at most 10m",
+        "routes[5].auth.jwt: give one of `jwks_url`, `jwks_file` and `secret_file`, not several",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_token_route_takes_no_api_key_unless_it_names_one() {
+    let c = from_yaml(
+        r#"
+listeners: [{address: "127.0.0.1:8080"}]
+upstreams:
+  backend: {targets: ["127.0.0.1:1337"]}
+routes:
+  - {name: t, path_prefix: /t/, upstream: backend, auth: {jwt: {jwks_url: "https://id.example.com/jwks"}}}
+  - {name: k, path_prefix: /k/, upstream: backend, auth: {header: [x-key], jwt: {issuer: "https://id.example.com/"}}}
+"#,
+    )
+    .expect("valid");
+    let (t, k) = (&c.routes[0], &c.routes[1]);
+    let auth = t.auth.as_ref().expect("auth");
+    assert!(auth.header.is_empty() && auth.query.is_empty());
+    let jwt = auth.jwt.as_ref().expect("jwt");
+    assert_eq!(jwt.consumer_claim, "sub");
+    assert_eq!(jwt.clock_skew, std::time::Duration::from_secs(30));
+    assert!(jwt.algorithms.iter().all(|a| !a.symmetric()) && jwt.algorithms.len() == 9);
+    let auth = k.auth.as_ref().expect("auth");
+    assert_eq!(auth.header.len(), 1);
+    assert!(matches!(
+        auth.jwt.as_ref().map(|j| &j.keys),
+        Some(crate::JwtKeys::Discovery(_))
+    ));
+}

@@ -1,0 +1,274 @@
+//! `auth.jwt:`: where the signing keys come from, which algorithms and claims a token needs,
+//! and what in it names the caller. Key files are read here, so a bad one is reported with
+//! its place like any other problem.
+
+use super::problems::Problems;
+use crate::file;
+use crate::token::{JwtAlgorithm, JwtConfig, JwtKeys};
+use http::HeaderName;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// RFC 7518 §3.2: an HMAC key at least as long as the hash output (HS256: 32 bytes).
+const MIN_SECRET: usize = 32;
+
+/// Headers whose value frames or routes the request: a claim never sets them.
+const FRAMING: &[&str] = &[
+    "authorization",
+    "connection",
+    "content-length",
+    "host",
+    "keep-alive",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Validates `auth.jwt` at `at` (`routes[i].auth.jwt`); files are read from `base`.
+pub(super) fn jwt(
+    j: &file::Jwt,
+    at: &str,
+    base: &Path,
+    plan_index: &HashMap<String, usize>,
+    p: &mut Problems,
+) -> Option<JwtConfig> {
+    let sources = [
+        j.jwks_url.is_some(),
+        j.jwks_file.is_some(),
+        j.secret_file.is_some(),
+    ];
+    let keys = match sources.iter().filter(|s| **s).count() {
+        0 => match &j.issuer {
+            Some(issuer) => {
+                url(issuer, &format!("{at}.issuer"), "discovery", p);
+                JwtKeys::Discovery(issuer.clone())
+            }
+            None => {
+                p.add(
+                    at,
+                    "needs `issuer` (its OpenID metadata names the keys), `jwks_url`, `jwks_file` or `secret_file`",
+                );
+                return None;
+            }
+        },
+        1 => {
+            if let Some(u) = &j.jwks_url {
+                url(u, &format!("{at}.jwks_url"), "jwks", p);
+                JwtKeys::Url(u.clone())
+            } else if let Some(f) = &j.jwks_file {
+                JwtKeys::File(jwks_file(f, &format!("{at}.jwks_file"), base, p)?)
+            } else {
+                let f = j.secret_file.as_deref().unwrap_or_default();
+                JwtKeys::Secret(secret_file(f, &format!("{at}.secret_file"), base, p)?)
+            }
+        }
+        _ => {
+            p.add(
+                at,
+                "give one of `jwks_url`, `jwks_file` and `secret_file`, not several",
+            );
+            return None;
+        }
+    };
+    let symmetric = matches!(keys, JwtKeys::Secret(_));
+    let algorithms = algorithms(j.algorithms.as_deref(), symmetric, at, p);
+
+    let consumer_claim = j.consumer_claim.clone().unwrap_or_else(|| "sub".into());
+    if consumer_claim.is_empty() {
+        p.add(format!("{at}.consumer_claim"), "must name a claim");
+    }
+    if j.plan_claim.as_deref() == Some("") {
+        p.add(format!("{at}.plan_claim"), "must name a claim");
+    }
+    let anonymous_plan = j.anonymous_plan.as_ref().and_then(|name| {
+        let found = plan_index.get(name).copied();
+        if found.is_none() {
+            p.add(
+                format!("{at}.anonymous_plan"),
+                format!("unknown plan {name:?}"),
+            );
+        }
+        found
+    });
+    for (i, a) in j.audiences.iter().enumerate() {
+        if a.is_empty() {
+            p.add(format!("{at}.audiences[{i}]"), "must not be empty");
+        }
+    }
+    if j.issuer.as_deref() == Some("") {
+        p.add(format!("{at}.issuer"), "must not be empty");
+    }
+    let clock_skew = j.clock_skew.map_or(Duration::from_secs(30), |d| d.0);
+    if clock_skew > Duration::from_secs(600) {
+        p.add(format!("{at}.clock_skew"), "must be at most 10m");
+    }
+    let max_token_bytes = j.max_token_bytes.map_or(8192, |s| s.0 as usize);
+    if !(256..=65536).contains(&max_token_bytes) {
+        p.add(
+            format!("{at}.max_token_bytes"),
+            "must be between 256 and 64KiB",
+        );
+    }
+    let fetch_timeout = j.fetch_timeout.map_or(Duration::from_secs(10), |d| d.0);
+    if fetch_timeout < Duration::from_millis(1) || fetch_timeout > Duration::from_secs(60) {
+        p.add(format!("{at}.fetch_timeout"), "must be between 1ms and 60s");
+    }
+    let mut claims_to_headers = Vec::with_capacity(j.claims_to_headers.len());
+    for (header, claim) in &j.claims_to_headers {
+        let here = format!("{at}.claims_to_headers.{header}");
+        let lower = header.to_ascii_lowercase();
+        match HeaderName::from_bytes(lower.as_bytes()) {
+            Err(_) => p.add(here, "is not a header name"),
+            Ok(_) if FRAMING.contains(&lower.as_str()) => {
+                p.add(here, "frames or routes the request; a claim may not set it")
+            }
+            Ok(_) if claim.is_empty() => p.add(here, "must name a claim"),
+            Ok(name) => claims_to_headers.push((name, claim.clone())),
+        }
+    }
+    Some(JwtConfig {
+        keys,
+        issuer: j.issuer.clone().filter(|i| !i.is_empty()),
+        audiences: j.audiences.clone(),
+        algorithms,
+        consumer_claim,
+        plan_claim: j.plan_claim.clone().filter(|c| !c.is_empty()),
+        anonymous_plan,
+        clock_skew,
+        forward_token: j.forward_token,
+        claims_to_headers,
+        max_token_bytes,
+        fetch_timeout,
+    })
+}
+
+/// An `http://` or `https://` URL with a host.
+fn url(raw: &str, at: &str, what: &str, p: &mut Problems) {
+    let ok = raw
+        .parse::<http::Uri>()
+        .is_ok_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some());
+    if !ok {
+        let why = if what == "discovery" {
+            "must be an http:// or https:// URL: without `jwks_url`, `jwks_file` or `secret_file` the keys are found through the issuer's OpenID metadata"
+        } else {
+            "must be an http:// or https:// URL"
+        };
+        p.add(at, format!("{raw:?} {why}"));
+    }
+}
+
+/// The algorithms a route accepts: those listed, or by default every one its keys can
+/// verify. HMAC needs a secret and key pairs need a key set, never the other way round (a
+/// public key used as an HMAC secret is the classic forgery).
+fn algorithms(
+    raw: Option<&[String]>,
+    symmetric: bool,
+    at: &str,
+    p: &mut Problems,
+) -> Vec<JwtAlgorithm> {
+    let Some(raw) = raw else {
+        return JwtAlgorithm::ALL
+            .iter()
+            .map(|(_, a)| *a)
+            .filter(|a| a.symmetric() == symmetric)
+            .collect();
+    };
+    if raw.is_empty() {
+        p.add(
+            format!("{at}.algorithms"),
+            "must list at least one algorithm",
+        );
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, name) in raw.iter().enumerate() {
+        let here = format!("{at}.algorithms[{i}]");
+        if name.eq_ignore_ascii_case("none") {
+            p.add(here, "`none` is never accepted: a token must be signed");
+            continue;
+        }
+        let Some(&(_, alg)) = JwtAlgorithm::ALL.iter().find(|(n, _)| n == name) else {
+            let known: Vec<&str> = JwtAlgorithm::ALL.iter().map(|(n, _)| *n).collect();
+            p.add(
+                here,
+                format!("unknown algorithm {name:?}; one of {}", known.join(", ")),
+            );
+            continue;
+        };
+        if alg.symmetric() && !symmetric {
+            p.add(
+                here,
+                format!("{name} is signed with a shared secret: it needs `secret_file`"),
+            );
+        } else if !alg.symmetric() && symmetric {
+            p.add(
+                here,
+                format!(
+                    "{name} is signed with a key pair: it needs `jwks_url`, `jwks_file` or `issuer`"
+                ),
+            );
+        } else if !out.contains(&alg) {
+            out.push(alg);
+        }
+    }
+    out
+}
+
+/// Reads a JWKS file and checks it holds a `keys` list.
+fn jwks_file(name: &str, at: &str, base: &Path, p: &mut Problems) -> Option<Arc<str>> {
+    let path = base.join(name);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            p.add(at, format!("cannot read {}: {e}", path.display()));
+            return None;
+        }
+    };
+    match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(v) if v.get("keys").is_some_and(|k| k.is_array()) => Some(text.into()),
+        Ok(_) => {
+            p.add(
+                at,
+                format!(
+                    "{} is not a JSON Web Key Set: no `keys` list",
+                    path.display()
+                ),
+            );
+            None
+        }
+        Err(e) => {
+            p.add(at, format!("{} is not JSON: {e}", path.display()));
+            None
+        }
+    }
+}
+
+/// Reads an HMAC secret (a trailing newline is not part of it).
+fn secret_file(name: &str, at: &str, base: &Path, p: &mut Problems) -> Option<Arc<[u8]>> {
+    let path = base.join(name);
+    let mut bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) => {
+            p.add(at, format!("cannot read {}: {e}", path.display()));
+            return None;
+        }
+    };
+    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        bytes.pop();
+    }
+    if bytes.len() < MIN_SECRET {
+        p.add(
+            at,
+            format!(
+                "the secret in {} has {} bytes; HMAC needs at least {MIN_SECRET} (RFC 7518 §3.2)",
+                path.display(),
+                bytes.len()
+            ),
+        );
+        return None;
+    }
+    Some(bytes.into())
+}
