@@ -110,6 +110,9 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
         tracing::error!("{e}; not starting, since `analytics.required` is true");
         return ExitCode::FAILURE;
     }
+    // Token routes start with their issuers' keys (or, past this wait, without them:
+    // the fetch goes on and such tokens are refused until it succeeds).
+    gw.keys_settled(std::time::Duration::from_secs(10)).await;
     gw.loaded_from(text);
     if let Some(p) = path {
         gw.set_source(p);

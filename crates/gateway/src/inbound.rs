@@ -96,7 +96,8 @@ pub fn upgrade_asked(parts: &Parts) -> Option<http::HeaderValue> {
 /// Header names only the gateway may set, for the checks above.
 #[derive(Debug, Default)]
 pub struct Owned {
-    /// Consumer headers of every route: removed from every request.
+    /// Headers the gateway sets on some route (consumer, claims of a token): removed from
+    /// every request.
     pub consumer_headers: Vec<HeaderName>,
     /// Every owned name, lowercase with `-`: client headers that spell one with `_` are
     /// removed, and `Connection` may not name one.

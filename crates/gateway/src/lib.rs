@@ -17,6 +17,7 @@ pub(crate) mod exchange;
 pub mod fuzz;
 pub(crate) mod gateway;
 pub(crate) mod inbound;
+pub(crate) mod jwks;
 pub(crate) mod limiter;
 pub(crate) mod listener;
 pub(crate) mod observe;

@@ -182,6 +182,58 @@ pub fn refuse(refusal: Refusal, request_id: &HeaderValue) -> Response<Body> {
             RETRY_AFTER,
             HeaderValue::from_static("1"),
         ),
+        // RFC 6750 §3.1: a request without credentials gets the challenge without an error.
+        Refusal::MissingToken { or_key } => {
+            let mut r = with(
+                json(
+                    StatusCode::UNAUTHORIZED,
+                    if or_key {
+                        r#""status":401,"error":"missing bearer token or API key""#
+                    } else {
+                        r#""status":401,"error":"missing bearer token""#
+                    },
+                ),
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+            if or_key {
+                r.headers_mut()
+                    .append(WWW_AUTHENTICATE, HeaderValue::from_static("ApiKey"));
+            }
+            r
+        }
+        Refusal::InvalidToken(why) => {
+            // The reasons are fixed strings without quotes or backslashes.
+            let challenge = format!(r#"Bearer error="invalid_token", error_description="{why}""#);
+            with(
+                json(
+                    StatusCode::UNAUTHORIZED,
+                    &format!(r#""status":401,"error":"invalid token","detail":"{why}""#),
+                ),
+                WWW_AUTHENTICATE,
+                HeaderValue::from_str(&challenge).unwrap_or_else(|_| {
+                    HeaderValue::from_static(r#"Bearer error="invalid_token""#)
+                }),
+            )
+        }
+        Refusal::AmbiguousToken => with(
+            json(
+                StatusCode::BAD_REQUEST,
+                r#""status":400,"error":"more than one bearer token""#,
+            ),
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static(
+                r#"Bearer error="invalid_request", error_description="more than one bearer token""#,
+            ),
+        ),
+        Refusal::TooManyGuests => with(
+            json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#""status":503,"error":"too many unlisted callers""#,
+            ),
+            RETRY_AFTER,
+            HeaderValue::from_static("60"),
+        ),
     }
 }
 

@@ -6,8 +6,10 @@
 
 use crate::cluster::Cluster;
 use crate::inbound::Owned;
+use crate::jwks::{KeyRing, KeySet, TokenCache};
+use crate::limiter::live::Live;
 use crate::limiter::shared::SharedStore;
-use crate::limiter::table::{Counters, Group, Layout, Live};
+use crate::limiter::table::{Counters, Group, Layout};
 use crate::limiter::LimitCell;
 use crate::observe::metrics::{Metrics, RouteStats};
 use crate::upstream::Upstream;
@@ -17,7 +19,7 @@ use prometheus_client::metrics::counter::Counter;
 use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
-use tollgate_config::{Config, LimitConfig, RouteConfig, UpstreamConfig};
+use tollgate_config::{Config, JwtConfig, JwtKeys, LimitConfig, RouteConfig, UpstreamConfig};
 
 /// State kept across reloads.
 #[derive(Debug)]
@@ -27,6 +29,8 @@ pub struct Registry {
     upstreams: Mutex<HashMap<UpstreamConfig, Weak<Upstream>>>,
     /// The upstreams in use, for `/metrics`.
     pools: Arc<crate::upstream::report::Pools>,
+    /// Token signing keys, by source.
+    keys: Arc<KeyRing>,
     metrics: Arc<Metrics>,
 }
 
@@ -58,11 +62,14 @@ impl Registry {
     ) -> Self {
         let pools = Arc::new(crate::upstream::report::Pools::default());
         metrics.report(pools.clone());
+        let keys = Arc::new(KeyRing::default());
+        metrics.report(keys.clone());
         Registry {
             live,
             cluster,
             upstreams: Mutex::default(),
             pools,
+            keys,
             metrics,
         }
     }
@@ -150,7 +157,25 @@ pub struct Route {
     pub template: Arc<str>,
     /// Its counters in `/metrics`, kept across reloads.
     pub stats: Arc<RouteStats>,
+    /// Its bearer tokens' keys and the tokens verified, when it takes tokens.
+    pub jwt: Option<RouteJwt>,
 }
+
+/// A route's token check, compiled.
+#[derive(Debug)]
+pub struct RouteJwt {
+    /// The route's `auth.jwt`.
+    pub cfg: Arc<JwtConfig>,
+    /// The keys that sign its tokens (shared with routes naming the same source).
+    pub keys: Arc<KeySet>,
+    /// The algorithms it accepts.
+    pub algorithms: SmallVec<[jsonwebtoken::Algorithm; 4]>,
+    /// Tokens verified on it, until they expire.
+    pub tokens: TokenCache,
+}
+
+/// Bytes of verified tokens a route remembers.
+const TOKEN_CACHE_BYTES: u64 = 32 << 20;
 
 /// Everything a request reads, pinned for its whole life.
 #[derive(Debug)]
@@ -244,7 +269,25 @@ impl Snapshot {
                     tollgate_config::PathMatch::Exact(p) => Arc::from(p.as_str()),
                     tollgate_config::PathMatch::Prefix(p) => Arc::from(format!("{p}*")),
                 };
+                let jwt = r.auth.as_ref().and_then(|a| a.jwt.as_ref()).map(|j| {
+                    let label = match &j.keys {
+                        JwtKeys::Url(u) | JwtKeys::Discovery(u) => u.clone(),
+                        JwtKeys::File(_) => format!("route {} jwks_file", r.name),
+                        JwtKeys::Secret(_) => format!("route {} secret_file", r.name),
+                    };
+                    RouteJwt {
+                        keys: registry.keys.get(&j.keys, j.fetch_timeout, &label),
+                        algorithms: j
+                            .algorithms
+                            .iter()
+                            .map(|a| crate::jwks::algorithm(*a))
+                            .collect(),
+                        tokens: TokenCache::new(TOKEN_CACHE_BYTES),
+                        cfg: j.clone(),
+                    }
+                });
                 Route {
+                    jwt,
                     name: route_names[ri].clone(),
                     template,
                     strip,
@@ -289,6 +332,18 @@ impl Snapshot {
             routes,
             owned,
         }
+    }
+
+    /// Waits (at most `wait`) until every token route's keys have been fetched once, so a
+    /// snapshot about to serve does not refuse good tokens for want of keys.
+    pub async fn keys_settled(&self, wait: std::time::Duration) {
+        let sets = self.routes.iter().filter_map(|r| r.jwt.as_ref());
+        futures_util::future::join_all(sets.map(|j| j.keys.settled(wait))).await;
+    }
+
+    /// A stable identity of consumer `i` for the usage history.
+    pub fn consumer_identity(&self, i: usize) -> (usize, u32) {
+        self.counters.identity(i)
     }
 
     /// Consumer `i`'s name (from its counters line, where the request finds its plan and
@@ -351,6 +406,9 @@ fn owned_names(config: &Config) -> Owned {
             for h in &a.header {
                 add(h.as_str());
             }
+            for (h, _) in a.jwt.iter().flat_map(|j| j.claims_to_headers.iter()) {
+                add(h.as_str());
+            }
         }
     }
     // The default name is the gateway's even where no route authenticates.
@@ -360,8 +418,11 @@ fn owned_names(config: &Config) -> Owned {
     add("x-consumer");
     for r in &config.routes {
         if let Some(a) = &r.auth {
-            if !owned.consumer_headers.contains(&a.consumer_header) {
-                owned.consumer_headers.push(a.consumer_header.clone());
+            let claims = a.jwt.iter().flat_map(|j| j.claims_to_headers.iter());
+            for h in std::iter::once(&a.consumer_header).chain(claims.map(|(h, _)| h)) {
+                if !owned.consumer_headers.contains(h) {
+                    owned.consumer_headers.push(h.clone());
+                }
             }
         }
     }

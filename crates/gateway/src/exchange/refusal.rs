@@ -73,11 +73,28 @@ pub enum Refusal {
     /// Every target of the upstream is out of rotation (failed health checks).
     #[error("no healthy upstream target")]
     NoHealthyTarget,
+    /// The route takes bearer tokens and the request has none (`or_key`: nor an API key,
+    /// which the route also takes).
+    #[error("missing bearer token")]
+    MissingToken {
+        /// The route takes an API key too.
+        or_key: bool,
+    },
+    /// The bearer token is not valid here: the reason, for `error_description`.
+    #[error("invalid token: {0}")]
+    InvalidToken(&'static str),
+    /// The request carries its token more than once (RFC 6750 `invalid_request`).
+    #[error("more than one bearer token")]
+    AmbiguousToken,
+    /// A valid token's caller is not a listed consumer and the gateway holds as many
+    /// unlisted callers as it takes until the next reload.
+    #[error("too many unlisted callers")]
+    TooManyGuests,
 }
 
 /// Every reason the gateway answers a request itself, as labels for metrics and the
 /// access log; [`Refusal::reason_index`] indexes it.
-pub const REASONS: [&str; 18] = [
+pub const REASONS: [&str; 22] = [
     "bad_request",
     "no_route",
     "method_not_allowed",
@@ -96,6 +113,10 @@ pub const REASONS: [&str; 18] = [
     "missing_client_cert",
     "unknown_client_cert",
     "no_healthy_target",
+    "missing_token",
+    "invalid_token",
+    "ambiguous_token",
+    "too_many_guests",
 ];
 
 impl Refusal {
@@ -120,6 +141,10 @@ impl Refusal {
             Refusal::NoClientCert => 15,
             Refusal::UnknownClientCert => 16,
             Refusal::NoHealthyTarget => 17,
+            Refusal::MissingToken { .. } => 18,
+            Refusal::InvalidToken(_) => 19,
+            Refusal::AmbiguousToken => 20,
+            Refusal::TooManyGuests => 21,
         }
     }
 }

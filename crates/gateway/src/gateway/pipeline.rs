@@ -414,12 +414,11 @@ impl Gateway {
             }
         }
         if let (Some(a), Some(wall)) = (&self.analytics, wall_ns) {
-            let table = Arc::as_ptr(&snap.config.consumers) as usize;
             a.count(
                 wall / 1_000_000_000,
                 consumer_index
                     .zip(consumer)
-                    .map(|(i, name)| ((table, u32::try_from(i).unwrap_or(u32::MAX)), name)),
+                    .map(|(i, name)| (snap.consumer_identity(i), name)),
                 ctx.route.map_or(&snap.anonymous, |r| &r.name),
                 status,
             );

@@ -6,8 +6,8 @@ use super::state::{Gateway, ReloadStatus};
 use crate::cache::Cache;
 use crate::clock::Clock;
 use crate::cluster::{spawn_syncer, Cluster};
+use crate::limiter::live::Live;
 use crate::limiter::persist::StateStore;
-use crate::limiter::table::Live;
 use crate::observe::access_log::AccessLog;
 use crate::observe::analytics::{self, Analytics};
 use crate::observe::metrics::Metrics;
@@ -38,6 +38,13 @@ fn spawn_sweeper(gw: std::sync::Weak<Gateway>) {
 }
 
 impl Gateway {
+    /// Waits (at most `wait`) for the first fetch of every token route's signing keys, so
+    /// that serving starts with them.
+    pub async fn keys_settled(&self, wait: std::time::Duration) {
+        let snap = self.snapshot.load_full();
+        snap.keys_settled(wait).await;
+    }
+
     /// A gateway serving `config`, counting time with `clock`.
     /// With `cluster:` in the config, limits are shared through Redis and the syncer task
     /// starts (this must run inside a tokio runtime).

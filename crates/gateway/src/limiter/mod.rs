@@ -19,7 +19,9 @@
 //! the first still counts ([`table`]), written to the state file when one is configured
 //! ([`persist`]), and retired once every window has passed.
 
+pub mod guests;
 pub mod light;
+pub mod live;
 pub mod persist;
 pub mod report;
 pub mod shared;

@@ -1,7 +1,7 @@
 //! The limiter's figures for `/metrics`: limit cells in use, and the state file's writes.
 
+use super::live::Live;
 use super::persist::StateStats;
-use super::table::Live;
 use crate::observe::scrape::{counter, gauge, DescriptorEncoder, Report};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Weak;

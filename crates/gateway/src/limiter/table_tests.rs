@@ -1,4 +1,5 @@
 use super::*;
+use crate::limiter::live::cell_key;
 use std::time::Duration;
 
 fn limit() -> LimitConfig {

@@ -4,8 +4,10 @@
 //! first of its SAN entries and subject CN that is a consumer's name. The consumer's name
 //! goes upstream in a header that clients cannot forge.
 
+use crate::clock::Clock;
 use crate::exchange::Refusal;
 use crate::snapshot::{Route, Snapshot};
+use http::header::AUTHORIZATION;
 use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::HeaderValue;
@@ -21,6 +23,7 @@ pub fn authenticate(
     route: &Route,
     parts: &mut Parts,
     client_names: Option<&[Box<str>]>,
+    clock: &dyn Clock,
 ) -> Result<Option<usize>, Refusal> {
     let Some(auth) = route.cfg.auth.as_ref() else {
         return Ok(None);
@@ -34,6 +37,30 @@ pub fn authenticate(
         set_consumer(snap, auth, consumer, parts);
         return Ok(Some(consumer));
     }
+    if let Some(jwt) = &route.jwt {
+        let keys_too = !(auth.header.is_empty() && auth.query.is_empty());
+        if let Some(value) = super::jwt::bearer(parts)? {
+            if !jwt.cfg.forward_token {
+                parts.headers.remove(AUTHORIZATION);
+            }
+            let consumer =
+                super::jwt::verify(snap, jwt, super::jwt::token_in(&value), parts, clock)?;
+            set_consumer(snap, auth, consumer, parts);
+            return Ok(Some(consumer));
+        }
+        if !keys_too {
+            return Err(Refusal::MissingToken { or_key: false });
+        }
+        return match by_key(snap, auth, parts) {
+            Err(Refusal::MissingKey) => Err(Refusal::MissingToken { or_key: true }),
+            other => other.map(Some),
+        };
+    }
+    by_key(snap, auth, parts).map(Some)
+}
+
+/// Identifies the consumer by its API key (see [`authenticate`]).
+fn by_key(snap: &Snapshot, auth: &AuthConfig, parts: &mut Parts) -> Result<usize, Refusal> {
     let mut key: Option<Cow<'_, str>> = None;
     for name in &auth.header {
         for v in parts.headers.get_all(name) {
@@ -67,7 +94,7 @@ pub fn authenticate(
         }
     }
     set_consumer(snap, auth, consumer, parts);
-    Ok(Some(consumer))
+    Ok(consumer)
 }
 
 /// Names the consumer upstream in the route's consumer header.

@@ -4,8 +4,8 @@
 //!
 //! 1. [`method`]: method filter (part of route selection, since routes may split by method) → 405
 //! 2. [`cors`]: CORS preflight, answered here and never forwarded → 204 / 403
-//! 3. [`auth`]: API key from header or query (or the client certificate) → consumer,
-//!    credential removed → 401
+//! 3. [`auth`]: API key from header or query, bearer token ([`jwt`]) or client
+//!    certificate → consumer, credential removed → 401
 //! 4. [`authz`]: may this consumer call this route → 403
 //! 5. [`limits`]: every limit of the consumer, checked together → 429 (503 if a shared
 //!    limit's store is down and the cluster fails closed)
@@ -13,6 +13,7 @@
 pub mod auth;
 pub mod authz;
 pub mod cors;
+pub mod jwt;
 pub mod limits;
 pub mod method;
 
@@ -57,7 +58,7 @@ pub fn run(
     if let Some(answer) = cors::preflight(route, parts)? {
         return Ok(Verdict::Answer(Box::new(answer)));
     }
-    let consumer = auth::authenticate(snap, route, parts, client_names)?;
+    let consumer = auth::authenticate(snap, route, parts, client_names, clock)?;
     *identified = consumer;
     let mut admitted = Admitted {
         consumer,

@@ -70,6 +70,7 @@ impl TestGateway {
         cfg.listeners.truncate(1);
         let bound = tollgate_gateway::bind(&cfg.listeners).await.expect("bind");
         let gw = Gateway::new(cfg, clock);
+        gw.keys_settled(std::time::Duration::from_secs(5)).await;
         let server = Server::start(gw.clone(), bound);
         TestGateway {
             addr: server.local_addrs()[0],

@@ -1,0 +1,220 @@
+//! Fetching a key set over HTTP(S): through the issuer's OpenID metadata or straight from
+//! its URL, on the schedule its `Cache-Control` gives, and again on an unknown key id.
+
+use super::keys::{keys_of, KeySet, Keys, MIN_REFETCH};
+use bytes::Bytes;
+use http::{header, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Largest metadata document or key set read.
+const MAX_BODY: usize = 1 << 20;
+/// Refresh period of a set served without `max-age`.
+const DEFAULT_FRESH: Duration = Duration::from_secs(300);
+/// Longest a set is kept without a fetch.
+const MAX_FRESH: Duration = Duration::from_secs(86_400);
+/// First wait after a failed fetch; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = MIN_REFETCH;
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+
+fn client() -> Result<HttpClient, String> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_native_roots(Arc::new(rustls::crypto::ring::default_provider()))
+        .map_err(|e| format!("TLS roots: {e}"))?
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector))
+}
+
+/// Fetches the set behind `url` (the issuer's, when `discover`) until no snapshot uses it.
+pub(super) async fn run(
+    set: Weak<KeySet>,
+    wake: Arc<Notify>,
+    url: String,
+    discover: bool,
+    timeout: Duration,
+) {
+    let client = match client() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::error!(source = %url, "cannot fetch keys: {e}");
+            None
+        }
+    };
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let Some(s) = set.upgrade() else { return };
+        let started = Instant::now();
+        s.health.lock().last_try = Some(started);
+        let got = match &client {
+            Some(c) => tokio::time::timeout(timeout, fetch(c, &url, discover))
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer within {timeout:?}"))),
+            None => Err("no HTTP client".to_string()),
+        };
+        let wait = match got {
+            Ok((keys, fresh)) => {
+                backoff = FIRST_BACKOFF;
+                let mut h = s.health.lock();
+                h.fetched += 1;
+                h.last_ok = Some(SystemTime::now());
+                if h.failing.take().is_some() {
+                    tracing::info!(source = %url, keys = keys.list.len(), "keys fetched again");
+                }
+                drop(h);
+                if !same(&s.keys(), &keys) {
+                    s.store(keys);
+                }
+                fresh
+            }
+            Err(e) => {
+                let mut h = s.health.lock();
+                h.failed += 1;
+                let have = s.keys().list.len();
+                if h.failing.as_deref() != Some(e.as_str()) {
+                    tracing::warn!(
+                        source = %url,
+                        keys_kept = have,
+                        "cannot fetch token signing keys: {e}; serving the last good keys"
+                    );
+                }
+                h.failing = Some(e);
+                let wait = backoff;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                wait
+            }
+        };
+        s.health.lock().next = Some(started + wait);
+        s.settle();
+        drop(s);
+        tokio::select! {
+            _ = tokio::time::sleep_until(started + wait) => {}
+            _ = wake.notified() => {
+                // An unknown key id: fetch now, but never sooner than MIN_REFETCH after
+                // the last fetch started.
+                tokio::time::sleep_until(started + MIN_REFETCH).await;
+            }
+        }
+    }
+}
+
+/// Whether two sets were read from the same text.
+fn same(a: &Keys, b: &Keys) -> bool {
+    a.text == b.text
+}
+
+/// One fetch: the metadata first when discovering, then the set. Returns the keys and how
+/// long they stay fresh.
+async fn fetch(client: &HttpClient, url: &str, discover: bool) -> Result<(Keys, Duration), String> {
+    let jwks_url = if discover {
+        let meta_url = format!(
+            "{}/.well-known/openid-configuration",
+            url.trim_end_matches('/')
+        );
+        let (body, _) = get(client, &meta_url).await?;
+        #[derive(serde::Deserialize)]
+        struct Meta {
+            issuer: Option<String>,
+            jwks_uri: Option<String>,
+        }
+        let meta: Meta = serde_json::from_slice(&body)
+            .map_err(|e| format!("{meta_url}: not OpenID metadata: {e}"))?;
+        // OpenID Connect Discovery §4.3: the metadata's issuer is the one asked for.
+        if let Some(i) = &meta.issuer {
+            if i.trim_end_matches('/') != url.trim_end_matches('/') {
+                return Err(format!("{meta_url}: names issuer {i:?}, not {url:?}"));
+            }
+        }
+        meta.jwks_uri
+            .ok_or_else(|| format!("{meta_url}: no `jwks_uri`"))?
+    } else {
+        url.to_string()
+    };
+    let (body, fresh) = get(client, &jwks_url).await?;
+    let text = std::str::from_utf8(&body).map_err(|_| format!("{jwks_url}: not UTF-8"))?;
+    let keys = keys_of(text).map_err(|e| format!("{jwks_url}: {e}"))?;
+    if keys.list.is_empty() {
+        return Err(format!("{jwks_url}: no signature key the gateway can use"));
+    }
+    Ok((keys, fresh))
+}
+
+/// GETs `url`: its body (up to [`MAX_BODY`]) and how long its `Cache-Control` lets it be
+/// kept.
+async fn get(client: &HttpClient, url: &str) -> Result<(Bytes, Duration), String> {
+    let uri: Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(format!("{url}: not an http:// or https:// URL"));
+    }
+    let req = Request::get(uri)
+        .header(header::ACCEPT, "application/json")
+        .header(header::USER_AGENT, "tollgate")
+        .body(Empty::new())
+        .map_err(|e| format!("{url}: {e}"))?;
+    let resp = client
+        .request(req)
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    if resp.status() != StatusCode::OK {
+        return Err(format!("{url}: answered {}", resp.status()));
+    }
+    let fresh = freshness(resp.headers());
+    let body = Limited::new(resp.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?
+        .to_bytes();
+    Ok((body, fresh))
+}
+
+/// How long a set may be kept: its `max-age` between [`MIN_REFETCH`] and [`MAX_FRESH`],
+/// the least for `no-cache`/`no-store`, else [`DEFAULT_FRESH`].
+pub(super) fn freshness(headers: &http::HeaderMap) -> Duration {
+    let mut out = None;
+    for v in headers.get_all(header::CACHE_CONTROL) {
+        let Ok(v) = v.to_str() else { continue };
+        for d in v.split(',').map(str::trim) {
+            let (name, arg) = d.split_once('=').unwrap_or((d, ""));
+            if name.eq_ignore_ascii_case("no-store") || name.eq_ignore_ascii_case("no-cache") {
+                return MIN_REFETCH;
+            }
+            if name.eq_ignore_ascii_case("max-age") {
+                if let Ok(secs) = arg.trim_matches('"').parse::<u64>() {
+                    out = Some(Duration::from_secs(secs));
+                }
+            }
+        }
+    }
+    out.unwrap_or(DEFAULT_FRESH).clamp(MIN_REFETCH, MAX_FRESH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freshness_follows_max_age_within_bounds() {
+        let with = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(header::CACHE_CONTROL, v.parse().expect("value"));
+            freshness(&h)
+        };
+        assert_eq!(freshness(&http::HeaderMap::new()), DEFAULT_FRESH);
+        assert_eq!(with("public, max-age=3600"), Duration::from_secs(3600));
+        assert_eq!(with("max-age=0"), MIN_REFETCH);
+        assert_eq!(with("max-age=99999999"), MAX_FRESH);
+        assert_eq!(with("no-store, max-age=600"), MIN_REFETCH);
+        assert_eq!(with("max-age=abc"), DEFAULT_FRESH);
+    }
+}

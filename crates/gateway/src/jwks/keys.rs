@@ -1,0 +1,206 @@
+//! A source's keys: each key with its id and algorithm, the set swapped whole when it
+//! changes, and what the fetches of it have done.
+
+use arc_swap::ArcSwap;
+use jsonwebtoken::jwk::Jwk;
+use jsonwebtoken::{Algorithm, DecodingKey};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tollgate_config::JwtAlgorithm;
+
+/// Fewest seconds between two fetches of one set, for any reason.
+pub const MIN_REFETCH: Duration = Duration::from_secs(10);
+
+/// One verification key.
+pub struct Key {
+    /// Its `kid`, if the set names it.
+    pub kid: Option<String>,
+    /// The one algorithm it may verify, if the set says (`alg`).
+    pub alg: Option<Algorithm>,
+    /// The key.
+    pub key: DecodingKey,
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Key")
+            .field("kid", &self.kid)
+            .field("alg", &self.alg)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The keys of a set at one time.
+#[derive(Debug, Default)]
+pub struct Keys {
+    /// Every usable key (signature keys of a kind the gateway verifies).
+    pub list: Vec<Key>,
+    /// Whether the keys are an HMAC secret (any `kid` is accepted).
+    pub secret: bool,
+    /// A hash of the set's text: a fetch that brings the same text changes nothing.
+    pub(super) text: u64,
+}
+
+/// What a source's fetches have done, for the log and `/metrics`.
+#[derive(Debug, Default)]
+pub(super) struct Health {
+    pub(super) fetched: u64,
+    pub(super) failed: u64,
+    /// When keys were last fetched (or read) successfully.
+    pub(super) last_ok: Option<SystemTime>,
+    /// The last failure, while the source is failing.
+    pub(super) failing: Option<String>,
+    /// When the next scheduled fetch is due.
+    pub(super) next: Option<Instant>,
+    /// When a fetch last started.
+    pub(super) last_try: Option<Instant>,
+}
+
+/// A source's keys, swapped whole when they change.
+#[derive(Debug)]
+pub struct KeySet {
+    /// The source, as `/metrics` labels it (a URL or a file's place in the config).
+    pub label: String,
+    keys: ArcSwap<Keys>,
+    /// Bumped when the keys change: tokens remembered under an older generation are
+    /// verified again.
+    pub(super) generation: AtomicU64,
+    pub(super) health: Mutex<Health>,
+    /// Wakes the fetcher early (a token named an unknown key).
+    pub(super) wake: Arc<Notify>,
+    /// Set when the first fetch has ended, well or not.
+    settled: AtomicBool,
+    settled_wake: Notify,
+}
+
+impl KeySet {
+    pub(super) fn new(label: String, keys: Keys) -> KeySet {
+        KeySet {
+            label,
+            keys: ArcSwap::from_pointee(keys),
+            generation: AtomicU64::new(0),
+            health: Mutex::default(),
+            wake: Arc::new(Notify::new()),
+            settled: AtomicBool::new(false),
+            settled_wake: Notify::new(),
+        }
+    }
+
+    /// The keys now.
+    pub fn keys(&self) -> arc_swap::Guard<Arc<Keys>> {
+        self.keys.load()
+    }
+
+    /// Changes whenever the keys do.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A token named a key the set lacks: fetch the set again, as soon as
+    /// [`MIN_REFETCH`] has passed since the last fetch started (misses meanwhile make one
+    /// fetch). Returns at once; the request is refused.
+    pub fn missed(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Waits until the first fetch has ended (at most `wait`): a gateway starting up
+    /// serves token routes with their keys.
+    pub async fn settled(&self, wait: Duration) {
+        let _ = tokio::time::timeout(wait, async {
+            loop {
+                let notified = self.settled_wake.notified();
+                if self.settled.load(Ordering::Acquire) {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+    }
+
+    pub(super) fn settle(&self) {
+        self.settled.store(true, Ordering::Release);
+        self.settled_wake.notify_waiters();
+    }
+
+    pub(super) fn store(&self, keys: Keys) {
+        self.keys.store(Arc::new(keys));
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// The JOSE algorithm of a config's algorithm name.
+pub fn algorithm(a: JwtAlgorithm) -> Algorithm {
+    match a {
+        JwtAlgorithm::HS256 => Algorithm::HS256,
+        JwtAlgorithm::HS384 => Algorithm::HS384,
+        JwtAlgorithm::HS512 => Algorithm::HS512,
+        JwtAlgorithm::RS256 => Algorithm::RS256,
+        JwtAlgorithm::RS384 => Algorithm::RS384,
+        JwtAlgorithm::RS512 => Algorithm::RS512,
+        JwtAlgorithm::PS256 => Algorithm::PS256,
+        JwtAlgorithm::PS384 => Algorithm::PS384,
+        JwtAlgorithm::PS512 => Algorithm::PS512,
+        JwtAlgorithm::ES256 => Algorithm::ES256,
+        JwtAlgorithm::ES384 => Algorithm::ES384,
+        JwtAlgorithm::EdDSA => Algorithm::EdDSA,
+    }
+}
+
+/// The usable keys of a set (its JSON): public signature keys of a kind the gateway
+/// verifies. A key of another kind (an encryption key, a curve not supported) is left out
+/// rather than failing the set, and so are symmetric (`oct`) keys: a published set holds
+/// public keys only, and an HMAC key in it would let anyone who reads it sign.
+pub(super) fn keys_of(json: &str) -> Result<Keys, String> {
+    #[derive(serde::Deserialize)]
+    struct Set {
+        keys: Vec<serde_json::Value>,
+    }
+    let set: Set = serde_json::from_str(json).map_err(|e| format!("not a JWK set: {e}"))?;
+    let list = set
+        .keys
+        .into_iter()
+        .filter_map(|k| serde_json::from_value::<Jwk>(k).ok())
+        .filter_map(|k| key_of(&k))
+        .collect();
+    let text = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        json.hash(&mut h);
+        h.finish()
+    };
+    Ok(Keys {
+        list,
+        secret: false,
+        text,
+    })
+}
+
+fn key_of(jwk: &Jwk) -> Option<Key> {
+    use jsonwebtoken::jwk::{AlgorithmParameters, PublicKeyUse};
+    if matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)) {
+        return None;
+    }
+    if jwk
+        .common
+        .public_key_use
+        .as_ref()
+        .is_some_and(|u| *u != PublicKeyUse::Signature)
+    {
+        return None;
+    }
+    let alg = match jwk.common.key_algorithm {
+        None => None,
+        Some(a) => Some(a.to_string().parse::<Algorithm>().ok()?),
+    };
+    let key = DecodingKey::from_jwk(jwk).ok()?;
+    Some(Key {
+        kid: jwk.common.key_id.clone(),
+        alg,
+        key,
+    })
+}

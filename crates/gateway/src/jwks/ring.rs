@@ -1,0 +1,88 @@
+//! Every key set in use, by source: routes naming the same source share one set, and a set
+//! outlives reloads while a snapshot uses it.
+
+use super::fetch;
+use super::keys::{keys_of, Key, KeySet, Keys};
+use jsonwebtoken::DecodingKey;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+use tollgate_config::JwtKeys;
+
+/// Every key set in use, by source, shared by the snapshots.
+#[derive(Debug, Default)]
+pub struct KeyRing {
+    sets: Mutex<HashMap<(JwtKeys, Duration), Weak<KeySet>>>,
+}
+
+impl KeyRing {
+    /// The set of `source` (fetched with `timeout`), reused if a snapshot has it already;
+    /// a new fetched set starts its fetcher on the current Tokio runtime.
+    pub fn get(&self, source: &JwtKeys, timeout: Duration, label: &str) -> Arc<KeySet> {
+        let mut sets = self.sets.lock();
+        sets.retain(|_, w| w.strong_count() > 0);
+        let id = (source.clone(), timeout);
+        if let Some(set) = sets.get(&id).and_then(Weak::upgrade) {
+            return set;
+        }
+        let set = match source {
+            JwtKeys::Secret(secret) => {
+                let keys = Keys {
+                    list: vec![Key {
+                        kid: None,
+                        alg: None,
+                        key: DecodingKey::from_secret(secret),
+                    }],
+                    secret: true,
+                    text: 0,
+                };
+                let set = Arc::new(KeySet::new(label.to_string(), keys));
+                set.health.lock().last_ok = Some(SystemTime::now());
+                set.settle();
+                set
+            }
+            JwtKeys::File(text) => {
+                let keys = match keys_of(text) {
+                    Ok(keys) => keys,
+                    Err(e) => {
+                        tracing::error!(source = %label, "JWKS file: {e}");
+                        Keys::default()
+                    }
+                };
+                let set = Arc::new(KeySet::new(label.to_string(), keys));
+                set.health.lock().last_ok = Some(SystemTime::now());
+                set.settle();
+                set
+            }
+            JwtKeys::Url(url) | JwtKeys::Discovery(url) => {
+                let set = Arc::new(KeySet::new(url.clone(), Keys::default()));
+                let discover = matches!(source, JwtKeys::Discovery(_));
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => {
+                        rt.spawn(fetch::run(
+                            Arc::downgrade(&set),
+                            set.wake.clone(),
+                            url.clone(),
+                            discover,
+                            timeout,
+                        ));
+                    }
+                    Err(_) => set.settle(),
+                }
+                set
+            }
+        };
+        sets.insert(id, Arc::downgrade(&set));
+        set
+    }
+
+    /// The sets in use now.
+    pub(super) fn live(&self) -> Vec<Arc<KeySet>> {
+        self.sets
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+}

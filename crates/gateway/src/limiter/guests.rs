@@ -1,0 +1,109 @@
+//! Callers the consumers table does not list: the subject of a verified token on a route
+//! that gives such callers a plan. A table's guests are numbered in arrival order and
+//! counted like consumers; they last as long as the table (until the next reload).
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+/// Most guests one table takes: past this a caller the consumers table does not list is
+/// refused until the next reload starts a new table.
+pub const MAX_GUESTS: usize = 1 << 20;
+
+/// Guests per chunk: chunks are made as guests arrive and never move, so a guest's name
+/// and slot are read without a lock.
+const CHUNK: usize = 4096;
+
+/// One guest: its name, its layout slot, and its counts (`S`, the table's slot type).
+#[derive(Debug)]
+pub struct Guest<S> {
+    /// Its name, as the token's consumer claim gives it.
+    pub name: Arc<str>,
+    /// Its layout slot: the plan it first came with.
+    pub plan: u32,
+    /// Its counts.
+    pub slot: Mutex<S>,
+}
+
+/// [`CHUNK`] guests, each set once.
+type Chunk<S> = Box<[OnceLock<Guest<S>>]>;
+
+/// The guests of one table, by number and by name.
+pub struct Guests<S> {
+    by_name: Mutex<HashMap<Arc<str>, u32>>,
+    chunks: Box<[OnceLock<Chunk<S>>]>,
+}
+
+impl<S> Default for Guests<S> {
+    fn default() -> Self {
+        Guests {
+            by_name: Mutex::default(),
+            chunks: (0..MAX_GUESTS / CHUNK).map(|_| OnceLock::new()).collect(),
+        }
+    }
+}
+
+impl<S: Default> Guests<S> {
+    /// The number of guest `name`, made on plan slot `plan` on its first call; `None`
+    /// when there are [`MAX_GUESTS`] already.
+    pub fn add(&self, name: &str, plan: usize) -> Option<usize> {
+        let mut by_name = self.by_name.lock();
+        if let Some(&n) = by_name.get(name) {
+            return Some(n as usize);
+        }
+        let n = by_name.len();
+        if n >= MAX_GUESTS {
+            return None;
+        }
+        let name: Arc<str> = Arc::from(name);
+        let chunk = self
+            .chunks
+            .get(n / CHUNK)?
+            .get_or_init(|| (0..CHUNK).map(|_| OnceLock::new()).collect());
+        let guest = Guest {
+            name: name.clone(),
+            plan: u32::try_from(plan).unwrap_or(u32::MAX),
+            slot: Mutex::new(S::default()),
+        };
+        chunk.get(n % CHUNK)?.set(guest).ok()?;
+        by_name.insert(name, u32::try_from(n).ok()?);
+        Some(n)
+    }
+}
+
+impl<S> Guests<S> {
+    /// Guest number `n`.
+    pub fn get(&self, n: usize) -> Option<&Guest<S>> {
+        self.chunks.get(n / CHUNK)?.get()?.get(n % CHUNK)?.get()
+    }
+
+    /// How many there are.
+    pub fn count(&self) -> usize {
+        self.by_name.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guest_keeps_its_number_and_first_plan() {
+        let g: Guests<u8> = Guests::default();
+        assert_eq!(g.add("zed", 1), Some(0));
+        assert_eq!(g.add("yve", 0), Some(1));
+        assert_eq!(g.add("zed", 0), Some(0));
+        let zed = g.get(0).expect("zed");
+        assert_eq!((&*zed.name, zed.plan), ("zed", 1));
+        assert_eq!(g.count(), 2);
+        assert!(g.get(2).is_none());
+        for i in 0..CHUNK + 1 {
+            g.add(&format!("g{i}"), 0).expect("room");
+        }
+        // zed and yve are 0 and 1: g{i} is number i + 2, and the second chunk starts at CHUNK.
+        assert_eq!(
+            *g.get(CHUNK + 2).expect("second chunk").name,
+            *format!("g{CHUNK}")
+        );
+    }
+}
