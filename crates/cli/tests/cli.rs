@@ -28,6 +28,7 @@ fn temp_dir(name: &str) -> PathBuf {
 fn check_accepts_every_shipped_example() {
     let mut files = vec![
         repo_root().join("examples/demo.yaml"),
+        repo_root().join("examples/jwt.yaml"),
         repo_root().join("packaging/tollgate.yaml"),
     ];
     for entry in std::fs::read_dir(repo_root().join("examples/seed")).expect("examples/seed") {
