@@ -14,11 +14,14 @@ use std::time::Duration;
 /// RFC 7518 §3.2: an HMAC key at least as long as the hash output (HS256: 32 bytes).
 const MIN_SECRET: usize = 32;
 
-/// Headers whose value frames or routes the request: a claim never sets them.
-const FRAMING: &[&str] = &[
+/// Headers a claim never sets: they frame or route the request, carry credentials, or are
+/// the gateway's own (the client's address and protocol, the request id).
+const RESERVED: &[&str] = &[
     "authorization",
     "connection",
     "content-length",
+    "cookie",
+    "forwarded",
     "host",
     "keep-alive",
     "proxy-authorization",
@@ -26,6 +29,10 @@ const FRAMING: &[&str] = &[
     "trailer",
     "transfer-encoding",
     "upgrade",
+    "x-api-key",
+    "x-consumer",
+    "x-real-ip",
+    "x-request-id",
 ];
 
 /// Validates `auth.jwt` at `at` (`routes[i].auth.jwt`); files are read from `base`.
@@ -123,8 +130,14 @@ pub(super) fn jwt(
         let lower = header.to_ascii_lowercase();
         match HeaderName::from_bytes(lower.as_bytes()) {
             Err(_) => p.add(here, "is not a header name"),
-            Ok(_) if FRAMING.contains(&lower.as_str()) => {
-                p.add(here, "frames or routes the request; a claim may not set it")
+            // Backends read `X_User` and `X-User` as one (CGI, PHP) or drop `_` names
+            // (nginx): a client's `X-User` would pass for the claim's `X_User`.
+            Ok(_) if lower.contains('_') => p.add(here, "use `-`, not `_`, in the name"),
+            Ok(_) if RESERVED.contains(&lower.as_str()) || lower.starts_with("x-forwarded-") => {
+                p.add(
+                    here,
+                    "frames or routes the request, carries credentials or is the gateway's own; a claim may not set it",
+                )
             }
             Ok(_) if claim.is_empty() => p.add(here, "must name a claim"),
             Ok(name) => claims_to_headers.push((name, claim.clone())),
@@ -227,8 +240,26 @@ fn jwks_file(name: &str, at: &str, base: &Path, p: &mut Problems) -> Option<Arc<
             return None;
         }
     };
+    let public_keys = |v: &serde_json::Value| {
+        v.get("keys")
+            .and_then(|k| k.as_array())
+            .is_some_and(|keys| {
+                keys.iter()
+                    .any(|k| k.get("kty").is_some_and(|t| t != "oct"))
+            })
+    };
     match serde_json::from_str::<serde_json::Value>(&text) {
-        Ok(v) if v.get("keys").is_some_and(|k| k.is_array()) => Some(text.into()),
+        Ok(v) if public_keys(&v) => Some(text.into()),
+        Ok(v) if v.get("keys").is_some_and(|k| k.is_array()) => {
+            p.add(
+                at,
+                format!(
+                    "{} holds no public key (only shared-secret `oct` keys, or none)",
+                    path.display()
+                ),
+            );
+            None
+        }
         Ok(_) => {
             p.add(
                 at,

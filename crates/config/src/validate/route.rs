@@ -201,6 +201,14 @@ pub(super) fn route(
                 );
                 HeaderName::from_static(DEFAULT_CONSUMER_HEADER)
             });
+        for (h, _) in jwt.iter().flat_map(|j| j.claims_to_headers.iter()) {
+            if *h == consumer_header || header.iter().any(|k| k.eq_ignore_ascii_case(h.as_str())) {
+                p.add(
+                    format!("{at}.auth.jwt.claims_to_headers.{h}"),
+                    "is the route's consumer or key header; a claim may not set it",
+                );
+            }
+        }
         AuthConfig {
             query,
             header: header_names(&header, &format!("{at}.auth.header"), p),

@@ -323,6 +323,11 @@ fn token_settings_are_checked_with_their_place() {
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(dir.join("short.secret"), "too short\n").expect("write");
     std::fs::write(dir.join("set.json"), r#"{"kids": []}"#).expect("write");
+    std::fs::write(
+        dir.join("oct.json"),
+        r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#,
+    )
+    .expect("write");
     let bad = r#"
 upstreams:
   backend: {targets: ["127.0.0.1:1337"]}
@@ -340,9 +345,10 @@ routes:
         jwks_url: https://id.example.com/jwks
         algorithms: [RS256, XS256]
         anonymous_plan: platinum
-        claims_to_headers: {Host: sub, X-Email: ""}
+        claims_to_headers: {Host: sub, X-Email: "", X_User: sub, X-Forwarded-User: sub}
         clock_skew: 1h
   - {name: f, path_prefix: /f/, upstream: backend, auth: {jwt: {jwks_url: "http://x/j", secret_file: s}}}
+  - {name: g, path_prefix: /g/, upstream: backend, auth: {jwt: {jwks_file: oct.json}}}
 "#;
     let err = crate::from_yaml_in(bad, &dir)
         .expect_err("invalid")
@@ -358,9 +364,12 @@ routes:
         "routes[4].auth.jwt.algorithms[1]: unknown algorithm \"XS256\"",
         "routes[4].auth.jwt.anonymous_plan: unknown plan \"platinum\"",
         "routes[4].auth.jwt.claims_to_headers.Host: frames or routes the request",
+        "routes[4].auth.jwt.claims_to_headers.X_User: use `-`, not `_`, in the name",
+        "routes[4].auth.jwt.claims_to_headers.X-Forwarded-User: frames or routes the request",
         "routes[4].auth.jwt.claims_to_headers.X-Email: must name a claim",
         "routes[4].auth.jwt.clock_skew: must be at most 10m",
         "routes[5].auth.jwt: give one of `jwks_url`, `jwks_file` and `secret_file`, not several",
+        "holds no public key (only shared-secret `oct` keys, or none)",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }

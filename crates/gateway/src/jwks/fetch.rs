@@ -38,13 +38,7 @@ fn client() -> Result<HttpClient, String> {
 }
 
 /// Fetches the set behind `url` (the issuer's, when `discover`) until no snapshot uses it.
-pub(super) async fn run(
-    set: Weak<KeySet>,
-    wake: Arc<Notify>,
-    url: String,
-    discover: bool,
-    timeout: Duration,
-) {
+pub(super) async fn run(set: Weak<KeySet>, wake: Arc<Notify>, url: String, discover: bool) {
     let client = match client() {
         Ok(c) => Some(c),
         Err(e) => {
@@ -55,6 +49,7 @@ pub(super) async fn run(
     let mut backoff = FIRST_BACKOFF;
     loop {
         let Some(s) = set.upgrade() else { return };
+        let timeout = s.timeout();
         let started = Instant::now();
         s.health.lock().last_try = Some(started);
         let got = match &client {
@@ -66,15 +61,16 @@ pub(super) async fn run(
         let wait = match got {
             Ok((keys, fresh)) => {
                 backoff = FIRST_BACKOFF;
+                let n = keys.list.len();
+                // The keys first, then the count: a fetch counted has its keys in place.
+                if !same(&s.keys(), &keys) {
+                    s.store(keys);
+                }
                 let mut h = s.health.lock();
                 h.fetched += 1;
                 h.last_ok = Some(SystemTime::now());
                 if h.failing.take().is_some() {
-                    tracing::info!(source = %url, keys = keys.list.len(), "keys fetched again");
-                }
-                drop(h);
-                if !same(&s.keys(), &keys) {
-                    s.store(keys);
+                    tracing::info!(source = %url, keys = n, "keys fetched again");
                 }
                 fresh
             }
@@ -95,15 +91,23 @@ pub(super) async fn run(
                 wait
             }
         };
-        s.health.lock().next = Some(started + wait);
+        let failing = {
+            let mut h = s.health.lock();
+            h.next = Some(started + wait);
+            h.failing.is_some()
+        };
         s.settle();
         drop(s);
         tokio::select! {
             _ = tokio::time::sleep_until(started + wait) => {}
+            // An unknown key id (or the set dropped): fetch now, but never sooner than
+            // MIN_REFETCH after the last fetch started; while the issuer fails, its backoff
+            // holds.
             _ = wake.notified() => {
-                // An unknown key id: fetch now, but never sooner than MIN_REFETCH after
-                // the last fetch started.
-                tokio::time::sleep_until(started + MIN_REFETCH).await;
+                let at = if failing { started + wait } else { started + MIN_REFETCH };
+                if set.strong_count() > 0 {
+                    tokio::time::sleep_until(at).await;
+                }
             }
         }
     }
@@ -130,14 +134,21 @@ async fn fetch(client: &HttpClient, url: &str, discover: bool) -> Result<(Keys, 
         }
         let meta: Meta = serde_json::from_slice(&body)
             .map_err(|e| format!("{meta_url}: not OpenID metadata: {e}"))?;
-        // OpenID Connect Discovery §4.3: the metadata's issuer is the one asked for.
-        if let Some(i) = &meta.issuer {
-            if i.trim_end_matches('/') != url.trim_end_matches('/') {
-                return Err(format!("{meta_url}: names issuer {i:?}, not {url:?}"));
-            }
+        // OpenID Connect Discovery §4.3: the metadata's issuer is exactly the one asked
+        // for (it is what tokens' `iss` must say).
+        match &meta.issuer {
+            Some(i) if i == url => {}
+            Some(i) => return Err(format!("{meta_url}: names issuer {i:?}, not {url:?}")),
+            None => return Err(format!("{meta_url}: no `issuer`")),
         }
-        meta.jwks_uri
-            .ok_or_else(|| format!("{meta_url}: no `jwks_uri`"))?
+        let jwks = meta
+            .jwks_uri
+            .ok_or_else(|| format!("{meta_url}: no `jwks_uri`"))?;
+        // Metadata fetched over TLS does not send the keys' fetch to plain HTTP.
+        if url.starts_with("https://") && !jwks.starts_with("https://") {
+            return Err(format!("{meta_url}: `jwks_uri` {jwks:?} is not https://"));
+        }
+        jwks
     } else {
         url.to_string()
     };

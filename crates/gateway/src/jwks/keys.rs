@@ -75,6 +75,15 @@ pub struct KeySet {
     /// Set when the first fetch has ended, well or not.
     settled: AtomicBool,
     settled_wake: Notify,
+    /// How long one fetch may take, in milliseconds (the newest config's).
+    timeout_ms: AtomicU64,
+}
+
+impl Drop for KeySet {
+    fn drop(&mut self) {
+        // The fetcher waits on this: it wakes, finds the set gone and ends.
+        self.wake.notify_one();
+    }
 }
 
 impl KeySet {
@@ -87,7 +96,18 @@ impl KeySet {
             wake: Arc::new(Notify::new()),
             settled: AtomicBool::new(false),
             settled_wake: Notify::new(),
+            timeout_ms: AtomicU64::new(10_000),
         }
+    }
+
+    /// How long one fetch may take.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    pub(super) fn set_timeout(&self, t: Duration) {
+        let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.timeout_ms.store(ms, Ordering::Relaxed);
     }
 
     /// The keys now.

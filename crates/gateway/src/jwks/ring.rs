@@ -13,17 +13,18 @@ use tollgate_config::JwtKeys;
 /// Every key set in use, by source, shared by the snapshots.
 #[derive(Debug, Default)]
 pub struct KeyRing {
-    sets: Mutex<HashMap<(JwtKeys, Duration), Weak<KeySet>>>,
+    sets: Mutex<HashMap<JwtKeys, Weak<KeySet>>>,
 }
 
 impl KeyRing {
-    /// The set of `source` (fetched with `timeout`), reused if a snapshot has it already;
+    /// The set of `source` (fetched with `timeout`), reused if a snapshot has it already
+    /// (keys, and the last good ones, carry over a reload; the timeout is the newest);
     /// a new fetched set starts its fetcher on the current Tokio runtime.
     pub fn get(&self, source: &JwtKeys, timeout: Duration, label: &str) -> Arc<KeySet> {
         let mut sets = self.sets.lock();
         sets.retain(|_, w| w.strong_count() > 0);
-        let id = (source.clone(), timeout);
-        if let Some(set) = sets.get(&id).and_then(Weak::upgrade) {
+        if let Some(set) = sets.get(source).and_then(Weak::upgrade) {
+            set.set_timeout(timeout);
             return set;
         }
         let set = match source {
@@ -44,6 +45,10 @@ impl KeyRing {
             }
             JwtKeys::File(text) => {
                 let keys = match keys_of(text) {
+                    Ok(keys) if keys.list.is_empty() => {
+                        tracing::error!(source = %label, "JWKS file: no key the gateway can verify with; its tokens are refused");
+                        keys
+                    }
                     Ok(keys) => keys,
                     Err(e) => {
                         tracing::error!(source = %label, "JWKS file: {e}");
@@ -65,7 +70,6 @@ impl KeyRing {
                             set.wake.clone(),
                             url.clone(),
                             discover,
-                            timeout,
                         ));
                     }
                     Err(_) => set.settle(),
@@ -73,7 +77,8 @@ impl KeyRing {
                 set
             }
         };
-        sets.insert(id, Arc::downgrade(&set));
+        set.set_timeout(timeout);
+        sets.insert(source.clone(), Arc::downgrade(&set));
         set
     }
 

@@ -1,6 +1,8 @@
 //! Callers the consumers table does not list: the subject of a verified token on a route
 //! that gives such callers a plan. A table's guests are numbered in arrival order and
-//! counted like consumers; they last as long as the table (until the next reload).
+//! counted like consumers; they last as long as the table (until the next reload). A name
+//! that comes with another plan (another route's, or a token that names another) is
+//! another guest: its counts are its name's, limit by limit, as for any consumer.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -30,7 +32,7 @@ type Chunk<S> = Box<[OnceLock<Guest<S>>]>;
 
 /// The guests of one table, by number and by name.
 pub struct Guests<S> {
-    by_name: Mutex<HashMap<Arc<str>, u32>>,
+    by_name: Mutex<HashMap<(Arc<str>, u32), u32>>,
     chunks: Box<[OnceLock<Chunk<S>>]>,
 }
 
@@ -44,29 +46,30 @@ impl<S> Default for Guests<S> {
 }
 
 impl<S: Default> Guests<S> {
-    /// The number of guest `name`, made on plan slot `plan` on its first call; `None`
+    /// The number of guest `name` on plan slot `plan`, made on its first call; `None`
     /// when there are [`MAX_GUESTS`] already.
     pub fn add(&self, name: &str, plan: usize) -> Option<usize> {
+        let plan = u32::try_from(plan).ok()?;
         let mut by_name = self.by_name.lock();
-        if let Some(&n) = by_name.get(name) {
+        let name: Arc<str> = Arc::from(name);
+        if let Some(&n) = by_name.get(&(name.clone(), plan)) {
             return Some(n as usize);
         }
         let n = by_name.len();
         if n >= MAX_GUESTS {
             return None;
         }
-        let name: Arc<str> = Arc::from(name);
         let chunk = self
             .chunks
             .get(n / CHUNK)?
             .get_or_init(|| (0..CHUNK).map(|_| OnceLock::new()).collect());
         let guest = Guest {
             name: name.clone(),
-            plan: u32::try_from(plan).unwrap_or(u32::MAX),
+            plan,
             slot: Mutex::new(S::default()),
         };
         chunk.get(n % CHUNK)?.set(guest).ok()?;
-        by_name.insert(name, u32::try_from(n).ok()?);
+        by_name.insert((name, plan), u32::try_from(n).ok()?);
         Some(n)
     }
 }
@@ -88,21 +91,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_guest_keeps_its_number_and_first_plan() {
+    fn a_guest_keeps_its_number_on_its_plan() {
         let g: Guests<u8> = Guests::default();
         assert_eq!(g.add("zed", 1), Some(0));
         assert_eq!(g.add("yve", 0), Some(1));
-        assert_eq!(g.add("zed", 0), Some(0));
+        assert_eq!(g.add("zed", 1), Some(0));
+        assert_eq!(g.add("zed", 0), Some(2));
         let zed = g.get(0).expect("zed");
         assert_eq!((&*zed.name, zed.plan), ("zed", 1));
-        assert_eq!(g.count(), 2);
-        assert!(g.get(2).is_none());
+        assert_eq!(g.count(), 3);
+        assert!(g.get(3).is_none());
         for i in 0..CHUNK + 1 {
             g.add(&format!("g{i}"), 0).expect("room");
         }
-        // zed and yve are 0 and 1: g{i} is number i + 2, and the second chunk starts at CHUNK.
+        // zed, yve, zed are 0 to 2: g{i} is number i + 3, and the second chunk starts at
+        // CHUNK.
         assert_eq!(
-            *g.get(CHUNK + 2).expect("second chunk").name,
+            *g.get(CHUNK + 3).expect("second chunk").name,
             *format!("g{CHUNK}")
         );
     }

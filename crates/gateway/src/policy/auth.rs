@@ -39,12 +39,18 @@ pub fn authenticate(
     }
     if let Some(jwt) = &route.jwt {
         let keys_too = !(auth.header.is_empty() && auth.query.is_empty());
-        if let Some(value) = super::jwt::bearer(parts)? {
-            if !jwt.cfg.forward_token {
-                parts.headers.remove(AUTHORIZATION);
-            }
+        let bearer = super::jwt::bearer(parts)?;
+        // Whatever `Authorization` holds (a token, or another scheme the route does not
+        // read), it goes upstream only where the route says so.
+        if !jwt.cfg.forward_token {
+            parts.headers.remove(AUTHORIZATION);
+        }
+        if let Some(value) = bearer {
             let consumer =
                 super::jwt::verify(snap, jwt, super::jwt::token_in(&value), parts, clock)?;
+            if keys_too && !auth.keep_credential {
+                strip_keys(auth, parts);
+            }
             set_consumer(snap, auth, consumer, parts);
             return Ok(Some(consumer));
         }
@@ -95,6 +101,24 @@ fn by_key(snap: &Snapshot, auth: &AuthConfig, parts: &mut Parts) -> Result<usize
     }
     set_consumer(snap, auth, consumer, parts);
     Ok(consumer)
+}
+
+/// Removes every API key the route names from every place it names (a request judged by
+/// its token may carry one too).
+fn strip_keys(auth: &AuthConfig, parts: &mut Parts) {
+    for name in &auth.header {
+        parts.headers.remove(name);
+    }
+    let at: SmallVec<[usize; 2]> = match (auth.query.is_empty(), parts.uri.query()) {
+        (false, Some(q)) => params(q)
+            .filter(|(_, name, _)| is_credential(name, &auth.query))
+            .map(|(at, _, _)| at)
+            .collect(),
+        _ => SmallVec::new(),
+    };
+    if !at.is_empty() {
+        strip_pieces(parts, &at);
+    }
 }
 
 /// Names the consumer upstream in the route's consumer header.

@@ -124,6 +124,8 @@ fn check(
     }
     let keys = jwt.keys.keys();
     if keys.list.is_empty() {
+        // Never fetched yet (the issuer was down): try again, within the refetch bound.
+        jwt.keys.missed();
         return Err(Refusal::InvalidToken("signing keys unavailable"));
     }
     // A secret verifies whatever `kid` the token names; a key set's key is found by id.
