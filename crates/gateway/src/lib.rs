@@ -36,6 +36,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{Cluster, ClusterMetrics};
 pub use exchange::ConnInfo;
 pub use gateway::{Gateway, ReloadStatus};
+/// Makes ring verify token signatures in this process (the gateway does so when it first
+/// meets a token route; a process that uses jsonwebtoken before that calls this first).
+pub use jwks::install_crypto;
 pub use limiter::Now;
 pub use listener::{bind, BindError, Server};
 pub use observe::analytics;

@@ -39,6 +39,9 @@ struct Signer {
 
 impl Signer {
     fn load(file: &str, alg: Algorithm, kid: &str) -> Signer {
+        // Before jsonwebtoken is first used here: the gateway's ring verifier is then the
+        // one that checks these tokens.
+        tollgate_gateway::install_crypto();
         let pem = std::fs::read(data(file)).expect("test key");
         let key = match alg {
             Algorithm::ES256 | Algorithm::ES384 => EncodingKey::from_ec_pem(&pem),

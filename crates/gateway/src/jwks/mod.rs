@@ -7,12 +7,14 @@
 //! reached the last good keys keep serving; the log and `/metrics` say so. Sets are shared
 //! by every route naming the same source and kept across reloads ([`KeyRing`]).
 
+mod crypto;
 mod fetch;
 mod keys;
 mod report;
-mod ring;
+mod sets;
 mod tokens;
 
+pub use crypto::install as install_crypto;
 pub use keys::{algorithm, Key, KeySet};
-pub use ring::KeyRing;
+pub use sets::KeyRing;
 pub use tokens::{TokenCache, Verified};

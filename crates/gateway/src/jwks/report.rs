@@ -1,7 +1,7 @@
 //! The key sets' figures for `/metrics`: keys held, fetches, and whether the last fetch
 //! failed (the last good keys then keep serving).
 
-use super::ring::KeyRing;
+use super::sets::KeyRing;
 use crate::observe::scrape::{DescriptorEncoder, Report};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;

@@ -21,6 +21,7 @@ impl KeyRing {
     /// (keys, and the last good ones, carry over a reload; the timeout is the newest);
     /// a new fetched set starts its fetcher on the current Tokio runtime.
     pub fn get(&self, source: &JwtKeys, timeout: Duration, label: &str) -> Arc<KeySet> {
+        super::crypto::install();
         let mut sets = self.sets.lock();
         sets.retain(|_, w| w.strong_count() > 0);
         if let Some(set) = sets.get(source).and_then(Weak::upgrade) {
