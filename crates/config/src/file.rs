@@ -26,6 +26,9 @@ pub struct FileConfig {
     pub consumers: Vec<Consumer>,
     /// More consumers, one per line (JSON lines, or CSV for `*.csv`).
     pub consumers_file: Option<String>,
+    /// The change log of consumers managed through the admin API (default: beside
+    /// `consumers_file` as `<file>.changes`; without either, changes live in memory).
+    pub consumers_log: Option<String>,
     /// Keep limit counters on disk across restarts.
     pub state: Option<State>,
     /// Plans: named sets of limits that consumers subscribe to.

@@ -21,6 +21,9 @@ pub struct Config {
     pub consumers: std::sync::Arc<crate::Consumers>,
     /// The file consumers were read from, if any.
     pub consumers_file: Option<ConsumersFile>,
+    /// Where consumers managed through the admin API are kept (one JSON line a change):
+    /// `consumers_log`, else beside `consumers_file`; `None`: in memory only.
+    pub consumers_log: Option<std::path::PathBuf>,
     /// Where limit counters are kept across restarts, if anywhere.
     pub state: Option<StateConfig>,
     /// Plans; consumers refer to them by index.

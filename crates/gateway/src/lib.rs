@@ -25,6 +25,7 @@ pub(crate) mod policy;
 pub(crate) mod query;
 pub(crate) mod redis_link;
 pub(crate) mod response;
+pub(crate) mod roster;
 pub(crate) mod route;
 pub(crate) mod snapshot;
 pub(crate) mod sqlite;

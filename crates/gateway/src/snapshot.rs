@@ -12,6 +12,7 @@ use crate::limiter::shared::SharedStore;
 use crate::limiter::table::{Counters, Group, Layout};
 use crate::limiter::LimitCell;
 use crate::observe::metrics::{Metrics, RouteStats};
+use crate::roster::Roster;
 use crate::upstream::Upstream;
 use http::HeaderValue;
 use parking_lot::Mutex;
@@ -31,6 +32,8 @@ pub struct Registry {
     pools: Arc<crate::upstream::report::Pools>,
     /// Token signing keys, by source.
     keys: Arc<KeyRing>,
+    /// Consumers managed through the admin API.
+    roster: Arc<Roster>,
     metrics: Arc<Metrics>,
 }
 
@@ -70,8 +73,15 @@ impl Registry {
             upstreams: Mutex::default(),
             pools,
             keys,
+            roster: Arc::new(Roster::in_memory()),
             metrics,
         }
+    }
+
+    /// This registry with `roster` as its managed consumers.
+    pub fn with_roster(mut self, roster: Arc<Roster>) -> Self {
+        self.roster = roster;
+        self
     }
 
     /// The metrics the snapshots count into.
@@ -195,6 +205,9 @@ pub struct Snapshot {
     /// TLS listeners' rustls configs, by address: built per snapshot so that renewed
     /// certificates serve new connections after a reload.
     pub tls: Vec<(std::net::SocketAddr, Arc<rustls::ServerConfig>)>,
+    /// Consumers managed through the admin API, over the config's (shared by every
+    /// snapshot: a change applies at once).
+    pub roster: Arc<Roster>,
 }
 
 impl Snapshot {
@@ -324,6 +337,7 @@ impl Snapshot {
             })
             .collect();
         Snapshot {
+            roster: registry.roster.clone(),
             tls,
             credential_params: params.into(),
             anonymous: Arc::from(crate::observe::analytics::NONE),
@@ -374,9 +388,59 @@ impl Snapshot {
         match &route.cfg.allow {
             None => true,
             Some(a) => {
-                a.consumers.binary_search(&i).is_ok()
+                // A listed consumer counted as a guest (its plan changed through the admin
+                // API) is still the one `allow.consumers` names.
+                let listed = if i < self.config.consumers.len() {
+                    Some(i)
+                } else {
+                    self.config.consumers.find(self.consumer_name(i))
+                };
+                listed.is_some_and(|l| a.consumers.binary_search(&l).is_ok())
                     || self.counters.plan(i).is_some_and(|p| a.plans.contains(&p))
             }
+        }
+    }
+
+    /// The consumer named `name` now: a listed one, or one the admin API manages (as a
+    /// guest when the API gave it a plan other than its listed one); `None` when neither
+    /// has it or the API deleted it. `Err` when the guests are full.
+    pub fn find_consumer(&self, name: &str) -> Result<Option<usize>, crate::exchange::Refusal> {
+        let listed = self.config.consumers.find(name);
+        if self.roster.is_empty() {
+            return Ok(listed);
+        }
+        match self.roster.get(name) {
+            None => Ok(listed),
+            Some(m) => self.managed(&m, listed).map(Some).or_else(|r| match r {
+                crate::exchange::Refusal::UnknownKey => Ok(None),
+                other => Err(other),
+            }),
+        }
+    }
+
+    /// The index a managed consumer is counted under: its listed one while its plan is
+    /// the listed one, else a guest on its plan. `UnknownKey` when it was deleted.
+    pub fn managed(
+        &self,
+        m: &crate::roster::record::Managed,
+        listed: Option<usize>,
+    ) -> Result<usize, crate::exchange::Refusal> {
+        use crate::exchange::Refusal;
+        if m.deleted {
+            return Err(Refusal::UnknownKey);
+        }
+        let none = self.config.plans.len();
+        let slot = m
+            .plan
+            .as_ref()
+            .and_then(|p| self.config.plans.iter().position(|plan| plan.name == *p))
+            .unwrap_or(none);
+        match listed {
+            Some(i) if self.counters.plan_slot(i) == slot => Ok(i),
+            _ => self
+                .counters
+                .guest(&m.name, slot)
+                .ok_or(Refusal::TooManyGuests),
         }
     }
 }

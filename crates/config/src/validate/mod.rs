@@ -117,6 +117,15 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
         per_consumer: raw.metrics.as_ref().is_some_and(|m| m.per_consumer),
     };
     let tracing = raw.tracing.as_ref().map(|t| tracing::tracing(t, &mut p));
+    let consumers_log = match (&raw.consumers_log, &raw.consumers_file) {
+        (Some(l), _) if l.trim().is_empty() => {
+            p.add("consumers_log", "name the file");
+            None
+        }
+        (Some(l), _) => Some(base.join(l)),
+        (None, Some(f)) => Some(base.join(format!("{f}.changes"))),
+        (None, None) => None,
+    };
 
     if !p.0.is_empty() {
         return Err(ConfigError::Invalid(p.0));
@@ -133,6 +142,7 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
         routes,
         consumers: std::sync::Arc::new(consumers),
         consumers_file,
+        consumers_log,
         state,
         plans,
         cluster,

@@ -9,6 +9,7 @@
 
 mod answer;
 mod api;
+mod consumers;
 
 use answer::{answer, error, json, Answer, JSON};
 
@@ -117,6 +118,17 @@ async fn handle(
             HeaderValue::from_static("Bearer"),
         );
         return r;
+    }
+    if path == "/consumers" || path.starts_with("/consumers/") {
+        // Consumers and their keys: only with a token, whatever the address.
+        if token.is_none() {
+            return error(
+                StatusCode::FORBIDDEN,
+                "managing consumers needs admin.token_file (or TOLLGATE_ADMIN_TOKEN)",
+            );
+        }
+        let rest = path["/consumers".len()..].to_string();
+        return consumers::handle(gw, req, &rest).await;
     }
     let post_only = matches!(path.as_str(), "/cache/purge" | "/reload");
     match (post_only, req.method()) {

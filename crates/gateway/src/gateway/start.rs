@@ -84,7 +84,19 @@ impl Gateway {
             live.restore(saved);
             store
         });
-        let registry = Registry::with_live(live, cluster, metrics.clone());
+        let roster = match &config.consumers_log {
+            None => crate::roster::Roster::in_memory(),
+            Some(path) => crate::roster::Roster::open(path).unwrap_or_else(|e| {
+                let why = format!(
+                    "cannot read the consumer change log {}: {e}",
+                    path.display()
+                );
+                tracing::error!("{why}; the admin API refuses consumer changes");
+                crate::roster::Roster::unavailable(why)
+            }),
+        };
+        let registry =
+            Registry::with_live(live, cluster, metrics.clone()).with_roster(Arc::new(roster));
         let access_log = config
             .access_log
             .as_ref()

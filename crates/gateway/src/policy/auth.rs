@@ -32,7 +32,7 @@ pub fn authenticate(
         let names = client_names.ok_or(Refusal::NoClientCert)?;
         let consumer = names
             .iter()
-            .find_map(|n| snap.config.consumers.find(n))
+            .find_map(|n| snap.find_consumer(n).ok().flatten())
             .ok_or(Refusal::UnknownClientCert)?;
         set_consumer(snap, auth, consumer, parts);
         return Ok(Some(consumer));
@@ -85,11 +85,7 @@ fn by_key(snap: &Snapshot, auth: &AuthConfig, parts: &mut Parts) -> Result<usize
         }
     }
     let key = key.ok_or(Refusal::MissingKey)?;
-    let consumer = snap
-        .config
-        .consumers
-        .by_key(key.as_bytes())
-        .ok_or(Refusal::UnknownKey)?;
+    let consumer = identify(snap, key.as_bytes())?;
 
     if !auth.keep_credential {
         for name in &auth.header {
@@ -101,6 +97,27 @@ fn by_key(snap: &Snapshot, auth: &AuthConfig, parts: &mut Parts) -> Result<usize
     }
     set_consumer(snap, auth, consumer, parts);
     Ok(consumer)
+}
+
+/// The consumer holding `key`: a listed one (unless the admin API deleted it or moved it
+/// to another plan), else one whose key the admin API added (found by the key's digest,
+/// looked for only while the API manages any consumer).
+fn identify(snap: &Snapshot, key: &[u8]) -> Result<usize, Refusal> {
+    let listed = snap.config.consumers.by_key(key);
+    if snap.roster.is_empty() {
+        return listed.ok_or(Refusal::UnknownKey);
+    }
+    if let Some(i) = listed {
+        return match snap.roster.get(snap.consumer_name(i)) {
+            None => Ok(i),
+            Some(m) => snap.managed(&m, Some(i)),
+        };
+    }
+    let m = snap
+        .roster
+        .by_digest(&tollgate_config::key_digest(key))
+        .ok_or(Refusal::UnknownKey)?;
+    snap.managed(&m, snap.config.consumers.find(&m.name))
 }
 
 /// Removes every API key the route names from every place it names (a request judged by

@@ -243,7 +243,10 @@ fn consumer(
                     .all(|b| (0x21..0x7f).contains(&b) && b != b'"' && b != b'\\')
         })
         .ok_or(Refusal::InvalidToken("no consumer claim"))?;
-    if let Some(i) = snap.config.consumers.find(name) {
+    if snap.roster.get(name).is_some_and(|m| m.deleted) {
+        return Err(Refusal::InvalidToken("consumer deleted"));
+    }
+    if let Some(i) = snap.find_consumer(name)? {
         return Ok(i);
     }
     let from_claim = jwt

@@ -1,0 +1,256 @@
+//! Consumers managed at runtime through the admin API, over those the config lists: a
+//! record per consumer the API created, changed or deleted, looked up on the request path
+//! by key digest and by name (only while there is any), kept in an append-only change log
+//! that survives restarts.
+
+pub mod log;
+pub mod record;
+
+use dashmap::DashMap;
+use log::Log;
+use parking_lot::Mutex;
+use record::{parse_digest, Managed};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Why a change could not be kept.
+#[derive(Debug, thiserror::Error)]
+pub enum RosterError {
+    /// The change log could not be written: the change is not applied.
+    #[error("cannot write the change log {path}: {source}")]
+    Log {
+        /// The log's path.
+        path: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// A key digest belongs to another consumer.
+    #[error("a key is taken by consumer {0:?}")]
+    KeyTaken(String),
+    /// The change log could not be opened at start: changes would not survive a restart.
+    #[error("consumer changes are not taken: {0}")]
+    Unavailable(String),
+}
+
+/// Every managed consumer, by name and by key digest.
+#[derive(Debug, Default)]
+pub struct Roster {
+    by_name: DashMap<Arc<str>, Arc<Managed>>,
+    by_digest: DashMap<[u8; 32], Arc<str>>,
+    /// Whether any record exists: until then the request path looks nothing up here.
+    any: AtomicBool,
+    /// The last version handed out.
+    version: AtomicU64,
+    /// Serializes changes (and their log lines).
+    log: Mutex<Option<Log>>,
+    /// Why changes are refused (the log could not be opened).
+    broken: Option<String>,
+}
+
+impl Roster {
+    /// A roster kept only in memory.
+    pub fn in_memory() -> Roster {
+        Roster::default()
+    }
+
+    /// A roster that refuses changes, saying `why` (its log could not be opened).
+    pub fn unavailable(why: String) -> Roster {
+        Roster {
+            broken: Some(why),
+            ..Roster::default()
+        }
+    }
+
+    /// A roster kept in the change log at `path`, with what the log holds applied. Torn
+    /// lines are skipped (and named in the log).
+    pub fn open(path: &Path) -> std::io::Result<Roster> {
+        let (log, replayed) = Log::open(path)?;
+        if !replayed.skipped.is_empty() {
+            tracing::warn!(
+                path = %path.display(),
+                lines = ?replayed.skipped,
+                "consumer change log: lines that are not a record were skipped"
+            );
+        }
+        let roster = Roster::default();
+        for r in replayed.records {
+            roster.apply(r);
+        }
+        *roster.log.lock() = Some(log);
+        Ok(roster)
+    }
+
+    /// Whether no consumer is managed here.
+    pub fn is_empty(&self) -> bool {
+        !self.any.load(Ordering::Acquire)
+    }
+
+    /// How many records (deleted ones included).
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// The record of `name`, if the API has one.
+    pub fn get(&self, name: &str) -> Option<Arc<Managed>> {
+        self.by_name.get(name).map(|r| r.value().clone())
+    }
+
+    /// The managed consumer holding the key with this digest.
+    pub fn by_digest(&self, digest: &[u8; 32]) -> Option<Arc<Managed>> {
+        let name = self.by_digest.get(digest)?.value().clone();
+        self.get(&name).filter(|r| !r.deleted)
+    }
+
+    /// Every record, sorted by name, from after `after`, at most `limit`.
+    pub fn page(&self, after: Option<&str>, limit: usize) -> Vec<Arc<Managed>> {
+        let mut all: Vec<Arc<Managed>> = self
+            .by_name
+            .iter()
+            .filter(|r| after.is_none_or(|a| r.key().as_ref() > a))
+            .map(|r| r.value().clone())
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all.truncate(limit);
+        all
+    }
+
+    /// A version above every one seen: the time in milliseconds, times 1024, or one more
+    /// than the last.
+    pub fn next_version(&self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| {
+                u64::try_from(d.as_millis()).unwrap_or(u64::MAX >> 10)
+            })
+            << 10;
+        let mut last = self.version.load(Ordering::Acquire);
+        loop {
+            let next = now.max(last + 1);
+            match self
+                .version
+                .compare_exchange(last, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return next,
+                Err(seen) => last = seen,
+            }
+        }
+    }
+
+    /// Applies `r` in memory if it is newer than the record of its name. Returns whether it
+    /// was applied.
+    pub fn apply(&self, r: Managed) -> bool {
+        let _serial = self.log.lock();
+        self.apply_locked(r)
+    }
+
+    fn apply_locked(&self, r: Managed) -> bool {
+        self.version.fetch_max(r.version, Ordering::AcqRel);
+        let name: Arc<str> = Arc::from(r.name.as_str());
+        if let Some(old) = self.get(&name) {
+            if old.version >= r.version {
+                return false;
+            }
+            for k in &old.keys {
+                if let Some(d) = parse_digest(&k.sha256) {
+                    self.by_digest.remove_if(&d, |_, owner| *owner == name);
+                }
+            }
+        }
+        if !r.deleted {
+            for k in &r.keys {
+                if let Some(d) = parse_digest(&k.sha256) {
+                    self.by_digest.insert(d, name.clone());
+                }
+            }
+        }
+        self.by_name.insert(name, Arc::new(r));
+        self.any.store(true, Ordering::Release);
+        true
+    }
+
+    /// Writes `r` to the change log, then applies it: a change answered is a change kept.
+    /// A digest held by another live consumer refuses the change. Returns whether it was
+    /// newer than what was there.
+    pub fn commit(&self, r: Managed) -> Result<bool, RosterError> {
+        if let Some(why) = &self.broken {
+            return Err(RosterError::Unavailable(why.clone()));
+        }
+        let mut log = self.log.lock();
+        if !r.deleted {
+            for k in &r.keys {
+                let owner = parse_digest(&k.sha256)
+                    .and_then(|d| self.by_digest.get(&d).map(|o| o.value().clone()));
+                if let Some(o) = owner.filter(|o| **o != *r.name) {
+                    return Err(RosterError::KeyTaken(o.to_string()));
+                }
+            }
+        }
+        if let Some(l) = log.as_mut() {
+            l.append(&r).map_err(|source| RosterError::Log {
+                path: l.path().display().to_string(),
+                source,
+            })?;
+        }
+        let applied = self.apply_locked(r);
+        if let Some(l) = log.as_mut() {
+            let live = self.by_name.len() as u64;
+            if l.wants_compaction(live) {
+                let records: Vec<Arc<Managed>> =
+                    self.by_name.iter().map(|r| r.value().clone()).collect();
+                if let Err(e) = l.compact(records.iter().map(|r| r.as_ref())) {
+                    tracing::warn!(path = %l.path().display(), "consumer change log not compacted: {e}");
+                }
+            }
+        }
+        Ok(applied)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use record::{hex, ManagedKey};
+
+    fn rec(name: &str, digest: u8, version: u64) -> Managed {
+        Managed {
+            name: name.into(),
+            plan: Some("gold".into()),
+            keys: vec![ManagedKey {
+                id: "k".into(),
+                sha256: hex(&[digest; 32]),
+                created: 0,
+            }],
+            metadata: Default::default(),
+            deleted: false,
+            version,
+        }
+    }
+
+    #[test]
+    fn the_newest_record_wins_and_keys_follow_it() {
+        let r = Roster::in_memory();
+        assert!(r.is_empty());
+        assert!(r.commit(rec("alice", 1, 10)).expect("commit"));
+        assert_eq!(
+            r.by_digest(&[1; 32]).map(|m| m.name.clone()),
+            Some("alice".into())
+        );
+        // An older change is ignored; a newer one moves the key.
+        assert!(!r.apply(rec("alice", 2, 5)));
+        assert!(r.apply(rec("alice", 2, 11)));
+        assert!(r.by_digest(&[1; 32]).is_none());
+        assert!(r.by_digest(&[2; 32]).is_some());
+        // Another consumer may not take alice's key.
+        assert!(matches!(
+            r.commit(rec("bob", 2, 12)),
+            Err(RosterError::KeyTaken(o)) if o == "alice"
+        ));
+        let mut gone = rec("alice", 2, 13);
+        gone.deleted = true;
+        assert!(r.commit(gone).expect("delete"));
+        assert!(r.by_digest(&[2; 32]).is_none());
+        assert!(r.get("alice").is_some_and(|m| m.deleted));
+        assert!(r.next_version() > 13);
+    }
+}

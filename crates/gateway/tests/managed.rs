@@ -1,0 +1,197 @@
+//! Consumers managed at runtime through the admin API: made, given a plan and keys, keys
+//! revoked, listed consumers deleted; each change applies to the next request and
+//! survives a restart (the change log).
+
+mod common;
+
+use common::*;
+use http::Method;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::Path;
+use tollgate_gateway::SystemClock;
+
+const TOKEN: &str = "admin-secret";
+
+fn config(backend: SocketAddr, log: &Path) -> String {
+    yaml(
+        backend,
+        &format!(
+            r#"consumers_log: "{}"
+plans:
+  free: {{limits: [{{requests: 1, per: 1m}}]}}
+  gold: {{limits: [{{requests: 100, per: 1m}}]}}
+consumers:
+  - {{name: alice, keys: [ka], plan: free}}
+routes:
+  - {{name: api, path_prefix: /api/, upstream: backend, auth: {{header: [x-api-key]}}}}
+  - {{name: gold-only, path_prefix: /gold/, upstream: backend, auth: {{header: [x-api-key]}}, allow: {{plans: [gold]}}}}
+"#,
+            log.display()
+        ),
+    )
+}
+
+/// An admin call with the token: status and JSON answer.
+async fn admin(addr: SocketAddr, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    let a = TestClient::default()
+        .request(
+            method,
+            &format!("http://{addr}{path}"),
+            &[("authorization", &format!("Bearer {TOKEN}"))],
+            &body.map_or(String::new(), |b| b.to_string()),
+        )
+        .await;
+    let v = serde_json::from_str(&a.body).unwrap_or(Value::Null);
+    (a.status.as_u16(), v)
+}
+
+async fn call(gw: &TestGateway, path: &str, key: &str) -> Answer {
+    TestClient::default()
+        .request(Method::GET, &gw.url(path), &[("x-api-key", key)], "")
+        .await
+}
+
+#[tokio::test]
+async fn changes_apply_to_the_next_request_and_survive_a_restart() {
+    let dir = tempdir("managed");
+    let log = dir.join("consumers.changes");
+    let (backend, _) = inspect_backend().await;
+    let yaml = config(backend, &log);
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    let ad = start_admin(&gw.gw, Some(TOKEN)).await;
+
+    // A new consumer on gold, and a key made for it: answered once, kept as a digest.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/bob",
+        Some(json!({"plan": "gold", "metadata": {"team": "b"}})),
+    )
+    .await;
+    assert_eq!((s, &v["source"]), (201, &json!("api")), "{v}");
+    let (s, made) = admin(ad, Method::POST, "/consumers/bob/keys", None).await;
+    assert_eq!(s, 201, "{made}");
+    let key = made["key"].as_str().expect("key").to_string();
+    let id = made["id"].as_str().expect("id").to_string();
+    assert!(key.starts_with("tg_") && key.len() > 40, "{key}");
+    let a = call(&gw, "/gold/x", &key).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("x-consumer: bob\n"), "{}", a.body);
+    let (_, shown) = admin(ad, Method::GET, "/consumers/bob", None).await;
+    assert_eq!(shown["keys"][0]["id"], json!(id));
+    assert!(
+        !shown.to_string().contains(&key),
+        "the key itself is never shown again"
+    );
+    assert_eq!(shown["metadata"]["team"], "b");
+
+    // A listed consumer moved to gold: its listed key now meets gold's limits and `allow`.
+    assert_eq!(call(&gw, "/gold/x", "ka").await.status, 403);
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/alice",
+        Some(json!({"plan": "gold"})),
+    )
+    .await;
+    assert_eq!((s, &v["source"]), (200, &json!("config+api")), "{v}");
+    for _ in 0..3 {
+        assert_eq!(call(&gw, "/gold/x", "ka").await.status, 200);
+    }
+
+    // A revoked key and a deleted consumer are refused at once.
+    let (s, _) = admin(
+        ad,
+        Method::DELETE,
+        &format!("/consumers/bob/keys/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(call(&gw, "/api/x", &key).await.status, 401);
+    let (_, second) = admin(ad, Method::POST, "/consumers/bob/keys", None).await;
+    let second = second["key"].as_str().expect("key").to_string();
+    let (s, _) = admin(ad, Method::DELETE, "/consumers/alice", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(call(&gw, "/api/x", "ka").await.status, 401);
+    assert_eq!(
+        admin(ad, Method::GET, "/consumers/alice", None).await.0,
+        404
+    );
+
+    // What the API refuses, with the reason.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/carol",
+        Some(json!({"plan": "platinum"})),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    let digest = "ab".repeat(32);
+    let (s, _) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/carol",
+        Some(json!({"key_sha256": [digest]})),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/dave",
+        Some(json!({"key_sha256": ["ab".repeat(32)]})),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"].as_str().unwrap_or("")),
+        (409, "a key is taken by consumer \"carol\"")
+    );
+    assert_eq!(
+        admin(ad, Method::PUT, "/consumers/x%2Fy", Some(json!({})))
+            .await
+            .0,
+        400
+    );
+    let (_, page) = admin(ad, Method::GET, "/consumers?limit=2", None).await;
+    assert_eq!(
+        page["consumers"].as_array().map(Vec::len),
+        Some(2),
+        "{page}"
+    );
+    assert_eq!(page["next"], "bob", "{page}");
+
+    // One line per change in the log, whatever the number of consumers.
+    let changes = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(changes.lines().count(), 7, "{changes}");
+
+    // A restart replays the log.
+    drop(gw);
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    assert_eq!(call(&gw, "/api/x", "ka").await.status, 401);
+    assert_eq!(call(&gw, "/api/x", &key).await.status, 401);
+    let a = call(&gw, "/gold/x", &second).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn managing_consumers_needs_an_admin_token() {
+    let dir = tempdir("managed-token");
+    let (backend, _) = inspect_backend().await;
+    let gw = TestGateway::start(&config(backend, &dir.join("c.changes")), SystemClock::new()).await;
+    let ad = start_admin(&gw.gw, None).await;
+    let a = TestClient::default()
+        .request(
+            Method::PUT,
+            &format!("http://{ad}/consumers/eve"),
+            &[],
+            "{}",
+        )
+        .await;
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert!(!dir.join("c.changes").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
