@@ -2,6 +2,8 @@
 //! tiny test backend, `demo` starts a ready example in front of the echo backend.
 #![forbid(unsafe_code)]
 
+mod admin;
+mod consumers;
 mod serve;
 mod usage;
 
@@ -80,6 +82,10 @@ enum Command {
         #[arg(long, value_name = "DURATION")]
         history: Option<String>,
     },
+    /// Manage consumers at runtime through a node's admin API: list, add (or change), rm,
+    /// key (make one, or --revoke).
+    #[command(subcommand)]
+    Consumers(consumers::Action),
     /// Measure an HTTP endpoint: closed loop, or open loop at a fixed rate (--rate).
     Bench(tollgate_bench::BenchArgs),
     /// Start a ready example: the gateway on 127.0.0.1:8080 in front of the echo backend on
@@ -112,6 +118,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Bench(args) => tollgate_bench::run(args),
+        Command::Consumers(action) => consumers::run(action),
         Command::Usage {
             config,
             consumer,

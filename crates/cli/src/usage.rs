@@ -1,11 +1,8 @@
 //! `tollgate usage --config FILE CONSUMER [--history 24h]`.
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
 use std::path::Path;
 use std::process::ExitCode;
-use tollgate_config::{AdminConfig, Config};
+use tollgate_config::Config;
 use tollgate_gateway::analytics::{self, Query, Row, Step};
 use tollgate_gateway::usage::{usage, LimitUsage};
 use tollgate_gateway::Cluster;
@@ -59,40 +56,6 @@ pub fn run(path: &Path, consumer: &str, json: bool) -> ExitCode {
     }
 }
 
-/// GET `path` on the node's admin endpoint, with the token when one is set.
-async fn admin_get(admin_cfg: &AdminConfig, path: &str) -> Result<serde_json::Value, String> {
-    let admin = admin_cfg.address;
-    let stream = tokio::net::TcpStream::connect(admin).await.map_err(|e| {
-        format!("cannot reach the admin endpoint at {admin}: {e} (is the node running?)")
-    })?;
-    let (mut tx, conn) =
-        hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let mut req = http::Request::get(path).header("host", admin.to_string());
-    if let Some(t) = &admin_cfg.token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let req = req.body(Empty::new()).map_err(|e| e.to_string())?;
-    let resp = tx.send_request(req).await.map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(value["error"]
-            .as_str()
-            .unwrap_or("admin endpoint error")
-            .to_string());
-    }
-    Ok(value)
-}
-
 async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String> {
     if let Some(c) = cfg.cluster.clone() {
         // Shared limits: read the counters in Redis directly, no node needed.
@@ -110,7 +73,13 @@ async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String>
     let Some(admin_cfg) = cfg.admin else {
         return Err("this config keeps its counters in the running node; add `admin: {address: 127.0.0.1:9901}` to it and ask that node".into());
     };
-    admin_get(&admin_cfg, &format!("/usage/{consumer}")).await
+    crate::admin::call(
+        &admin_cfg,
+        http::Method::GET,
+        &format!("/usage/{consumer}"),
+        None,
+    )
+    .await
 }
 
 fn print_table(v: &serde_json::Value) {
@@ -210,7 +179,7 @@ async fn read_history(cfg: &Config, q: &Query) -> Result<(Vec<Row>, &'static str
             q.to,
             q.step.name()
         );
-        match admin_get(admin, &path).await {
+        match crate::admin::call(admin, http::Method::GET, &path, None).await {
             Ok(v) => {
                 let rows: Vec<Row> = serde_json::from_value(v["rows"].clone())
                     .map_err(|e| format!("unexpected answer from the admin endpoint: {e}"))?;

@@ -840,3 +840,70 @@ fn bench_measures_https_too() {
     let _ = g.child.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
+    let (backend, _echo) = echo_backend();
+    let dir = temp_dir("consumers-cli");
+    let _ = std::fs::remove_file(dir.join("consumers.changes"));
+    std::fs::write(dir.join("admin.token"), "cli-secret\n").expect("token");
+    let file = dir.join("tollgate.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "server: {{watch_config: false, drain_timeout: 5s}}\nlisteners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{backend: {{targets: [\"{backend}\"]}}}}\nplans: {{gold: {{limits: [{{requests: 100, per: 1m}}]}}}}\nconsumers: [{{name: alice, keys: [t1]}}]\nconsumers_log: consumers.changes\nroutes:\n  - {{name: a, path_prefix: /a/, upstream: backend, auth: {{}}}}\nadmin: {{address: \"127.0.0.1:{}\", token_file: admin.token}}\n",
+            free_port()
+        ),
+    )
+    .expect("write");
+    let tg = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("consumers")
+            .args(args)
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .expect("run");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let mut gw = Gateway::start(&file);
+    let (ok, _, err) = tg(&["add", "bob", "--plan", "gold"]);
+    assert!(ok, "{err}");
+    let (ok, key, err) = tg(&["key", "bob"]);
+    assert!(ok && key.starts_with("tg_"), "{key} {err}");
+    assert!(err.contains("shown this once"), "{err}");
+    assert_eq!(gw.get(&format!("/a/?apikey={key}")), 200);
+
+    let (ok, made, err) = tg(&["key", "bob", "--json"]);
+    assert!(ok, "{err}");
+    let made: serde_json::Value = serde_json::from_str(&made).expect("json");
+    let (second, id) = (
+        made["key"].as_str().expect("key"),
+        made["id"].as_str().expect("id"),
+    );
+    assert_eq!(gw.get(&format!("/a/?apikey={second}")), 200);
+    assert!(tg(&["key", "bob", "--revoke", id]).0);
+    assert_eq!(gw.get(&format!("/a/?apikey={second}")), 401);
+    assert!(tg(&["rm", "alice"]).0);
+    assert_eq!(gw.get("/a/?apikey=t1"), 401);
+    let (ok, list, _) = tg(&["list"]);
+    assert!(ok && list.contains("bob\tplan=gold\tkeys=1"), "{list}");
+    assert!(list.contains("alice\tplan=-\tkeys=0\tdeleted"), "{list}");
+    let (ok, _, err) = tg(&["key", "nobody"]);
+    assert!(!ok && err.contains("no consumer \"nobody\""), "{err}");
+
+    // Stopped and started again: the change log brings every change back.
+    gw.signal("-TERM");
+    gw.wait_for("all connections drained");
+    assert!(gw.child.wait().expect("wait").success());
+    let gw = Gateway::start(&file);
+    assert_eq!(gw.get(&format!("/a/?apikey={key}")), 200);
+    assert_eq!(gw.get(&format!("/a/?apikey={second}")), 401);
+    assert_eq!(gw.get("/a/?apikey=t1"), 401);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
