@@ -195,3 +195,93 @@ async fn managing_consumers_needs_an_admin_token() {
     assert!(!dir.join("c.changes").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Waits until `ok` holds, at most `within`; how long it took, or `None`.
+async fn until<F, Fut>(within: std::time::Duration, mut ok: F) -> Option<std::time::Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while start.elapsed() <= within {
+        if ok().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_change_on_one_node_reaches_every_node_within_a_second() {
+    let redis = common::redis::RedisServer::start();
+    let dir = tempdir("managed-cluster");
+    let (backend, _) = inspect_backend().await;
+    let node = |n: usize| {
+        format!(
+            "{}cluster: {{redis: \"{}\", key_prefix: managed{}}}\n",
+            config(backend, &dir.join(format!("node{n}.changes"))),
+            redis.url(),
+            std::process::id()
+        )
+    };
+    let a = TestGateway::start(&node(0), SystemClock::new()).await;
+    let b = TestGateway::start(&node(1), SystemClock::new()).await;
+    let c = TestGateway::start(&node(2), SystemClock::new()).await;
+    let ad = start_admin(&a.gw, Some(TOKEN)).await;
+    let second = std::time::Duration::from_secs(1);
+
+    let (s, _) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/bob",
+        Some(json!({"plan": "gold"})),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (_, made) = admin(ad, Method::POST, "/consumers/bob/keys", None).await;
+    let key = made["key"].as_str().expect("key").to_string();
+    let id = made["id"].as_str().expect("id").to_string();
+    for (n, gw) in [&a, &b, &c].into_iter().enumerate() {
+        let took = until(second, || async {
+            call(gw, "/gold/x", &key).await.status == 200
+        })
+        .await;
+        assert!(took.is_some(), "node {n} did not take bob's key within 1 s");
+    }
+    // Revoked on one node: refused by all three within a second.
+    let (s, _) = admin(
+        ad,
+        Method::DELETE,
+        &format!("/consumers/bob/keys/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    for (n, gw) in [&a, &b, &c].into_iter().enumerate() {
+        let took = until(second, || async {
+            call(gw, "/gold/x", &key).await.status == 401
+        })
+        .await;
+        assert!(
+            took.is_some(),
+            "node {n} still took the revoked key after 1 s"
+        );
+    }
+    // A node away while a change is made catches up when it returns.
+    drop(c);
+    let (_, made) = admin(ad, Method::POST, "/consumers/bob/keys", None).await;
+    let later = made["key"].as_str().expect("key").to_string();
+    let c = TestGateway::start(&node(2), SystemClock::new()).await;
+    let took = until(DEADLINE, || async {
+        call(&c, "/gold/x", &later).await.status == 200
+    })
+    .await;
+    assert!(
+        took.is_some(),
+        "the returning node never took the key made while it was away"
+    );
+    assert_eq!(call(&c, "/gold/x", &key).await.status, 401);
+    drop((a, b, c));
+    let _ = std::fs::remove_dir_all(&dir);
+}

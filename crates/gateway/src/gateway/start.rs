@@ -95,8 +95,11 @@ impl Gateway {
                 crate::roster::Roster::unavailable(why)
             }),
         };
-        let registry =
-            Registry::with_live(live, cluster, metrics.clone()).with_roster(Arc::new(roster));
+        let roster = Arc::new(roster);
+        if let (Some(c), Ok(_)) = (&config.cluster, tokio::runtime::Handle::try_current()) {
+            crate::roster::share::spawn(&roster, c);
+        }
+        let registry = Registry::with_live(live, cluster, metrics.clone()).with_roster(roster);
         let access_log = config
             .access_log
             .as_ref()

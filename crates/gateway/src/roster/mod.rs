@@ -5,6 +5,7 @@
 
 pub mod log;
 pub mod record;
+pub mod share;
 
 use dashmap::DashMap;
 use log::Log;
@@ -46,6 +47,8 @@ pub struct Roster {
     log: Mutex<Option<Log>>,
     /// Why changes are refused (the log could not be opened).
     broken: Option<String>,
+    /// Where changes made here go to be shared with other nodes (cluster mode).
+    outbox: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Managed>>>,
 }
 
 impl Roster {
@@ -169,6 +172,32 @@ impl Roster {
         true
     }
 
+    /// Applies a record another node made, if newer, and keeps it in the change log too
+    /// (so a restart without Redis still has it). Returns whether it was newer.
+    pub fn absorb(&self, r: Managed) -> bool {
+        let mut log = self.log.lock();
+        let line = r.clone();
+        if !self.apply_locked(r) {
+            return false;
+        }
+        if let Some(l) = log.as_mut() {
+            if let Err(e) = l.append(&line) {
+                tracing::warn!(path = %l.path().display(), "a shared consumer change is applied but not logged: {e}");
+            }
+        }
+        true
+    }
+
+    /// The records whose version is above what `theirs` holds for their name (or that it
+    /// lacks).
+    pub fn newer_than(&self, theirs: &std::collections::HashMap<String, u64>) -> Vec<Managed> {
+        self.by_name
+            .iter()
+            .filter(|r| theirs.get(r.key().as_ref()).is_none_or(|v| *v < r.version))
+            .map(|r| (**r.value()).clone())
+            .collect()
+    }
+
     /// Writes `r` to the change log, then applies it: a change answered is a change kept.
     /// A digest held by another live consumer refuses the change. Returns whether it was
     /// newer than what was there.
@@ -192,7 +221,11 @@ impl Roster {
                 source,
             })?;
         }
+        let shared = r.clone();
         let applied = self.apply_locked(r);
+        if let Some(out) = self.outbox.lock().as_ref() {
+            let _ = out.send(shared);
+        }
         if let Some(l) = log.as_mut() {
             let live = self.by_name.len() as u64;
             if l.wants_compaction(live) {
