@@ -248,6 +248,7 @@ async fn a_change_on_one_node_reaches_every_node_within_a_second() {
         })
         .await;
         assert!(took.is_some(), "node {n} did not take bob's key within 1 s");
+        eprintln!("node {n} took the new key after {took:?}");
     }
     // Revoked on one node: refused by all three within a second.
     let (s, _) = admin(
@@ -267,6 +268,7 @@ async fn a_change_on_one_node_reaches_every_node_within_a_second() {
             took.is_some(),
             "node {n} still took the revoked key after 1 s"
         );
+        eprintln!("node {n} refused the revoked key after {took:?}");
     }
     // A node away while a change is made catches up when it returns.
     drop(c);

@@ -19,6 +19,10 @@ use std::sync::Arc;
 
 /// Most consumers on one page.
 const MAX_PAGE: usize = 1000;
+/// Most keys one consumer holds through the API.
+const MAX_KEYS: usize = 100;
+/// Largest metadata of one consumer, as JSON.
+const MAX_METADATA: usize = 16 * 1024;
 
 /// Serves one request under `/consumers`. `path` is what follows `/consumers`.
 pub async fn handle(gw: &Arc<Gateway>, req: Request<Incoming>, path: &str) -> Answer {
@@ -238,6 +242,9 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
         let Some(list) = list.as_array() else {
             return bad("key_sha256 must be a list of 64-hex-digit SHA-256 digests".into());
         };
+        if list.len() > MAX_KEYS {
+            return bad(format!("at most {MAX_KEYS} keys a consumer"));
+        }
         let mut keys = Vec::with_capacity(list.len());
         for (i, d) in list.iter().enumerate() {
             let Some(digest) = d.as_str().and_then(parse_digest) else {
@@ -258,7 +265,10 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
     }
     match fields.get("metadata") {
         None => {}
-        Some(Value::Object(m)) => r.metadata = m.clone(),
+        Some(v @ Value::Object(m)) if v.to_string().len() <= MAX_METADATA => r.metadata = m.clone(),
+        Some(Value::Object(_)) => {
+            return bad(format!("metadata: at most {MAX_METADATA} bytes of JSON"))
+        }
         Some(_) => return bad("metadata must be a JSON object".into()),
     }
     r.version = snap.roster.next_version();
@@ -295,6 +305,12 @@ async fn add_key(gw: &Arc<Gateway>, snap: &Snapshot, name: &str) -> Answer {
     let Some(mut r) = base(snap, name) else {
         return not_found(name);
     };
+    if r.keys.len() >= MAX_KEYS {
+        return error(
+            StatusCode::CONFLICT,
+            &format!("{name:?} holds {MAX_KEYS} keys already; revoke one first"),
+        );
+    }
     let mut raw = [0u8; 32];
     if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw).is_err() {
         return error(

@@ -47,6 +47,8 @@ pub struct Roster {
     log: Mutex<Option<Log>>,
     /// Why changes are refused (the log could not be opened).
     broken: Option<String>,
+    /// Every name with a record, in order, for paging.
+    names: Mutex<std::collections::BTreeSet<Arc<str>>>,
     /// Where changes made here go to be shared with other nodes (cluster mode).
     outbox: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Managed>>>,
 }
@@ -107,15 +109,19 @@ impl Roster {
 
     /// Every record, sorted by name, from after `after`, at most `limit`.
     pub fn page(&self, after: Option<&str>, limit: usize) -> Vec<Arc<Managed>> {
-        let mut all: Vec<Arc<Managed>> = self
-            .by_name
-            .iter()
-            .filter(|r| after.is_none_or(|a| r.key().as_ref() > a))
-            .map(|r| r.value().clone())
-            .collect();
-        all.sort_by(|a, b| a.name.cmp(&b.name));
-        all.truncate(limit);
-        all
+        use std::ops::Bound;
+        let names: Vec<Arc<str>> = {
+            let all = self.names.lock();
+            let from = match after {
+                Some(a) => Bound::Excluded(a),
+                None => Bound::Unbounded,
+            };
+            all.range::<str, _>((from, Bound::Unbounded))
+                .take(limit)
+                .cloned()
+                .collect()
+        };
+        names.iter().filter_map(|n| self.get(n)).collect()
     }
 
     /// A version above every one seen: the time in milliseconds, times 1024, or one more
@@ -129,7 +135,7 @@ impl Roster {
             << 10;
         let mut last = self.version.load(Ordering::Acquire);
         loop {
-            let next = now.max(last + 1);
+            let next = now.max(last.saturating_add(1));
             match self
                 .version
                 .compare_exchange(last, next, Ordering::AcqRel, Ordering::Acquire)
@@ -167,6 +173,7 @@ impl Roster {
                 }
             }
         }
+        self.names.lock().insert(name.clone());
         self.by_name.insert(name, Arc::new(r));
         self.any.store(true, Ordering::Release);
         true
