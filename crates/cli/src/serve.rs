@@ -106,6 +106,12 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
         })
         .collect();
     let gw = Gateway::new(cfg, SystemClock::new());
+    if let Some(e) = gw.roster_error() {
+        tracing::error!(
+            "{e}; not starting: the consumers it deleted or changed would be back as they were"
+        );
+        return ExitCode::FAILURE;
+    }
     if let (true, Some(e)) = (analytics_required, gw.analytics_error()) {
         tracing::error!("{e}; not starting, since `analytics.required` is true");
         return ExitCode::FAILURE;

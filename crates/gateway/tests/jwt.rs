@@ -583,6 +583,31 @@ async fn a_route_may_take_a_key_or_a_token() {
         .await;
     assert_eq!(a.status, 200);
     assert!(!a.body.contains("authorization"), "{}", a.body);
+    // Deleted through the admin API: its remembered token is refused from the next
+    // request on.
+    assert_eq!(
+        call(&gw, &key.sign(&claims(&issuer.url, "alice")))
+            .await
+            .status,
+        200
+    );
+    let admin = start_admin(&gw.gw, Some("t0ken")).await;
+    let gone = TestClient::default()
+        .request(
+            Method::DELETE,
+            &format!("http://{admin}/consumers/alice"),
+            &[("authorization", "Bearer t0ken")],
+            "",
+        )
+        .await;
+    assert_eq!(gone.status, 200, "{}", gone.body);
+    let a = call(&gw, &key.sign(&claims(&issuer.url, "alice"))).await;
+    assert_eq!(a.status, 401);
+    assert!(
+        challenge(&a).contains("consumer deleted"),
+        "{}",
+        challenge(&a)
+    );
 }
 
 #[tokio::test]

@@ -166,39 +166,92 @@ async fn read_json(req: Request<Incoming>) -> Result<Value, Answer> {
     serde_json::from_slice(&body).map_err(|e| bad(&format!("the body is not JSON: {e}")))
 }
 
-/// Writes `r` on a blocking thread (the log is synced to disk) and answers `ok` with it.
-async fn commit(gw: &Arc<Gateway>, r: Managed) -> Result<(), Answer> {
-    let roster = gw.snapshot().roster.clone();
-    let done = tokio::task::spawn_blocking(move || roster.commit(r)).await;
-    match done {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(RosterError::KeyTaken(owner))) => Err(error(
-            StatusCode::CONFLICT,
-            &format!("a key is taken by consumer {owner:?}"),
-        )),
-        Ok(Err(e)) => Err(error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())),
-        Err(_) => Err(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the change was not made",
-        )),
+/// Why a change was not made.
+enum Refused {
+    NotFound,
+    Bad(String),
+    Conflict(String),
+    Roster(RosterError),
+}
+
+impl From<RosterError> for Refused {
+    fn from(e: RosterError) -> Self {
+        match e {
+            RosterError::KeyTaken(owner) => {
+                Refused::Conflict(format!("a key is taken by consumer {owner:?}"))
+            }
+            other => Refused::Roster(other),
+        }
     }
 }
 
-/// The record `name` starts from: the API's, or one made for a listed consumer (its plan).
-fn base(snap: &Snapshot, name: &str) -> Option<Managed> {
-    if let Some(m) = snap.roster.get(name).filter(|m| !m.deleted) {
-        return Some((*m).clone());
+/// What a change needs to know of the config: whether it lists the consumer, and its plan
+/// there.
+#[derive(Clone)]
+struct Listed {
+    /// `Some(plan)` when the config lists the consumer.
+    plan: Option<Option<String>>,
+}
+
+impl Listed {
+    fn of(snap: &Snapshot, name: &str) -> Listed {
+        let plan = snap.config.consumers.find(name).map(|i| {
+            snap.counters
+                .plan(i)
+                .and_then(|p| snap.config.plans.get(p))
+                .map(|p| p.name.clone())
+        });
+        Listed { plan }
     }
-    let i = snap.config.consumers.find(name)?;
-    let plan = snap.counters.plan(i).and_then(|p| snap.config.plans.get(p));
-    Some(Managed {
-        name: name.to_string(),
-        plan: plan.map(|p| p.name.clone()),
-        keys: Vec::new(),
-        metadata: Map::new(),
-        deleted: false,
-        version: 0,
+
+    /// The record a change of `name` starts from: the API's (unless deleted), or one made
+    /// for a listed consumer; `None` when neither.
+    fn start(&self, now: Option<&Managed>, name: &str) -> Option<Managed> {
+        if let Some(m) = now.filter(|m| !m.deleted) {
+            return Some(m.clone());
+        }
+        let plan = self.plan.clone()?;
+        Some(Managed {
+            name: name.to_string(),
+            plan,
+            keys: Vec::new(),
+            metadata: Map::new(),
+            deleted: false,
+            version: 0,
+        })
+    }
+}
+
+/// Makes a change of `name` on a blocking thread (the log is synced to disk), under the
+/// roster's lock (`change` sees the record as it is when the change is made).
+async fn change<T: Send + 'static>(
+    gw: &Arc<Gateway>,
+    name: &str,
+    change: impl FnOnce(Option<&Managed>) -> Result<(Managed, T), Refused> + Send + 'static,
+) -> Result<(Managed, T), Answer> {
+    let roster = gw.snapshot().roster.clone();
+    let (name, shown) = (name.to_string(), name.to_string());
+    let done = tokio::task::spawn_blocking(move || {
+        let mut extra = None;
+        let r = roster.update(&name, |now| {
+            let (m, t) = change(now)?;
+            extra = Some(t);
+            Ok::<_, Refused>(m)
+        });
+        r.map(|m| (m, extra))
     })
+    .await;
+    match done {
+        Ok(Ok((m, Some(t)))) => Ok((m, t)),
+        Ok(Ok((_, None))) | Err(_) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the change was not made",
+        )),
+        Ok(Err(Refused::NotFound)) => Err(not_found(&shown)),
+        Ok(Err(Refused::Bad(why))) => Err(error(StatusCode::BAD_REQUEST, &why)),
+        Ok(Err(Refused::Conflict(why))) => Err(error(StatusCode::CONFLICT, &why)),
+        Ok(Err(Refused::Roster(e))) => Err(error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())),
+    }
 }
 
 /// `PUT /consumers/{name}` `{"plan": …, "key_sha256": [...], "metadata": {...}}`: makes the
@@ -210,7 +263,7 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
             "{name:?} is not a consumer name: 1 to 256 visible ASCII characters, no quote, backslash or /"
         ));
     }
-    let Some(fields) = body.as_object() else {
+    let Value::Object(fields) = body else {
         return bad("the body must be a JSON object".into());
     };
     for k in fields.keys() {
@@ -220,61 +273,77 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
             ));
         }
     }
-    let existing = base(snap, name);
-    let created = existing.is_none();
-    let mut r = existing.unwrap_or_else(|| Managed {
-        name: name.to_string(),
-        plan: None,
-        keys: Vec::new(),
-        metadata: Map::new(),
-        deleted: false,
-        version: 0,
-    });
-    match fields.get("plan") {
-        None => {}
-        Some(Value::Null) => r.plan = None,
+    let plan = match fields.get("plan") {
+        None => None,
+        Some(Value::Null) => Some(None),
         Some(Value::String(p)) if snap.config.plans.iter().any(|plan| plan.name == *p) => {
-            r.plan = Some(p.clone())
+            Some(Some(p.clone()))
         }
         Some(other) => return bad(format!("plan: no plan {other}")),
-    }
-    if let Some(list) = fields.get("key_sha256") {
-        let Some(list) = list.as_array() else {
-            return bad("key_sha256 must be a list of 64-hex-digit SHA-256 digests".into());
-        };
-        if list.len() > MAX_KEYS {
-            return bad(format!("at most {MAX_KEYS} keys a consumer"));
-        }
-        let mut keys = Vec::with_capacity(list.len());
-        for (i, d) in list.iter().enumerate() {
-            let Some(digest) = d.as_str().and_then(parse_digest) else {
-                return bad(format!("key_sha256[{i}] is not 64 hex digits"));
-            };
-            let sha256 = hex(&digest);
-            // A digest kept from before keeps its id and date.
-            match r.keys.iter().find(|k| k.sha256 == sha256) {
-                Some(k) => keys.push(k.clone()),
-                None => keys.push(ManagedKey {
-                    id: sha256[..12].to_string(),
-                    sha256,
-                    created: now_secs(),
-                }),
+    };
+    let digests = match fields.get("key_sha256") {
+        None => None,
+        Some(Value::Array(list)) if list.len() <= MAX_KEYS => {
+            let mut out = Vec::with_capacity(list.len());
+            for (i, d) in list.iter().enumerate() {
+                match d.as_str().and_then(parse_digest) {
+                    Some(d) => out.push(hex(&d)),
+                    None => return bad(format!("key_sha256[{i}] is not 64 hex digits")),
+                }
             }
+            Some(out)
         }
-        r.keys = keys;
-    }
-    match fields.get("metadata") {
-        None => {}
-        Some(v @ Value::Object(m)) if v.to_string().len() <= MAX_METADATA => r.metadata = m.clone(),
+        Some(Value::Array(_)) => return bad(format!("at most {MAX_KEYS} keys a consumer")),
+        Some(_) => return bad("key_sha256 must be a list of 64-hex-digit SHA-256 digests".into()),
+    };
+    let metadata = match fields.get("metadata") {
+        None => None,
+        Some(v @ Value::Object(m)) if v.to_string().len() <= MAX_METADATA => Some(m.clone()),
         Some(Value::Object(_)) => {
             return bad(format!("metadata: at most {MAX_METADATA} bytes of JSON"))
         }
         Some(_) => return bad("metadata must be a JSON object".into()),
-    }
-    r.version = snap.roster.next_version();
-    if let Err(a) = commit(gw, r).await {
-        return a;
-    }
+    };
+    let listed = Listed::of(snap, name);
+    let owned = name.to_string();
+    let made = change(gw, name, move |now| {
+        let start = listed.start(now, &owned);
+        let created = start.is_none();
+        let mut r = start.unwrap_or_else(|| Managed {
+            name: owned.clone(),
+            plan: None,
+            keys: Vec::new(),
+            metadata: Map::new(),
+            deleted: false,
+            version: 0,
+        });
+        if let Some(p) = plan {
+            r.plan = p;
+        }
+        if let Some(list) = digests {
+            // A digest kept from before keeps its id and date.
+            r.keys = list
+                .into_iter()
+                .map(|sha256| match r.keys.iter().find(|k| k.sha256 == sha256) {
+                    Some(k) => k.clone(),
+                    None => ManagedKey {
+                        id: sha256[..12].to_string(),
+                        sha256,
+                        created: now_secs(),
+                    },
+                })
+                .collect();
+        }
+        if let Some(m) = metadata {
+            r.metadata = m;
+        }
+        Ok((r, created))
+    })
+    .await;
+    let created = match made {
+        Ok((_, created)) => created,
+        Err(a) => return a,
+    };
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -287,14 +356,17 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
 }
 
 async fn delete(gw: &Arc<Gateway>, snap: &Snapshot, name: &str) -> Answer {
-    let Some(mut r) = base(snap, name) else {
-        return not_found(name);
-    };
-    r.deleted = true;
-    r.keys.clear();
-    r.version = snap.roster.next_version();
-    match commit(gw, r).await {
-        Ok(()) => json(StatusCode::OK, &j!({"deleted": name})),
+    let listed = Listed::of(snap, name);
+    let owned = name.to_string();
+    let done = change(gw, name, move |now| {
+        let mut r = listed.start(now, &owned).ok_or(Refused::NotFound)?;
+        r.deleted = true;
+        r.keys.clear();
+        Ok((r, ()))
+    })
+    .await;
+    match done {
+        Ok(_) => json(StatusCode::OK, &j!({"deleted": name})),
         Err(a) => a,
     }
 }
@@ -302,15 +374,6 @@ async fn delete(gw: &Arc<Gateway>, snap: &Snapshot, name: &str) -> Answer {
 /// Makes a random key (32 bytes from the system's generator, base64url, `tg_` before it),
 /// keeps its digest and answers the key this once.
 async fn add_key(gw: &Arc<Gateway>, snap: &Snapshot, name: &str) -> Answer {
-    let Some(mut r) = base(snap, name) else {
-        return not_found(name);
-    };
-    if r.keys.len() >= MAX_KEYS {
-        return error(
-            StatusCode::CONFLICT,
-            &format!("{name:?} holds {MAX_KEYS} keys already; revoke one first"),
-        );
-    }
     let mut raw = [0u8; 32];
     if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw).is_err() {
         return error(
@@ -331,10 +394,21 @@ async fn add_key(gw: &Arc<Gateway>, snap: &Snapshot, name: &str) -> Answer {
         sha256,
         created: now_secs(),
     };
-    r.keys.push(made.clone());
-    r.version = snap.roster.next_version();
-    match commit(gw, r).await {
-        Ok(()) => json(
+    let listed = Listed::of(snap, name);
+    let (owned, this) = (name.to_string(), made.clone());
+    let done = change(gw, name, move |now| {
+        let mut r = listed.start(now, &owned).ok_or(Refused::NotFound)?;
+        if r.keys.len() >= MAX_KEYS {
+            return Err(Refused::Conflict(format!(
+                "{owned:?} holds {MAX_KEYS} keys already; revoke one first"
+            )));
+        }
+        r.keys.push(this);
+        Ok((r, ()))
+    })
+    .await;
+    match done {
+        Ok(_) => json(
             StatusCode::CREATED,
             &j!({"consumer": name, "id": made.id, "key": key, "sha256": made.sha256,
                  "note": "the key is shown this once; the gateway keeps its SHA-256 only"}),
@@ -344,20 +418,26 @@ async fn add_key(gw: &Arc<Gateway>, snap: &Snapshot, name: &str) -> Answer {
 }
 
 async fn revoke(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, id: &str) -> Answer {
-    let Some(mut r) = base(snap, name) else {
-        return not_found(name);
-    };
-    let before = r.keys.len();
-    r.keys.retain(|k| k.id != id);
-    if r.keys.len() == before {
-        return error(
+    let listed = Listed::of(snap, name);
+    let (owned, id_owned) = (name.to_string(), id.to_string());
+    let done = change(gw, name, move |now| {
+        let mut r = listed.start(now, &owned).ok_or(Refused::NotFound)?;
+        let before = r.keys.len();
+        r.keys.retain(|k| k.id != id_owned);
+        if r.keys.len() == before {
+            return Err(Refused::Bad(format!(
+                "consumer {owned:?} has no key {id_owned:?} made or given through this API"
+            )));
+        }
+        Ok((r, ()))
+    })
+    .await;
+    match done {
+        Ok(_) => json(StatusCode::OK, &j!({"consumer": name, "revoked": id})),
+        Err(a) if a.status() == StatusCode::BAD_REQUEST => error(
             StatusCode::NOT_FOUND,
             &format!("consumer {name:?} has no key {id:?} made or given through this API"),
-        );
-    }
-    r.version = snap.roster.next_version();
-    match commit(gw, r).await {
-        Ok(()) => json(StatusCode::OK, &j!({"consumer": name, "revoked": id})),
+        ),
         Err(a) => a,
     }
 }

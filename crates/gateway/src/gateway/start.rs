@@ -91,7 +91,7 @@ impl Gateway {
                     "cannot read the consumer change log {}: {e}",
                     path.display()
                 );
-                tracing::error!("{why}; the admin API refuses consumer changes");
+                tracing::error!("{why}");
                 crate::roster::Roster::unavailable(why)
             }),
         };

@@ -77,6 +77,12 @@ impl Gateway {
         self.analytics_error.as_deref()
     }
 
+    /// Why the consumer change log could not be read at start, if it could not: serving
+    /// without it would take back every deletion and revocation it holds.
+    pub fn roster_error(&self) -> Option<String> {
+        self.snapshot().roster.broken().map(str::to_string)
+    }
+
     /// Time since the gateway started.
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()

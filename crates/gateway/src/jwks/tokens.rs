@@ -22,6 +22,9 @@ pub struct Verified {
     pub nbf: Option<u64>,
     /// The key set's generation it was verified under.
     pub generation: u64,
+    /// How many consumer changes the admin API had made then: its consumer is looked up
+    /// again after one (deleted, or moved to another plan).
+    pub roster: u64,
     /// Headers set from its claims.
     pub headers: SmallVec<[(HeaderName, HeaderValue); 2]>,
 }

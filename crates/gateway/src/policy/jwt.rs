@@ -77,10 +77,12 @@ pub fn verify(
     }
     let now = clock.wall_nanos() / 1_000_000_000;
     let generation = jwt.keys.generation();
-    let verified = match jwt.tokens.get(token).filter(|v| v.generation == generation) {
+    let roster = snap.roster.changes();
+    let fresh = |v: &Arc<Verified>| v.generation == generation && v.roster == roster;
+    let verified = match jwt.tokens.get(token).filter(fresh) {
         Some(v) => v,
         None => {
-            let v = Arc::new(check(snap, jwt, token, generation, now)?);
+            let v = Arc::new(check(snap, jwt, token, (generation, roster), now)?);
             jwt.tokens.put(token, v.clone());
             v
         }
@@ -113,7 +115,7 @@ fn check(
     snap: &Snapshot,
     jwt: &RouteJwt,
     token: &str,
-    generation: u64,
+    (generation, roster): (u64, u64),
     now: u64,
 ) -> Result<Verified, Refusal> {
     let header =
@@ -205,6 +207,7 @@ fn check(
         exp: Some(exp),
         nbf,
         generation,
+        roster,
         headers,
     })
 }

@@ -5,7 +5,7 @@
 
 use super::record::Managed;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Lines a log may hold beyond twice its live records before it is compacted.
@@ -18,6 +18,9 @@ pub struct Log {
     /// Opened (and the file made) by the first change.
     file: Option<File>,
     lines: u64,
+    /// The file ends without a newline (a torn last line): the next line starts on a
+    /// line of its own.
+    torn: bool,
 }
 
 /// What a log held when it was opened.
@@ -30,19 +33,22 @@ pub struct Replayed {
 }
 
 impl Log {
-    /// Opens (or creates) the log at `path` and reads what it holds.
+    /// Opens the log at `path` (made by the first change) and reads what it holds. Lines
+    /// that are not a record (a torn last line after a crash, bytes that are not UTF-8)
+    /// are skipped and named; a log that cannot be read at all is an error.
     pub fn open(path: &Path) -> std::io::Result<(Log, Replayed)> {
         let mut replayed = Replayed::default();
         let mut lines = 0;
-        match File::open(path) {
-            Ok(f) => {
-                for (i, line) in BufReader::new(f).lines().enumerate() {
-                    let line = line?;
-                    if line.trim().is_empty() {
+        let mut torn = false;
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                torn = bytes.last().is_some_and(|b| *b != b'\n');
+                for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+                    if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
                     lines += 1;
-                    match serde_json::from_str::<Managed>(&line) {
+                    match serde_json::from_slice::<Managed>(line) {
                         Ok(r) => replayed.records.push(r),
                         Err(_) => replayed.skipped.push(i + 1),
                     }
@@ -56,6 +62,7 @@ impl Log {
                 path: path.to_path_buf(),
                 file: None,
                 lines,
+                torn,
             },
             replayed,
         ))
@@ -66,10 +73,17 @@ impl Log {
         &self.path
     }
 
-    /// Appends one record and syncs it to disk.
-    pub fn append(&mut self, r: &Managed) -> std::io::Result<()> {
-        let mut line = serde_json::to_vec(r)?;
-        line.push(b'\n');
+    /// Appends records and syncs them to disk, once for all.
+    pub fn append_all(&mut self, records: &[Managed]) -> std::io::Result<()> {
+        let mut out = Vec::new();
+        if std::mem::take(&mut self.torn) {
+            out.push(b'\n');
+        }
+        for r in records {
+            serde_json::to_writer(&mut out, r)?;
+            out.push(b'\n');
+        }
+        let made = self.file.is_none() && !self.path.exists();
         let file = match &mut self.file {
             Some(f) => f,
             None => self.file.insert(
@@ -79,9 +93,12 @@ impl Log {
                     .open(&self.path)?,
             ),
         };
-        file.write_all(&line)?;
+        file.write_all(&out)?;
         file.sync_data()?;
-        self.lines += 1;
+        if made {
+            sync_dir(&self.path);
+        }
+        self.lines += records.len() as u64;
         Ok(())
     }
 
@@ -103,9 +120,18 @@ impl Log {
         let f = out.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         std::fs::rename(&aside, &self.path)?;
+        sync_dir(&self.path);
         self.file = Some(OpenOptions::new().append(true).open(&self.path)?);
         self.lines = n;
         Ok(())
+    }
+}
+
+/// Syncs the folder holding `path`, so that a file made or renamed there stays after a
+/// power loss (best effort: not every file system can).
+fn sync_dir(path: &Path) {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = File::open(dir).and_then(|d| d.sync_all());
     }
 }
 
@@ -133,7 +159,7 @@ mod tests {
         let (mut log, r) = Log::open(&path).expect("open");
         assert!(r.records.is_empty());
         for v in 1..=3 {
-            log.append(&rec("alice", v)).expect("append");
+            log.append_all(&[rec("alice", v)]).expect("append");
         }
         // A torn last line, as a crash mid-write leaves it.
         std::fs::OpenOptions::new()
@@ -144,11 +170,19 @@ mod tests {
         let (mut log, r) = Log::open(&path).expect("reopen");
         assert_eq!(r.records.len(), 3);
         assert_eq!(r.skipped, vec![4]);
-        assert!(!log.wants_compaction(1));
-        log.compact([rec("alice", 3)].iter()).expect("compact");
-        log.append(&rec("bob", 4)).expect("append");
-        let (_, r) = Log::open(&path).expect("again");
-        assert_eq!(r.records, vec![rec("alice", 3), rec("bob", 4)]);
+        // The line after a torn one is a line of its own, read back whole.
+        log.append_all(&[rec("carol", 4)]).expect("append");
+        let (mut log, r) = Log::open(&path).expect("again");
+        assert_eq!(r.records.last(), Some(&rec("carol", 4)));
+        assert!(!log.wants_compaction(2));
+        log.compact([rec("alice", 3), rec("carol", 4)].iter())
+            .expect("compact");
+        log.append_all(&[rec("bob", 5)]).expect("append");
+        let (_, r) = Log::open(&path).expect("after compaction");
+        assert_eq!(
+            r.records,
+            vec![rec("alice", 3), rec("carol", 4), rec("bob", 5)]
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -41,6 +41,8 @@ pub struct Roster {
     by_digest: DashMap<[u8; 32], Arc<str>>,
     /// Whether any record exists: until then the request path looks nothing up here.
     any: AtomicBool,
+    /// Changes applied so far.
+    changes: AtomicU64,
     /// The last version handed out.
     version: AtomicU64,
     /// Serializes changes (and their log lines).
@@ -86,6 +88,11 @@ impl Roster {
         Ok(roster)
     }
 
+    /// Why changes are refused, when the change log could not be read at start.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
     /// Whether no consumer is managed here.
     pub fn is_empty(&self) -> bool {
         !self.any.load(Ordering::Acquire)
@@ -127,12 +134,7 @@ impl Roster {
     /// A version above every one seen: the time in milliseconds, times 1024, or one more
     /// than the last.
     pub fn next_version(&self) -> u64 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| {
-                u64::try_from(d.as_millis()).unwrap_or(u64::MAX >> 10)
-            })
-            << 10;
+        let now = unix_millis() << 10;
         let mut last = self.version.load(Ordering::Acquire);
         loop {
             let next = now.max(last.saturating_add(1));
@@ -154,45 +156,70 @@ impl Roster {
     }
 
     fn apply_locked(&self, r: Managed) -> bool {
-        self.version.fetch_max(r.version, Ordering::AcqRel);
         let name: Arc<str> = Arc::from(r.name.as_str());
-        if let Some(old) = self.get(&name) {
-            if old.version >= r.version {
-                return false;
-            }
-            for k in &old.keys {
-                if let Some(d) = parse_digest(&k.sha256) {
-                    self.by_digest.remove_if(&d, |_, owner| *owner == name);
-                }
-            }
+        let old = self.get(&name);
+        if old.as_ref().is_some_and(|o| o.version >= r.version) {
+            return false;
         }
-        if !r.deleted {
-            for k in &r.keys {
-                if let Some(d) = parse_digest(&k.sha256) {
-                    self.by_digest.insert(d, name.clone());
-                }
+        self.version.fetch_max(r.version, Ordering::AcqRel);
+        // The new keys first, then the record, then the keys it no longer has: a key the
+        // change keeps is never missing in between.
+        let digests = |m: &Managed| -> Vec<[u8; 32]> {
+            if m.deleted {
+                return Vec::new();
             }
+            m.keys
+                .iter()
+                .filter_map(|k| parse_digest(&k.sha256))
+                .collect()
+        };
+        let now = digests(&r);
+        for d in &now {
+            self.by_digest.insert(*d, name.clone());
         }
         self.names.lock().insert(name.clone());
-        self.by_name.insert(name, Arc::new(r));
+        self.by_name.insert(name.clone(), Arc::new(r));
+        if let Some(old) = old {
+            for d in digests(&old).iter().filter(|d| !now.contains(d)) {
+                self.by_digest.remove_if(d, |_, owner| *owner == name);
+            }
+        }
+        self.changes.fetch_add(1, Ordering::AcqRel);
         self.any.store(true, Ordering::Release);
         true
     }
 
-    /// Applies a record another node made, if newer, and keeps it in the change log too
-    /// (so a restart without Redis still has it). Returns whether it was newer.
-    pub fn absorb(&self, r: Managed) -> bool {
+    /// Counts every change applied: what was derived from the records (a verified token's
+    /// consumer) is looked at again when it moves.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Applies records other nodes made, the newer ones, and keeps those in the change log
+    /// too (one sync for all), so a restart without Redis still has them. Returns how
+    /// many were newer. Blocks on the disk: call it off the async threads.
+    pub fn absorb(&self, records: Vec<Managed>) -> usize {
         let mut log = self.log.lock();
-        let line = r.clone();
-        if !self.apply_locked(r) {
-            return false;
-        }
-        if let Some(l) = log.as_mut() {
-            if let Err(e) = l.append(&line) {
-                tracing::warn!(path = %l.path().display(), "a shared consumer change is applied but not logged: {e}");
+        let now_ceiling = (unix_millis() + 86_400_000) << 10;
+        let mut kept = Vec::new();
+        for r in records {
+            // A version more than a day ahead would freeze the consumer: refused.
+            if r.version > now_ceiling {
+                tracing::warn!(consumer = %r.name, "a shared consumer change dated more than a day ahead is ignored");
+                continue;
+            }
+            let line = r.clone();
+            if self.apply_locked(r) {
+                kept.push(line);
             }
         }
-        true
+        if let (Some(l), false) = (log.as_mut(), kept.is_empty()) {
+            if let Err(e) = l.append_all(&kept) {
+                tracing::warn!(path = %l.path().display(), "shared consumer changes are applied but not logged: {e}");
+            }
+            self.compact_if_due(l);
+        }
+        kept.len()
     }
 
     /// The records whose version is above what `theirs` holds for their name (or that it
@@ -205,46 +232,67 @@ impl Roster {
             .collect()
     }
 
-    /// Writes `r` to the change log, then applies it: a change answered is a change kept.
-    /// A digest held by another live consumer refuses the change. Returns whether it was
-    /// newer than what was there.
-    pub fn commit(&self, r: Managed) -> Result<bool, RosterError> {
+    /// Changes the record of `name` under the roster's lock, so that two changes of one
+    /// consumer never undo each other: `change` gets the record now (or `None`) and makes
+    /// the new one; its version is set here, above every one seen. The change is written
+    /// to the log (and synced) before it is applied: a change answered is a change kept.
+    /// A key digest held by another live consumer refuses it. Blocks on the disk.
+    pub fn update<E: From<RosterError>>(
+        &self,
+        name: &str,
+        change: impl FnOnce(Option<&Managed>) -> Result<Managed, E>,
+    ) -> Result<Managed, E> {
         if let Some(why) = &self.broken {
-            return Err(RosterError::Unavailable(why.clone()));
+            return Err(RosterError::Unavailable(why.clone()).into());
         }
         let mut log = self.log.lock();
+        let now = self.get(name);
+        let mut r = change(now.as_deref())?;
+        r.version = self.next_version();
         if !r.deleted {
             for k in &r.keys {
                 let owner = parse_digest(&k.sha256)
                     .and_then(|d| self.by_digest.get(&d).map(|o| o.value().clone()));
                 if let Some(o) = owner.filter(|o| **o != *r.name) {
-                    return Err(RosterError::KeyTaken(o.to_string()));
+                    return Err(RosterError::KeyTaken(o.to_string()).into());
                 }
             }
         }
         if let Some(l) = log.as_mut() {
-            l.append(&r).map_err(|source| RosterError::Log {
-                path: l.path().display().to_string(),
-                source,
-            })?;
+            l.append_all(std::slice::from_ref(&r))
+                .map_err(|source| RosterError::Log {
+                    path: l.path().display().to_string(),
+                    source,
+                })?;
         }
-        let shared = r.clone();
-        let applied = self.apply_locked(r);
+        self.apply_locked(r.clone());
         if let Some(out) = self.outbox.lock().as_ref() {
-            let _ = out.send(shared);
+            let _ = out.send(r.clone());
         }
         if let Some(l) = log.as_mut() {
-            let live = self.by_name.len() as u64;
-            if l.wants_compaction(live) {
-                let records: Vec<Arc<Managed>> =
-                    self.by_name.iter().map(|r| r.value().clone()).collect();
-                if let Err(e) = l.compact(records.iter().map(|r| r.as_ref())) {
-                    tracing::warn!(path = %l.path().display(), "consumer change log not compacted: {e}");
-                }
+            self.compact_if_due(l);
+        }
+        Ok(r)
+    }
+
+    /// Rewrites the log with one line per record when it has grown past twice that.
+    fn compact_if_due(&self, l: &mut Log) {
+        if l.wants_compaction(self.by_name.len() as u64) {
+            let records: Vec<Arc<Managed>> =
+                self.by_name.iter().map(|r| r.value().clone()).collect();
+            if let Err(e) = l.compact(records.iter().map(|r| r.as_ref())) {
+                tracing::warn!(path = %l.path().display(), "consumer change log not compacted: {e}");
             }
         }
-        Ok(applied)
     }
+}
+
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| {
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX >> 10)
+        })
 }
 
 #[cfg(test)]
@@ -271,26 +319,35 @@ mod tests {
     fn the_newest_record_wins_and_keys_follow_it() {
         let r = Roster::in_memory();
         assert!(r.is_empty());
-        assert!(r.commit(rec("alice", 1, 10)).expect("commit"));
+        r.update("alice", |_| Ok::<_, RosterError>(rec("alice", 1, 0)))
+            .expect("update");
         assert_eq!(
             r.by_digest(&[1; 32]).map(|m| m.name.clone()),
             Some("alice".into())
         );
         // An older change is ignored; a newer one moves the key.
-        assert!(!r.apply(rec("alice", 2, 5)));
-        assert!(r.apply(rec("alice", 2, 11)));
+        let v = r.get("alice").expect("alice").version;
+        assert!(!r.apply(rec("alice", 2, v - 1)));
+        assert!(r.apply(rec("alice", 2, v + 1)));
         assert!(r.by_digest(&[1; 32]).is_none());
         assert!(r.by_digest(&[2; 32]).is_some());
         // Another consumer may not take alice's key.
         assert!(matches!(
-            r.commit(rec("bob", 2, 12)),
+            r.update("bob", |_| Ok(rec("bob", 2, 0))),
             Err(RosterError::KeyTaken(o)) if o == "alice"
         ));
-        let mut gone = rec("alice", 2, 13);
-        gone.deleted = true;
-        assert!(r.commit(gone).expect("delete"));
+        let gone = r
+            .update("alice", |now| {
+                let mut m = now.cloned().expect("alice");
+                m.deleted = true;
+                Ok::<_, RosterError>(m)
+            })
+            .expect("delete");
+        assert!(gone.version > v + 1);
         assert!(r.by_digest(&[2; 32]).is_none());
         assert!(r.get("alice").is_some_and(|m| m.deleted));
-        assert!(r.next_version() > 13);
+        assert!(r.next_version() > gone.version);
+        // A change dated far ahead is not taken from another node.
+        assert_eq!(r.absorb(vec![rec("carol", 3, u64::MAX)]), 0);
     }
 }

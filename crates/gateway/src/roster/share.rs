@@ -21,6 +21,8 @@ const POLL: Duration = Duration::from_millis(100);
 const TIMEOUT: Duration = Duration::from_secs(2);
 /// Entries the stream keeps (about): a node away longer catches up from the hash.
 const STREAM_LEN: usize = 100_000;
+/// Stream entries read at once.
+const READ: usize = 1000;
 
 /// Writes a record to the hash if it is newer than the one there, and to the stream.
 const PUBLISH: &str = r"
@@ -66,7 +68,10 @@ async fn run(
             return;
         }
         let outcome = match crate::redis_link::redis_connection(&url, TIMEOUT).await {
-            Ok(mut con) => session(&roster, &mut con, &keys, &script, &mut outbox).await,
+            Ok(mut con) => {
+                wait = POLL;
+                session(&roster, &mut con, &keys, &script, &mut outbox).await
+            }
             Err(e) => Err(e),
         };
         match outcome {
@@ -118,14 +123,15 @@ async fn session(
             .arg(1000)
             .query_async(con)
             .await?;
-        let Some(r) = roster.upgrade() else {
-            return Ok(());
-        };
+        let mut batch = Vec::with_capacity(pairs.len());
         for (_, json) in pairs {
             if let Ok(m) = serde_json::from_str::<Managed>(&json) {
                 theirs.insert(m.name.clone(), m.version);
-                r.absorb(m);
+                batch.push(m);
             }
+        }
+        if !absorb(roster, batch).await {
+            return Ok(());
         }
         cursor = next;
         if cursor == 0 {
@@ -148,30 +154,51 @@ async fn session(
                 None => return Ok(()),
             },
             _ = tick.tick() => {
-                let reply: redis::streams::StreamReadReply = redis::cmd("XREAD")
-                    .arg("COUNT")
-                    .arg(1000)
-                    .arg("STREAMS")
-                    .arg(&keys.stream)
-                    .arg(&last_id)
-                    .query_async(con)
-                    .await?;
-                let Some(r) = roster.upgrade() else {
-                    return Ok(());
-                };
-                for k in reply.keys {
-                    for e in k.ids {
-                        if let Some(redis::Value::BulkString(b)) = e.map.get("r") {
-                            if let Ok(m) = serde_json::from_slice::<Managed>(b) {
-                                r.absorb(m);
+                // Everything added since the last read, a thousand at a time.
+                loop {
+                    let reply: redis::streams::StreamReadReply = redis::cmd("XREAD")
+                        .arg("COUNT")
+                        .arg(READ)
+                        .arg("STREAMS")
+                        .arg(&keys.stream)
+                        .arg(&last_id)
+                        .query_async(con)
+                        .await?;
+                    let mut batch = Vec::new();
+                    for k in reply.keys {
+                        for e in k.ids {
+                            if let Some(redis::Value::BulkString(b)) = e.map.get("r") {
+                                if let Ok(m) = serde_json::from_slice::<Managed>(b) {
+                                    batch.push(m);
+                                }
                             }
+                            last_id = e.id;
                         }
-                        last_id = e.id;
+                    }
+                    let full = batch.len() >= READ;
+                    if !absorb(roster, batch).await {
+                        return Ok(());
+                    }
+                    if !full {
+                        break;
                     }
                 }
             }
         }
     }
+}
+
+/// Applies records from Redis on a blocking thread (the log is synced). False when the
+/// roster is gone.
+async fn absorb(roster: &Weak<Roster>, batch: Vec<Managed>) -> bool {
+    let Some(r) = roster.upgrade() else {
+        return false;
+    };
+    if batch.is_empty() {
+        return true;
+    }
+    let _ = tokio::task::spawn_blocking(move || r.absorb(batch)).await;
+    true
 }
 
 async fn publish(
