@@ -1,8 +1,10 @@
-//! API key authentication: the key comes from a header or a query parameter (names set per
-//! route), identifies a consumer, and is removed before forwarding unless the route keeps
-//! it. On `mtls` routes the verified client certificate names the consumer instead: the
-//! first of its SAN entries and subject CN that is a consumer's name. The consumer's name
-//! goes upstream in a header that clients cannot forge.
+//! Who calls: the API key comes from a header or a query parameter (names set per route),
+//! identifies a consumer (one the config lists, or one the admin API manages), and is
+//! removed before forwarding unless the route keeps it. On `jwt` routes a bearer token
+//! names the consumer ([`super::jwt`]), beside or instead of a key. On `mtls` routes the
+//! verified client certificate names the consumer instead: the first of its SAN entries
+//! and subject CN that is a consumer's name. The consumer's name goes upstream in a header
+//! that clients cannot forge.
 
 use crate::clock::Clock;
 use crate::exchange::Refusal;
