@@ -21,6 +21,8 @@ pub struct Log {
     /// The file ends without a newline (a torn last line): the next line starts on a
     /// line of its own.
     torn: bool,
+    /// While a compaction runs: the records appended since it began.
+    compacting: Option<Vec<Managed>>,
 }
 
 /// What a log held when it was opened.
@@ -63,6 +65,7 @@ impl Log {
                 file: None,
                 lines,
                 torn,
+                compacting: None,
             },
             replayed,
         ))
@@ -99,6 +102,9 @@ impl Log {
             sync_dir(&self.path);
         }
         self.lines += records.len() as u64;
+        if let Some(since) = &mut self.compacting {
+            since.extend(records.iter().cloned());
+        }
         Ok(())
     }
 
@@ -107,10 +113,23 @@ impl Log {
         self.lines > live.saturating_mul(2) + SLACK
     }
 
-    /// Rewrites the log with `live` only: beside it first, synced, then renamed over it.
-    pub fn compact<'a>(&mut self, live: impl Iterator<Item = &'a Managed>) -> std::io::Result<()> {
-        let aside = self.path.with_extension("compacting");
-        let mut out = std::io::BufWriter::new(File::create(&aside)?);
+    /// Starts a compaction: from now until it ends, appended records are also kept, to be
+    /// added to the rewritten log. Returns where to write it, or `None` if one is running.
+    pub fn begin_compaction(&mut self) -> Option<PathBuf> {
+        if self.compacting.is_some() {
+            return None;
+        }
+        self.compacting = Some(Vec::new());
+        Some(self.path.with_extension("compacting"))
+    }
+
+    /// Writes `live` to `aside`, synced: the long part of a compaction, done without the
+    /// log's lock. Returns how many lines.
+    pub fn write_aside<'a>(
+        aside: &Path,
+        live: impl Iterator<Item = &'a Managed>,
+    ) -> std::io::Result<u64> {
+        let mut out = std::io::BufWriter::new(File::create(aside)?);
         let mut n = 0;
         for r in live {
             serde_json::to_writer(&mut out, r)?;
@@ -119,11 +138,33 @@ impl Log {
         }
         let f = out.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
-        std::fs::rename(&aside, &self.path)?;
+        Ok(n)
+    }
+
+    /// Ends a compaction: the records appended meanwhile are added to `aside` (`written`
+    /// lines so far), which is then renamed over the log.
+    pub fn finish_compaction(&mut self, aside: &Path, written: u64) -> std::io::Result<()> {
+        let since = self.compacting.take().unwrap_or_default();
+        let mut f = OpenOptions::new().append(true).open(aside)?;
+        let mut out = Vec::new();
+        for r in &since {
+            serde_json::to_writer(&mut out, r)?;
+            out.push(b'\n');
+        }
+        f.write_all(&out)?;
+        f.sync_all()?;
+        std::fs::rename(aside, &self.path)?;
         sync_dir(&self.path);
         self.file = Some(OpenOptions::new().append(true).open(&self.path)?);
-        self.lines = n;
+        self.lines = written + since.len() as u64;
+        self.torn = false;
         Ok(())
+    }
+
+    /// Gives a compaction up: the log stays as it is.
+    pub fn abandon_compaction(&mut self, aside: &Path) {
+        self.compacting = None;
+        let _ = std::fs::remove_file(aside);
     }
 }
 
@@ -175,13 +216,23 @@ mod tests {
         let (mut log, r) = Log::open(&path).expect("again");
         assert_eq!(r.records.last(), Some(&rec("carol", 4)));
         assert!(!log.wants_compaction(2));
-        log.compact([rec("alice", 3), rec("carol", 4)].iter())
-            .expect("compact");
-        log.append_all(&[rec("bob", 5)]).expect("append");
+        // A compaction in the background: a change appended while the records are
+        // written aside is in the rewritten log too.
+        let aside = log.begin_compaction().expect("compaction");
+        assert!(log.begin_compaction().is_none(), "one at a time");
+        log.append_all(&[rec("dave", 5)]).expect("append meanwhile");
+        let n = Log::write_aside(&aside, [rec("alice", 3), rec("carol", 4)].iter()).expect("aside");
+        log.finish_compaction(&aside, n).expect("finish");
+        log.append_all(&[rec("bob", 6)]).expect("append");
         let (_, r) = Log::open(&path).expect("after compaction");
         assert_eq!(
             r.records,
-            vec![rec("alice", 3), rec("carol", 4), rec("bob", 5)]
+            vec![
+                rec("alice", 3),
+                rec("carol", 4),
+                rec("dave", 5),
+                rec("bob", 6)
+            ]
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

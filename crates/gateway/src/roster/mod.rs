@@ -51,6 +51,8 @@ pub struct Roster {
     broken: Option<String>,
     /// Every name with a record, in order, for paging.
     names: Mutex<std::collections::BTreeSet<Arc<str>>>,
+    /// The compaction running, if one is (its thread).
+    compaction: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Where changes made here go to be shared with other nodes (cluster mode).
     outbox: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Managed>>>,
 }
@@ -198,7 +200,7 @@ impl Roster {
     /// Applies records other nodes made, the newer ones, and keeps those in the change log
     /// too (one sync for all), so a restart without Redis still has them. Returns how
     /// many were newer. Blocks on the disk: call it off the async threads.
-    pub fn absorb(&self, records: Vec<Managed>) -> usize {
+    pub fn absorb(self: &Arc<Self>, records: Vec<Managed>) -> usize {
         let mut log = self.log.lock();
         let now_ceiling = (unix_millis() + 86_400_000) << 10;
         let mut kept = Vec::new();
@@ -238,7 +240,7 @@ impl Roster {
     /// to the log (and synced) before it is applied: a change answered is a change kept.
     /// A key digest held by another live consumer refuses it. Blocks on the disk.
     pub fn update<E: From<RosterError>>(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         change: impl FnOnce(Option<&Managed>) -> Result<Managed, E>,
     ) -> Result<Managed, E> {
@@ -275,14 +277,45 @@ impl Roster {
         Ok(r)
     }
 
-    /// Rewrites the log with one line per record when it has grown past twice that.
-    fn compact_if_due(&self, l: &mut Log) {
-        if l.wants_compaction(self.by_name.len() as u64) {
-            let records: Vec<Arc<Managed>> =
-                self.by_name.iter().map(|r| r.value().clone()).collect();
-            if let Err(e) = l.compact(records.iter().map(|r| r.as_ref())) {
-                tracing::warn!(path = %l.path().display(), "consumer change log not compacted: {e}");
+    /// Rewrites the log with one line per record, on a thread of its own, when it has
+    /// grown past twice that: changes go on meanwhile (those made while the records are
+    /// written are added before the new log replaces the old).
+    fn compact_if_due(self: &Arc<Self>, l: &mut Log) {
+        if !l.wants_compaction(self.by_name.len() as u64) {
+            return;
+        }
+        let Some(aside) = l.begin_compaction() else {
+            return;
+        };
+        let records: Vec<Arc<Managed>> = self.by_name.iter().map(|r| r.value().clone()).collect();
+        let roster = Arc::clone(self);
+        let (path, aside_again) = (l.path().to_path_buf(), aside.clone());
+        let spawned = std::thread::Builder::new()
+            .name("consumers-log".into())
+            .spawn(move || {
+                let written = Log::write_aside(&aside, records.iter().map(|r| r.as_ref()));
+                let mut log = roster.log.lock();
+                let Some(l) = log.as_mut() else { return };
+                if let Err(e) = written.and_then(|n| l.finish_compaction(&aside, n)) {
+                    l.abandon_compaction(&aside);
+                    tracing::warn!(path = %l.path().display(), "consumer change log not compacted: {e}");
+                }
+            });
+        match spawned {
+            Ok(thread) => *self.compaction.lock() = Some(thread),
+            Err(e) => {
+                l.abandon_compaction(&aside_again);
+                tracing::warn!(path = %path.display(), "consumer change log not compacted: {e}");
             }
+        }
+    }
+
+    /// Waits for the compaction running, if any (tests; a shutdown need not: the old log
+    /// stays whole until the new one replaces it).
+    pub fn compacted(&self) {
+        let running = self.compaction.lock().take();
+        if let Some(t) = running {
+            let _ = t.join();
         }
     }
 }
@@ -299,6 +332,41 @@ fn unix_millis() -> u64 {
 mod tests {
     use super::*;
     use record::{hex, ManagedKey};
+
+    #[test]
+    fn the_log_is_compacted_in_the_background_and_read_back_whole() {
+        let dir = std::env::temp_dir().join(format!("tollgate-roster-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("c.changes");
+        let _ = std::fs::remove_file(&path);
+        let r = Arc::new(Roster::open(&path).expect("open"));
+        for i in 0..1500u32 {
+            r.update("alice", |_| {
+                let mut m = rec("alice", 1, 0);
+                m.metadata.insert("n".into(), i.into());
+                Ok::<_, RosterError>(m)
+            })
+            .expect("update");
+            r.update(&format!("c{}", i % 3), |_| {
+                Ok::<_, RosterError>(rec(&format!("c{}", i % 3), 9, 0)).map(|mut m| {
+                    m.keys.clear();
+                    m
+                })
+            })
+            .expect("update");
+        }
+        r.compacted();
+        let lines = std::fs::read_to_string(&path).expect("log").lines().count();
+        assert!(
+            lines < 1100,
+            "{lines} lines for 4 consumers after 3000 changes"
+        );
+        let again = Roster::open(&path).expect("reopen");
+        assert_eq!(again.len(), 4);
+        let alice = again.get("alice").expect("alice");
+        assert_eq!(alice.metadata.get("n"), Some(&1499.into()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn rec(name: &str, digest: u8, version: u64) -> Managed {
         Managed {
@@ -317,7 +385,7 @@ mod tests {
 
     #[test]
     fn the_newest_record_wins_and_keys_follow_it() {
-        let r = Roster::in_memory();
+        let r = Arc::new(Roster::in_memory());
         assert!(r.is_empty());
         r.update("alice", |_| Ok::<_, RosterError>(rec("alice", 1, 0)))
             .expect("update");
