@@ -22,6 +22,8 @@ const MAX_FRESH: Duration = Duration::from_secs(86_400);
 /// First wait after a failed fetch; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = MIN_REFETCH;
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// Longest wait between two tries while a set has no key at all.
+const NO_KEYS_BACKOFF: Duration = Duration::from_secs(30);
 
 type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
@@ -87,7 +89,13 @@ pub(super) async fn run(set: Weak<KeySet>, wake: Arc<Notify>, url: String, disco
                 }
                 h.failing = Some(e);
                 let wait = backoff;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                // A set that never had keys refuses every token: retried sooner.
+                let most = if have == 0 {
+                    NO_KEYS_BACKOFF
+                } else {
+                    MAX_BACKOFF
+                };
+                backoff = (backoff * 2).min(most);
                 wait
             }
         };
