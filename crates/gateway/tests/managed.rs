@@ -163,6 +163,25 @@ async fn changes_apply_to_the_next_request_and_survive_a_restart() {
     );
     assert_eq!(page["next"], "bob", "{page}");
 
+    let (_, status) = {
+        let a = TestClient::default()
+            .request(
+                Method::GET,
+                &format!("http://{ad}/status"),
+                &[("authorization", &format!("Bearer {TOKEN}"))],
+                "",
+            )
+            .await;
+        (
+            a.status,
+            serde_json::from_str::<Value>(&a.body).unwrap_or(Value::Null),
+        )
+    };
+    assert_eq!(status["managed_consumers"]["records"], 3, "{status}");
+    assert_eq!(
+        status["managed_consumers"]["changes_applied"], 7,
+        "{status}"
+    );
     // One line per change in the log, whatever the number of consumers.
     let changes = std::fs::read_to_string(&log).expect("log");
     assert_eq!(changes.lines().count(), 7, "{changes}");

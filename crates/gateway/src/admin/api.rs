@@ -65,6 +65,12 @@ pub fn status(gw: &Gateway) -> Answer {
             },
             "routes": snap.routes.len(),
             "consumers": snap.config.consumers.len(),
+            "managed_consumers": {
+                "records": snap.roster.len(),
+                "changes_applied": snap.roster.changes(),
+                "log": snap.config.consumers_log.as_ref().map(|p| p.display().to_string()),
+                "error": snap.roster.broken(),
+            },
             "cluster": cluster,
             "analytics": analytics,
             "access_log": access_log,
