@@ -63,6 +63,8 @@ impl KeyRing {
             }
             JwtKeys::Url(url) | JwtKeys::Discovery(url) => {
                 let set = Arc::new(KeySet::new(url.clone(), Keys::default()));
+                // Before the fetcher starts: its first fetch reads it.
+                set.set_timeout(timeout);
                 let discover = matches!(source, JwtKeys::Discovery(_));
                 match tokio::runtime::Handle::try_current() {
                     Ok(rt) => {
