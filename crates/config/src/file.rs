@@ -166,8 +166,9 @@ pub struct RouteCache {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
-    /// `redis://[:password@]host:port/db`, or `rediss://` for TLS.
-    pub redis: String,
+    /// `redis://[:password@]host:port/db` (`rediss://` for TLS), or a map: `url`, or
+    /// `sentinels` with `master_name`; `password_file`, `db`.
+    pub redis: serde_yaml_ng::Value,
     /// How often a node settles with Redis (default 10ms).
     pub sync_interval: Option<Dur>,
     /// `open` (default): keep enforcing each node's last share; `closed`: answer 503.

@@ -191,11 +191,50 @@ pub enum RedisDown {
     Closed,
 }
 
+/// Which Redis the nodes share their state through.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RedisTarget {
+    /// One server: `redis://[:password@]host:port/db`, or `rediss://` for TLS.
+    Url(String),
+    /// The master a set of Redis Sentinels watches: asked of them at every connection, so a
+    /// failover is followed.
+    Sentinel {
+        /// Each sentinel, `host:port`.
+        sentinels: Vec<String>,
+        /// The master's name in the sentinels' config.
+        master_name: String,
+        /// The master's password, if it has one.
+        password: Option<String>,
+        /// The database number.
+        db: i64,
+    },
+}
+
+impl RedisTarget {
+    /// How logs and the admin API name it: without a password.
+    pub fn shown(&self) -> String {
+        match self {
+            RedisTarget::Url(u) => match (u.find("://"), u.rfind('@')) {
+                (Some(s), Some(at)) if at > s => format!("{}***{}", &u[..s + 3], &u[at..]),
+                _ => u.clone(),
+            },
+            RedisTarget::Sentinel {
+                sentinels,
+                master_name,
+                ..
+            } => format!(
+                "master {master_name:?} via sentinels {}",
+                sentinels.join(", ")
+            ),
+        }
+    }
+}
+
 /// Shared limits through Redis.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClusterConfig {
-    /// Redis URL (`redis://` or `rediss://`).
-    pub redis: String,
+    /// The Redis (one server, or a master found through sentinels).
+    pub redis: RedisTarget,
     /// How often a node settles with Redis.
     pub sync_interval: Duration,
     /// Policy while Redis is unreachable.

@@ -4,6 +4,7 @@ mod jwt;
 mod limits;
 mod listener;
 mod problems;
+mod redis;
 mod route;
 mod tracing;
 mod upstream;
@@ -103,7 +104,7 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
         (exact, len, host)
     });
 
-    let cluster = raw.cluster.as_ref().map(|c| cluster(c, &mut p));
+    let cluster = raw.cluster.as_ref().map(|c| cluster(c, base, &mut p));
     let admin = raw
         .admin
         .as_ref()
@@ -151,16 +152,8 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
     })
 }
 
-fn cluster(c: &file::Cluster, p: &mut Problems) -> ClusterConfig {
-    if !(c.redis.starts_with("redis://") || c.redis.starts_with("rediss://")) {
-        p.add(
-            "cluster.redis",
-            format!(
-                "{:?} must be a redis:// or rediss:// URL (e.g. redis://127.0.0.1:6379/0)",
-                c.redis
-            ),
-        );
-    }
+fn cluster(c: &file::Cluster, base: &Path, p: &mut Problems) -> ClusterConfig {
+    let redis = redis::redis(&c.redis, base, p);
     let sync_interval = c.sync_interval.map_or(Duration::from_millis(10), |d| d.0);
     if sync_interval < Duration::from_millis(1) || sync_interval > Duration::from_secs(10) {
         p.add("cluster.sync_interval", "must be between 1ms and 10s");
@@ -200,7 +193,7 @@ fn cluster(c: &file::Cluster, p: &mut Problems) -> ClusterConfig {
         );
     }
     ClusterConfig {
-        redis: c.redis.clone(),
+        redis,
         sync_interval,
         on_redis_down,
         max_overadmission,

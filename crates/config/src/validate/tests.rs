@@ -403,3 +403,62 @@ routes:
         Some(crate::JwtKeys::Discovery(_))
     ));
 }
+
+#[test]
+fn redis_is_a_url_or_the_sentinels_of_a_master() {
+    let dir = std::env::temp_dir().join(format!("tollgate-redis-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("redis.pass"), "s3cret/+\n").expect("write");
+    let with = |redis: &str| {
+        crate::from_yaml_in(
+            &format!(
+                "listeners: [{{address: \"127.0.0.1:8080\"}}]\nupstreams: {{b: {{targets: [\"127.0.0.1:1\"]}}}}\nroutes: [{{name: r, path_prefix: /, upstream: b}}]\ncluster:\n  redis: {redis}\n"
+            ),
+            &dir,
+        )
+    };
+    let c = with("redis://10.0.0.5:6379/0").expect("a URL, as before");
+    assert_eq!(
+        c.cluster.expect("cluster").redis,
+        crate::RedisTarget::Url("redis://10.0.0.5:6379/0".into())
+    );
+    let c = with("{url: \"redis://10.0.0.5:6379/0\", password_file: redis.pass}").expect("url");
+    assert_eq!(
+        c.cluster.expect("cluster").redis,
+        crate::RedisTarget::Url("redis://:s3cret%2F%2B@10.0.0.5:6379/0".into())
+    );
+    let c = with("{sentinels: [\"10.0.0.1:26379\", \"10.0.0.2:26379\"], master_name: tollgate, password_file: redis.pass}")
+        .expect("sentinels");
+    let target = c.cluster.expect("cluster").redis;
+    assert_eq!(
+        target,
+        crate::RedisTarget::Sentinel {
+            sentinels: vec!["10.0.0.1:26379".into(), "10.0.0.2:26379".into()],
+            master_name: "tollgate".into(),
+            password: Some("s3cret/+".into()),
+            db: 0,
+        }
+    );
+    assert!(!target.shown().contains("s3cret"));
+    let err = with(
+        "{sentinels: [\"nohost\", \"10.0.0.1:26379\"], cluster_nodes: [\"a:1\"], colour: blue}",
+    )
+    .expect_err("bad")
+    .to_string();
+    for want in [
+        "cluster.redis.sentinels[0]: \"nohost\" must be host:port",
+        "cluster.redis.cluster_nodes: Redis Cluster is not supported yet",
+        "cluster.redis.colour: unknown setting",
+        "cluster.redis: with `sentinels`, name the master",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    let err = with("{url: \"http://x\"}")
+        .expect_err("bad url")
+        .to_string();
+    assert!(
+        err.contains("cluster.redis.url: \"http://x\" must be a redis://"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

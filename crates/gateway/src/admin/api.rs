@@ -20,6 +20,7 @@ pub fn status(gw: &Gateway) -> Answer {
     let cluster = gw.cluster().map(|c| {
         j!({
             "redis_up": c.is_up(),
+            "redis": c.cfg.redis.shown(),
             "nodes": c.nodes(),
             "sync_rounds": c.rounds_done(),
         })
@@ -90,9 +91,11 @@ fn redact(v: &mut Value) {
             }
         }
     }
-    if let Some(url) = v.pointer_mut("/cluster/redis") {
-        if let Some(s) = url.as_str() {
-            *url = Value::from(crate::redis_link::redacted(s, "<redacted>"));
+    for at in ["/cluster/redis", "/cluster/redis/url"] {
+        if let Some(url) = v.pointer_mut(at) {
+            if let Some(s) = url.as_str() {
+                *url = Value::from(crate::redis_link::redacted(s, "<redacted>"));
+            }
         }
     }
 }

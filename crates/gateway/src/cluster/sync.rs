@@ -58,7 +58,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                         conn = Some(x);
                         backoff = Duration::from_millis(100);
                         last_heartbeat = None;
-                        tracing::info!(redis = %crate::redis_link::redacted(&c.cfg.redis, "***"), "cluster: connected to Redis; sharing limits");
+                        tracing::info!(redis = %c.cfg.redis.shown(), "cluster: connected to Redis; sharing limits");
                     }
                     Err(e) => {
                         c.metrics.errors.fetch_add(1, Ordering::Relaxed);
@@ -66,7 +66,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                             || backoff == Duration::from_millis(100)
                         {
                             tracing::warn!(
-                                redis = %crate::redis_link::redacted(&c.cfg.redis, "***"),
+                                redis = %c.cfg.redis.shown(),
                                 policy = ?c.cfg.on_redis_down,
                                 "cluster: Redis unreachable ({e}); retrying with backoff"
                             );

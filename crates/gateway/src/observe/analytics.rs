@@ -433,7 +433,7 @@ fn shard_index() -> usize {
 
 /// The cluster's copy of the history: one hash per bucket, `consumer\troute\tclass` → count.
 struct RedisLink {
-    url: String,
+    target: tollgate_config::RedisTarget,
     prefix: String,
     conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
 }
@@ -441,7 +441,7 @@ struct RedisLink {
 impl RedisLink {
     fn new(c: &ClusterConfig) -> Self {
         RedisLink {
-            url: c.redis.clone(),
+            target: c.redis.clone(),
             prefix: c.key_prefix.clone(),
             conn: tokio::sync::Mutex::new(None),
         }
@@ -456,7 +456,7 @@ impl RedisLink {
         if let Some(c) = guard.as_ref() {
             return Ok(c.clone());
         }
-        let c = crate::redis_link::redis_connection(&self.url, Duration::from_secs(2)).await?;
+        let c = crate::redis_link::redis_connection(&self.target, Duration::from_secs(2)).await?;
         *guard = Some(c.clone());
         Ok(c)
     }

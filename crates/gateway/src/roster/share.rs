@@ -56,7 +56,7 @@ struct Keys {
 
 async fn run(
     roster: Weak<Roster>,
-    url: String,
+    url: tollgate_config::RedisTarget,
     keys: Keys,
     mut outbox: UnboundedReceiver<Managed>,
 ) {

@@ -1,0 +1,166 @@
+//! `cluster.redis:`: one server by URL, as before, or a map naming it (`url`) or the
+//! sentinels that know the master (`sentinels`, `master_name`), with the password in a
+//! file (`password_file`).
+
+use super::problems::Problems;
+use crate::model::RedisTarget;
+use serde_yaml_ng::Value;
+use std::path::Path;
+
+const AT: &str = "cluster.redis";
+
+/// Validates `cluster.redis`.
+pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
+    match v {
+        Value::String(url) => url_target(url, AT, None, p),
+        Value::Mapping(m) => {
+            let mut url = None;
+            let mut sentinels = Vec::new();
+            let mut master_name = None;
+            let mut password = None;
+            let mut db = 0;
+            for (k, v) in m {
+                let key = k.as_str().unwrap_or("?");
+                let here = format!("{AT}.{key}");
+                match key {
+                    "url" => url = Some(text(v, &here, p)),
+                    "master_name" => master_name = Some(text(v, &here, p)),
+                    "db" => match v.as_i64() {
+                        Some(n) if (0..=15).contains(&n) => db = n,
+                        _ => p.add(here, "must be a database number from 0 to 15"),
+                    },
+                    "sentinels" => match v.as_sequence() {
+                        Some(list) if !list.is_empty() => {
+                            for (i, s) in list.iter().enumerate() {
+                                let s = text(s, &format!("{here}[{i}]"), p);
+                                if host_port(&s) {
+                                    sentinels.push(s);
+                                } else {
+                                    p.add(
+                                        format!("{here}[{i}]"),
+                                        format!("{s:?} must be host:port (a sentinel, e.g. 10.0.0.1:26379)"),
+                                    );
+                                }
+                            }
+                        }
+                        _ => p.add(here, "must list at least one sentinel as host:port"),
+                    },
+                    "password_file" => {
+                        let f = text(v, &here, p);
+                        match std::fs::read_to_string(base.join(&f)) {
+                            Ok(s) => password = Some(s.trim_end_matches(['\n', '\r']).to_string()),
+                            Err(e) => p.add(
+                                here,
+                                format!("cannot read {}: {e}", base.join(&f).display()),
+                            ),
+                        }
+                    }
+                    "cluster_nodes" => p.add(
+                        here,
+                        "Redis Cluster is not supported yet: name one server (`url`) or the sentinels of a master (`sentinels`, `master_name`)",
+                    ),
+                    other => p.add(
+                        here,
+                        format!(
+                            "unknown setting {other:?}, expected one of `url`, `sentinels`, `master_name`, `password_file`, `db`"
+                        ),
+                    ),
+                }
+            }
+            match (url, sentinels.is_empty()) {
+                (Some(u), true) => {
+                    if master_name.is_some() {
+                        p.add(
+                            format!("{AT}.master_name"),
+                            "goes with `sentinels`, not with `url`",
+                        );
+                    }
+                    url_target(&u, &format!("{AT}.url"), password, p)
+                }
+                (None, false) => {
+                    let Some(master_name) = master_name.filter(|n| !n.is_empty()) else {
+                        p.add(
+                            AT,
+                            "with `sentinels`, name the master they watch (`master_name`)",
+                        );
+                        return RedisTarget::Url(String::new());
+                    };
+                    RedisTarget::Sentinel {
+                        sentinels,
+                        master_name,
+                        password,
+                        db,
+                    }
+                }
+                (Some(_), false) => {
+                    p.add(AT, "give either `url` or `sentinels`, not both");
+                    RedisTarget::Url(String::new())
+                }
+                (None, true) => {
+                    p.add(AT, "needs `url` or `sentinels` (with `master_name`)");
+                    RedisTarget::Url(String::new())
+                }
+            }
+        }
+        _ => {
+            p.add(
+                AT,
+                "must be a redis:// URL, or a map with `url` or `sentinels` and `master_name`",
+            );
+            RedisTarget::Url(String::new())
+        }
+    }
+}
+
+fn text(v: &Value, at: &str, p: &mut Problems) -> String {
+    match v.as_str() {
+        Some(s) => s.to_string(),
+        None => {
+            p.add(at, "must be text");
+            String::new()
+        }
+    }
+}
+
+fn host_port(s: &str) -> bool {
+    s.rsplit_once(':')
+        .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok_and(|n| n > 0))
+}
+
+/// A `redis://` or `rediss://` URL, with the password from a file put in it when it has
+/// none.
+fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -> RedisTarget {
+    let Some((scheme, rest)) = url
+        .split_once("://")
+        .filter(|(s, _)| matches!(*s, "redis" | "rediss"))
+    else {
+        p.add(
+            at,
+            format!("{url:?} must be a redis:// or rediss:// URL (e.g. redis://127.0.0.1:6379/0)"),
+        );
+        return RedisTarget::Url(url.to_string());
+    };
+    match password {
+        Some(pw) if !rest.split('/').next().unwrap_or("").contains('@') => {
+            RedisTarget::Url(format!("{scheme}://:{}@{rest}", encode(&pw)))
+        }
+        Some(_) => {
+            p.add(at, "holds a password already; leave out `password_file`");
+            RedisTarget::Url(url.to_string())
+        }
+        None => RedisTarget::Url(url.to_string()),
+    }
+}
+
+/// Percent-encodes what may not stand in a URL's password.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
