@@ -1,0 +1,198 @@
+//! Limits shared through the master Redis Sentinel names: a master, its replica and three
+//! sentinels on loopback; the master is killed and the gateway follows the one the
+//! sentinels promote, without a restart.
+
+mod common;
+
+use common::ports::free_port;
+use common::*;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tollgate_gateway::SystemClock;
+
+/// A redis-server (or sentinel) process, killed by its pid when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(args: &[String]) -> Proc {
+    Proc(
+        Command::new("redis-server")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (the test script installs it)"),
+    )
+}
+
+fn conn(port: u16) -> Option<::redis::Connection> {
+    let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}/0")).ok()?;
+    client
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .ok()
+}
+
+/// Waits (bounded) until `ok` holds.
+fn wait(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !ok() {
+        assert!(Instant::now() < deadline, "{what}: not within {DEADLINE:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn role(port: u16) -> Option<String> {
+    let mut c = conn(port)?;
+    let v: Vec<::redis::Value> = ::redis::cmd("ROLE").query(&mut c).ok()?;
+    match v.first()? {
+        ::redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        ::redis::Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_followed_without_a_restart() {
+    let dir = tempdir("sentinel");
+    let (m, r) = (free_port(), free_port());
+    let base = |port: u16| {
+        vec![
+            "--port".to_string(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+            // The replica's full sync streams, and nothing is written where the test runs.
+            "--repl-diskless-sync".into(),
+            "yes".into(),
+            "--dir".into(),
+            dir.display().to_string(),
+        ]
+    };
+    let mut master = Some(spawn(&base(m)));
+    let mut replica_args = base(r);
+    replica_args.extend(["--replicaof".into(), "127.0.0.1".into(), m.to_string()]);
+    let _replica = spawn(&replica_args);
+    wait("the replica in sync", || {
+        conn(r).is_some_and(|mut c| {
+            ::redis::cmd("INFO")
+                .arg("replication")
+                .query::<String>(&mut c)
+                .is_ok_and(|i| i.contains("master_link_status:up"))
+        })
+    });
+    let sentinel_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let _sentinels: Vec<Proc> = sentinel_ports
+        .iter()
+        .map(|&p| {
+            let conf = dir.join(format!("sentinel-{p}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {p}\nbind 127.0.0.1\nsentinel monitor tg 127.0.0.1 {m} 2\nsentinel down-after-milliseconds tg 500\nsentinel failover-timeout tg 2000\nsentinel parallel-syncs tg 1\n"
+                ),
+            )
+            .expect("sentinel config");
+            spawn(&[conf.display().to_string(), "--sentinel".into()])
+        })
+        .collect();
+    for &p in &sentinel_ports {
+        wait("a sentinel up", || conn(p).is_some());
+    }
+
+    let (backend, _) = inspect_backend().await;
+    let sentinels = sentinel_ports
+        .iter()
+        .map(|p| format!("\"127.0.0.1:{p}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let yaml = yaml(
+        backend,
+        &format!(
+            r#"consumers: [{{name: alice, keys: [ka]}}]
+routes:
+  - {{name: api, path_prefix: /api/, upstream: backend, auth: {{}}, limits: [{{requests: 1000, per: 1h}}]}}
+cluster:
+  redis: {{sentinels: [{sentinels}], master_name: tg}}
+  key_prefix: sentinel{pid}
+"#,
+            pid = std::process::id()
+        ),
+    );
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    let client = TestClient::default();
+    let up = "tollgate_cluster_redis_up 1";
+    assert!(
+        metrics_with(&gw.gw, up).await.contains(up),
+        "never reached the master"
+    );
+    for _ in 0..5 {
+        assert_eq!(client.get(&gw.url("/api/x?apikey=ka")).await.status, 200);
+    }
+    // The gateway writes to the master it was given.
+    let counted = |port: u16| {
+        conn(port).is_some_and(|mut c| {
+            ::redis::cmd("KEYS")
+                .arg(format!("sentinel{}*", std::process::id()))
+                .query::<Vec<String>>(&mut c)
+                .is_ok_and(|k| !k.is_empty())
+        })
+    };
+    wait("counts in the master", || counted(m));
+
+    // The master dies; the sentinels promote the replica; the gateway follows it.
+    drop(master.take());
+    let start = Instant::now();
+    wait("the replica promoted", || {
+        role(r).as_deref() == Some("master")
+    });
+    let promoted = start.elapsed();
+    // The gateway's heartbeat (a score of milliseconds in `PREFIX:nodes`) written to the
+    // promoted server after its promotion: the gateway follows it.
+    let promoted_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as f64;
+    let nodes = format!("sentinel{}:nodes", std::process::id());
+    let heartbeat = || -> f64 {
+        conn(r)
+            .and_then(|mut c| {
+                ::redis::cmd("ZRANGE")
+                    .arg(&nodes)
+                    .arg(-1)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query::<Vec<(String, f64)>>(&mut c)
+                    .ok()
+            })
+            .and_then(|v| v.first().map(|(_, score)| *score))
+            .unwrap_or(0.0)
+    };
+    let mut followed = None;
+    let deadline = Instant::now() + DEADLINE;
+    while followed.is_none() && Instant::now() < deadline {
+        let _ = client.get(&gw.url("/api/x?apikey=ka")).await;
+        if heartbeat() > promoted_ms && metrics_has(&gw, up) {
+            followed = Some(start.elapsed());
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let followed = followed.expect("the gateway never followed the new master");
+    eprintln!("promoted after {promoted:?}; the gateway followed after {followed:?}");
+    assert_eq!(client.get(&gw.url("/api/x?apikey=ka")).await.status, 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn metrics_has(gw: &TestGateway, line: &str) -> bool {
+    gw.gw.metrics_text().lines().any(|l| l == line)
+}
