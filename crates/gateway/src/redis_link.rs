@@ -13,14 +13,25 @@ pub async fn redis_connection(
     target: &RedisTarget,
     timeout: Duration,
 ) -> Result<redis::aio::MultiplexedConnection, redis::RedisError> {
+    Ok(redis_connection_at(target, timeout).await?.0)
+}
+
+/// [`redis_connection`], and the address of the server it reached (`host:port`: with
+/// sentinels, the master they named).
+pub async fn redis_connection_at(
+    target: &RedisTarget,
+    timeout: Duration,
+) -> Result<(redis::aio::MultiplexedConnection, String), redis::RedisError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = client(target, timeout).await?;
+    let addr = client.get_connection_info().addr().to_string();
     let cfg = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout));
-    client
+    let conn = client
         .get_multiplexed_async_connection_with_config(&cfg)
-        .await
+        .await?;
+    Ok((conn, addr))
 }
 
 /// The client of the server to use now: the URL's, or the master the sentinels name.

@@ -130,6 +130,14 @@ cluster:
     );
     let gw = TestGateway::start(&yaml, SystemClock::new()).await;
     let client = TestClient::default();
+    let admin = start_admin(&gw.gw, None).await;
+    let server = |status: &serde_json::Value| status["cluster"]["server"].clone();
+    let status = || async {
+        let a = TestClient::default()
+            .get(&format!("http://{admin}/status"))
+            .await;
+        serde_json::from_str::<serde_json::Value>(&a.body).unwrap_or_default()
+    };
     let up = "tollgate_cluster_redis_up 1";
     assert!(
         metrics_with(&gw.gw, up).await.contains(up),
@@ -148,6 +156,13 @@ cluster:
         })
     };
     wait("counts in the master", || counted(m));
+    let before = status().await;
+    assert_eq!(
+        server(&before)["address"],
+        format!("127.0.0.1:{m}"),
+        "{before}"
+    );
+    assert!(server(&before)["switched_at"].is_null(), "{before}");
 
     // The master dies; the sentinels promote the replica; the gateway follows it.
     drop(master.take());
@@ -190,6 +205,14 @@ cluster:
     let followed = followed.expect("the gateway never followed the new master");
     eprintln!("promoted after {promoted:?}; the gateway followed after {followed:?}");
     assert_eq!(client.get(&gw.url("/api/x?apikey=ka")).await.status, 200);
+    // `/status` names the server the node moved to, and when.
+    let after = status().await;
+    assert_eq!(
+        server(&after)["address"],
+        format!("127.0.0.1:{r}"),
+        "{after}"
+    );
+    assert!(server(&after)["switched_at"].is_u64(), "{after}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

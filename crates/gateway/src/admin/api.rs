@@ -18,9 +18,15 @@ pub fn status(gw: &Gateway) -> Answer {
     let r = gw.reload_status();
     let snap = gw.snapshot();
     let cluster = gw.cluster().map(|c| {
+        let server = c.server();
         j!({
             "redis_up": c.is_up(),
             "redis": c.cfg.redis.shown(),
+            "server": {
+                "address": server.address,
+                "connected_at": server.connected_at,
+                "switched_at": server.switched_at,
+            },
             "nodes": c.nodes(),
             "sync_rounds": c.rounds_done(),
         })

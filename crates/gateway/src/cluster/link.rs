@@ -35,8 +35,21 @@ pub struct Cluster {
     pub(super) nodes: AtomicU64,
     pub(super) rtt_us: AtomicU64,
     pub(super) rounds: watch::Sender<u64>,
+    /// The Redis server the syncer last connected to, and when it switched to another.
+    pub(super) server: parking_lot::Mutex<Server>,
     /// Counters for metrics.
     pub metrics: ClusterMetrics,
+}
+
+/// Which Redis server a node shares its limits through, for `/status`.
+#[derive(Debug, Default, Clone)]
+pub struct Server {
+    /// `host:port` (with sentinels, the master they named).
+    pub address: Option<String>,
+    /// When the node connected to it, seconds since the epoch.
+    pub connected_at: Option<u64>,
+    /// When the node last moved to another server (a failover), seconds since the epoch.
+    pub switched_at: Option<u64>,
 }
 
 impl Cluster {
@@ -57,8 +70,27 @@ impl Cluster {
             nodes: AtomicU64::new(1),
             rtt_us: AtomicU64::new(1_000),
             rounds: watch::channel(0).0,
+            server: parking_lot::Mutex::default(),
             metrics: ClusterMetrics::default(),
         })
+    }
+
+    /// The Redis server the node uses (or last used), and when it switched.
+    pub fn server(&self) -> Server {
+        self.server.lock().clone()
+    }
+
+    /// Records a connection to the server at `address`.
+    pub(super) fn connected_to(&self, address: String) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut s = self.server.lock();
+        if s.address.as_ref().is_some_and(|a| *a != address) {
+            s.switched_at = Some(now);
+        }
+        s.address = Some(address);
+        s.connected_at = Some(now);
     }
 
     /// Whether the last exchange with Redis succeeded.

@@ -106,8 +106,9 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
 }
 
 async fn connect(c: &Cluster) -> Result<(MultiplexedConnection, String), redis::RedisError> {
-    let mut conn =
-        crate::redis_link::redis_connection(&c.cfg.redis, Duration::from_secs(1)).await?;
+    let (mut conn, address) =
+        crate::redis_link::redis_connection_at(&c.cfg.redis, Duration::from_secs(1)).await?;
+    c.connected_to(address);
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(LEASE)
