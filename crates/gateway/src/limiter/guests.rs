@@ -4,7 +4,8 @@
 //! that comes with another plan (another route's, or a token that names another) is
 //! another guest: its counts are its name's, limit by limit, as for any consumer.
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
@@ -27,19 +28,27 @@ pub struct Guest<S> {
     pub slot: Mutex<S>,
 }
 
+/// A guest name's plan slots and its number on each (nearly always one).
+type Plans = SmallVec<[(u32, u32); 1]>;
+
 /// [`CHUNK`] guests, each set once.
 type Chunk<S> = Box<[OnceLock<Guest<S>>]>;
 
 /// The guests of one table, by number and by name.
 pub struct Guests<S> {
-    by_name: Mutex<HashMap<(Arc<str>, u32), u32>>,
+    /// By name: each plan slot it came with, and its number there. Read on every request
+    /// of a guest (a shared lock, no allocation); written when one arrives.
+    by_name: RwLock<HashMap<Arc<str>, Plans>>,
+    /// How many there are.
+    count: std::sync::atomic::AtomicUsize,
     chunks: Box<[OnceLock<Chunk<S>>]>,
 }
 
 impl<S> Default for Guests<S> {
     fn default() -> Self {
         Guests {
-            by_name: Mutex::default(),
+            by_name: RwLock::default(),
+            count: std::sync::atomic::AtomicUsize::new(0),
             chunks: (0..MAX_GUESTS / CHUNK).map(|_| OnceLock::new()).collect(),
         }
     }
@@ -50,12 +59,20 @@ impl<S: Default> Guests<S> {
     /// when there are [`MAX_GUESTS`] already.
     pub fn add(&self, name: &str, plan: usize) -> Option<usize> {
         let plan = u32::try_from(plan).ok()?;
-        let mut by_name = self.by_name.lock();
-        let name: Arc<str> = Arc::from(name);
-        if let Some(&n) = by_name.get(&(name.clone(), plan)) {
-            return Some(n as usize);
+        let find = |plans: &Plans| {
+            plans
+                .iter()
+                .find(|(p, _)| *p == plan)
+                .map(|(_, n)| *n as usize)
+        };
+        if let Some(n) = self.by_name.read().get(name).and_then(find) {
+            return Some(n);
         }
-        let n = by_name.len();
+        let mut by_name = self.by_name.write();
+        if let Some(n) = by_name.get(name).and_then(find) {
+            return Some(n);
+        }
+        let n = self.count.load(std::sync::atomic::Ordering::Relaxed);
         if n >= MAX_GUESTS {
             return None;
         }
@@ -63,13 +80,20 @@ impl<S: Default> Guests<S> {
             .chunks
             .get(n / CHUNK)?
             .get_or_init(|| (0..CHUNK).map(|_| OnceLock::new()).collect());
+        let number = u32::try_from(n).ok()?;
+        let name: Arc<str> = match by_name.get_key_value(name) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(name),
+        };
         let guest = Guest {
             name: name.clone(),
             plan,
             slot: Mutex::new(S::default()),
         };
         chunk.get(n % CHUNK)?.set(guest).ok()?;
-        by_name.insert((name, plan), u32::try_from(n).ok()?);
+        by_name.entry(name).or_default().push((plan, number));
+        self.count
+            .store(n + 1, std::sync::atomic::Ordering::Relaxed);
         Some(n)
     }
 }
@@ -82,7 +106,7 @@ impl<S> Guests<S> {
 
     /// How many there are.
     pub fn count(&self) -> usize {
-        self.by_name.lock().len()
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
