@@ -64,8 +64,8 @@ pub(crate) fn valid_token(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| (0x21..0x7f).contains(&b))
 }
 
-/// `<64 hex digits>` → digest.
-pub(crate) fn parse_digest(s: &str) -> Option<KeyDigest> {
+/// `<64 hex digits>` (surrounding spaces ignored) → digest.
+pub fn parse_digest(s: &str) -> Option<KeyDigest> {
     let s = s.trim();
     if s.len() != 64 {
         return None;

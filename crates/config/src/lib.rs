@@ -23,6 +23,7 @@ pub mod units;
 mod validate;
 
 pub use consumers::{key_digest, Consumers};
+pub use consumers_file::parse_digest;
 pub use error::{ConfigError, Problem};
 pub use model::*;
 pub use token::*;

@@ -42,16 +42,12 @@ pub struct ManagedKey {
     pub created: u64,
 }
 
-/// 64 hex digits → a digest.
+/// Exactly 64 hex digits → a digest (the config's reading of `key_sha256`, without its
+/// tolerance of surrounding spaces: a record holds what the API wrote).
 pub fn parse_digest(hex: &str) -> Option<[u8; 32]> {
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
+    (hex.len() == 64)
+        .then(|| tollgate_config::parse_digest(hex))
+        .flatten()
 }
 
 /// A digest as 64 lowercase hex digits.
