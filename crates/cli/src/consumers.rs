@@ -71,7 +71,9 @@ pub fn run(action: Action) -> ExitCode {
             after,
             json,
         } => {
-            let q = after.map_or(String::new(), |a| format!("?after={}", encode(&a)));
+            let q = after.map_or(String::new(), |a| {
+                format!("?after={}", crate::admin::encode(&a))
+            });
             (config, Method::GET, format!("/consumers{q}"), None, json)
         }
         Action::Add {
@@ -102,11 +104,11 @@ pub fn run(action: Action) -> ExitCode {
                     }
                 }
             }
-            let path = format!("/consumers/{}", encode(&name));
+            let path = format!("/consumers/{}", crate::admin::encode(&name));
             (config, Method::PUT, path, Some(Value::Object(body)), json)
         }
         Action::Rm { config, name } => {
-            let path = format!("/consumers/{}", encode(&name));
+            let path = format!("/consumers/{}", crate::admin::encode(&name));
             (config, Method::DELETE, path, None, false)
         }
         Action::Key {
@@ -117,7 +119,7 @@ pub fn run(action: Action) -> ExitCode {
         } => (
             config,
             Method::POST,
-            format!("/consumers/{}/keys", encode(&name)),
+            format!("/consumers/{}/keys", crate::admin::encode(&name)),
             None,
             json,
         ),
@@ -129,7 +131,11 @@ pub fn run(action: Action) -> ExitCode {
         } => (
             config,
             Method::DELETE,
-            format!("/consumers/{}/keys/{}", encode(&name), encode(&id)),
+            format!(
+                "/consumers/{}/keys/{}",
+                crate::admin::encode(&name),
+                crate::admin::encode(&id)
+            ),
             None,
             json,
         ),
@@ -165,19 +171,6 @@ fn call(config: &Path, method: Method, path: &str, body: Option<&Value>) -> Resu
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     rt.block_on(crate::admin::call(&admin, method, path, body))
-}
-
-/// Percent-encodes what may not stand in a path segment or query value.
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~@".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 fn print(v: &Value, json: bool) {

@@ -174,7 +174,7 @@ async fn read_history(cfg: &Config, q: &Query) -> Result<(Vec<Row>, &'static str
     if let Some(admin) = &cfg.admin {
         let path = format!(
             "/analytics?consumer={}&from={}&to={}&step={}",
-            encode(q.consumer.as_deref().unwrap_or("")),
+            crate::admin::encode(q.consumer.as_deref().unwrap_or("")),
             q.from,
             q.to,
             q.step.name()
@@ -196,19 +196,6 @@ async fn read_history(cfg: &Config, q: &Query) -> Result<(Vec<Row>, &'static str
             "this config keeps no usage history; add `analytics: {path: …}` to it".into()
         })),
     }
-}
-
-/// Percent-encodes a query value.
-fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 fn print_history(consumer: &str, q: &Query, source: &str, rows: &[Row]) {
