@@ -16,6 +16,7 @@ pub(crate) mod exchange;
 #[doc(hidden)]
 pub mod fuzz;
 pub(crate) mod gateway;
+pub(crate) mod https_link;
 pub(crate) mod inbound;
 pub(crate) mod jwks;
 pub(crate) mod limiter;

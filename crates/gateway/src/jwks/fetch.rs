@@ -28,15 +28,7 @@ const NO_KEYS_BACKOFF: Duration = Duration::from_secs(30);
 type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
 fn client() -> Result<HttpClient, String> {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_native_roots(Arc::new(rustls::crypto::ring::default_provider()))
-        .map_err(|e| format!("TLS roots: {e}"))?
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector))
+    crate::https_link::client(HttpConnector::new()).map_err(|e| format!("TLS roots: {e}"))
 }
 
 /// Fetches the set behind `url` (the issuer's, when `discover`) until no snapshot uses it.

@@ -77,15 +77,9 @@ pub(super) fn exporter(
         }
         OtlpProtocol::Http => {
             let mut http = HttpConnector::new();
-            http.enforce_http(false);
             http.set_nodelay(true);
             http.set_connect_timeout(Some(cfg.timeout));
-            let connector = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_provider_and_native_roots(Arc::new(rustls::crypto::ring::default_provider()))?
-                .https_or_http()
-                .enable_http1()
-                .wrap_connector(http);
-            let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+            let client = crate::https_link::client(http)?;
             let mut headers = Vec::with_capacity(cfg.headers.len());
             for (k, v) in &cfg.headers {
                 headers.push((
