@@ -215,6 +215,12 @@ async fn call(gw: &TestGateway, token: &str) -> Answer {
         .await
 }
 
+/// A 401 whose `WWW-Authenticate` says `why`.
+fn assert_refused(a: &Answer, why: &str) {
+    assert_eq!(a.status, 401, "{}", a.body);
+    assert!(challenge(a).contains(why), "{}", challenge(a));
+}
+
 fn challenge(a: &Answer) -> String {
     a.headers
         .get_all("www-authenticate")
@@ -386,12 +392,7 @@ routes:
     // in the config, below; refused in tokens: see the refusals test).
     let rsa = Signer::load("rsa-a.pem", Algorithm::RS256, "a");
     let a = call(&gw, &rsa.sign(&c)).await;
-    assert_eq!(a.status, 401);
-    assert!(
-        challenge(&a).contains("signing algorithm not accepted"),
-        "{}",
-        challenge(&a)
-    );
+    assert_refused(&a, "signing algorithm not accepted");
     let refused = tollgate_config::from_yaml(
         "upstreams: {b: {targets: [\"127.0.0.1:1\"]}}\nroutes:\n  - {name: r, path_prefix: /, upstream: b, auth: {jwt: {jwks_url: \"http://127.0.0.1:1/jwks\", algorithms: [HS256, none]}}}\n",
     )
@@ -470,12 +471,7 @@ async fn a_rotated_key_is_fetched_on_its_first_token_and_the_old_one_stops() {
     issuer.served.lock().jwks = json!({"keys": [new.jwk()]});
     let new_token = new.sign(&claims(&iss, "alice"));
     let a = call(&gw, &new_token).await;
-    assert_eq!(a.status, 401);
-    assert!(
-        challenge(&a).contains("unknown key id"),
-        "{}",
-        challenge(&a)
-    );
+    assert_refused(&a, "unknown key id");
     // The unknown kid asked for the set again (no sooner than 10 s after the last fetch);
     // a fetch is counted once its keys are in place.
     issuer.fetched(2).await;
@@ -602,12 +598,7 @@ async fn a_route_may_take_a_key_or_a_token() {
         .await;
     assert_eq!(gone.status, 200, "{}", gone.body);
     let a = call(&gw, &key.sign(&claims(&issuer.url, "alice"))).await;
-    assert_eq!(a.status, 401);
-    assert!(
-        challenge(&a).contains("consumer deleted"),
-        "{}",
-        challenge(&a)
-    );
+    assert_refused(&a, "consumer deleted");
 }
 
 #[tokio::test]
@@ -633,12 +624,7 @@ async fn a_token_without_kid_is_tried_against_the_keys_of_its_kind() {
         gateway(&issuer, "", "").await
     };
     let a = call(&gw2, &ps.sign(&claims(&issuer.url, "alice"))).await;
-    assert_eq!(a.status, 401);
-    assert!(
-        challenge(&a).contains("no key for this algorithm"),
-        "{}",
-        challenge(&a)
-    );
+    assert_refused(&a, "no key for this algorithm");
 }
 
 #[tokio::test]

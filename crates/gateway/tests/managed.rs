@@ -163,20 +163,7 @@ async fn changes_apply_to_the_next_request_and_survive_a_restart() {
     );
     assert_eq!(page["next"], "bob", "{page}");
 
-    let (_, status) = {
-        let a = TestClient::default()
-            .request(
-                Method::GET,
-                &format!("http://{ad}/status"),
-                &[("authorization", &format!("Bearer {TOKEN}"))],
-                "",
-            )
-            .await;
-        (
-            a.status,
-            serde_json::from_str::<Value>(&a.body).unwrap_or(Value::Null),
-        )
-    };
+    let (_, status) = admin(ad, Method::GET, "/status", None).await;
     assert_eq!(status["managed_consumers"]["records"], 3, "{status}");
     assert_eq!(
         status["managed_consumers"]["changes_applied"], 7,
