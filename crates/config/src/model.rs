@@ -203,10 +203,24 @@ pub enum RedisTarget {
         sentinels: Vec<String>,
         /// The master's name in the sentinels' config.
         master_name: String,
+        /// The master's ACL user, if not `default`.
+        username: Option<String>,
         /// The master's password, if it has one.
         password: Option<String>,
         /// The database number.
         db: i64,
+    },
+    /// A Redis Cluster, found through any of its nodes; keys are spread over its masters
+    /// by hash slot, and MOVED / ASK redirections are followed.
+    Cluster {
+        /// Seed nodes, `host:port` each (the rest are learned from them).
+        nodes: Vec<String>,
+        /// The nodes' ACL user, if not `default`.
+        username: Option<String>,
+        /// The nodes' password, if they have one.
+        password: Option<String>,
+        /// Whether to speak TLS (`tls: true`, as `rediss://`).
+        tls: bool,
     },
 }
 
@@ -226,6 +240,7 @@ impl RedisTarget {
                 "master {master_name:?} via sentinels {}",
                 sentinels.join(", ")
             ),
+            RedisTarget::Cluster { nodes, .. } => format!("Redis Cluster via {}", nodes.join(", ")),
         }
     }
 }

@@ -1,28 +1,107 @@
 //! How every Redis link of the gateway opens (limits, usage history, managed consumers,
-//! `tollgate usage`): to one server by URL, or to the master a set of Redis Sentinels
-//! names, asked of them at every connection so that a failover is followed by the next
-//! reconnect.
+//! `tollgate usage`): to one server by URL, to the master a set of Redis Sentinels names
+//! (asked of them at every connection, so that a failover is followed by the next
+//! reconnect), or to a Redis Cluster (keys routed by hash slot, MOVED / ASK followed).
 
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::time::Duration;
 use tollgate_config::RedisTarget;
+
+/// A connection to the Redis a config names. Cheap to clone (both kinds multiplex).
+#[derive(Clone)]
+pub enum RedisConn {
+    /// One server (by URL, or the master the sentinels named).
+    One(MultiplexedConnection),
+    /// A Redis Cluster: every command goes to the master of its key's slot. A pipeline
+    /// must keep to one slot ([`RedisConn::is_cluster`] tells callers to group by slot).
+    Cluster(ClusterConnection),
+}
+
+impl RedisConn {
+    /// Whether this is a Redis Cluster, where a pipeline or script keeps to one hash slot.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, RedisConn::Cluster(_))
+    }
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::One(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::One(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::One(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
 
 /// A connection to `target`, giving up on connecting or on an answer after `timeout`.
 /// Every Redis link of the gateway opens this way.
 pub async fn redis_connection(
     target: &RedisTarget,
     timeout: Duration,
-) -> Result<redis::aio::MultiplexedConnection, redis::RedisError> {
+) -> Result<RedisConn, redis::RedisError> {
     Ok(redis_connection_at(target, timeout).await?.0)
 }
 
 /// [`redis_connection`], and the address of the server it reached (`host:port`: with
-/// sentinels, the master they named).
+/// sentinels, the master they named; for a Redis Cluster, the seed nodes).
 pub async fn redis_connection_at(
     target: &RedisTarget,
     timeout: Duration,
-) -> Result<(redis::aio::MultiplexedConnection, String), redis::RedisError> {
+) -> Result<(RedisConn, String), redis::RedisError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if let RedisTarget::Cluster {
+        nodes,
+        username,
+        password,
+        tls,
+    } = target
+    {
+        let scheme = if *tls { "rediss" } else { "redis" };
+        let urls: Vec<String> = nodes.iter().map(|n| format!("{scheme}://{n}")).collect();
+        let mut b = redis::cluster::ClusterClientBuilder::new(urls)
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(2);
+        if let Some(u) = username {
+            b = b.username(u);
+        }
+        if let Some(p) = password {
+            b = b.password(p);
+        }
+        let client = b.build()?;
+        let conn = match tokio::time::timeout(timeout * 2, client.get_async_connection()).await {
+            Ok(c) => c?,
+            Err(_) => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no node of the Redis Cluster answered in time",
+                )))
+            }
+        };
+        return Ok((RedisConn::Cluster(conn), nodes.join(",")));
+    }
     let client = client(target, timeout).await?;
     let addr = client.get_connection_info().addr().to_string();
     let cfg = redis::AsyncConnectionConfig::new()
@@ -31,7 +110,7 @@ pub async fn redis_connection_at(
     let conn = client
         .get_multiplexed_async_connection_with_config(&cfg)
         .await?;
-    Ok((conn, addr))
+    Ok((RedisConn::One(conn), addr))
 }
 
 /// The client of the server to use now: the URL's, or the master the sentinels name.
@@ -41,10 +120,14 @@ async fn client(target: &RedisTarget, timeout: Duration) -> redis::RedisResult<r
         RedisTarget::Sentinel {
             sentinels,
             master_name,
+            username,
             password,
             db,
         } => {
             let mut info = redis::RedisConnectionInfo::default().set_db(*db);
+            if let Some(u) = username {
+                info = info.set_username(u);
+            }
             if let Some(p) = password {
                 info = info.set_password(p);
             }
@@ -63,6 +146,60 @@ async fn client(target: &RedisTarget, timeout: Duration) -> redis::RedisResult<r
                     "no sentinel named the master in time",
                 ))),
             }
+        }
+        RedisTarget::Cluster { .. } => Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "a Redis Cluster has no single server",
+        ))),
+    }
+}
+
+/// The hash slot of `key` (of its `{tag}` if it has one): the commands of one pipeline or
+/// script on a Redis Cluster must keep to one.
+pub fn slot_of(key: &str) -> redis::cluster_routing::Slot {
+    redis::cluster_routing::Slot::for_key(key)
+}
+
+/// Runs `cmds`, each on the key it names, and returns their answers in order: one
+/// pipeline on one server; on a Redis Cluster, one pipeline per hash slot, all at once.
+pub async fn query_keyed(
+    conn: &RedisConn,
+    cmds: Vec<(String, Cmd)>,
+) -> redis::RedisResult<Vec<Value>> {
+    match conn {
+        RedisConn::One(c) => {
+            if cmds.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut pipe = redis::pipe();
+            for (_, cmd) in cmds {
+                pipe.add_command(cmd);
+            }
+            pipe.query_async(&mut c.clone()).await
+        }
+        RedisConn::Cluster(c) => {
+            let n = cmds.len();
+            let mut groups: std::collections::HashMap<_, (Pipeline, Vec<usize>)> =
+                std::collections::HashMap::new();
+            for (i, (key, cmd)) in cmds.into_iter().enumerate() {
+                let g = groups.entry(slot_of(&key)).or_default();
+                g.0.add_command(cmd);
+                g.1.push(i);
+            }
+            let asked = groups.into_values().map(|(pipe, at)| {
+                let mut c = c.clone();
+                async move {
+                    let v: Vec<Value> = pipe.query_async(&mut c).await?;
+                    Ok::<_, redis::RedisError>((at, v))
+                }
+            });
+            let mut out = vec![Value::Nil; n];
+            for (at, values) in futures_util::future::try_join_all(asked).await? {
+                for (i, v) in at.into_iter().zip(values) {
+                    out[i] = v;
+                }
+            }
+            Ok(out)
         }
     }
 }

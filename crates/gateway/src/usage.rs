@@ -64,8 +64,8 @@ pub async fn usage(
         // Shared limits are read from Redis below; local ones from the cell.
         let used = match &cell.shared {
             Some(shared) => {
-                let window = now.wall / cell.window_ns.max(1);
-                keys.push((limits.len(), shared.key_for(window)));
+                let sub = now.wall / cell.slot_ns();
+                keys.push((limits.len(), shared.key().to_string(), sub));
                 0
             }
             None => cell.used(now),
@@ -81,17 +81,22 @@ pub async fn usage(
     }
     let shared = !keys.is_empty();
     if let (Some(c), true) = (cluster, shared) {
-        let mut conn =
+        let conn =
             crate::redis_link::redis_connection(&c.cfg.redis, std::time::Duration::from_secs(2))
                 .await?;
-        let mut pipe = redis::pipe();
-        for (_, k) in &keys {
-            pipe.cmd("GET").arg(k);
-        }
-        let counts: Vec<Option<u64>> = pipe.query_async(&mut conn).await?;
-        for ((at, _), n) in keys.iter().zip(counts) {
+        let cmds = keys
+            .iter()
+            .map(|(_, k, _)| {
+                let mut cmd = redis::cmd("HGETALL");
+                cmd.arg(k);
+                (k.clone(), cmd)
+            })
+            .collect();
+        let counts = crate::redis_link::query_keyed(&conn, cmds).await?;
+        for ((at, _, sub), v) in keys.iter().zip(counts) {
+            let subs: Vec<(u64, u64)> = redis::from_redis_value(v).unwrap_or_default();
             let l = &mut limits[*at];
-            l.used = n.unwrap_or(0);
+            l.used = counted(&subs, *sub);
             l.remaining = l.requests.saturating_sub(l.used);
         }
     }
@@ -100,4 +105,13 @@ pub async fn usage(
         shared,
         limits,
     })
+}
+
+/// Requests a limit's sub-window counts hold in the window ending at sub-window `sub`.
+pub fn counted(subs: &[(u64, u64)], sub: u64) -> u64 {
+    let from = sub.saturating_sub(crate::limiter::shared::SPAN);
+    subs.iter()
+        .filter(|(s, _)| (from..=sub).contains(s))
+        .map(|(_, n)| n)
+        .sum()
 }

@@ -1,6 +1,7 @@
-//! `cluster.redis:`: one server by URL, as before, or a map naming it (`url`) or the
-//! sentinels that know the master (`sentinels`, `master_name`), with the password in a
-//! file (`password_file`).
+//! `cluster.redis:`: one server by URL, as before, or a map naming it (`url`), the
+//! sentinels that know the master (`sentinels`, `master_name`) or the nodes of a Redis
+//! Cluster (`cluster_nodes`), with the password in a file (`password_file`) and an ACL
+//! user (`username`).
 
 use super::problems::Problems;
 use crate::model::RedisTarget;
@@ -18,7 +19,10 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
             let mut sentinels = Vec::new();
             let mut master_name = None;
             let mut password = None;
+            let mut username = None;
             let mut db = 0;
+            let mut cluster_nodes = Vec::new();
+            let mut tls = None;
             for (k, v) in m {
                 let key = k.as_str().unwrap_or("?");
                 let here = format!("{AT}.{key}");
@@ -55,17 +59,73 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                             ),
                         }
                     }
-                    "cluster_nodes" => p.add(
-                        here,
-                        "Redis Cluster is not supported yet: name one server (`url`) or the sentinels of a master (`sentinels`, `master_name`)",
-                    ),
+                    "username" => username = Some(text(v, &here, p)).filter(|u| !u.is_empty()),
+                    "tls" => match v.as_bool() {
+                        Some(b) => tls = Some(b),
+                        None => p.add(here, "must be true or false"),
+                    },
+                    "cluster_nodes" => match v.as_sequence() {
+                        Some(list) if !list.is_empty() => {
+                            for (i, s) in list.iter().enumerate() {
+                                let s = text(s, &format!("{here}[{i}]"), p);
+                                if host_port(&s) {
+                                    cluster_nodes.push(s);
+                                } else {
+                                    p.add(
+                                        format!("{here}[{i}]"),
+                                        format!("{s:?} must be host:port (a node of the Redis Cluster, e.g. 10.0.1.1:6379)"),
+                                    );
+                                }
+                            }
+                        }
+                        _ => p.add(here, "must list at least one node of the Redis Cluster as host:port"),
+                    },
                     other => p.add(
                         here,
                         format!(
-                            "unknown setting {other:?}, expected one of `url`, `sentinels`, `master_name`, `password_file`, `db`"
+                            "unknown setting {other:?}, expected one of `url`, `sentinels`, `master_name`, `cluster_nodes`, `password_file`, `username`, `db`, `tls`"
                         ),
                     ),
                 }
+            }
+            let forms = usize::from(url.is_some())
+                + usize::from(!sentinels.is_empty())
+                + usize::from(!cluster_nodes.is_empty());
+            if forms > 1 {
+                p.add(
+                    AT,
+                    "give one of `url`, `sentinels` or `cluster_nodes`, not several",
+                );
+                return RedisTarget::Url(String::new());
+            }
+            if tls.is_some() && cluster_nodes.is_empty() {
+                p.add(
+                    format!("{AT}.tls"),
+                    "goes with `cluster_nodes`; for one server, write a rediss:// URL",
+                );
+            }
+            if !cluster_nodes.is_empty() {
+                if db != 0 {
+                    p.add(format!("{AT}.db"), "a Redis Cluster has database 0 only");
+                }
+                if master_name.is_some() {
+                    p.add(
+                        format!("{AT}.master_name"),
+                        "goes with `sentinels`, not with `cluster_nodes`",
+                    );
+                }
+                return RedisTarget::Cluster {
+                    nodes: cluster_nodes,
+                    username,
+                    password,
+                    tls: tls.unwrap_or(false),
+                };
+            }
+            if username.is_some() && url.is_some() {
+                p.add(
+                    format!("{AT}.username"),
+                    "with `url`, write the user in the URL (redis://user@host:port)",
+                );
             }
             match (url, sentinels.is_empty()) {
                 (Some(u), true) => {
@@ -88,6 +148,7 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                     RedisTarget::Sentinel {
                         sentinels,
                         master_name,
+                        username,
                         password,
                         db,
                     }
@@ -97,7 +158,10 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                     RedisTarget::Url(String::new())
                 }
                 (None, true) => {
-                    p.add(AT, "needs `url` or `sentinels` (with `master_name`)");
+                    p.add(
+                        AT,
+                        "needs `url`, `sentinels` (with `master_name`) or `cluster_nodes`",
+                    );
                     RedisTarget::Url(String::new())
                 }
             }
@@ -105,7 +169,7 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
         _ => {
             p.add(
                 AT,
-                "must be a redis:// URL, or a map with `url` or `sentinels` and `master_name`",
+                "must be a redis:// URL, or a map with `url`, `sentinels` and `master_name`, or `cluster_nodes`",
             );
             RedisTarget::Url(String::new())
         }

@@ -435,24 +435,52 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
         crate::RedisTarget::Sentinel {
             sentinels: vec!["10.0.0.1:26379".into(), "10.0.0.2:26379".into()],
             master_name: "tollgate".into(),
+            username: None,
             password: Some("s3cret/+".into()),
             db: 0,
         }
     );
     assert!(!target.shown().contains("s3cret"));
-    let err = with(
-        "{sentinels: [\"nohost\", \"10.0.0.1:26379\"], cluster_nodes: [\"a:1\"], colour: blue}",
-    )
-    .expect_err("bad")
-    .to_string();
+    let c = with("{cluster_nodes: [\"10.0.1.1:6379\", \"10.0.1.2:6379\"], username: gw, password_file: redis.pass, tls: true}")
+        .expect("cluster");
+    let target = c.cluster.expect("cluster").redis;
+    assert_eq!(
+        target,
+        crate::RedisTarget::Cluster {
+            nodes: vec!["10.0.1.1:6379".into(), "10.0.1.2:6379".into()],
+            username: Some("gw".into()),
+            password: Some("s3cret/+".into()),
+            tls: true,
+        }
+    );
+    assert!(!target.shown().contains("s3cret"));
+    let err = with("{sentinels: [\"nohost\", \"10.0.0.1:26379\"], colour: blue}")
+        .expect_err("bad")
+        .to_string();
     for want in [
         "cluster.redis.sentinels[0]: \"nohost\" must be host:port",
-        "cluster.redis.cluster_nodes: Redis Cluster is not supported yet",
         "cluster.redis.colour: unknown setting",
         "cluster.redis: with `sentinels`, name the master",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
+    let err = with("{cluster_nodes: [\"a:1\", \"b\"], db: 3, tls: yes}")
+        .expect_err("bad cluster")
+        .to_string();
+    for want in [
+        "cluster.redis.cluster_nodes[1]: \"b\" must be host:port",
+        "cluster.redis.db: a Redis Cluster has database 0 only",
+        "cluster.redis.tls: must be true or false",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    let err = with("{sentinels: [\"10.0.0.1:26379\"], master_name: m, cluster_nodes: [\"a:1\"]}")
+        .expect_err("two forms")
+        .to_string();
+    assert!(
+        err.contains("cluster.redis: give one of `url`, `sentinels` or `cluster_nodes`"),
+        "{err}"
+    );
     let err = with("{url: \"http://x\"}")
         .expect_err("bad url")
         .to_string();

@@ -19,14 +19,19 @@ pub fn status(gw: &Gateway) -> Answer {
     let snap = gw.snapshot();
     let cluster = gw.cluster().map(|c| {
         let server = c.server();
+        let mut shown = j!({
+            "address": server.address,
+            "connected_at": server.connected_at,
+            "switched_at": server.switched_at,
+        });
+        if matches!(c.cfg.redis, tollgate_config::RedisTarget::Cluster { .. }) {
+            shown["masters"] = j!(server.masters);
+            shown["slots_known"] = j!(server.slots);
+        }
         j!({
             "redis_up": c.is_up(),
             "redis": c.cfg.redis.shown(),
-            "server": {
-                "address": server.address,
-                "connected_at": server.connected_at,
-                "switched_at": server.switched_at,
-            },
+            "server": shown,
             "nodes": c.nodes(),
             "sync_rounds": c.rounds_done(),
         })

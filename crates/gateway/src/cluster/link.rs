@@ -50,6 +50,10 @@ pub struct Server {
     pub connected_at: Option<u64>,
     /// When the node last moved to another server (a failover), seconds since the epoch.
     pub switched_at: Option<u64>,
+    /// On a Redis Cluster: the masters serving slots, as last asked.
+    pub masters: Vec<String>,
+    /// On a Redis Cluster: how many of the 16,384 hash slots have a master.
+    pub slots: u32,
 }
 
 impl Cluster {
@@ -93,6 +97,24 @@ impl Cluster {
         s.connected_at = Some(now);
     }
 
+    /// Records the masters of a Redis Cluster and how many slots they serve; a changed set
+    /// of masters (a failover, a resharding) counts as a switch.
+    pub(super) fn connected_to_cluster(&self, (masters, slots): (Vec<String>, u32)) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut s = self.server.lock();
+        if s.masters != masters {
+            if !s.masters.is_empty() {
+                s.switched_at = Some(now);
+            }
+            s.connected_at = Some(now);
+        }
+        s.address = Some(masters.join(","));
+        s.masters = masters;
+        s.slots = slots;
+    }
+
     /// Whether the last exchange with Redis succeeded.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
@@ -118,14 +140,21 @@ impl Cluster {
         *self.rounds.borrow()
     }
 
-    /// The shared-counting handle for one limit of one scope (consumer, or route+consumer).
-    pub fn limit(self: &Arc<Self>, scope: &str, limit: &LimitConfig) -> SharedLimit<LimitCell> {
+    /// The shared-counting handle for one limit of a consumer (on one route, for a route's
+    /// own limit). Its key names the consumer in braces, `PREFIX:[route:R:]consumer:{NAME}:
+    /// LIMIT:N:W`: a Redis Cluster keeps all of a consumer's keys in one hash slot.
+    pub fn limit(
+        self: &Arc<Self>,
+        route: Option<&str>,
+        consumer: &str,
+        limit: &LimitConfig,
+    ) -> SharedLimit<LimitCell> {
+        let route = route.map_or_else(String::new, |r| format!("route:{r}:"));
         SharedLimit::new(
             self.clone(),
             format!(
-                "{}:{}:{}:{}:{}",
+                "{}:{route}consumer:{{{consumer}}}:{}:{}:{}",
                 self.cfg.key_prefix,
-                scope,
                 limit.name,
                 limit.requests,
                 limit.window.as_secs()
@@ -169,7 +198,46 @@ impl SharedStore<LimitCell> for Cluster {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    fn shared_limit(self: Arc<Self>, scope: &str, limit: &LimitConfig) -> SharedLimit<LimitCell> {
-        self.limit(scope, limit)
+    fn shared_limit(
+        self: Arc<Self>,
+        route: Option<&str>,
+        consumer: &str,
+        limit: &LimitConfig,
+    ) -> SharedLimit<LimitCell> {
+        self.limit(route, consumer, limit)
     }
+}
+
+/// The masters of a Redis Cluster (`host:port`, sorted) and how many slots they serve,
+/// from `CLUSTER SLOTS`.
+pub(super) async fn cluster_masters(
+    conn: &mut crate::redis_link::RedisConn,
+) -> Result<(Vec<String>, u32), redis::RedisError> {
+    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+    let mut masters = Vec::new();
+    let mut slots = 0u32;
+    for r in ranges {
+        let redis::Value::Array(parts) = r else {
+            continue;
+        };
+        let int = |v: Option<&redis::Value>| match v {
+            Some(redis::Value::Int(n)) => u32::try_from(*n).ok(),
+            _ => None,
+        };
+        if let (Some(lo), Some(hi)) = (int(parts.first()), int(parts.get(1))) {
+            slots += hi.saturating_sub(lo) + 1;
+        }
+        if let Some(redis::Value::Array(m)) = parts.get(2) {
+            let host = match m.first() {
+                Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                _ => continue,
+            };
+            if let Some(port) = int(m.get(1)) {
+                masters.push(format!("{host}:{port}"));
+            }
+        }
+    }
+    masters.sort();
+    masters.dedup();
+    Ok((masters, slots))
 }

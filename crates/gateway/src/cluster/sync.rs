@@ -2,24 +2,72 @@
 
 use super::link::Cluster;
 use crate::clock::Clock;
+use crate::limiter::shared::SPAN;
 use crate::limiter::{Counter, LimitCell};
-use redis::aio::MultiplexedConnection;
+use crate::redis_link::RedisConn;
+use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Grants `min(want, limit − granted)` for one limit and window, atomically.
-/// KEYS[1]: the window's counter. ARGV: limit, want, ttl (ms). Returns {granted, total}.
-const LEASE: &str = r#"
-local total = tonumber(redis.call('GET', KEYS[1]) or '0')
-local grant = math.min(tonumber(ARGV[2]), tonumber(ARGV[1]) - total)
-if grant > 0 then
-  total = redis.call('INCRBY', KEYS[1], grant)
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-else
-  grant = 0
+/// Counts one limit's sub-windows and grants tokens for one of them, atomically.
+///
+/// KEYS[1]: the limit's hash, sub-window → requests counted. ARGV: N, span (sub-windows
+/// counting beside the current one), ttl (ms), the node's current sub-window, the
+/// sub-window to grant in, tokens wanted; then pairs (sub-window, change) applied first:
+/// requests admitted without a grant (+), tokens given back unused (−).
+///
+/// Grants `min(want, N − counted)`, where `counted` sums every sub-window from `at − span`
+/// on, later ones included: after any grant, no span of `span + 1` sub-windows holds more
+/// than N grants. Returns {granted, counted, free_at, over}: `free_at` is the sub-window
+/// from which room opens again when the limit is used up (else 0), `over` how far the
+/// changes pushed the count past N.
+pub(crate) const LEASE: &str = r#"
+local n = tonumber(ARGV[1])
+local span = tonumber(ARGV[2])
+local now = tonumber(ARGV[4])
+local at = tonumber(ARGV[5])
+local want = tonumber(ARGV[6])
+for i = 7, #ARGV, 2 do
+  if tonumber(ARGV[i]) >= now - span then
+    local v = redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+    if v <= 0 then redis.call('HDEL', KEYS[1], ARGV[i]) end
+  end
 end
-return {grant, total}
+local flat = redis.call('HGETALL', KEYS[1])
+local counts = {}
+local total = 0
+for i = 1, #flat, 2 do
+  local s = tonumber(flat[i])
+  if s < now - span then
+    redis.call('HDEL', KEYS[1], flat[i])
+  elseif s >= at - span then
+    local c = tonumber(flat[i + 1])
+    total = total + c
+    counts[#counts + 1] = {s, c}
+  end
+end
+local over = math.max(0, total - n)
+local grant = 0
+if want > 0 and total < n then
+  grant = math.min(want, n - total)
+  redis.call('HINCRBY', KEYS[1], ARGV[5], grant)
+  total = total + grant
+end
+local free_at = 0
+if total >= n then
+  table.sort(counts, function(a, b) return a[1] < b[1] end)
+  local left = total
+  for _, sc in ipairs(counts) do
+    left = left - sc[2]
+    if left < n then
+      free_at = sc[1] + span + 1
+      break
+    end
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {grant, total, free_at, over}
 "#;
 
 /// How long a node counts as alive after its last heartbeat.
@@ -28,21 +76,25 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 
 struct Ask {
     cell: Arc<LimitCell>,
-    window: u64,
+    /// The sub-window the tokens are for.
+    at: u64,
     want: u64,
-    /// Debt this ask settles (paid first from the grant).
-    debt: u64,
+    /// Admitted without a grant, per sub-window: counted by this call.
+    owed: SmallVec<[(u64, u64); 2]>,
+    /// Tokens given back, per sub-window.
+    back: SmallVec<[(u64, u64); 2]>,
     next: bool,
 }
 
 /// Starts the syncer: every `sync_interval` it leases for the limits that need tokens,
-/// settles debts, and renews this node's heartbeat; it reconnects with backoff when Redis
-/// fails. Ends when the cluster is dropped by everyone else.
+/// counts what was admitted without a grant, gives back unused tokens, and renews this
+/// node's heartbeat; it reconnects with backoff when Redis fails. Ends when the cluster is
+/// dropped by everyone else.
 pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task::JoinHandle<()> {
     let weak = Arc::downgrade(&cluster);
     drop(cluster);
     tokio::spawn(async move {
-        let mut conn: Option<(MultiplexedConnection, String)> = None;
+        let mut conn: Option<(RedisConn, String)> = None;
         let mut backoff = Duration::from_millis(100);
         let mut last_heartbeat: Option<Instant> = None;
         let Some(c) = weak.upgrade() else { return };
@@ -105,15 +157,21 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
     })
 }
 
-async fn connect(c: &Cluster) -> Result<(MultiplexedConnection, String), redis::RedisError> {
+async fn connect(c: &Cluster) -> Result<(RedisConn, String), redis::RedisError> {
     let (mut conn, address) =
         crate::redis_link::redis_connection_at(&c.cfg.redis, Duration::from_secs(1)).await?;
-    c.connected_to(address);
+    // On a Redis Cluster this goes to every node.
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(LEASE)
         .query_async(&mut conn)
         .await?;
+    if conn.is_cluster() {
+        let masters = super::link::cluster_masters(&mut conn).await?;
+        c.connected_to_cluster(masters);
+    } else {
+        c.connected_to(address);
+    }
     Ok((conn, sha))
 }
 
@@ -129,12 +187,13 @@ fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
         .saturating_add(c.rtt_us.load(Ordering::Relaxed).saturating_mul(3_000));
     for cell in queued {
         let n = cell.requests;
+        let sub_ns = cell.slot_ns();
         let mut state = cell.state.lock();
         let Counter::Shared(l) = &mut state.counter else {
             continue;
         };
         l.queued = false;
-        l.roll(wall / cell.window_ns.max(1));
+        l.roll(wall / sub_ns);
         // Recent rate × horizon, within a fair share of what is left.
         let elapsed = l
             .last_lease
@@ -146,46 +205,55 @@ fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
         let size = rate_size.min(fair).min(n);
         l.demand = 0;
         l.last_lease = Some(Instant::now());
-        if !l.exhausted(n) {
-            let top_up = if l.tokens <= l.refill_at { size } else { 0 };
-            let want = l.debt + top_up;
-            if want > 0 {
+        let top_up = if !l.full() && l.tokens <= l.refill_at {
+            size
+        } else {
+            0
+        };
+        let owed = l.owed();
+        let back = std::mem::take(&mut l.back);
+        if top_up > 0 || !owed.is_empty() || !back.is_empty() {
+            if top_up > 0 {
                 // Ask again with two thirds left: over a round trip of traffic in hand.
                 l.refill_at = size * 2 / 3;
-                asks.push(Ask {
-                    cell: cell.clone(),
-                    window: l.window,
-                    want,
-                    debt: l.debt,
-                    next: false,
-                });
             }
+            asks.push(Ask {
+                cell: cell.clone(),
+                at: l.sub,
+                want: top_up,
+                owed,
+                back,
+                next: false,
+            });
         }
-        let end = (l.window + 1)
-            .saturating_mul(cell.window_ns)
-            .saturating_sub(wall);
-        if end < c.lead_ns() && !l.next_requested && l.used > 0 {
+        let end = (l.sub + 1).saturating_mul(sub_ns).saturating_sub(wall);
+        if end < c.lead_ns().min(sub_ns / 2)
+            && !l.next_requested
+            && l.busy()
+            && l.sub + 1 >= l.full_until
+        {
             l.next_requested = true;
             asks.push(Ask {
                 cell: cell.clone(),
-                window: l.window + 1,
+                at: l.sub + 1,
                 want: size.min(n.div_ceil(nodes)),
-                debt: 0,
+                owed: SmallVec::new(),
+                back: SmallVec::new(),
                 next: true,
             });
         }
     }
 }
 
-fn key_of(cell: &LimitCell, window: u64) -> String {
+fn key_of(cell: &LimitCell) -> String {
     cell.shared
         .as_ref()
-        .map_or_else(String::new, |s| s.key_for(window))
+        .map_or_else(String::new, |s| s.key().to_string())
 }
 
 async fn round(
     c: &Cluster,
-    conn: &mut MultiplexedConnection,
+    conn: &mut RedisConn,
     sha: &str,
     clock: &dyn Clock,
     heartbeat: bool,
@@ -196,48 +264,59 @@ async fn round(
     if asks.is_empty() && !heartbeat {
         return Ok(());
     }
-    let mut pipe = redis::pipe();
+    let mut cmds = Vec::with_capacity(asks.len() + 4);
     for a in &asks {
-        // The key outlives its window by a margin, so late settles still find it.
+        let n = a.cell.requests;
+        // The hash outlives the window by a margin, so late changes still find it.
         let ttl_ms = (a.cell.window_ns / 1_000_000).saturating_mul(2).max(10_000);
-        pipe.cmd("EVALSHA")
-            .arg(sha)
+        let now = wall / a.cell.slot_ns();
+        let key = key_of(&a.cell);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha)
             .arg(1)
-            .arg(key_of(&a.cell, a.window))
-            .arg(a.cell.requests)
-            .arg(a.want)
-            .arg(ttl_ms);
+            .arg(&key)
+            .arg(n)
+            .arg(SPAN)
+            .arg(ttl_ms)
+            .arg(now)
+            .arg(a.at)
+            .arg(a.want);
+        for (s, k) in &a.owed {
+            cmd.arg(*s).arg(*k);
+        }
+        for (s, k) in &a.back {
+            cmd.arg(*s).arg(-i64::try_from(*k).unwrap_or(i64::MAX));
+        }
+        cmds.push((key, cmd));
     }
     let nodes_key = format!("{}:nodes", c.cfg.key_prefix);
     if heartbeat {
         let now_ms = wall / 1_000_000;
-        pipe.cmd("ZADD")
-            .arg(&nodes_key)
-            .arg(now_ms)
-            .arg(&c.node_id)
-            .ignore();
-        pipe.cmd("ZREMRANGEBYSCORE")
-            .arg(&nodes_key)
+        let mut add = redis::cmd("ZADD");
+        add.arg(&nodes_key).arg(now_ms).arg(&c.node_id);
+        let mut trim = redis::cmd("ZREMRANGEBYSCORE");
+        trim.arg(&nodes_key)
             .arg("-inf")
-            .arg(now_ms.saturating_sub(NODE_TTL_MS))
-            .ignore();
-        pipe.cmd("PEXPIRE")
-            .arg(&nodes_key)
-            .arg(NODE_TTL_MS * 10)
-            .ignore();
-        pipe.cmd("ZCARD").arg(&nodes_key);
+            .arg(now_ms.saturating_sub(NODE_TTL_MS));
+        let mut keep = redis::cmd("PEXPIRE");
+        keep.arg(&nodes_key).arg(NODE_TTL_MS * 10);
+        let mut count = redis::cmd("ZCARD");
+        count.arg(&nodes_key);
+        for cmd in [add, trim, keep, count] {
+            cmds.push((nodes_key.clone(), cmd));
+        }
     }
     let started = Instant::now();
-    let result: Result<Vec<redis::Value>, _> = pipe.query_async(conn).await;
-    let values = match result {
+    let values = match crate::redis_link::query_keyed(conn, cmds).await {
         Ok(v) => v,
         Err(e) => {
-            // Nothing was granted: let the limits ask again.
-            for a in &asks {
+            // Nothing was granted or counted: let the limits ask again.
+            for a in asks {
                 if let Counter::Shared(l) = &mut a.cell.state.lock().counter {
                     if a.next {
                         l.next_requested = false;
                     }
+                    l.back.extend(a.back);
                 }
             }
             return Err(e);
@@ -250,42 +329,49 @@ async fn round(
     let mut values = values.into_iter();
     let wall = clock.wall_nanos();
     for a in &asks {
-        let (granted, total) = match values.next() {
-            Some(v) => redis::from_redis_value::<(u64, u64)>(v).unwrap_or((0, 0)),
-            None => (0, 0),
+        let (granted, total, free_at, over) = match values.next() {
+            Some(v) => redis::from_redis_value::<(u64, u64, u64, u64)>(v).unwrap_or_default(),
+            None => Default::default(),
         };
         c.metrics.granted.fetch_add(granted, Ordering::Relaxed);
+        let owed: u64 = a.owed.iter().map(|(_, k)| k).sum();
+        let over = over.min(owed);
+        if over > 0 {
+            c.metrics.overadmitted.fetch_add(over, Ordering::Relaxed);
+        }
         let mut state = a.cell.state.lock();
         let Counter::Shared(l) = &mut state.counter else {
             continue;
         };
-        l.roll(wall / a.cell.window_ns.max(1));
-        if a.next {
-            if l.window + 1 == a.window {
-                l.next_tokens += granted;
-            } else if l.window == a.window {
-                l.tokens += granted;
-                l.granted = l.granted.max(total);
-            }
-            continue;
+        l.roll(wall / a.cell.slot_ns());
+        for (s, k) in &a.owed {
+            l.settled(*s, *k);
         }
-        if l.window != a.window {
-            continue;
+        l.granted = total;
+        l.full_until = l.full_until.max(free_at);
+        if a.at == l.sub {
+            l.tokens += granted;
+        } else if a.at == l.sub + 1 {
+            l.next_tokens += granted;
+        } else if granted > 0 {
+            // The sub-window ended while asking: the tokens go back.
+            l.back.push((a.at, granted));
         }
-        let paid = granted.min(a.debt);
-        let unpaid = a.debt - paid;
-        if unpaid > 0 {
-            c.metrics.overadmitted.fetch_add(unpaid, Ordering::Relaxed);
+        if !l.back.is_empty() && !l.queued {
+            l.queued = true;
+            c.queue.lock().push(a.cell.clone());
         }
-        l.debt = l.debt.saturating_sub(a.debt);
-        l.tokens += granted - paid;
-        l.granted = l.granted.max(total);
     }
     if heartbeat {
-        if let Some(v) = values.next() {
+        let mut rest = values.skip(3);
+        if let Some(v) = rest.next() {
             if let Ok(n) = redis::from_redis_value::<u64>(v) {
                 c.nodes.store(n.max(1), Ordering::Relaxed);
             }
+        }
+        if conn.is_cluster() {
+            let masters = super::link::cluster_masters(conn).await?;
+            c.connected_to_cluster(masters);
         }
     }
     Ok(())

@@ -150,7 +150,7 @@ impl Live {
                 return e.get().clone();
             }
         }
-        let cell = Arc::new(self.make(limit, &key, now));
+        let cell = Arc::new(self.make(scope, limit, &key, now));
         match found {
             Ok(mut e) => *e.get_mut() = cell.clone(),
             Err(absent) => {
@@ -164,7 +164,7 @@ impl Live {
 
     /// A new cell for `limit` known as `key`, with its restored counts if the state file had
     /// them.
-    fn make(&self, limit: &LimitConfig, key: &[u8], now: Now) -> LimitCell {
+    fn make(&self, scope: Scope<'_>, limit: &LimitConfig, key: &[u8], now: Now) -> LimitCell {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         // Every part is a `str`, so the key is one.
         let key: Arc<str> = Arc::from(String::from_utf8_lossy(key));
@@ -179,9 +179,9 @@ impl Live {
             }
             return cell;
         };
-        // The scope is the key up to its first tab (names never hold one).
-        let scope_name = key.split('\t').next().unwrap_or_default();
-        let shared = cluster.clone().shared_limit(scope_name, limit);
+        let shared = cluster
+            .clone()
+            .shared_limit(scope.route, scope.consumer, limit);
         LimitCell::new_shared(id, limit.requests, limit.window, shared, key)
     }
 

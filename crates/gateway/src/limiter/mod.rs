@@ -11,8 +11,8 @@
 //! All of a request's limits are checked under their locks together (taken in a fixed
 //! order), and a request refused by one limit is counted by none.
 //!
-//! Limits shared with other nodes are counted differently, in fixed windows with tokens
-//! leased from Redis: see [`crate::cluster`].
+//! Limits shared with other nodes are counted in the same sub-windows, aligned to the wall
+//! clock, with tokens leased from Redis: see [`shared`] and [`crate::cluster`].
 //!
 //! A limit whose counts all sit in one sub-window is kept as two numbers in the consumer's
 //! table slot ([`light`]); a cell is made when a consumer calls in a second sub-window while
@@ -25,6 +25,7 @@ pub mod live;
 pub mod persist;
 pub mod report;
 pub mod shared;
+mod slots;
 mod verdict;
 
 pub use verdict::{Refused, Standing};
@@ -35,10 +36,7 @@ use smallvec::SmallVec;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Sub-windows per window.
-const SUB: u64 = 10;
-/// Slots kept: the current sub-window and the `SUB` before it.
-const SLOTS: usize = SUB as usize + 1;
+use slots::{sub_window_ns, SLOTS, SUB};
 
 /// Sliding-window counters for one limit of one consumer on this node.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -172,8 +170,8 @@ impl CellState {
 pub(crate) enum Counter {
     /// On this node alone: the sliding window.
     Local(Window),
-    /// Across nodes: tokens leased from Redis per fixed window (see [`crate::cluster`]).
-    Shared(shared::Lease),
+    /// Across nodes: tokens leased from Redis per sub-window (see [`crate::cluster`]).
+    Shared(Box<shared::Lease>),
 }
 
 /// Time of a check: the monotonic clock (local limits) and the wall clock (shared limits).
@@ -220,7 +218,7 @@ impl LimitCell {
             id,
             requests,
             window_ns: nanos(window),
-            state: CellState::new(Counter::Shared(shared::Lease::default())),
+            state: CellState::new(Counter::Shared(Box::default())),
             shared: Some(Box::new(shared)),
             key,
             dirty: None,
@@ -242,7 +240,7 @@ impl LimitCell {
                 w.total == 0
             }
             Counter::Shared(l) => {
-                l.roll(now.wall / self.window_ns.max(1));
+                l.roll(now.wall / self.slot_ns());
                 l.idle()
             }
         };
@@ -262,7 +260,7 @@ impl LimitCell {
                 w.total
             }
             Counter::Shared(l) => {
-                l.roll(now.wall / self.window_ns.max(1));
+                l.roll(now.wall / self.slot_ns());
                 l.counted()
             }
         }
@@ -401,11 +399,6 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
 /// ([`LimitCell::slot_ns`]): counts kept in a slot and in a cell must agree on it.
 pub(crate) fn slot_ns_of(window: Duration) -> u64 {
     sub_window_ns(nanos(window))
-}
-
-/// Sub-window length in nanoseconds of a window of `window_ns`.
-fn sub_window_ns(window_ns: u64) -> u64 {
-    (window_ns / SUB).max(1)
 }
 
 /// `d` in nanoseconds (saturating).

@@ -1,8 +1,16 @@
 //! Limits shared among nodes, as the request path counts them: a node admits from tokens
 //! it leased beforehand ([`Lease`]), on credit, or within its last share while the store is
 //! down. What the shared store must do is [`SharedStore`]; the cluster link implements it.
+//!
+//! A shared limit is counted as a node counts a local one: in sub-windows of W/10 (aligned
+//! to the wall clock, so every node agrees on them), a request counting while its
+//! sub-window is among the current one and the 10 before it. The store grants tokens for
+//! one sub-window only when the grants over those 11 (and any later one) stay within N, so
+//! no interval of length W holds more than N granted requests cluster-wide.
 
+use super::slots::{sub_window_ns, SLOTS, SUB};
 use super::verdict::{Refused, Standing};
+use smallvec::SmallVec;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate_config::LimitConfig;
@@ -16,6 +24,17 @@ pub struct Limit {
     pub window_ns: u64,
 }
 
+impl Limit {
+    /// The sub-window length in nanoseconds.
+    pub fn sub_ns(self) -> u64 {
+        sub_window_ns(self.window_ns)
+    }
+}
+
+/// Sub-windows that count beside the current one: a grant for sub-window `s` is checked
+/// against every count from `s − SPAN` on.
+pub const SPAN: u64 = SUB;
+
 /// What a store that shares limits among nodes must do for the request path.
 pub trait SharedStore<C>: Send + Sync + std::fmt::Debug {
     /// Whether the last exchange with the store succeeded.
@@ -24,83 +43,166 @@ pub trait SharedStore<C>: Send + Sync + std::fmt::Debug {
     fn nodes(&self) -> u64;
     /// Whether a node admits within its last share while the store is down (else 503).
     fn fail_open(&self) -> bool;
-    /// How long before a window's end a busy limit leases for the next window.
+    /// How long before a sub-window's end a busy limit leases for the next one.
     fn lead_ns(&self) -> u64;
     /// Queues `cell` for the next round with the store.
     fn enqueue(&self, cell: &Arc<C>);
     /// Counts a request admitted while the store was down.
     fn admitted_fail_open(&self);
-    /// The counting handle for one limit of one scope (consumer, or route+consumer).
-    fn shared_limit(self: Arc<Self>, scope: &str, limit: &LimitConfig) -> SharedLimit<C>;
+    /// The counting handle for one limit of one consumer (and route, for a route's limit).
+    fn shared_limit(
+        self: Arc<Self>,
+        route: Option<&str>,
+        consumer: &str,
+        limit: &LimitConfig,
+    ) -> SharedLimit<C>;
 }
 
 /// How one shared limit is keyed and how much credit it allows.
 #[derive(Debug)]
 pub struct SharedLimit<C> {
     store: Arc<dyn SharedStore<C>>,
-    /// Redis key without the window index.
+    /// The store's key for this limit's counts.
     key: String,
     /// N × max_overadmission, split among the nodes at check time.
     credit_base: f64,
 }
 
-/// A node's state for one shared limit in the current window.
+/// Counts per sub-window for the current one and the `SPAN` before it, sub-window `k` at
+/// `k mod SLOTS`.
+type Ring = [u32; SLOTS];
+
+/// A node's state for one shared limit.
 #[derive(Debug, Default)]
 pub struct Lease {
-    pub(crate) window: u64,
-    /// Leased for `window`, not used yet.
+    /// The current sub-window (wall clock / sub-window length).
+    pub(crate) sub: u64,
+    /// Leased for `sub`, not used yet.
     pub(crate) tokens: u64,
-    /// Leased for `window + 1`.
+    /// Leased for `sub + 1`.
     pub(crate) next_tokens: u64,
     pub(crate) next_requested: bool,
-    /// Admitted without a token (credit, or while Redis was down), to settle.
+    /// Tokens whose sub-window ended unused, to give back: (sub-window, tokens).
+    pub(crate) back: SmallVec<[(u64, u64); 2]>,
+    /// Admitted on this node, per sub-window.
+    pub(crate) own: Ring,
+    /// Admitted without a grant (credit, or while the store was down) and not yet counted
+    /// by the store, per sub-window.
+    pub(crate) owed: Ring,
+    /// The sum of `owed`.
     pub(crate) debt: u64,
-    /// Admitted on this node in this window.
-    pub(crate) used: u64,
-    /// Admitted on this node in the previous window: its share when Redis is down.
-    pub(crate) last_used: u64,
+    /// The store said the limit is used up until this sub-window: no credit, no lease.
+    pub(crate) full_until: u64,
+    /// What the node may admit per window while the store is down (0: not set yet): its own
+    /// admissions over the last window plus an even split of the room left.
+    pub(crate) share: u64,
     /// Requests seen since the last lease was asked for (the rate estimate).
     pub(crate) demand: u64,
     pub(crate) last_lease: Option<Instant>,
-    /// Granted cluster-wide in this window, as of the last answer from Redis.
+    /// Counted cluster-wide over the window ending at the sub-window last asked for, as of
+    /// the store's last answer.
     pub(crate) granted: u64,
     /// Ask for more when tokens fall to this.
     pub(crate) refill_at: u64,
     pub(crate) queued: bool,
 }
 
+/// `k mod SLOTS`, as a ring index.
+fn at(k: u64) -> usize {
+    (k % SLOTS as u64) as usize
+}
+
 impl Lease {
-    /// Moves to `window` if the clock has left the current one.
-    pub(crate) fn roll(&mut self, window: u64) {
-        if window == self.window {
+    /// Moves to sub-window `sub` if the clock has left the current one (a clock that went
+    /// back stays in it). Tokens of a sub-window that ended are given back.
+    pub(crate) fn roll(&mut self, sub: u64) {
+        if sub <= self.sub {
             return;
         }
-        let next = window == self.window + 1;
-        self.last_used = if next { self.used } else { 0 };
-        self.tokens = if next { self.next_tokens } else { 0 };
-        self.granted = 0;
+        let steps = sub - self.sub;
+        if self.tokens > 0 {
+            self.back.push((self.sub, self.tokens));
+        }
+        self.tokens = 0;
+        if steps == 1 {
+            self.tokens = self.next_tokens;
+        } else if self.next_tokens > 0 {
+            self.back.push((self.sub + 1, self.next_tokens));
+        }
         self.next_tokens = 0;
         self.next_requested = false;
-        self.debt = 0;
-        self.used = 0;
         self.refill_at = 0;
-        self.window = window;
+        // The slots taken over held sub-windows that no longer count.
+        for k in 1..=steps.min(SLOTS as u64) {
+            let i = at(self.sub + k);
+            self.debt -= u64::from(self.owed[i]);
+            self.owed[i] = 0;
+            self.own[i] = 0;
+        }
+        self.sub = sub;
+        let oldest = sub.saturating_sub(SPAN);
+        self.back.retain(|(s, _)| *s >= oldest);
     }
 
-    /// Requests counted in this window: cluster-wide as last known, at least this node's.
+    /// Admitted on this node over the window (the current sub-window and `SPAN` before).
+    pub(crate) fn own_total(&self) -> u64 {
+        self.own.iter().map(|&n| u64::from(n)).sum()
+    }
+
+    /// Requests counted in the window: cluster-wide as last known, at least this node's.
     pub(crate) fn counted(&self) -> u64 {
-        self.granted.max(self.used)
+        self.granted.max(self.own_total())
     }
 
-    /// Whether nothing is counted or owed in this window and no lease is in flight: the
+    /// Whether nothing is counted or owed in the window and no lease is in flight: the
     /// state can go (tokens in hand are given up, which only under-admits).
     pub(crate) fn idle(&self) -> bool {
-        self.used == 0 && self.debt == 0 && self.last_used == 0 && !self.queued
+        self.debt == 0 && !self.queued && self.own.iter().all(|&n| n == 0)
     }
 
-    /// Whether Redis has said this window of a limit of `n` is used up.
-    pub(crate) fn exhausted(&self, n: u64) -> bool {
-        self.granted >= n
+    /// Whether this node admitted anything in the current sub-window.
+    pub(crate) fn busy(&self) -> bool {
+        self.own[at(self.sub)] > 0
+    }
+
+    /// Whether the store has said the limit is used up in the current sub-window.
+    pub(crate) fn full(&self) -> bool {
+        self.sub < self.full_until
+    }
+
+    /// Counts owed to the store: (sub-window, requests), oldest first.
+    pub(crate) fn owed(&self) -> SmallVec<[(u64, u64); 2]> {
+        (0..SLOTS as u64)
+            .rev()
+            .filter_map(|k| {
+                let s = self.sub.checked_sub(k)?;
+                let n = self.owed[at(s)];
+                (n > 0).then_some((s, u64::from(n)))
+            })
+            .collect()
+    }
+
+    /// The store now counts `n` requests owed for sub-window `s`.
+    pub(crate) fn settled(&mut self, s: u64, n: u64) {
+        if s > self.sub || s + SPAN < self.sub {
+            return;
+        }
+        let slot = &mut self.owed[at(s)];
+        let paid = n.min(u64::from(*slot));
+        *slot -= paid as u32;
+        self.debt -= paid;
+    }
+
+    /// Nanoseconds from `wall` until the oldest request this node counts leaves the window.
+    fn oldest_leaves(&self, sub_ns: u64, wall: u64) -> u64 {
+        let oldest = (0..SLOTS as u64)
+            .rev()
+            .filter_map(|k| self.sub.checked_sub(k))
+            .find(|&s| self.own[at(s)] > 0)
+            .unwrap_or(self.sub);
+        (oldest + SLOTS as u64)
+            .saturating_mul(sub_ns)
+            .saturating_sub(wall)
     }
 }
 
@@ -109,15 +211,15 @@ impl Lease {
 pub enum Admit {
     /// With a leased token.
     Token,
-    /// On credit, to be paid from the next lease.
+    /// On credit, to be counted by the store in the next round.
     Credit,
-    /// Within the node's last share while Redis is unreachable.
+    /// Within the node's last share while the store is unreachable.
     FailOpen,
 }
 
 impl<C> SharedLimit<C> {
-    /// A handle counting one limit in `store` under `key` (without the window index),
-    /// allowing `credit_base` (N × max_overadmission) of credit among the nodes.
+    /// A handle counting one limit in `store` under `key`, allowing `credit_base`
+    /// (N × max_overadmission) of credit among the nodes.
     pub fn new(store: Arc<dyn SharedStore<C>>, key: String, credit_base: f64) -> Self {
         SharedLimit {
             store,
@@ -126,72 +228,71 @@ impl<C> SharedLimit<C> {
         }
     }
 
-    /// The Redis key counting `window` (index of the window since the Unix epoch).
-    pub fn key_for(&self, window: u64) -> String {
-        format!("{}:{window}", self.key)
+    /// The store's key for this limit's counts (a hash: sub-window → requests).
+    pub fn key(&self) -> &str {
+        &self.key
     }
 
-    fn window_end_ns(window_ns: u64, window: u64, wall: u64) -> u64 {
-        (window + 1).saturating_mul(window_ns).saturating_sub(wall)
-    }
-
-    /// Decides whether a request fits, without counting it. Never waits on Redis.
+    /// Decides whether a request fits, without counting it. Never waits on the store.
     pub(crate) fn room(
         &self,
         cell: &Arc<C>,
-        Limit {
-            requests,
-            window_ns,
-        }: Limit,
+        limit: Limit,
         l: &mut Lease,
         wall: u64,
     ) -> Result<Admit, Refused> {
         let c = &self.store;
-        let window = wall / window_ns.max(1);
-        l.roll(window);
+        let sub_ns = limit.sub_ns();
+        l.roll(wall / sub_ns);
         l.demand += 1;
-        let refuse = |l: &Lease, soon: bool| {
-            let end = Self::window_end_ns(window_ns, l.window, wall);
-            // Still waiting for a lease: retry soon; used up: at the window's end.
-            let reset = if soon { end.min(1_000_000_000) } else { end };
+        if !l.back.is_empty() {
+            // Tokens of a sub-window that ended: give them back in the next round.
+            queue(c.as_ref(), cell, l);
+        }
+        let refuse = |wait: u64| {
             Refused::Limit(Standing {
                 index: 0,
                 remaining: 0,
-                reset: Duration::from_nanos(reset),
+                reset: Duration::from_nanos(wait),
             })
         };
         if l.tokens > 0 {
             return Ok(Admit::Token);
         }
         if c.is_up() {
-            let exhausted = l.exhausted(requests);
-            let credit = if exhausted {
-                0
-            } else {
-                (self.credit_base / c.nodes() as f64).floor() as u64
-            };
+            l.share = 0;
+            if l.full() {
+                // Used up until the store said room opens.
+                let wait = l.full_until.saturating_mul(sub_ns).saturating_sub(wall);
+                return Err(refuse(wait));
+            }
+            let credit = (self.credit_base / c.nodes() as f64).floor() as u64;
             if l.debt < credit {
                 return Ok(Admit::Credit);
             }
-            if !exhausted {
-                queue(c.as_ref(), cell, l);
-            }
-            return Err(refuse(l, !exhausted));
+            queue(c.as_ref(), cell, l);
+            // Waiting for a lease: retry soon.
+            let sub_end = (l.sub + 1).saturating_mul(sub_ns).saturating_sub(wall);
+            return Err(refuse(sub_end.min(1_000_000_000)));
         }
-        match c.fail_open() {
-            false => Err(Refused::StoreDown),
-            true => {
-                let share = if l.last_used > 0 {
-                    l.last_used
-                } else {
-                    requests.div_ceil(c.nodes())
-                };
-                if l.used < share {
-                    Ok(Admit::FailOpen)
-                } else {
-                    Err(refuse(l, false))
-                }
-            }
+        if !c.fail_open() {
+            return Err(Refused::StoreDown);
+        }
+        if l.share == 0 {
+            // What the node admitted over the last window, and an even split of the room the
+            // cluster had left when last heard of: about N cluster-wide while the traffic
+            // keeps its split, at most N + the whole cluster's last window.
+            let own = l.own_total();
+            l.share = own
+                + limit
+                    .requests
+                    .saturating_sub(l.counted())
+                    .div_ceil(c.nodes());
+        }
+        if l.own_total() < l.share {
+            Ok(Admit::FailOpen)
+        } else {
+            Err(refuse(l.oldest_leaves(sub_ns, wall)))
         }
     }
 
@@ -199,10 +300,7 @@ impl<C> SharedLimit<C> {
     pub(crate) fn commit(
         &self,
         cell: &Arc<C>,
-        Limit {
-            requests,
-            window_ns,
-        }: Limit,
+        limit: Limit,
         l: &mut Lease,
         admit: Admit,
         index: usize,
@@ -211,25 +309,27 @@ impl<C> SharedLimit<C> {
         let c = &self.store;
         match admit {
             Admit::Token => l.tokens -= 1,
-            Admit::Credit => l.debt += 1,
-            Admit::FailOpen => {
+            Admit::Credit | Admit::FailOpen => {
+                let slot = &mut l.owed[at(l.sub)];
+                *slot = slot.saturating_add(1);
                 l.debt += 1;
-                c.admitted_fail_open();
+                if admit == Admit::FailOpen {
+                    c.admitted_fail_open();
+                }
             }
         }
-        l.used += 1;
-        let end = Self::window_end_ns(window_ns, l.window, wall);
-        let near_end = end < c.lead_ns();
-        if l.debt > 0
-            || (!l.exhausted(requests) && l.tokens <= l.refill_at)
-            || (near_end && !l.next_requested)
-        {
+        let slot = &mut l.own[at(l.sub)];
+        *slot = slot.saturating_add(1);
+        let sub_ns = limit.sub_ns();
+        let sub_end = (l.sub + 1).saturating_mul(sub_ns).saturating_sub(wall);
+        let near_end = sub_end < c.lead_ns().min(sub_ns / 2);
+        if l.debt > 0 || (!l.full() && l.tokens <= l.refill_at) || (near_end && !l.next_requested) {
             queue(c.as_ref(), cell, l);
         }
         Standing {
             index,
-            remaining: requests.saturating_sub(l.granted.max(l.used)) + l.tokens,
-            reset: Duration::from_nanos(end),
+            remaining: limit.requests.saturating_sub(l.counted()) + l.tokens,
+            reset: Duration::from_nanos(l.oldest_leaves(sub_ns, wall)),
         }
     }
 }

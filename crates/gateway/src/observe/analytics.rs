@@ -435,7 +435,7 @@ fn shard_index() -> usize {
 struct RedisLink {
     target: tollgate_config::RedisTarget,
     prefix: String,
-    conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    conn: tokio::sync::Mutex<Option<crate::redis_link::RedisConn>>,
 }
 
 impl RedisLink {
@@ -451,7 +451,7 @@ impl RedisLink {
         format!("{}:usage:{}:{ts}", self.prefix, step.name())
     }
 
-    async fn conn(&self) -> Result<redis::aio::MultiplexedConnection, redis::RedisError> {
+    async fn conn(&self) -> Result<crate::redis_link::RedisConn, redis::RedisError> {
         let mut guard = self.conn.lock().await;
         if let Some(c) = guard.as_ref() {
             return Ok(c.clone());
@@ -462,8 +462,8 @@ impl RedisLink {
     }
 
     async fn add(&self, rows: &[Batch], ttl: u64) -> Result<(), redis::RedisError> {
-        let mut conn = self.conn().await?;
-        let mut pipe = redis::pipe();
+        let conn = self.conn().await?;
+        let mut cmds = Vec::new();
         for (ts, c, r, class, n) in rows {
             for step in [Step::Minute, Step::Hour, Step::Day] {
                 let s = step.secs();
@@ -473,15 +473,16 @@ impl RedisLink {
                 } else {
                     ttl
                 };
-                pipe.cmd("HINCRBY")
-                    .arg(&key)
-                    .arg(format!("{c}\t{r}\t{class}"))
-                    .arg(*n)
-                    .ignore();
-                pipe.cmd("EXPIRE").arg(&key).arg(keep + s).ignore();
+                let mut add = redis::cmd("HINCRBY");
+                add.arg(&key).arg(format!("{c}\t{r}\t{class}")).arg(*n);
+                let mut expire = redis::cmd("EXPIRE");
+                expire.arg(&key).arg(keep + s);
+                cmds.push((key.clone(), add));
+                cmds.push((key, expire));
             }
         }
-        let r: Result<(), _> = pipe.query_async(&mut conn).await;
+        // Each bucket is its own key: a Redis Cluster spreads them over its masters.
+        let r = crate::redis_link::query_keyed(&conn, cmds).await.map(drop);
         if r.is_err() {
             *self.conn.lock().await = None;
         }
@@ -489,18 +490,27 @@ impl RedisLink {
     }
 
     async fn query(&self, q: &Query) -> Result<Vec<Row>, AnalyticsError> {
-        let mut conn = self.conn().await?;
+        let conn = self.conn().await?;
         let s = q.step.secs();
         let buckets: Vec<u64> = (q.from / s..q.to.div_ceil(s))
             .map(|b| b * s)
             .filter(|ts| *ts < q.to)
             .collect();
-        let mut pipe = redis::pipe();
-        for ts in &buckets {
-            pipe.cmd("HGETALL").arg(self.key(q.step, *ts));
-        }
-        let all: Vec<HashMap<String, u64>> = match pipe.query_async(&mut conn).await {
-            Ok(v) => v,
+        let cmds = buckets
+            .iter()
+            .map(|ts| {
+                let key = self.key(q.step, *ts);
+                let mut cmd = redis::cmd("HGETALL");
+                cmd.arg(&key);
+                (key, cmd)
+            })
+            .collect();
+        let all: Vec<HashMap<String, u64>> = match crate::redis_link::query_keyed(&conn, cmds).await
+        {
+            Ok(v) => v
+                .into_iter()
+                .map(|v| redis::from_redis_value(v).unwrap_or_default())
+                .collect(),
             Err(e) => {
                 *self.conn.lock().await = None;
                 return Err(e.into());

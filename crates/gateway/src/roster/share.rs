@@ -1,6 +1,7 @@
 //! Managed consumers shared among the nodes of a cluster through Redis: a hash holds each
-//! consumer's newest record (`PREFIX:consumers`), a stream carries each change as it is
-//! made (`PREFIX:consumers:changes`, trimmed to about 100,000). A node reads the stream
+//! consumer's newest record (`{PREFIX:consumers}`), a stream carries each change as it is
+//! made (`{PREFIX:consumers}:changes`, trimmed to about 100,000; one hash tag, so a Redis
+//! Cluster keeps both in one slot). A node reads the stream
 //! every 100 ms; when it connects (at start, and after Redis was away) it reads the whole
 //! hash, so a node that was away catches up, and writes back what it changed meanwhile.
 //! The newest version of a name wins everywhere; a record is written to the hash only if it
@@ -8,7 +9,7 @@
 
 use super::record::Managed;
 use super::Roster;
-use redis::aio::MultiplexedConnection;
+use crate::redis_link::RedisConn;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -42,9 +43,11 @@ return 1
 pub fn spawn(roster: &Arc<Roster>, cfg: &ClusterConfig) {
     let (tx, rx) = unbounded_channel();
     *roster.outbox.lock() = Some(tx);
+    // One hash tag for both: the script writes them together, so on a Redis Cluster they
+    // must share a slot.
     let keys = Keys {
-        hash: format!("{}:consumers", cfg.key_prefix),
-        stream: format!("{}:consumers:changes", cfg.key_prefix),
+        hash: format!("{{{}:consumers}}", cfg.key_prefix),
+        stream: format!("{{{}:consumers}}:changes", cfg.key_prefix),
     };
     tokio::spawn(run(Arc::downgrade(roster), cfg.redis.clone(), keys, rx));
 }
@@ -95,7 +98,7 @@ async fn run(
 /// Ends `Ok` when the roster is gone.
 async fn session(
     roster: &Weak<Roster>,
-    con: &mut MultiplexedConnection,
+    con: &mut RedisConn,
     keys: &Keys,
     script: &redis::Script,
     outbox: &mut UnboundedReceiver<Managed>,
@@ -202,7 +205,7 @@ async fn absorb(roster: &Weak<Roster>, batch: Vec<Managed>) -> bool {
 }
 
 async fn publish(
-    con: &mut MultiplexedConnection,
+    con: &mut RedisConn,
     keys: &Keys,
     script: &redis::Script,
     m: &Managed,

@@ -77,15 +77,17 @@ impl RedisServer {
         true
     }
 
-    /// `GET key` as a number (0 when missing).
-    pub fn get(&self, key: &str) -> u64 {
+    /// The sum of a hash's values (a shared limit's counts over its sub-windows; 0 when
+    /// missing).
+    pub fn hsum(&self, key: &str) -> u64 {
         let client = redis::Client::open(self.url()).expect("url");
         let mut c = client.get_connection().expect("connect");
-        redis::cmd("GET")
+        redis::cmd("HVALS")
             .arg(key)
-            .query::<Option<u64>>(&mut c)
-            .expect("GET")
-            .unwrap_or(0)
+            .query::<Vec<u64>>(&mut c)
+            .expect("HVALS")
+            .iter()
+            .sum()
     }
 }
 
