@@ -22,6 +22,7 @@ use tollgate_gateway::{Clock, Gateway, ManualClock, Server};
 
 pub mod ports;
 pub mod redis;
+pub mod redis_cluster;
 pub mod tls;
 
 /// Upper bound for anything a test waits on; a test that hits it fails instead of hanging.

@@ -1,0 +1,207 @@
+//! Limits shared through a real Redis Cluster on loopback: each consumer's counts in the
+//! slot of its name, spread over the masters; a slot moved to another master (MOVED) and
+//! a master killed and replaced by its replica, followed without a restart.
+
+mod common;
+
+use common::redis_cluster::{wait, RedisCluster};
+use common::*;
+use http::StatusCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_gateway::ManualClock;
+
+const CONSUMERS: [&str; 6] = ["c0", "c1", "c2", "c3", "c4", "c5"];
+
+fn cfg(backend: std::net::SocketAddr, cluster: &RedisCluster) -> String {
+    let consumers: String = CONSUMERS
+        .iter()
+        .map(|c| format!("  - {{name: {c}, keys: [k{c}], plan: standard}}\n"))
+        .collect();
+    yaml(
+        backend,
+        &format!(
+            r#"
+cluster:
+  redis: {{cluster_nodes: [{seeds}]}}
+  sync_interval: 5ms
+  key_prefix: tgc
+plans:
+  standard: {{limits: [{{requests: 100, per: 10s}}]}}
+consumers:
+{consumers}routes:
+  - {{name: test, path_prefix: /test/, upstream: backend, auth: {{}}}}
+"#,
+            seeds = cluster.seeds()
+        ),
+    )
+}
+
+fn key(consumer: &str) -> String {
+    format!("tgc:consumer:{{{consumer}}}:100-per-10s:100:10")
+}
+
+/// A manual clock at the start of a window.
+fn clock() -> Arc<ManualClock> {
+    let c = ManualClock::new();
+    c.advance(Duration::from_secs(1_700_000_000));
+    c
+}
+
+/// Waits until the node has finished two more sync rounds.
+async fn synced(node: &TestGateway) {
+    let c = node.gw.cluster().expect("cluster");
+    let mut rounds = c.rounds();
+    let start = *rounds.borrow();
+    bounded("sync rounds", rounds.wait_for(|r| *r >= start + 2))
+        .await
+        .expect("rounds");
+}
+
+async fn up(nodes: &[TestGateway]) {
+    bounded("nodes share through the cluster", async {
+        for n in nodes {
+            while !n
+                .gw
+                .cluster()
+                .is_some_and(|c| c.is_up() && c.nodes() == nodes.len() as u64)
+            {
+                synced(n).await;
+            }
+        }
+    })
+    .await;
+}
+
+/// `tries` calls of `consumer`, alternating nodes, each settled before the next; the
+/// number admitted.
+async fn drive(nodes: &[TestGateway], c: &TestClient, consumer: &str, tries: usize) -> u64 {
+    let mut admitted = 0;
+    for i in 0..tries {
+        let node = &nodes[i % nodes.len()];
+        let a = c
+            .get(&node.url(&format!("/test/?apikey=k{consumer}")))
+            .await;
+        match a.status {
+            StatusCode::OK => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            s => panic!("unexpected {s} for {consumer}: {}", a.body),
+        }
+        synced(node).await;
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_spread_over_the_masters_and_a_moved_slot_is_followed() {
+    let cluster = RedisCluster::start("redis-cluster-moved", false);
+    let backend = echo_backend().await;
+    let clock = clock();
+    let yaml = cfg(backend, &cluster);
+    let nodes = vec![
+        TestGateway::start(&yaml, clock.clone()).await,
+        TestGateway::start(&yaml, clock.clone()).await,
+    ];
+    up(&nodes).await;
+    let c = TestClient::default();
+    let mut owners = Vec::new();
+    for consumer in CONSUMERS {
+        // 130 calls for a limit of 100 (credit 0: 100 × 1% < 2 nodes): exactly 100 pass.
+        assert_eq!(drive(&nodes, &c, consumer, 130).await, 100, "{consumer}");
+        let owner = cluster.owner(&key(consumer));
+        assert_eq!(cluster.nodes[owner].hsum(&key(consumer)), 100, "{consumer}");
+        owners.push(owner);
+    }
+    owners.sort_unstable();
+    owners.dedup();
+    assert!(
+        owners.len() >= 2,
+        "every consumer on one master: {owners:?}"
+    );
+
+    // c0's slot moves, with its counts, to another master: the nodes are answered MOVED
+    // and follow it; the counts moved with it, so c0 is still used up.
+    let from = cluster.owner(&key("c0"));
+    let to = (from + 1) % 3;
+    cluster.migrate(&key("c0"), from, to);
+    wait("the slot moved", || cluster.owner(&key("c0")) == to);
+    assert_eq!(drive(&nodes, &c, "c0", 20).await, 0);
+    // A window later the limit is free again, and counted where the slot now lives.
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(drive(&nodes, &c, "c0", 130).await, 100);
+    assert_eq!(cluster.nodes[to].hsum(&key("c0")), 100);
+    assert_eq!(cluster.nodes[from].hsum(&key("c0")), 0);
+    for n in &nodes {
+        assert!(n.gw.cluster().is_some_and(|c| c.is_up()));
+    }
+
+    // /status names the masters and the slots they serve.
+    let admin = start_admin(&nodes[0].gw, None).await;
+    let a = TestClient::default()
+        .get(&format!("http://{admin}/status"))
+        .await;
+    let status: serde_json::Value = serde_json::from_str(&a.body).expect("json");
+    let server = &status["cluster"]["server"];
+    assert_eq!(server["slots_known"], 16384, "{status}");
+    assert_eq!(
+        server["masters"].as_array().map(Vec::len),
+        Some(3),
+        "{status}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_is_replaced_by_its_replica_without_a_restart() {
+    let mut cluster = RedisCluster::start("redis-cluster-failover", true);
+    let backend = echo_backend().await;
+    let clock = clock();
+    let yaml = cfg(backend, &cluster);
+    let nodes = vec![
+        TestGateway::start(&yaml, clock.clone()).await,
+        TestGateway::start(&yaml, clock.clone()).await,
+    ];
+    up(&nodes).await;
+    let c = TestClient::default();
+    // Each node's first call waits for its lease (no credit for so small a limit).
+    let first = drive(&nodes, &c, "c0", 50).await;
+    assert!((48..=50).contains(&first), "{first}");
+    let old = cluster.owner(&key("c0"));
+    let before = nodes[0].gw.cluster().expect("cluster").server();
+    assert_eq!(before.masters.len(), 3);
+
+    // The master of c0's slot dies; the cluster promotes its replica.
+    cluster.nodes[old].kill();
+    wait("a replica promoted", || {
+        cluster
+            .nodes
+            .iter()
+            .enumerate()
+            .any(|(i, n)| i != old && n.owns(&key("c0")))
+    });
+    cluster.wait_ok();
+    let new = cluster.owner(&key("c0"));
+    assert_ne!(new, old);
+    // The nodes follow the promoted master: c0 is counted there again. What the old master
+    // had not replicated may be lost (asynchronous replication), so the count there is at
+    // most the 50 and the calls since.
+    let admitted = drive(&nodes, &c, "c0", 80).await;
+    assert!(admitted > 0, "nothing admitted after the failover");
+    let counted = cluster.nodes[new].hsum(&key("c0"));
+    assert!(
+        counted >= admitted && counted <= 100,
+        "{counted} counted on the promoted master, {admitted} admitted since"
+    );
+    let after = bounded("the node sees the new master", async {
+        loop {
+            let s = nodes[0].gw.cluster().expect("cluster").server();
+            if s.masters
+                .contains(&format!("127.0.0.1:{}", cluster.nodes[new].port))
+            {
+                return s;
+            }
+            synced(&nodes[0]).await;
+        }
+    })
+    .await;
+    assert!(after.switched_at.is_some(), "{after:?}");
+}
