@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
-"""Cluster accuracy: three tollgate nodes sharing limits through one Redis, in real time.
+"""Shared limits in real time: three tollgate nodes on loopback sharing each consumer's
+limits through Redis, in its three modes, and through failures.
 
-    python3 bench/cluster.py [--windows 3] [--no-build]
+    python3 bench/cluster.py [--rounds 2] [--no-build] [--parts modes,one60,sentinel,cluster-kill,cutoff,latency]
 
-1. A limit of 1,000 per 10 s, traffic split 70/20/10 across the nodes at 5x the limit
-   (open loop: 350 + 100 + 50 requests/s): requests admitted cluster-wide per window.
-2. A limit of 1 per 30 s under steady load on all nodes: admitted per window (must be 1).
-3. Latency at a fixed rate with Redis answering at once and with every Redis command
-   delayed by 200 ms (a proxy in front of it): a slow Redis must not slow requests.
+- modes: 1,000 per 10 s, traffic split 70/20/10 across the nodes at 5x the limit (open
+  loop: 350 + 100 + 50 requests/s) for 22 s, over one Redis and over a Redis Cluster of
+  three masters (each with a replica), against one node alone: the most requests admitted
+  in any 10 s span, and the nodes' CPU per request. Interleaved, `--rounds` times.
+- one60: 1 per 30 s driven from the three nodes (10 requests/s each) for 60 s from a random
+  start: how many pass, and how far apart.
+- sentinel / cluster-kill: the same 70/20/10 load for 33 s; 8 s in, the master is killed
+  (Sentinel: one master, two replicas, three sentinels; Cluster: the master of the
+  consumer's slot). When the replica is promoted, when each node follows it, the most
+  admitted in any 10 s span, the slowest request.
+- cutoff: the busiest node cut off from Redis for 30 s (its link to Redis goes through a
+  relay that drops its connections and refuses new ones), then back.
+- latency: latency at a fixed rate with Redis answering at once and with every Redis
+  command delayed by 200 ms (a proxy in front of it): a slow Redis must not slow requests.
 
-Pinning: the three nodes on CPU 1; Redis, the echo backend and the load on CPU 0.
-Windows are aligned to the wall clock, as the nodes align them. Writes docs/cluster-results.md.
+Admitted requests are read from the nodes' access logs. Pinning: the nodes on CPU 1;
+Redis, the echo backend and the load on CPU 0. Writes docs/cluster-results.md.
 """
 
 import argparse
@@ -28,6 +38,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import cluster_ha
 import procs
 from procs import die, wait_port
 
@@ -66,13 +77,6 @@ def bench(url, rate, seconds, expect="200,429", connections=20):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
-def sleep_until_window(window_s, offset=0.05):
-    now = time.time()
-    start = (int(now // window_s) + 1) * window_s + offset
-    time.sleep(start - now)
-    return start
-
-
 def run_nodes(redis_port, tmp, prefix):
     procs = []
     for n in (1, 2, 3):
@@ -91,46 +95,6 @@ def run_nodes(redis_port, tmp, prefix):
             pass
         time.sleep(0.2)
     die("the nodes did not see each other through Redis")
-
-
-def accuracy(windows, redis_port, tmp):
-    procs = run_nodes(redis_port, tmp, f"acc{time.time_ns()}")
-    rows = []
-    try:
-        split = [(1, 350), (2, 100), (3, 50)]
-        for w in range(windows):
-            start = sleep_until_window(10)
-            runs = [bench(f"http://127.0.0.1:{8080 + n}/test/?apikey=c1", rate, 9.9) for n, rate in split]
-            outs = [json.loads(p.communicate()[0]) for p in runs]
-            per_node = [o["statuses"].get("200", 0) for o in outs]
-            sent = sum(o["requests"] for o in outs)
-            errors = sum(sum(o["errors"].values()) for o in outs)
-            rows.append({"window": datetime.datetime.fromtimestamp(start, datetime.timezone.utc).strftime("%H:%M:%S"),
-                         "sent": sent, "admitted": sum(per_node), "per_node": per_node, "errors": errors})
-            print(f"1000/10s window {w + 1}: sent {sent}, admitted {sum(per_node)} {per_node}", flush=True)
-        over = sum(metric(9900 + n, "tollgate_cluster_overadmitted_total") or 0 for n in (1, 2, 3))
-    finally:
-        for p in procs:
-            stop(p)
-    return rows, over
-
-
-def exactly_one(windows, redis_port, tmp):
-    procs = run_nodes(redis_port, tmp, f"one{time.time_ns()}")
-    rows = []
-    try:
-        for w in range(windows):
-            start = sleep_until_window(30)
-            runs = [bench(f"http://127.0.0.1:{8080 + n}/test/?apikey=c2", 10, 29.9, connections=4) for n in (1, 2, 3)]
-            outs = [json.loads(p.communicate()[0]) for p in runs]
-            per_node = [o["statuses"].get("200", 0) for o in outs]
-            rows.append({"window": datetime.datetime.fromtimestamp(start, datetime.timezone.utc).strftime("%H:%M:%S"),
-                         "sent": sum(o["requests"] for o in outs), "admitted": sum(per_node), "per_node": per_node})
-            print(f"1/30s window {w + 1}: admitted {sum(per_node)} {per_node}", flush=True)
-    finally:
-        for p in procs:
-            stop(p)
-    return rows
 
 
 class SlowProxy(threading.Thread):
@@ -196,62 +160,124 @@ def latency(redis_port, tmp, seconds):
     return rows
 
 
+class Ctx:
+    """What the measurements share: the binary, a scratch folder, process helpers."""
+
+    def __init__(self, tmp):
+        self.tmp, self.bin = Path(tmp), BIN
+
+    @staticmethod
+    def start(cmd, cpu):
+        return start(cmd, cpu)
+
+    @staticmethod
+    def stop(p):
+        stop(p)
+
+    @staticmethod
+    def bench(url, rate, seconds, expect="200,429", connections=20):
+        return bench(url, rate, seconds, expect, connections)
+
+
+def report(args, modes, one, fails, cut, lat):
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    L = ["# Cluster accuracy and failures (generated)\n",
+         f"Generated by `python3 bench/cluster.py --rounds {args.rounds}` on {now}: three nodes on CPU 1; "
+         "Redis, the echo backend and the load (`tollgate bench --rate`, open loop) on CPU 0; "
+         "`sync_interval: 10ms`, `max_overadmission: 1%`, `on_redis_down: open`. Admitted requests are "
+         "read from the nodes' access logs.\n",
+         "## 1,000 per 10 s, traffic 70/20/10 at 5× the limit, 22 s\n",
+         "| mode | round | requests sent | admitted | most in any 10 s | vs limit | CPU µs / request | slowest ms | errors |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for r in modes:
+        L.append(f"| {r['mode']} | {r['round']} | {r['sent']} | {r['admitted']} | {r['most_in_window']} "
+                 f"| {r['most_in_window'] / 1000 - 1:+.1%} | {r['cpu_us']:.1f} | {r['slowest_ms']:.1f} | {r['errors']} |")
+    if modes:
+        def med(label, k):
+            v = sorted(r[k] for r in modes if r["mode"] == label)
+            return v[len(v) // 2] if v else float("nan")
+        L.append(f"\nMedian CPU per request: Redis Cluster {med('Redis Cluster', 'cpu_us'):.1f} µs against one Redis "
+                 f"{med('one Redis', 'cpu_us'):.1f} µs (ratio {med('Redis Cluster', 'cpu_us') / med('one Redis', 'cpu_us'):.3f}). "
+                 "A lone node serves all 500 requests/s itself.\n")
+    if one:
+        L.append("## 1 per 30 s from three nodes for 60 s\n")
+        L.append("| run | admitted | gaps between them (s) | most in any 30 s |")
+        L.append("|---|---|---|---|")
+        for r in one:
+            L.append(f"| {r['run']} | {r['admitted']} | {r['gaps_s']} | {r['most_in_30s']} |")
+    if fails:
+        L.append("\n## The master killed 10.5 s into a 33 s run (70/20/10 at 5×), as the first window's requests leave it\n")
+        L.append("| Redis | replica promoted after (s) | nodes following it after (s) | admitted | most in any 10 s | vs limit | slowest request ms | errors |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for r in fails:
+            prom = "—" if r["promoted_after_s"] is None else f"{r['promoted_after_s']:.2f}"
+            L.append(f"| {r['redis']} | {prom} | {' / '.join(map(str, r['followed_after_s']))} | {r['admitted']} "
+                     f"| {r['most_in_window']} | {r['most_in_window'] / 1000 - 1:+.1%} | {r['slowest_ms']:.1f} | {r['errors']} |")
+        L.append("\nTimes are from the kill. A node follows when its `/status` names the promoted server and Redis answers it.\n")
+    if cut:
+        L.append("## The busiest node (70%) cut off from Redis for 30 s of a 50 s run\n")
+        L.append("| admitted | most in any 10 s | most in any 10 s while cut | most in any 10 s after | admitted alone by the cut node | slowest ms | errors |")
+        L.append("|---|---|---|---|---|---|---|")
+        L.append(f"| {cut['admitted']} | {cut['most_in_window']} | {cut['most_in_window_cut']} | {cut['most_in_window_after']} "
+                 f"| {cut['cut_node_fail_open']:.0f} | {cut['slowest_ms']:.1f} | {cut['errors']} |")
+    if lat:
+        L.append("\n## Latency with a slow Redis\n")
+        L.append("90 requests/s across the three nodes for 20 s, under the limit; latency from each request's "
+                 "intended send time (worst node).\n")
+        L.append("| Redis | p50 ms | p99 ms | slowest ms | statuses |")
+        L.append("|---|---|---|---|---|")
+        for r in lat:
+            L.append(f"| {r['redis']} | {r['p50']:.3f} | {r['p99']:.3f} | {r['slowest']:.3f} | {r['statuses']} |")
+    return "\n".join(L) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--windows", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-build", action="store_true")
-    ap.add_argument("--parts", default="accuracy,one,latency", help="which measurements to run")
+    ap.add_argument("--parts", default="modes,one60,sentinel,cluster-kill,cutoff,latency",
+                    help="which measurements to run")
     args = ap.parse_args()
-    for tool in ("redis-server", "taskset"):
+    for tool in ("redis-server", "redis-cli", "taskset"):
         if not shutil.which(tool):
-            die(f"needs {tool} (sudo apt-get install {'redis-server' if tool == 'redis-server' else 'util-linux'})")
+            die(f"needs {tool} (sudo apt-get install {'util-linux' if tool == 'taskset' else 'redis-server'})")
     if not args.no_build:
         subprocess.run(["cargo", "build", "--release", "--locked", "-q"], cwd=ROOT, check=True)
-    redis = start(["redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], "0")
+    parts = args.parts.split(",")
     echo = start([str(BIN), "echo", "--listen", BACKEND], "0")
-    SlowProxy(SLOW_PORT, REDIS_PORT, 0.2).start()
+    modes, one, fails, cut, lat = [], [], [], None, []
     try:
-        wait_port(f"127.0.0.1:{REDIS_PORT}", redis)
         wait_port(BACKEND, echo)
-        wait_port(f"127.0.0.1:{SLOW_PORT}")
-        parts = args.parts.split(",")
         with tempfile.TemporaryDirectory() as tmp:
-            acc, over = accuracy(args.windows, REDIS_PORT, tmp) if "accuracy" in parts else ([], 0)
-            one = exactly_one(max(1, args.windows - 1), REDIS_PORT, tmp) if "one" in parts else []
-            lat = latency(REDIS_PORT, tmp, 20) if "latency" in parts else []
+            ctx = Ctx(tmp)
+            if "modes" in parts:
+                modes = cluster_ha.modes(ctx, args.rounds)
+            if "one60" in parts:
+                one = cluster_ha.one60(ctx)
+            if "sentinel" in parts:
+                fails.append(cluster_ha.failover(ctx, "sentinel"))
+            if "cluster-kill" in parts:
+                fails.append(cluster_ha.failover(ctx, "cluster"))
+            if "cutoff" in parts:
+                cut = cluster_ha.cutoff(ctx)
+            if "latency" in parts:
+                redis = start(["redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no"], "0")
+                SlowProxy(SLOW_PORT, REDIS_PORT, 0.2).start()
+                try:
+                    wait_port(f"127.0.0.1:{REDIS_PORT}", redis)
+                    wait_port(f"127.0.0.1:{SLOW_PORT}")
+                    lat = latency(REDIS_PORT, tmp, 20)
+                finally:
+                    stop(redis)
     finally:
         stop(echo)
-        stop(redis)
-
-    L = ["# Cluster accuracy (generated)\n",
-         f"Generated by `python3 bench/cluster.py --windows {args.windows}` on "
-         f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}: three nodes on CPU 1, "
-         "Redis, the echo backend and the load (`tollgate bench --rate`, open loop) on CPU 0; "
-         "`sync_interval: 10ms`, `max_overadmission: 1%`. Windows aligned to the wall clock.\n",
-         "## 1,000 per 10 s, traffic 70/20/10 at 5× the limit\n",
-         "| window (UTC) | requests sent | admitted cluster-wide | per node (70/20/10) | vs limit | errors |",
-         "|---|---|---|---|---|---|"]
-    for r in acc:
-        L.append(f"| {r['window']} | {r['sent']} | {r['admitted']} | {' / '.join(map(str, r['per_node']))} "
-                 f"| {r['admitted'] / 1000 - 1:+.1%} | {r['errors']} |")
-    L.append(f"\nRequests admitted on credit that Redis could not grant afterwards (all nodes, all windows): {over:.0f}.\n")
-    L.append("## 1 per 30 s, 10 requests/s on each of the three nodes\n")
-    L.append("| window (UTC) | requests sent | admitted cluster-wide | per node |")
-    L.append("|---|---|---|---|")
-    for r in one:
-        L.append(f"| {r['window']} | {r['sent']} | {r['admitted']} | {' / '.join(map(str, r['per_node']))} |")
-    L.append("\n## Latency with a slow Redis\n")
-    L.append("90 requests/s across the three nodes for 20 s, under the limit; latency from each request's "
-             "intended send time (worst node).\n")
-    L.append("| Redis | p50 ms | p99 ms | slowest ms | statuses |")
-    L.append("|---|---|---|---|---|")
-    for r in lat:
-        L.append(f"| {r['redis']} | {r['p50']:.3f} | {r['p99']:.3f} | {r['slowest']:.3f} | {r['statuses']} |")
-    if parts == ["accuracy", "one", "latency"]:
-        (ROOT / "docs" / "cluster-results.md").write_text("\n".join(L) + "\n")
+    text = report(args, modes, one, fails, cut, lat)
+    if parts == ["modes", "one60", "sentinel", "cluster-kill", "cutoff", "latency"]:
+        (ROOT / "docs" / "cluster-results.md").write_text(text)
         print("wrote docs/cluster-results.md")
     else:
-        print("\n".join(L))
+        print(text)
 
 
 if __name__ == "__main__":

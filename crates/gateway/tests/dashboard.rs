@@ -203,3 +203,37 @@ routes:
         "{dom}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_names_the_redis_cluster_a_node_uses() {
+    let cluster = common::redis_cluster::RedisCluster::start("dashboard-cluster", false);
+    let backend = echo_backend().await;
+    let cfg = yaml(
+        backend,
+        &format!(
+            "cluster: {{redis: {{cluster_nodes: [{}]}}, sync_interval: 5ms, key_prefix: dash}}\nroutes:\n  - {{name: api, path_prefix: /api/, upstream: backend}}\n",
+            cluster.seeds()
+        ),
+    );
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let admin = start_admin(&gw.gw, Some(TOKEN)).await;
+    let up = "tollgate_cluster_redis_up 1";
+    assert!(metrics_with(&gw.gw, up).await.contains(up));
+    bounded("the masters known", async {
+        let c = gw.gw.cluster().expect("cluster");
+        let mut rounds = c.rounds();
+        while c.server().slots != 16384 {
+            let _ = rounds.changed().await;
+        }
+    })
+    .await;
+    let dom =
+        tokio::task::spawn_blocking(move || render(&format!("http://{admin}/#token={TOKEN}")))
+            .await
+            .expect("render");
+    let redis = text_of(&dom, "redis");
+    assert!(
+        redis.starts_with("up · 3 masters, 16") && redis.ends_with(" slots"),
+        "{redis}"
+    );
+}

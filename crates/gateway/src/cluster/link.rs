@@ -4,7 +4,7 @@
 use crate::limiter::shared::{SharedLimit, SharedStore};
 use crate::limiter::LimitCell;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -35,6 +35,9 @@ pub struct Cluster {
     pub(super) nodes: AtomicU64,
     pub(super) rtt_us: AtomicU64,
     pub(super) rounds: watch::Sender<u64>,
+    /// Connections made to Redis so far: tokens are given back only on the connection
+    /// that granted them.
+    pub(super) link: AtomicU32,
     /// The Redis server the syncer last connected to, and when it switched to another.
     pub(super) server: parking_lot::Mutex<Server>,
     /// Counters for metrics.
@@ -74,6 +77,7 @@ impl Cluster {
             nodes: AtomicU64::new(1),
             rtt_us: AtomicU64::new(1_000),
             rounds: watch::channel(0).0,
+            link: AtomicU32::new(0),
             server: parking_lot::Mutex::default(),
             metrics: ClusterMetrics::default(),
         })

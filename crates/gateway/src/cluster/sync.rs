@@ -14,22 +14,30 @@ use std::time::{Duration, Instant};
 ///
 /// KEYS[1]: the limit's hash, sub-window → requests counted. ARGV: N, span (sub-windows
 /// counting beside the current one), ttl (ms), the node's current sub-window, the
-/// sub-window to grant in, tokens wanted; then pairs (sub-window, change) applied first:
-/// requests admitted without a grant (+), tokens given back unused (−).
+/// sub-window to grant in, tokens wanted, the sub-window's length (ms); then pairs
+/// (sub-window, change) applied first: requests admitted without a grant (+), tokens given
+/// back unused (−).
 ///
 /// Grants `min(want, N − counted)`, where `counted` sums every sub-window from `at − span`
 /// on, later ones included: after any grant, no span of `span + 1` sub-windows holds more
-/// than N grants. Returns {granted, counted, free_at, over}: `free_at` is the sub-window
-/// from which room opens again when the limit is used up (else 0), `over` how far the
-/// changes pushed the count past N.
+/// than N grants. Redis's own clock bounds what a node may ask for: nothing is granted or
+/// counted more than one sub-window ahead of it, and nothing is dropped that still counts
+/// by it, so one node's clock running ahead cannot block a limit for the others.
+/// Returns {granted, counted, free_at, over}: `free_at` is the sub-window from which room
+/// opens again when the limit is used up (else 0), `over` how far the changes pushed the
+/// count past N.
 pub(crate) const LEASE: &str = r#"
 local n = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
-local now = tonumber(ARGV[4])
 local at = tonumber(ARGV[5])
 local want = tonumber(ARGV[6])
-for i = 7, #ARGV, 2 do
-  if tonumber(ARGV[i]) >= now - span then
+local t = redis.call('TIME')
+local server = math.floor((tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / tonumber(ARGV[7]))
+local now = math.min(tonumber(ARGV[4]), server)
+if at > server + 1 then want = 0 end
+for i = 8, #ARGV, 2 do
+  local s = tonumber(ARGV[i])
+  if s >= now - span and s <= server + 1 then
     local v = redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
     if v <= 0 then redis.call('HDEL', KEYS[1], ARGV[i]) end
   end
@@ -53,6 +61,7 @@ if want > 0 and total < n then
   grant = math.min(want, n - total)
   redis.call('HINCRBY', KEYS[1], ARGV[5], grant)
   total = total + grant
+  counts[#counts + 1] = {at, grant}
 end
 local free_at = 0
 if total >= n then
@@ -160,6 +169,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
 async fn connect(c: &Cluster) -> Result<(RedisConn, String), redis::RedisError> {
     let (mut conn, address) =
         crate::redis_link::redis_connection_at(&c.cfg.redis, Duration::from_secs(1)).await?;
+    c.link.fetch_add(1, Ordering::Relaxed);
     // On a Redis Cluster this goes to every node.
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
@@ -211,6 +221,11 @@ fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
             0
         };
         let owed = l.owed();
+        if l.link != c.link.load(Ordering::Relaxed) {
+            // Granted through an earlier connection (maybe by a Redis that restarted empty,
+            // or a master that died): giving them back here could take another's count.
+            l.back.clear();
+        }
         let back = std::mem::take(&mut l.back);
         if top_up > 0 || !owed.is_empty() || !back.is_empty() {
             if top_up > 0 {
@@ -280,7 +295,8 @@ async fn round(
             .arg(ttl_ms)
             .arg(now)
             .arg(a.at)
-            .arg(a.want);
+            .arg(a.want)
+            .arg((a.cell.slot_ns() / 1_000_000).max(1));
         for (s, k) in &a.owed {
             cmd.arg(*s).arg(*k);
         }
@@ -310,13 +326,16 @@ async fn round(
     let values = match crate::redis_link::query_keyed(conn, cmds).await {
         Ok(v) => v,
         Err(e) => {
-            // Nothing was granted or counted: let the limits ask again.
+            // Some of the round may have run (a timeout after Redis answered, one slot's
+            // pipeline of several): ask again, count again what is owed (at worst twice,
+            // which only under-admits), and drop the give-backs (sending one twice would
+            // take back another node's count).
             for a in asks {
                 if let Counter::Shared(l) = &mut a.cell.state.lock().counter {
                     if a.next {
                         l.next_requested = false;
                     }
-                    l.back.extend(a.back);
+                    requeue(c, &a.cell, l);
                 }
             }
             return Err(e);
@@ -328,10 +347,21 @@ async fn round(
 
     let mut values = values.into_iter();
     let wall = clock.wall_nanos();
+    let link = c.link.load(Ordering::Relaxed);
     for a in &asks {
-        let (granted, total, free_at, over) = match values.next() {
-            Some(v) => redis::from_redis_value::<(u64, u64, u64, u64)>(v).unwrap_or_default(),
-            None => Default::default(),
+        let answer = values
+            .next()
+            .and_then(|v| redis::from_redis_value::<(u64, u64, u64, u64)>(v).ok());
+        let Some((granted, total, free_at, over)) = answer else {
+            // Not an answer of the script: nothing is known to be settled.
+            c.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            if let Counter::Shared(l) = &mut a.cell.state.lock().counter {
+                if a.next {
+                    l.next_requested = false;
+                }
+                requeue(c, &a.cell, l);
+            }
+            continue;
         };
         c.metrics.granted.fetch_add(granted, Ordering::Relaxed);
         let owed: u64 = a.owed.iter().map(|(_, k)| k).sum();
@@ -349,6 +379,9 @@ async fn round(
         }
         l.granted = total;
         l.full_until = l.full_until.max(free_at);
+        if granted > 0 {
+            l.link = link;
+        }
         if a.at == l.sub {
             l.tokens += granted;
         } else if a.at == l.sub + 1 {
@@ -357,10 +390,7 @@ async fn round(
             // The sub-window ended while asking: the tokens go back.
             l.back.push((a.at, granted));
         }
-        if !l.back.is_empty() && !l.queued {
-            l.queued = true;
-            c.queue.lock().push(a.cell.clone());
-        }
+        requeue(c, &a.cell, l);
     }
     if heartbeat {
         let mut rest = values.skip(3);
@@ -370,9 +400,20 @@ async fn round(
             }
         }
         if conn.is_cluster() {
-            let masters = super::link::cluster_masters(conn).await?;
-            c.connected_to_cluster(masters);
+            // For `/status` only: the round stands whatever this answers.
+            match super::link::cluster_masters(conn).await {
+                Ok(masters) => c.connected_to_cluster(masters),
+                Err(e) => tracing::debug!("cluster: CLUSTER SLOTS failed: {e}"),
+            }
         }
     }
     Ok(())
+}
+
+/// Queues `cell` again when it still owes counts or has tokens to give back.
+fn requeue(c: &Cluster, cell: &Arc<LimitCell>, l: &mut crate::limiter::shared::Lease) {
+    if (l.debt > 0 || !l.back.is_empty()) && !l.queued {
+        l.queued = true;
+        c.queue.lock().push(cell.clone());
+    }
 }

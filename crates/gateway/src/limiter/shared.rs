@@ -84,6 +84,9 @@ pub struct Lease {
     pub(crate) next_requested: bool,
     /// Tokens whose sub-window ended unused, to give back: (sub-window, tokens).
     pub(crate) back: SmallVec<[(u64, u64); 2]>,
+    /// Which connection to the store granted the tokens held (the store counts them):
+    /// give-backs go only to the connection that granted them.
+    pub(crate) link: u32,
     /// Admitted on this node, per sub-window.
     pub(crate) own: Ring,
     /// Admitted without a grant (credit, or while the store was down) and not yet counted
@@ -129,9 +132,10 @@ impl Lease {
         } else if self.next_tokens > 0 {
             self.back.push((self.sub + 1, self.next_tokens));
         }
+        // Ask again with two thirds of what was leased ahead left, as after any lease.
+        self.refill_at = self.tokens * 2 / 3;
         self.next_tokens = 0;
         self.next_requested = false;
-        self.refill_at = 0;
         // The slots taken over held sub-windows that no longer count.
         for k in 1..=steps.min(SLOTS as u64) {
             let i = at(self.sub + k);
@@ -245,8 +249,9 @@ impl<C> SharedLimit<C> {
         let sub_ns = limit.sub_ns();
         l.roll(wall / sub_ns);
         l.demand += 1;
-        if !l.back.is_empty() {
-            // Tokens of a sub-window that ended: give them back in the next round.
+        if !l.back.is_empty() || l.debt > 0 {
+            // Tokens of a sub-window that ended go back, and what was admitted without a
+            // grant is counted, in the next round (also when this request is refused).
             queue(c.as_ref(), cell, l);
         }
         let refuse = |wait: u64| {
@@ -339,5 +344,70 @@ fn queue<C>(store: &dyn SharedStore<C>, cell: &Arc<C>, l: &mut Lease) {
     if !l.queued {
         l.queued = true;
         store.enqueue(cell);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owe(l: &mut Lease, n: u32) {
+        l.owed[at(l.sub)] += n;
+        l.own[at(l.sub)] += n;
+        l.debt += u64::from(n);
+    }
+
+    #[test]
+    fn a_sub_window_that_ends_gives_its_tokens_back() {
+        let mut l = Lease {
+            sub: 100,
+            tokens: 5,
+            next_tokens: 7,
+            ..Lease::default()
+        };
+        l.roll(101);
+        assert_eq!((l.tokens, l.next_tokens), (7, 0));
+        assert_eq!(l.back.as_slice(), &[(100, 5)]);
+        // Skipping a sub-window gives back both what was in hand and what was leased ahead.
+        l.next_tokens = 3;
+        l.roll(105);
+        assert_eq!(l.tokens, 0);
+        assert_eq!(l.back.as_slice(), &[(100, 5), (101, 7), (102, 3)]);
+        // What no longer counts is not given back: 102 counts until 112, not at 113.
+        l.roll(112);
+        assert_eq!(l.back.as_slice(), &[(102, 3)]);
+        l.roll(113);
+        assert!(l.back.is_empty(), "{:?}", l.back);
+        // A clock that went back stays in the sub-window.
+        l.tokens = 2;
+        l.roll(111);
+        assert_eq!((l.sub, l.tokens), (113, 2));
+    }
+
+    #[test]
+    fn owed_counts_stay_while_they_count_and_are_settled_once() {
+        let mut l = Lease {
+            sub: 50,
+            ..Lease::default()
+        };
+        owe(&mut l, 3);
+        l.roll(52);
+        owe(&mut l, 2);
+        assert_eq!(l.owed().as_slice(), &[(50, 3), (52, 2)]);
+        assert_eq!((l.debt, l.own_total()), (5, 5));
+        l.settled(50, 3);
+        assert_eq!(l.owed().as_slice(), &[(52, 2)]);
+        assert_eq!(l.debt, 2);
+        // Settling more than is owed, or a sub-window out of the window, changes nothing more.
+        l.settled(52, 9);
+        l.settled(30, 1);
+        assert_eq!((l.debt, l.owed().len()), (0, 0));
+        // Counts leave with their sub-window: 52 still counts at 62, not at 63.
+        owe(&mut l, 4);
+        l.roll(62);
+        assert_eq!((l.debt, l.own_total()), (4, 6));
+        l.roll(63);
+        assert_eq!((l.debt, l.own_total()), (0, 0));
+        assert!(l.idle());
     }
 }
