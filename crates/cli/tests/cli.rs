@@ -31,10 +31,12 @@ fn check_accepts_every_shipped_example() {
         repo_root().join("examples/jwt.yaml"),
         repo_root().join("packaging/tollgate.yaml"),
     ];
-    for entry in std::fs::read_dir(repo_root().join("examples/seed")).expect("examples/seed") {
-        files.push(entry.expect("entry").path());
+    for dir in ["examples/seed", "examples/cluster"] {
+        for entry in std::fs::read_dir(repo_root().join(dir)).expect(dir) {
+            files.push(entry.expect("entry").path());
+        }
     }
-    assert!(files.len() >= 8, "{files:?}");
+    assert!(files.len() >= 13, "{files:?}");
     for f in files {
         let out = Command::new(BIN)
             .args(["check", "--config"])
