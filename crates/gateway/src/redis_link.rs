@@ -55,6 +55,16 @@ impl ConnectionLike for RedisConn {
     }
 }
 
+/// The longest wait between attempts to reconnect to `target`: 5 s to one server; 1 s where
+/// a failover is expected to be followed (Sentinel, Redis Cluster), so that a node is on the
+/// promoted master about a second after it is named, however long the failover took.
+pub fn max_backoff(target: &RedisTarget) -> Duration {
+    match target {
+        RedisTarget::Url(_) => Duration::from_secs(5),
+        RedisTarget::Sentinel { .. } | RedisTarget::Cluster { .. } => Duration::from_secs(1),
+    }
+}
+
 /// A connection to `target`, giving up on connecting or on an answer after `timeout`.
 /// Every Redis link of the gateway opens this way.
 pub async fn redis_connection(

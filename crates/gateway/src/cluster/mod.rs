@@ -21,7 +21,8 @@
 //! While Redis is unreachable, `on_redis_down: open` lets each node admit up to its share
 //! (its own last window plus an even split of the room left); `closed` answers 503. When
 //! Redis is back, what a node admitted alone is added to the sub-windows it was admitted in,
-//! so the others see it. Reconnects back off from 100 ms to 5 s.
+//! so the others see it. Reconnects back off from 100 ms to 5 s (1 s with Sentinel or a
+//! Redis Cluster, to follow a failover quickly).
 
 mod link;
 mod report;

@@ -133,9 +133,10 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                             );
                         }
                         c.rounds.send_modify(|r| *r += 1);
+                        let most = crate::redis_link::max_backoff(&c.cfg.redis);
                         drop(c);
                         tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        backoff = (backoff * 2).min(most);
                         continue;
                     }
                 }

@@ -90,7 +90,7 @@ async fn run(
             }
         }
         tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(Duration::from_secs(5));
+        wait = (wait * 2).min(crate::redis_link::max_backoff(&url));
     }
 }
 
