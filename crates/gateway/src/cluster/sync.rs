@@ -178,8 +178,10 @@ async fn connect(c: &Cluster) -> Result<(RedisConn, String), redis::RedisError> 
         .query_async(&mut conn)
         .await?;
     if conn.is_cluster() {
-        let masters = super::link::cluster_masters(&mut conn).await?;
-        c.connected_to_cluster(masters);
+        // For `/status` only: the heartbeat asks again.
+        if let Ok(masters) = super::link::cluster_masters(&mut conn).await {
+            c.connected_to_cluster(masters);
+        }
     } else {
         c.connected_to(address);
     }

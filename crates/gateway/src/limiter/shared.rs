@@ -116,10 +116,20 @@ fn at(k: u64) -> usize {
 }
 
 impl Lease {
-    /// Moves to sub-window `sub` if the clock has left the current one (a clock that went
-    /// back stays in it). Tokens of a sub-window that ended are given back.
+    /// Moves to sub-window `sub` if the clock has left the current one. Tokens of a
+    /// sub-window that ended are given back. A clock that went back stays in the current
+    /// sub-window, unless it went back by more than a window: then the state starts over
+    /// there (the store would grant nothing for sub-windows it has not reached).
     pub(crate) fn roll(&mut self, sub: u64) {
         if sub <= self.sub {
+            if self.sub - sub > SPAN {
+                let queued = self.queued;
+                *self = Lease {
+                    sub,
+                    queued,
+                    ..Lease::default()
+                };
+            }
             return;
         }
         let steps = sub - self.sub;
@@ -378,10 +388,13 @@ mod tests {
         assert_eq!(l.back.as_slice(), &[(102, 3)]);
         l.roll(113);
         assert!(l.back.is_empty(), "{:?}", l.back);
-        // A clock that went back stays in the sub-window.
+        // A clock that went back stays in the sub-window...
         l.tokens = 2;
-        l.roll(111);
+        l.roll(103);
         assert_eq!((l.sub, l.tokens), (113, 2));
+        // ...unless it went back by more than a window: the state starts over there.
+        l.roll(102);
+        assert_eq!((l.sub, l.tokens), (102, 0));
     }
 
     #[test]
