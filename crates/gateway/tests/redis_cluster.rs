@@ -205,3 +205,63 @@ async fn a_killed_master_is_replaced_by_its_replica_without_a_restart() {
     .await;
     assert!(after.switched_at.is_some(), "{after:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_made_on_one_node_reaches_the_other_through_the_cluster() {
+    let cluster = RedisCluster::start("redis-cluster-managed", false);
+    let backend = echo_backend().await;
+    let dir = tempdir("redis-cluster-managed");
+    let node = |n: usize| {
+        format!(
+            "{}consumers_log: \"{}\"\n",
+            cfg(backend, &cluster),
+            dir.join(format!("node{n}.changes")).display()
+        )
+    };
+    let clock = clock();
+    let a = TestGateway::start(&node(0), clock.clone()).await;
+    let b = TestGateway::start(&node(1), clock.clone()).await;
+    let ad = start_admin(&a.gw, Some("t0ken")).await;
+    let admin = |method: http::Method, path: &'static str, body: &'static str| {
+        let c = TestClient::default();
+        async move {
+            let a = c
+                .request(
+                    method,
+                    &format!("http://{ad}{path}"),
+                    &[("authorization", "Bearer t0ken")],
+                    body,
+                )
+                .await;
+            (a.status, a.body)
+        }
+    };
+    let (s, _) = admin(
+        http::Method::PUT,
+        "/consumers/zed",
+        r#"{"plan": "standard"}"#,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, made) = admin(http::Method::POST, "/consumers/zed/keys", "").await;
+    assert_eq!(s, StatusCode::CREATED, "{made}");
+    let made: serde_json::Value = serde_json::from_str(&made).expect("json");
+    let key = made["key"].as_str().expect("key").to_string();
+    // The record and its change go through the one slot of `{tgc:consumers}`; the other
+    // node takes the key from there.
+    let c = TestClient::default();
+    bounded("the other node takes zed's key", async {
+        while c.get(&b.url(&format!("/test/?apikey={key}"))).await.status != StatusCode::OK {
+            synced(&b).await;
+        }
+    })
+    .await;
+    let holder = cluster.owner("{tgc:consumers}");
+    assert!(cluster.nodes[holder].conn().is_some_and(|mut c| {
+        ::redis::cmd("HEXISTS")
+            .arg("{tgc:consumers}")
+            .arg("zed")
+            .query::<bool>(&mut c)
+            .unwrap_or(false)
+    }));
+}
