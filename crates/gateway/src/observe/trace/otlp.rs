@@ -122,6 +122,8 @@ const K_USER_AGENT_ORIGINAL: Key = key("user_agent.original");
 /// An attribute's value.
 enum Val<'a> {
     Str(&'a str),
+    /// Bytes known to be UTF-8 (from [`text`]).
+    Text(&'a [u8]),
     Int(i64),
     Double(f64),
 }
@@ -130,17 +132,19 @@ enum Val<'a> {
 /// are one byte, so every length is known before it is written.
 fn attr(out: &mut Vec<u8>, field: u32, key: &Key, v: Val<'_>) {
     let v = match v {
-        Val::Str(s) => Val::Str(cut(s)),
+        Val::Str(s) => Val::Text(cut(s.as_bytes())),
+        Val::Text(b) => Val::Text(cut(b)),
         other => other,
     };
     let any = match &v {
         Val::Str(s) => 1 + varint_len(s.len() as u64) + s.len(),
+        Val::Text(s) => 1 + varint_len(s.len() as u64) + s.len(),
         Val::Int(i) => 1 + varint_len(*i as u64),
         Val::Double(_) => 9,
     };
     let kv = key.len + 1 + varint_len(any as u64) + any;
     let field_tag = field << 3 | u32::from(LEN);
-    if let (Ok(t @ 0..=127), Ok(kv @ 0..=127), Ok(any @ 0..=127), Val::Str(s)) = (
+    if let (Ok(t @ 0..=127), Ok(kv @ 0..=127), Ok(any @ 0..=127), Val::Text(s)) = (
         u8::try_from(field_tag),
         u8::try_from(kv),
         u8::try_from(any),
@@ -151,7 +155,7 @@ fn attr(out: &mut Vec<u8>, field: u32, key: &Key, v: Val<'_>) {
         out.extend_from_slice(&[t, kv]);
         out.extend_from_slice(&key.bytes[..key.len]);
         out.extend_from_slice(&[2 << 3 | LEN, any, 1 << 3 | LEN, s.len() as u8]);
-        out.extend_from_slice(s.as_bytes());
+        out.extend_from_slice(s);
         return;
     }
     tag(out, field, LEN);
@@ -161,6 +165,7 @@ fn attr(out: &mut Vec<u8>, field: u32, key: &Key, v: Val<'_>) {
     varint(out, any as u64);
     match v {
         Val::Str(s) => len_field(out, 1, s.as_bytes()),
+        Val::Text(s) => len_field(out, 1, s),
         Val::Int(i) => {
             tag(out, 3, VARINT);
             varint(out, i as u64);
@@ -177,13 +182,14 @@ fn attr(out: &mut Vec<u8>, field: u32, key: &Key, v: Val<'_>) {
 /// client cannot make a batch too large for the collector to take.
 pub(crate) const MAX_VALUE: usize = 1024;
 
-/// `s` cut to [`MAX_VALUE`] bytes, at a character boundary.
-fn cut(s: &str) -> &str {
+/// UTF-8 bytes cut to [`MAX_VALUE`] bytes, at a character boundary (never inside a
+/// character's continuation bytes, `10xxxxxx`).
+fn cut(s: &[u8]) -> &[u8] {
     if s.len() <= MAX_VALUE {
         return s;
     }
     let mut end = MAX_VALUE;
-    while !s.is_char_boundary(end) {
+    while end > 0 && s[end] & 0xC0 == 0x80 {
         end -= 1;
     }
     &s[..end]
@@ -194,6 +200,18 @@ fn cut(s: &str) -> &str {
 fn utf8(b: &[u8]) -> Cow<'_, str> {
     // The check first (fast over ASCII); the lossy copy only for what fails it.
     std::str::from_utf8(b).map_or_else(|_| String::from_utf8_lossy(b), Cow::Borrowed)
+}
+
+/// [`utf8`] as bytes, for values written as they are: ASCII (nearly every header value,
+/// address and path) passes a check of a word at a time without `from_utf8`'s work.
+fn text(b: &[u8]) -> Cow<'_, [u8]> {
+    if b.is_ascii() {
+        return Cow::Borrowed(b);
+    }
+    match utf8(b) {
+        Cow::Borrowed(s) => Cow::Borrowed(s.as_bytes()),
+        Cow::Owned(s) => Cow::Owned(s.into_bytes()),
+    }
 }
 
 fn nanos(t: SystemTime) -> u64 {
@@ -271,13 +289,16 @@ impl Batch {
             attr(s, 9, &K_HTTP_REQUEST_METHOD, Val::Str("_OTHER"));
             attr(s, 9, &K_HTTP_REQUEST_METHOD_ORIGINAL, Val::Str(method));
         }
-        let uri = utf8(&rec.uri);
-        let (path, query) = uri.split_once('?').unwrap_or((&uri, ""));
-        attr(s, 9, &K_URL_PATH, Val::Str(path));
+        let (path, query) = match rec.uri.iter().position(|&b| b == b'?') {
+            Some(at) => (&rec.uri[..at], &rec.uri[at + 1..]),
+            None => (&rec.uri[..], &[][..]),
+        };
+        attr(s, 9, &K_URL_PATH, Val::Text(&text(path)));
         if !query.is_empty() {
+            let query = utf8(query);
             let q = &mut self.query;
             q.clear();
-            crate::query::kept_pieces(query, rec.snap.credential_params(), |sep, piece| {
+            crate::query::kept_pieces(&query, rec.snap.credential_params(), |sep, piece| {
                 if sep != b'?' {
                     q.push(char::from(sep));
                 }
@@ -297,7 +318,7 @@ impl Batch {
             s,
             9,
             &K_CLIENT_ADDRESS,
-            Val::Str(&utf8(rec.client.as_bytes())),
+            Val::Text(&text(rec.client.as_bytes())),
         );
         if let Some(h) = &rec.span_head {
             attr(
@@ -325,7 +346,7 @@ impl Batch {
                 );
             }
             if let Some(ua) = &h.user_agent {
-                attr(s, 9, &K_USER_AGENT_ORIGINAL, Val::Str(&utf8(ua)));
+                attr(s, 9, &K_USER_AGENT_ORIGINAL, Val::Text(&text(ua)));
             }
             if let Some(r) = route_path {
                 attr(s, 9, &K_HTTP_ROUTE, Val::Str(r));
@@ -342,7 +363,7 @@ impl Batch {
                 s,
                 9,
                 &K_TOLLGATE_REQUEST_ID,
-                Val::Str(&utf8(&rec.request_id)),
+                Val::Text(&text(&rec.request_id)),
             );
         }
         if let Some(r) = &rec.route {
@@ -367,7 +388,7 @@ impl Batch {
                 s,
                 9,
                 &K_TOLLGATE_CACHE_STATUS,
-                Val::Str(&utf8(c.as_bytes())),
+                Val::Text(&text(c.as_bytes())),
             );
         }
         if let Some(t) = &rec.target {
