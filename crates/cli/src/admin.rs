@@ -54,17 +54,3 @@ pub async fn call(
     }
     Ok(value)
 }
-
-/// Percent-encodes a path segment or a query value for the admin endpoint (all but the
-/// unreserved characters).
-pub fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}

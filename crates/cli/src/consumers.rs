@@ -72,7 +72,7 @@ pub fn run(action: Action) -> ExitCode {
             json,
         } => {
             let q = after.map_or(String::new(), |a| {
-                format!("?after={}", crate::admin::encode(&a))
+                format!("?after={}", tollgate_config::percent_encode(&a))
             });
             (config, Method::GET, format!("/consumers{q}"), None, json)
         }
@@ -104,11 +104,11 @@ pub fn run(action: Action) -> ExitCode {
                     }
                 }
             }
-            let path = format!("/consumers/{}", crate::admin::encode(&name));
+            let path = format!("/consumers/{}", tollgate_config::percent_encode(&name));
             (config, Method::PUT, path, Some(Value::Object(body)), json)
         }
         Action::Rm { config, name } => {
-            let path = format!("/consumers/{}", crate::admin::encode(&name));
+            let path = format!("/consumers/{}", tollgate_config::percent_encode(&name));
             (config, Method::DELETE, path, None, false)
         }
         Action::Key {
@@ -119,7 +119,7 @@ pub fn run(action: Action) -> ExitCode {
         } => (
             config,
             Method::POST,
-            format!("/consumers/{}/keys", crate::admin::encode(&name)),
+            format!("/consumers/{}/keys", tollgate_config::percent_encode(&name)),
             None,
             json,
         ),
@@ -133,8 +133,8 @@ pub fn run(action: Action) -> ExitCode {
             Method::DELETE,
             format!(
                 "/consumers/{}/keys/{}",
-                crate::admin::encode(&name),
-                crate::admin::encode(&id)
+                tollgate_config::percent_encode(&name),
+                tollgate_config::percent_encode(&id)
             ),
             None,
             json,

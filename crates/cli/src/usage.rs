@@ -174,7 +174,7 @@ async fn read_history(cfg: &Config, q: &Query) -> Result<(Vec<Row>, &'static str
     if let Some(admin) = &cfg.admin {
         let path = format!(
             "/analytics?consumer={}&from={}&to={}&step={}",
-            crate::admin::encode(q.consumer.as_deref().unwrap_or("")),
+            tollgate_config::percent_encode(q.consumer.as_deref().unwrap_or("")),
             q.from,
             q.to,
             q.step.name()

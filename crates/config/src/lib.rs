@@ -94,3 +94,17 @@ pub fn fingerprint(bytes: &[u8]) -> u64 {
     bytes.hash(&mut h);
     h.finish() | 1
 }
+
+/// Percent-encodes all but the unreserved characters of RFC 3986 (`A-Z a-z 0-9 - . _ ~`):
+/// a password put into a Redis URL, a path segment or query value for the admin API.
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -33,22 +33,9 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                         Some(n) if (0..=15).contains(&n) => db = n,
                         _ => p.add(here, "must be a database number from 0 to 15"),
                     },
-                    "sentinels" => match v.as_sequence() {
-                        Some(list) if !list.is_empty() => {
-                            for (i, s) in list.iter().enumerate() {
-                                let s = text(s, &format!("{here}[{i}]"), p);
-                                if host_port(&s) {
-                                    sentinels.push(s);
-                                } else {
-                                    p.add(
-                                        format!("{here}[{i}]"),
-                                        format!("{s:?} must be host:port (a sentinel, e.g. 10.0.0.1:26379)"),
-                                    );
-                                }
-                            }
-                        }
-                        _ => p.add(here, "must list at least one sentinel as host:port"),
-                    },
+                    "sentinels" => {
+                        sentinels = host_ports(v, &here, "sentinel", "10.0.0.1:26379", p);
+                    }
                     "password_file" => {
                         let f = text(v, &here, p);
                         match std::fs::read_to_string(base.join(&f)) {
@@ -64,22 +51,10 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                         Some(b) => tls = Some(b),
                         None => p.add(here, "must be true or false"),
                     },
-                    "cluster_nodes" => match v.as_sequence() {
-                        Some(list) if !list.is_empty() => {
-                            for (i, s) in list.iter().enumerate() {
-                                let s = text(s, &format!("{here}[{i}]"), p);
-                                if host_port(&s) {
-                                    cluster_nodes.push(s);
-                                } else {
-                                    p.add(
-                                        format!("{here}[{i}]"),
-                                        format!("{s:?} must be host:port (a node of the Redis Cluster, e.g. 10.0.1.1:6379)"),
-                                    );
-                                }
-                            }
-                        }
-                        _ => p.add(here, "must list at least one node of the Redis Cluster as host:port"),
-                    },
+                    "cluster_nodes" => {
+                        cluster_nodes =
+                            host_ports(v, &here, "node of the Redis Cluster", "10.0.1.1:6379", p);
+                    }
                     other => p.add(
                         here,
                         format!(
@@ -127,8 +102,9 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                     "with `url`, write the user in the URL (redis://user@host:port)",
                 );
             }
+            // At most one form is given by now.
             match (url, sentinels.is_empty()) {
-                (Some(u), true) => {
+                (Some(u), _) => {
                     if master_name.is_some() {
                         p.add(
                             format!("{AT}.master_name"),
@@ -152,10 +128,6 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                         password,
                         db,
                     }
-                }
-                (Some(_), false) => {
-                    p.add(AT, "give either `url` or `sentinels`, not both");
-                    RedisTarget::Url(String::new())
                 }
                 (None, true) => {
                     p.add(
@@ -186,6 +158,27 @@ fn text(v: &Value, at: &str, p: &mut Problems) -> String {
     }
 }
 
+/// A non-empty list of `host:port`, each a `name` (for the errors, with an `example`).
+fn host_ports(v: &Value, here: &str, name: &str, example: &str, p: &mut Problems) -> Vec<String> {
+    let Some(list) = v.as_sequence().filter(|l| !l.is_empty()) else {
+        p.add(here, format!("must list at least one {name} as host:port"));
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        let s = text(s, &format!("{here}[{i}]"), p);
+        if host_port(&s) {
+            out.push(s);
+        } else {
+            p.add(
+                format!("{here}[{i}]"),
+                format!("{s:?} must be host:port (a {name}, e.g. {example})"),
+            );
+        }
+    }
+    out
+}
+
 fn host_port(s: &str) -> bool {
     s.rsplit_once(':')
         .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok_and(|n| n > 0))
@@ -206,7 +199,7 @@ fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -
     };
     match password {
         Some(pw) if !rest.split('/').next().unwrap_or("").contains('@') => {
-            RedisTarget::Url(format!("{scheme}://:{}@{rest}", encode(&pw)))
+            RedisTarget::Url(format!("{scheme}://:{}@{rest}", crate::percent_encode(&pw)))
         }
         Some(_) => {
             p.add(at, "holds a password already; leave out `password_file`");
@@ -214,17 +207,4 @@ fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -
         }
         None => RedisTarget::Url(url.to_string()),
     }
-}
-
-/// Percent-encodes what may not stand in a URL's password.
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
