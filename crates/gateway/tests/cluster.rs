@@ -30,17 +30,6 @@ routes:
     )
 }
 
-/// Waits until the node has finished two more sync rounds, so everything it counted
-/// before the call has been settled with Redis (or the attempt failed).
-async fn synced(node: &TestGateway) {
-    let c = node.gw.cluster().expect("cluster");
-    let mut rounds = c.rounds();
-    let start = *rounds.borrow();
-    bounded("sync rounds", rounds.wait_for(|r| *r >= start + 2))
-        .await
-        .expect("rounds");
-}
-
 async fn until(what: &str, nodes: &[TestGateway], f: impl Fn(&TestGateway) -> bool) {
     bounded(what, async {
         for n in nodes {

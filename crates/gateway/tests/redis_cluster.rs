@@ -48,14 +48,14 @@ fn clock() -> Arc<ManualClock> {
     c
 }
 
-/// Waits until the node has finished two more sync rounds.
-async fn synced(node: &TestGateway) {
-    let c = node.gw.cluster().expect("cluster");
-    let mut rounds = c.rounds();
-    let start = *rounds.borrow();
-    bounded("sync rounds", rounds.wait_for(|r| *r >= start + 2))
-        .await
-        .expect("rounds");
+/// Two nodes on `yaml`, once each sees the other through the cluster.
+async fn two_nodes(yaml: &str, clock: &Arc<ManualClock>) -> Vec<TestGateway> {
+    let nodes = vec![
+        TestGateway::start(yaml, clock.clone()).await,
+        TestGateway::start(yaml, clock.clone()).await,
+    ];
+    up(&nodes).await;
+    nodes
 }
 
 async fn up(nodes: &[TestGateway]) {
@@ -98,11 +98,7 @@ async fn consumers_spread_over_the_masters_and_a_moved_slot_is_followed() {
     let backend = echo_backend().await;
     let clock = clock();
     let yaml = cfg(backend, &cluster);
-    let nodes = vec![
-        TestGateway::start(&yaml, clock.clone()).await,
-        TestGateway::start(&yaml, clock.clone()).await,
-    ];
-    up(&nodes).await;
+    let nodes = two_nodes(&yaml, &clock).await;
     let c = TestClient::default();
     let mut owners = Vec::new();
     for consumer in CONSUMERS {
@@ -156,11 +152,7 @@ async fn a_killed_master_is_replaced_by_its_replica_without_a_restart() {
     let backend = echo_backend().await;
     let clock = clock();
     let yaml = cfg(backend, &cluster);
-    let nodes = vec![
-        TestGateway::start(&yaml, clock.clone()).await,
-        TestGateway::start(&yaml, clock.clone()).await,
-    ];
-    up(&nodes).await;
+    let nodes = two_nodes(&yaml, &clock).await;
     let c = TestClient::default();
     // Each node's first call waits for its lease (no credit for so small a limit).
     let first = drive(&nodes, &c, "c0", 50).await;

@@ -35,6 +35,17 @@ pub async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("{what}: no result within {DEADLINE:?}"))
 }
 
+/// Waits until `node` has finished two more rounds with the shared store, so everything
+/// it counted before the call has been settled with Redis (or the attempt failed).
+pub async fn synced(node: &TestGateway) {
+    let c = node.gw.cluster().expect("cluster");
+    let mut rounds = c.rounds();
+    let start = *rounds.borrow();
+    bounded("sync rounds", rounds.wait_for(|r| *r >= start + 2))
+        .await
+        .expect("rounds");
+}
+
 /// The gateway's metrics once they hold `line`, or at the deadline as they are: figures
 /// counted by a connection's task as it ends can trail the client's view of the close.
 pub async fn metrics_with(gw: &Gateway, line: &str) -> String {
