@@ -126,9 +126,19 @@ def most_in_span(times, span):
     return best
 
 
-def load(ctx, seconds, consumer="c1", split=SPLIT):
-    runs = [ctx.bench(f"http://127.0.0.1:{8080 + n}/test/?apikey={consumer}", rate, seconds) for n, rate in split]
+def start_load(ctx, seconds, consumer="c1", split=SPLIT, connections=20):
+    """Open-loop load on each node of `split` ((node, requests/s), …), started at once."""
+    return [ctx.bench(f"http://127.0.0.1:{8080 + n}/test/?apikey={consumer}", rate, seconds, connections=connections)
+            for n, rate in split]
+
+
+def finish(runs):
+    """Each load's JSON report, once it ends."""
     return [json.loads(p.communicate()[0]) for p in runs]
+
+
+def load(ctx, seconds, consumer="c1", split=SPLIT):
+    return finish(start_load(ctx, seconds, consumer, split))
 
 
 def summary(outs):
@@ -206,11 +216,11 @@ def failover(ctx, kind, seconds=33.0, kill_at=10.5):
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        runs = [ctx.bench(f"http://127.0.0.1:{8080 + n}/test/?apikey=c1", rate, seconds) for n, rate in SPLIT]
+        runs = start_load(ctx, seconds)
         time.sleep(kill_at)
         killed["at"] = time.monotonic()
         topo.kill(victim)
-        outs = [json.loads(p.communicate()[0]) for p in runs]
+        outs = finish(runs)
         redis_topo.until("every node follows", lambda: len(seen) == 3, timeout=20)
         stop.set()
         fail_open = sum(metric(n, "tollgate_cluster_fail_open_admitted_total") or 0 for n in (1, 2, 3))
@@ -298,14 +308,14 @@ def cutoff(ctx, seconds=50.0, cut_at=5.0, cut_for=30.0):
     prefix = f"c{time.time_ns()}"
     nodes = Nodes(ctx, topo.redis, prefix, redis_for={1: "redis://127.0.0.1:6394/0"})
     try:
-        runs = [ctx.bench(f"http://127.0.0.1:{8080 + n}/test/?apikey=c1", rate, seconds) for n, rate in SPLIT]
+        runs = start_load(ctx, seconds)
         time.sleep(cut_at)
         t_cut = time.time()
         gate.sever()
         time.sleep(cut_for)
         gate.mend()
         t_back = time.time()
-        outs = [json.loads(p.communicate()[0]) for p in runs]
+        outs = finish(runs)
         fail_open = metric(1, "tollgate_cluster_fail_open_admitted_total") or 0
         times = nodes.admitted("consumer-1")
     finally:
@@ -332,10 +342,7 @@ def one60(ctx, runs=2):
         nodes = Nodes(ctx, topo.redis, prefix)
         try:
             time.sleep(random.uniform(0, 3))
-            procs = [ctx.bench(f"http://127.0.0.1:{8080 + n}/test/?apikey=c2", 10, 60.0, connections=4)
-                     for n in (1, 2, 3)]
-            for p in procs:
-                p.communicate()
+            finish(start_load(ctx, 60.0, "c2", [(1, 10), (2, 10), (3, 10)], connections=4))
             times = nodes.admitted("consumer-2")
         finally:
             nodes.stop()
