@@ -3,7 +3,7 @@
 //! hold exactly that span, and say what the record says (credentials left out).
 
 use crate::observe::record::{Names, Record};
-use crate::observe::trace::otlp::{self, Batch};
+use crate::observe::trace::otlp::{self, Batch, SpanWriter};
 use crate::observe::trace::{RequestTrace, SpanHead};
 use http::{HeaderValue, Method};
 use opentelemetry::trace::{SpanId, TraceId};
@@ -103,11 +103,12 @@ pub fn otlp_span(data: &[u8]) {
         }),
         retries: u32::from(k(69)),
     };
-    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
-    let mut batch = Batch::new();
-    // Twice: a batch is reused, and two spans must come out as two.
-    batch.add(&rec, start);
-    batch.add(&rec, start);
+    let end = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+    let mut writer = SpanWriter::new();
+    let mut batch = Batch::new(1 << 10);
+    // Twice: a writer is reused, and two spans must come out as two.
+    batch.push(writer.write(&rec, end));
+    batch.push(writer.write(&rec, end));
     let body = batch.take(&otlp::resource("svc"), &otlp::scope());
     let req = ExportTraceServiceRequest::decode(body.as_slice())
         .unwrap_or_else(|e| panic!("not an export request: {e}"));

@@ -148,7 +148,8 @@ struct Head {
 }
 
 impl Head {
-    fn of(req: &Request<RequestBody>, conn: &ConnInfo, sampled: bool) -> Self {
+    /// What `req` leaves for the access log (when `logged`) and its span (when `sampled`).
+    fn of(req: &Request<RequestBody>, conn: &ConnInfo, logged: bool, sampled: bool) -> Self {
         let span = sampled.then(|| {
             let h = req.headers();
             Box::new(SpanHead {
@@ -166,14 +167,19 @@ impl Head {
                 route_path: None,
             })
         });
-        let bytes_in = req
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .or_else(|| {
-                (!req.headers().contains_key(http::header::TRANSFER_ENCODING)).then_some(0)
-            });
+        // Only the access log says how large the request was (a span leaves the
+        // conventions' opt-in sizes out).
+        let bytes_in = logged
+            .then(|| {
+                req.headers()
+                    .get(http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .or_else(|| {
+                        (!req.headers().contains_key(http::header::TRANSFER_ENCODING)).then_some(0)
+                    })
+            })
+            .flatten();
         let uri = req.uri().path_and_query().map_or_else(
             || SmallVec::from_slice(req.uri().path().as_bytes()),
             |pq| SmallVec::from_slice(pq.as_str().as_bytes()),
@@ -218,8 +224,8 @@ impl Gateway {
             ctx.trace = Some(trace);
             sampled.then(|| s.clone())
         });
-        let head =
-            (log.is_some() || spans.is_some()).then(|| Head::of(&req, conn, spans.is_some()));
+        let head = (log.is_some() || spans.is_some())
+            .then(|| Head::of(&req, conn, log.is_some(), spans.is_some()));
         let wall_ns = self.analytics.is_some().then(|| self.clock.wall_nanos());
         let answered = AnsweredBy::default();
         if head.is_some() {

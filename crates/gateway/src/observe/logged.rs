@@ -45,11 +45,11 @@ impl<B> Logged<B> {
             rec.duration = rec.start.elapsed();
             match (log, spans) {
                 (Some(log), Some(spans)) => {
-                    spans.end(rec.clone());
+                    spans.end(&rec);
                     log.log(rec);
                 }
                 (Some(log), None) => log.log(rec),
-                (None, Some(spans)) => spans.end(rec),
+                (None, Some(spans)) => spans.end(&rec),
                 (None, None) => {}
             }
         }

@@ -73,8 +73,9 @@ pub struct Upstream {
 /// the access log and the request's span).
 #[derive(Debug, Default)]
 pub struct AnsweredBy {
-    /// The target that answered.
-    pub target: std::sync::OnceLock<Arc<str>>,
+    /// The target that answered (a lock taken once, uncontended: cheaper than a
+    /// `OnceLock`'s initialisation).
+    pub target: parking_lot::Mutex<Option<Arc<str>>>,
     /// Tries after the first.
     pub retries: std::sync::atomic::AtomicU32,
 }
@@ -82,7 +83,7 @@ pub struct AnsweredBy {
 impl AnsweredBy {
     /// Notes the target that answered.
     pub fn answered(&self, target: &Arc<str>) {
-        let _ = self.target.set(target.clone());
+        self.target.lock().get_or_insert_with(|| target.clone());
     }
 
     /// Notes one more try.

@@ -1,8 +1,8 @@
-//! The exporting task: takes queued records, writes their spans ([`super::otlp`]) and
-//! sends them to the collector in batches, over gRPC (tonic) or protobuf over HTTP
+//! The queue of written spans ([`super::otlp`]) and the exporting task that sends them
+//! to the collector in batches, over gRPC (tonic) or protobuf over HTTP
 //! (hyper), one export at a time, each bounded by the configured timeout.
 
-use super::otlp::{self, Batch};
+use super::otlp::{self, Batch, SpanWriter};
 use crate::observe::metrics::Metrics;
 use crate::observe::record::Record;
 use bytes::Bytes;
@@ -12,7 +12,8 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{oneshot, Notify};
@@ -20,16 +21,18 @@ use tollgate_config::{OtlpProtocol, TracingConfig};
 
 /// How spans are gathered into exports.
 pub(super) struct Batching {
-    /// Most spans in one export.
-    pub size: usize,
     /// How often what waits is sent, when fewer than a batch wait.
     pub every: Duration,
     /// Longest wait for one export.
     pub timeout: Duration,
 }
 
-/// The most bytes of spans in one export request.
-const MAX_EXPORT_BYTES: usize = 2 << 20;
+/// The most bytes of spans in one export request (besides the last span added). Small
+/// enough that a batch is written and sent while it is still in the cache: at
+/// `batch_size` 512 (about 300 KB of spans) writing the batches evicted the request path's
+/// own data, and cost 3.7% more CPU per request than batches of 64 spans
+/// (`docs/benchmarks.md`, "OpenTelemetry traces").
+const MAX_EXPORT_BYTES: usize = 64 << 10;
 
 /// The gRPC method spans are exported with.
 const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
@@ -194,12 +197,15 @@ impl tonic::codec::Decoder for Raw {
     }
 }
 
-/// Finished requests waiting for their spans to be made and sent. Requests push under
-/// the lock and the exporter takes everything at once, so each holds it for a moment; the
-/// exporter is woken only when a batch is full (or a flush is asked): waking a task per
-/// span would cost more than the span.
+/// Spans waiting to be exported, already written. A request writes its span on its own
+/// thread when its answer is done (its record still in the cache, outside the lock) and
+/// adds the bytes under the lock; the exporter takes whole batches. The exporter is woken
+/// only when a batch is full (or a flush is asked): waking a task per span would cost
+/// more than the span.
 pub(super) struct Queue {
-    held: Mutex<Vec<Record>>,
+    held: Mutex<Held>,
+    /// Spans held, read without the lock to refuse early when full.
+    waiting: AtomicUsize,
     cap: usize,
     batch: usize,
     /// Wakes the exporter: a full batch, a flush, the end.
@@ -210,10 +216,48 @@ pub(super) struct Queue {
     pub(super) closed: AtomicBool,
 }
 
+/// What the queue holds.
+struct Held {
+    /// The batch spans are added to.
+    filling: Batch,
+    /// Full batches, oldest first.
+    full: Vec<Batch>,
+    /// Emptied batches, to be filled again (their buffers kept).
+    spare: Vec<Batch>,
+    /// Spans in `filling` and `full`.
+    spans: usize,
+}
+
+/// Emptied batches kept for reuse.
+const SPARE: usize = 4;
+
+impl Held {
+    /// Puts the batch being filled with the full ones, and starts another.
+    fn hand_over(&mut self) {
+        let next = self
+            .spare
+            .pop()
+            .unwrap_or_else(|| Batch::new(MAX_EXPORT_BYTES));
+        let done = std::mem::replace(&mut self.filling, next);
+        self.full.push(done);
+    }
+}
+
+thread_local! {
+    /// Each thread's span writer.
+    static WRITER: RefCell<SpanWriter> = RefCell::new(SpanWriter::new());
+}
+
 impl Queue {
     pub(super) fn new(cap: usize, batch: usize) -> Self {
         Queue {
-            held: Mutex::new(Vec::new()),
+            held: Mutex::new(Held {
+                filling: Batch::new(MAX_EXPORT_BYTES),
+                full: Vec::new(),
+                spare: Vec::new(),
+                spans: 0,
+            }),
+            waiting: AtomicUsize::new(0),
             cap,
             batch,
             wake: Notify::new(),
@@ -222,21 +266,57 @@ impl Queue {
         }
     }
 
-    /// Queues `rec`; false when `cap` records already wait.
-    pub(super) fn push(&self, rec: Box<Record>) -> bool {
-        let len = {
-            let mut q = self.held.lock();
-            if q.len() >= self.cap {
-                return false;
+    /// Writes and queues `rec`'s span; false when `cap` spans already wait.
+    pub(super) fn push(&self, rec: &Record) -> bool {
+        if self.waiting.load(Ordering::Relaxed) >= self.cap {
+            return false;
+        }
+        let (queued, full) = WRITER.with_borrow_mut(|w| {
+            let span = w.write(rec, SystemTime::now());
+            let mut held = self.held.lock();
+            if held.spans >= self.cap {
+                return (false, false);
             }
-            // Moved out of its box here, so the box is freed by the thread that made it.
-            q.push(*rec);
-            q.len()
-        };
-        if len == self.batch {
+            // A batch is handed over before the span that would take it past its bytes
+            // (its buffer never grows), and when it has `batch` spans.
+            let mut full =
+                held.filling.count > 0 && held.filling.bytes() + span.len() + 4 > MAX_EXPORT_BYTES;
+            if full {
+                held.hand_over();
+            }
+            held.filling.push(span);
+            held.spans += 1;
+            self.waiting.store(held.spans, Ordering::Relaxed);
+            if held.filling.count >= self.batch {
+                held.hand_over();
+                full = true;
+            }
+            (true, full)
+        });
+        if full {
             self.wake.notify_one();
         }
-        true
+        queued
+    }
+
+    /// Every batch with spans in it, oldest first; the queue is empty after.
+    fn take(&self) -> Vec<Batch> {
+        let mut held = self.held.lock();
+        if held.filling.count > 0 {
+            held.hand_over();
+        }
+        let out = std::mem::take(&mut held.full);
+        held.spans = 0;
+        self.waiting.store(0, Ordering::Relaxed);
+        out
+    }
+
+    /// Keeps an emptied batch for reuse.
+    fn give_back(&self, batch: Batch) {
+        let mut held = self.held.lock();
+        if held.spare.len() < SPARE {
+            held.spare.push(batch);
+        }
     }
 }
 
@@ -253,8 +333,6 @@ pub(super) async fn run(
     let scope = otlp::scope();
     let mut tick = tokio::time::interval(batching.every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut taken: Vec<Record> = Vec::new();
-    let mut batch = Batch::new();
     let mut last_warned = None;
     loop {
         tokio::select! {
@@ -263,26 +341,12 @@ pub(super) async fn run(
         }
         let closed = queue.closed.load(Ordering::Acquire);
         let waiting = std::mem::take(&mut *queue.flushes.lock());
-        std::mem::swap(&mut taken, &mut *queue.held.lock());
-        // One reading of both clocks per round: each span's wall-clock start is its
-        // arrival measured back from now.
-        let (now_wall, now) = (SystemTime::now(), Instant::now());
-        let last = taken.len().saturating_sub(1);
-        for (i, rec) in taken.iter().enumerate() {
-            let start = now_wall
-                .checked_sub(now.saturating_duration_since(rec.start))
-                .unwrap_or(now_wall);
-            batch.add(rec, start);
-            // An export holds `batch_size` spans, and stays well under the 4 MiB a
-            // collector's gRPC receiver takes by default.
-            if batch.count == batching.size || batch.bytes() >= MAX_EXPORT_BYTES || i == last {
-                let n = batch.count as u64;
-                let body = batch.take(&resource, &scope);
-                send(&exporter, body, n, &batching, &metrics, &mut last_warned).await;
-            }
+        for mut batch in queue.take() {
+            let n = batch.count as u64;
+            let body = batch.take(&resource, &scope);
+            queue.give_back(batch);
+            send(&exporter, body, n, &batching, &metrics, &mut last_warned).await;
         }
-        // Records are dropped here, in the exporter, not on a request's thread.
-        taken.clear();
         for f in waiting {
             let _ = f.send(());
         }
@@ -319,5 +383,86 @@ async fn send(
         tracing::warn!(
             "tracing: export of {n} spans failed: {failed} (dropped; counted in tollgate_trace_spans_dropped_total)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::record::Names;
+    use http::{HeaderValue, Method};
+    use smallvec::SmallVec;
+    use std::time::Instant;
+
+    #[derive(Debug)]
+    struct Snap;
+    impl Names for Snap {
+        fn consumer_name(&self, _: usize) -> &str {
+            "c"
+        }
+        fn credential_params(&self) -> &[String] {
+            &[]
+        }
+    }
+
+    /// A record whose span is about `path` bytes long.
+    fn record(path: usize) -> Record {
+        let mut uri = SmallVec::from_slice(b"/");
+        uri.resize(path, b'p');
+        Record {
+            start: Instant::now(),
+            request_id: SmallVec::from_slice(b"id"),
+            client: HeaderValue::from_static("10.0.0.7"),
+            method: Method::GET,
+            uri,
+            snap: Arc::new(Snap),
+            route: None,
+            consumer: None,
+            status: 200,
+            bytes_in: None,
+            bytes_out: 0,
+            duration: Duration::from_millis(1),
+            upstream_ns: None,
+            target: None,
+            refusal: None,
+            limit: None,
+            cache: None,
+            trace: None,
+            span_head: None,
+            retries: 0,
+        }
+    }
+
+    #[test]
+    fn batches_hold_at_most_their_spans_and_bytes_and_the_queue_its_cap() {
+        let q = Queue::new(300, 100);
+        // Spans of about 1 KiB: 64 KiB holds some 60 of them, fewer than `batch`.
+        for _ in 0..250 {
+            assert!(q.push(&record(1000)));
+        }
+        let big = q.take();
+        assert_eq!(big.iter().map(|b| b.count).sum::<usize>(), 250);
+        assert!(big.len() >= 4, "{} batches", big.len());
+        for b in &big {
+            assert!(b.bytes() <= MAX_EXPORT_BYTES, "{} bytes", b.bytes());
+        }
+        // Every batch but the last was handed over for its bytes, not its count.
+        for b in &big[..big.len() - 1] {
+            assert!(b.count > 50 && b.count < 100, "{} spans", b.count);
+        }
+        // Small spans: a batch is `batch` spans.
+        for _ in 0..250 {
+            assert!(q.push(&record(10)));
+        }
+        let small = q.take();
+        let counts: Vec<usize> = small.iter().map(|b| b.count).collect();
+        assert_eq!(counts, [100, 100, 50]);
+        // The cap counts what waits; taking empties the queue.
+        for _ in 0..300 {
+            assert!(q.push(&record(10)));
+        }
+        assert!(!q.push(&record(10)));
+        assert_eq!(q.take().iter().map(|b| b.count).sum::<usize>(), 300);
+        assert!(q.push(&record(10)));
     }
 }

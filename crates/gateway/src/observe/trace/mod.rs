@@ -1,9 +1,9 @@
 //! OpenTelemetry traces: one server span per request, exported over OTLP.
 //!
 //! On the request path a trace costs a sampling decision, two random ids and a
-//! `traceparent` header for the upstream. A recorded span is the request's [`Record`],
-//! pushed onto a bounded queue when the answer's body is done; a task turns queued records
-//! into spans and exports them in batches. A full queue drops the span and counts it
+//! `traceparent` header for the upstream. A recorded span is written from the request's
+//! [`Record`] when the answer's body is done, on the request's thread, and added to a
+//! bounded queue; a task exports the queued spans in batches. A full queue drops the span and counts it
 //! (`tollgate_trace_spans_dropped_total{reason="queue_full"}`), a failed export counts
 //! its spans under `export_failed`: a slow or dead collector never slows a request.
 //!
@@ -71,7 +71,6 @@ impl Spans {
                     exporter,
                     queue.clone(),
                     export::Batching {
-                        size: cfg.batch_size,
                         every: cfg.export_interval,
                         timeout: cfg.timeout,
                     },
@@ -142,8 +141,9 @@ impl Spans {
         }
     }
 
-    /// Queues a finished request's span; drops and counts it when the queue is full.
-    pub fn end(&self, rec: Box<Record>) {
+    /// Writes and queues a finished request's span; drops and counts it when the queue is
+    /// full.
+    pub fn end(&self, rec: &Record) {
         match &self.queue {
             Some(q) => {
                 if !q.push(rec) {

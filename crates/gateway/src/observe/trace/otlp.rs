@@ -130,6 +130,7 @@ enum Val<'a> {
 
 /// A `KeyValue` in `field` (9 for a span's attributes, 1 for a resource's). All tags here
 /// are one byte, so every length is known before it is written.
+#[inline(always)]
 fn attr(out: &mut Vec<u8>, field: u32, key: &Key, v: Val<'_>) {
     let v = match v {
         Val::Str(s) => Val::Text(cut(s.as_bytes())),
@@ -219,41 +220,38 @@ fn nanos(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// Spans written one after another, then wrapped into one export request.
-pub(crate) struct Batch {
-    /// `ScopeSpans.spans` fields, each with its tag and length.
-    spans: Vec<u8>,
-    /// One span's body, before its length is known.
+/// Writes spans, one at a time, into a buffer of its own: each request thread has one,
+/// so a span is written while its record is still in the cache, outside any lock.
+pub(crate) struct SpanWriter {
+    /// The span being written.
     scratch: Vec<u8>,
     /// The query without its credentials.
     query: String,
-    /// Spans written.
-    pub(crate) count: usize,
 }
 
-impl Batch {
+impl SpanWriter {
     pub(crate) fn new() -> Self {
-        Batch {
-            spans: Vec::with_capacity(64 << 10),
+        SpanWriter {
             scratch: Vec::with_capacity(2 << 10),
             query: String::new(),
-            count: 0,
         }
     }
 
-    /// Adds `rec`'s span; it arrived at `start` (wall clock).
-    pub(crate) fn add(&mut self, rec: &Record, start: SystemTime) {
+    /// `rec`'s span (the body of a `Span` message); it ended at `end` (wall clock), its
+    /// `duration` after it arrived.
+    pub(crate) fn write(&mut self, rec: &Record, end: SystemTime) -> &[u8] {
         let mut s = std::mem::take(&mut self.scratch);
         s.clear();
-        self.write_span(&mut s, rec, start);
-        tag(&mut self.spans, 2, LEN);
-        varint(&mut self.spans, s.len() as u64);
-        self.spans.extend_from_slice(&s);
+        self.write_span(&mut s, rec, end);
+        // A span of unusually large values does not keep its buffer.
+        if s.capacity() > 16 << 10 {
+            s.shrink_to(2 << 10);
+        }
         self.scratch = s;
-        self.count += 1;
+        &self.scratch
     }
 
-    fn write_span(&mut self, s: &mut Vec<u8>, rec: &Record, start: SystemTime) {
+    fn write_span(&mut self, s: &mut Vec<u8>, rec: &Record, end: SystemTime) {
         let trace = rec.trace.as_ref();
         if let Some(t) = trace {
             len_field(s, 1, &t.trace_id.to_bytes());
@@ -278,10 +276,10 @@ impl Batch {
         }
         tag(s, 6, VARINT);
         varint(s, KIND_SERVER);
-        let start_ns = nanos(start);
-        fixed64(s, 7, start_ns);
+        let end_ns = nanos(end);
         let took = u64::try_from(rec.duration.as_nanos()).unwrap_or(u64::MAX);
-        fixed64(s, 8, start_ns.saturating_add(took));
+        fixed64(s, 7, end_ns.saturating_sub(took));
+        fixed64(s, 8, end_ns);
 
         if KNOWN.contains(&method) {
             attr(s, 9, &K_HTTP_REQUEST_METHOD, Val::Str(method));
@@ -335,9 +333,9 @@ impl Batch {
             };
             attr(s, 9, &K_NETWORK_PROTOCOL_VERSION, Val::Str(version));
             if let Some(host) = &h.host {
-                let host = utf8(host);
+                let host = text(host);
                 let (name, port) = split_host(&host);
-                attr(s, 9, &K_SERVER_ADDRESS, Val::Str(name));
+                attr(s, 9, &K_SERVER_ADDRESS, Val::Text(name));
                 attr(
                     s,
                     9,
@@ -424,6 +422,32 @@ impl Batch {
         tag(s, 16, I32);
         s.extend_from_slice(&flags.to_le_bytes());
     }
+}
+
+/// Spans written one after another, then wrapped into one export request.
+pub(crate) struct Batch {
+    /// `ScopeSpans.spans` fields, each with its tag and length.
+    spans: Vec<u8>,
+    /// Spans written.
+    pub(crate) count: usize,
+}
+
+impl Batch {
+    /// A batch with room for `bytes` of spans.
+    pub(crate) fn new(bytes: usize) -> Self {
+        Batch {
+            spans: Vec::with_capacity(bytes),
+            count: 0,
+        }
+    }
+
+    /// Adds a span written by [`SpanWriter::write`].
+    pub(crate) fn push(&mut self, span: &[u8]) {
+        tag(&mut self.spans, 2, LEN);
+        varint(&mut self.spans, span.len() as u64);
+        self.spans.extend_from_slice(span);
+        self.count += 1;
+    }
 
     /// The export request of the spans added so far, under `resource` and `scope` (each a
     /// message's encoded body); the batch is empty again after.
@@ -444,8 +468,6 @@ impl Batch {
         len_field(&mut out, 1, scope);
         out.extend_from_slice(&self.spans);
         self.spans.clear();
-        // A batch of unusually large spans does not keep its buffer.
-        self.spans.shrink_to(64 << 10);
         self.count = 0;
         out
     }
@@ -456,12 +478,18 @@ impl Batch {
     }
 }
 
-/// `host[:port]` or `[v6]:port`, split; a port that is no number is part of the name.
-fn split_host(host: &str) -> (&str, Option<u16>) {
-    if let Some((name, port)) = host.rsplit_once(':') {
-        let bracketed = name.starts_with('[') && name.ends_with(']');
-        if (bracketed || !name.contains(':')) && !port.is_empty() {
-            if let Ok(p) = port.parse::<u16>() {
+/// `host[:port]` or `[v6]:port`, split; a port that is no number (digits only, at most
+/// 65535) is part of the name.
+fn split_host(host: &[u8]) -> (&[u8], Option<u16>) {
+    if let Some(at) = host.iter().rposition(|&b| b == b':') {
+        let (name, port) = (&host[..at], &host[at + 1..]);
+        let bracketed = name.first() == Some(&b'[') && name.last() == Some(&b']');
+        if (bracketed || !name.contains(&b':'))
+            && (1..=5).contains(&port.len())
+            && port.iter().all(u8::is_ascii_digit)
+        {
+            let n = port.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
+            if let Ok(p) = u16::try_from(n) {
                 return (name, Some(p));
             }
         }
@@ -517,13 +545,19 @@ mod tests {
     #[test]
     fn hosts_split_into_name_and_port() {
         assert_eq!(
-            split_host("api.example.com:8443"),
-            ("api.example.com", Some(8443))
+            split_host(b"api.example.com:8443"),
+            (&b"api.example.com"[..], Some(8443))
         );
-        assert_eq!(split_host("api.example.com"), ("api.example.com", None));
-        assert_eq!(split_host("[::1]:80"), ("[::1]", Some(80)));
-        assert_eq!(split_host("[::1]"), ("[::1]", None));
-        assert_eq!(split_host("::1"), ("::1", None));
-        assert_eq!(split_host("h:x"), ("h:x", None));
+        assert_eq!(
+            split_host(b"api.example.com"),
+            (&b"api.example.com"[..], None)
+        );
+        assert_eq!(split_host(b"[::1]:80"), (&b"[::1]"[..], Some(80)));
+        assert_eq!(split_host(b"[::1]"), (&b"[::1]"[..], None));
+        assert_eq!(split_host(b"::1"), (&b"::1"[..], None));
+        assert_eq!(split_host(b"h:x"), (&b"h:x"[..], None));
+        assert_eq!(split_host(b"h:65536"), (&b"h:65536"[..], None));
+        assert_eq!(split_host(b"h:+80"), (&b"h:+80"[..], None));
+        assert_eq!(split_host(b"h:"), (&b"h:"[..], None));
     }
 }
