@@ -15,14 +15,16 @@ use super::h1::{self, H1Error};
 use super::h1_request::{frame_request, Framing, Outgoing, SendError};
 use super::headers;
 use super::response_body::PooledBody;
-use super::target::{for_hop, is_idempotent, log_failure, unasked_switch, Hop, Tries, Upstream};
+use super::target::{
+    for_hop, is_idempotent, log_failure, unasked_switch, Hop, HopRequest, Tries, Upstream,
+};
 use super::via_alt;
 use crate::exchange::Refusal;
 use crate::listener::RequestBody;
 use bytes::Bytes;
-use http::header;
+
 use http::request::Parts;
-use http::uri::PathAndQuery;
+
 use http::{Method, Response};
 use hyper::body::Body as _;
 use std::future::Future;
@@ -35,11 +37,12 @@ pub async fn fetch(
     parts: Parts,
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
-    let (method, pq, headers) = for_hop(parts, &hop);
+    let req = for_hop(parts, &hop);
     if let Some(alt) = &up.alt {
+        let (method, pq, headers) = req.into_map(&hop);
         return Box::pin(via_alt::forward(up, alt, method, pq, headers, None, &hop)).await;
     }
-    send(up, &method, &pq, headers, &hop, Load::Empty).await
+    send(up, req, &hop, Load::Empty).await
 }
 
 /// Sends the request to `up` and returns its response head with the body streaming.
@@ -49,10 +52,11 @@ pub async fn forward(
     body: RequestBody,
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
-    let (method, pq, headers) = for_hop(parts, &hop);
+    let req = for_hop(parts, &hop);
     // The lean path inline; the others boxed, so that every request's future (moved into
     // hyper's connection at each request) stays the size the lean path needs.
     if let Some(alt) = &up.alt {
+        let (method, pq, headers) = req.into_map(&hop);
         return Box::pin(via_alt::forward(
             up,
             alt,
@@ -66,13 +70,13 @@ pub async fn forward(
     }
     if body.is_end_stream()
         && matches!(
-            method,
+            req.method,
             Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
         )
     {
-        return send(up, &method, &pq, headers, &hop, Load::Empty).await;
+        return send(up, req, &hop, Load::Empty).await;
     }
-    Box::pin(forward_body(up, method, pq, headers, body, hop)).await
+    Box::pin(forward_body(up, req, body, hop)).await
 }
 
 /// What goes up with a request's head.
@@ -94,13 +98,11 @@ enum Load {
 /// streamed at once), then sent on the lean client.
 async fn forward_body(
     up: &Upstream,
-    method: Method,
-    pq: PathAndQuery,
-    headers: http::HeaderMap,
+    req: HopRequest,
     incoming: RequestBody,
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
-    body::check_declared(&headers, hop.max_body)?;
+    body::check_declared(&req.headers, hop.max_body)?;
     let load = if incoming.is_end_stream() {
         Load::Empty
     } else {
@@ -112,7 +114,7 @@ async fn forward_body(
             Received::Streaming(b, w) => Load::Streaming(Box::new((Some(b), w))),
         }
     };
-    send(up, &method, &pq, headers, &hop, load).await
+    send(up, req, &hop, load).await
 }
 
 /// The retry driver: tries the request on the upstream's targets, round-robin, on
@@ -120,12 +122,17 @@ async fn forward_body(
 /// The head is encoded once per target and can be sent again as it is.
 async fn send(
     up: &Upstream,
-    method: &Method,
-    pq: &PathAndQuery,
-    mut headers: http::HeaderMap,
+    req: HopRequest,
     hop: &Hop<'_>,
     mut load: Load,
 ) -> Result<Response<PooledBody>, Refusal> {
+    let HopRequest {
+        method,
+        pq,
+        mut headers,
+        forwarding,
+    } = req;
+    let method = &method;
     let framing = match &mut load {
         // As it came: nothing to frame.
         Load::Empty => Framing::Length,
@@ -156,17 +163,12 @@ async fn send(
         };
         last_target = Some(target);
         if encoded_for != Some(key) {
-            if !hop.preserve_host {
-                headers.insert(header::HOST, target.host.clone());
-            }
-            h1::encode_head(method, pq.as_str(), &headers, &mut head);
-            if let Some(tp) = &hop.traceparent {
-                // Before the blank line that ends the head.
-                head.truncate(head.len() - 2);
-                head.extend_from_slice(b"traceparent: ");
-                head.extend_from_slice(tp);
-                head.extend_from_slice(b"\r\n\r\n");
-            }
+            let added = h1::Added {
+                host: (!hop.preserve_host).then_some(&target.host),
+                set: &forwarding,
+                traceparent: hop.traceparent.as_ref(),
+            };
+            h1::encode_head(method, pq.as_str(), &headers, &added, &mut head);
             encoded_for = Some(key);
         }
         let (conn, reused) = match target.conn(up).await {

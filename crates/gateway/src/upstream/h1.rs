@@ -12,7 +12,7 @@ use super::cap::Cap;
 use super::dial::{ConnectError, Dialer};
 use super::idle::{spawn_reaper, IdleList};
 use bytes::BytesMut;
-use http::header::{HeaderName, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Version};
 use std::io;
 use std::pin::Pin;
@@ -266,19 +266,60 @@ impl Pool {
     }
 }
 
-/// Serializes a request head: `METHOD path HTTP/1.1`, the headers, a blank line.
-pub fn encode_head(method: &Method, path_and_query: &str, headers: &HeaderMap, out: &mut Vec<u8>) {
+/// What the hop writes into a request head besides the client's headers: written here,
+/// not inserted into the map (each insert hashes its name).
+#[derive(Debug, Default)]
+pub struct Added<'a> {
+    /// The target's `Host`, sent instead of the client's; none keeps the client's.
+    pub host: Option<&'a HeaderValue>,
+    /// Headers the gateway sets, each sent instead of the client's of that name.
+    pub set: &'a [(HeaderName, HeaderValue)],
+    /// The W3C `traceparent` (the gateway's span as the parent).
+    pub traceparent: Option<&'a [u8; 55]>,
+}
+
+/// Serializes a request head: `METHOD path HTTP/1.1`, the headers with what the hop adds
+/// in place of the client's, a blank line.
+pub fn encode_head(
+    method: &Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    added: &Added<'_>,
+    out: &mut Vec<u8>,
+) {
     out.clear();
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(path_and_query.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
+    if let Some(host) = added.host {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(host.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    for (name, value) in headers {
+        if (added.host.is_some() && name == header::HOST)
+            || added.set.iter().any(|(n, _)| n == name)
+        {
+            continue;
+        }
+        line(out, name, value);
+    }
+    for (name, value) in added.set {
+        line(out, name, value);
+    }
+    if let Some(tp) = added.traceparent {
+        out.extend_from_slice(b"traceparent: ");
+        out.extend_from_slice(tp);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn line(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
     out.extend_from_slice(b"\r\n");
 }
 

@@ -94,6 +94,29 @@ fn encodes_heads() {
     let mut h = HeaderMap::new();
     h.insert("host", HeaderValue::from_static("b:1"));
     let mut out = Vec::new();
-    encode_head(&Method::GET, "/a?b=1", &h, &mut out);
+    encode_head(&Method::GET, "/a?b=1", &h, &Added::default(), &mut out);
     assert_eq!(out, b"GET /a?b=1 HTTP/1.1\r\nhost: b:1\r\n\r\n");
+    // What the hop adds replaces the client's: its own `Host`, an `X-Forwarded-For`.
+    h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.9"));
+    h.insert("accept", HeaderValue::from_static("*/*"));
+    let target = HeaderValue::from_static("t:2");
+    let set = [(
+        HeaderName::from_static("x-forwarded-for"),
+        HeaderValue::from_static("10.0.0.9, 10.0.0.1"),
+    )];
+    let tp = [b'0'; 55];
+    let added = Added {
+        host: Some(&target),
+        set: &set,
+        traceparent: Some(&tp),
+    };
+    encode_head(&Method::GET, "/", &h, &added, &mut out);
+    let text = String::from_utf8(out).expect("ascii");
+    assert_eq!(
+        text,
+        format!(
+            "GET / HTTP/1.1\r\nhost: t:2\r\naccept: */*\r\nx-forwarded-for: 10.0.0.9, 10.0.0.1\r\ntraceparent: {}\r\n\r\n",
+            "0".repeat(55)
+        )
+    );
 }

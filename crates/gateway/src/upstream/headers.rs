@@ -68,12 +68,29 @@ pub fn sent(h: &HeaderMap, name: &str, peer_ip: &HeaderValue, trusted: bool, htt
     }
 }
 
-/// Sets `X-Forwarded-For`, `-Proto` and `-Host` for the hop, and drops the rest of the
-/// forwarding family from untrusted clients, as [`sent`] says. `Host` is the caller's.
-pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue, trusted: bool, https: bool) {
-    // The family from an untrusted client: one pass over the names first, as most requests
-    // have none.
-    if !trusted && h.keys().any(|k| forwarding_header(k.as_str())) {
+/// The `X-Forwarded-*` headers the gateway sets on a hop, each replacing the client's.
+pub type Forwarding = smallvec::SmallVec<[(HeaderName, HeaderValue); 3]>;
+
+/// Drops the rest of the forwarding family from an untrusted client's headers, and
+/// `Expect`; returns the `X-Forwarded-For`, `-Proto` and `-Host` to set, as [`sent`]
+/// says. `Host` is the caller's. The lean client writes what is returned straight into
+/// the request head (no map insert, no hashing of the names); the others [`put`] it.
+pub fn rewrite_request(
+    h: &mut HeaderMap,
+    peer_ip: &HeaderValue,
+    trusted: bool,
+    https: bool,
+) -> Forwarding {
+    // One pass over the names first: most requests carry neither.
+    let (mut family, mut expect) = (false, false);
+    for k in h.keys() {
+        if *k == header::EXPECT {
+            expect = true;
+        } else if !trusted && forwarding_header(k.as_str()) {
+            family = true;
+        }
+    }
+    if family {
         let family: Vec<HeaderName> = h
             .keys()
             .filter(|k| forwarding_header(k.as_str()))
@@ -83,15 +100,26 @@ pub fn rewrite_request(h: &mut HeaderMap, peer_ip: &HeaderValue, trusted: bool, 
             h.remove(name);
         }
     }
+    let mut set = Forwarding::new();
     for name in [X_FORWARDED_HOST, X_FORWARDED_FOR, X_FORWARDED_PROTO] {
         if let Sent::Set(v) = sent(h, name.as_str(), peer_ip, trusted, https) {
-            h.insert(name, v);
+            set.push((name, v));
         }
     }
     // The listener answers a client's `Expect: 100-continue` itself, and the body goes up
     // with the head: an upstream that answered early without reading it would take the body
     // for the next request on a kept-alive connection (nginx drops it too).
-    h.remove(header::EXPECT);
+    if expect {
+        h.remove(header::EXPECT);
+    }
+    set
+}
+
+/// Puts what [`rewrite_request`] returned on `h`, for the clients that send a map.
+pub fn put(h: &mut HeaderMap, set: Forwarding) {
+    for (name, value) in set {
+        h.insert(name, value);
+    }
 }
 
 /// Readies a response head from upstream for the client: a `Content-Length` sent with
@@ -131,7 +159,9 @@ mod tests {
                 HeaderValue::from_static("evil"),
             );
         }
-        rewrite_request(&mut h, &HeaderValue::from_static("10.0.0.1"), false, false);
+        h.insert(header::EXPECT, HeaderValue::from_static("100-continue"));
+        let set = rewrite_request(&mut h, &HeaderValue::from_static("10.0.0.1"), false, false);
+        put(&mut h, set);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(

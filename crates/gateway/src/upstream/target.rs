@@ -6,7 +6,7 @@ use super::alt::AltClient;
 use super::cap::{Cap, Slot};
 use super::dial::ConnectError;
 use super::h1;
-use super::headers::rewrite_request;
+use super::headers::{put, rewrite_request, Forwarding};
 use super::health::Health;
 use crate::exchange::Refusal;
 use crate::observe::metrics::UpstreamStats;
@@ -277,9 +277,36 @@ pub(super) fn path_and_query(uri: &Uri, strip: Option<&str>) -> PathAndQuery {
     PathAndQuery::try_from(s).unwrap_or(pq)
 }
 
-/// The request's method, target and headers rewritten for the hop. Rewritten once; only
-/// `Host` changes from one target to the next.
-pub(super) fn for_hop(parts: Parts, hop: &Hop<'_>) -> (Method, PathAndQuery, http::HeaderMap) {
+/// A request readied for the hop, once; only `Host` changes from one target to the next.
+pub(super) struct HopRequest {
+    pub(super) method: Method,
+    pub(super) pq: PathAndQuery,
+    /// The client's headers less what the hop must not send (`Host` still the client's).
+    pub(super) headers: http::HeaderMap,
+    /// The `X-Forwarded-*` headers the gateway sets, each replacing the client's.
+    pub(super) forwarding: Forwarding,
+}
+
+impl HopRequest {
+    /// Method, target and one map of every header the hop sends but a target's `Host`, for
+    /// the clients that send a map (they set `Host` themselves).
+    pub(super) fn into_map(self, hop: &Hop<'_>) -> (Method, PathAndQuery, http::HeaderMap) {
+        let HopRequest {
+            method,
+            pq,
+            mut headers,
+            forwarding,
+        } = self;
+        put(&mut headers, forwarding);
+        if !hop.preserve_host {
+            headers.remove(header::HOST);
+        }
+        (method, pq, headers)
+    }
+}
+
+/// The request's method, target and headers rewritten for the hop.
+pub(super) fn for_hop(parts: Parts, hop: &Hop<'_>) -> HopRequest {
     let Parts {
         method,
         uri,
@@ -287,11 +314,13 @@ pub(super) fn for_hop(parts: Parts, hop: &Hop<'_>) -> (Method, PathAndQuery, htt
         ..
     } = parts;
     let pq = path_and_query(&uri, hop.strip_prefix);
-    rewrite_request(&mut headers, hop.peer_ip, hop.trusted, hop.https);
-    if !hop.preserve_host {
-        headers.remove(header::HOST);
+    let forwarding = rewrite_request(&mut headers, hop.peer_ip, hop.trusted, hop.https);
+    HopRequest {
+        method,
+        pq,
+        headers,
+        forwarding,
     }
-    (method, pq, headers)
 }
 
 /// The 502 for a `101` to a request that asked for no upgrade (each client path's answer

@@ -41,7 +41,7 @@ pub async fn upgrade(
     ask: UpgradeAsk,
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
-    let (method, pq, mut h) = for_hop(parts, &hop);
+    let (method, pq, mut h) = for_hop(parts, &hop).into_map(&hop);
     let client = up
         .upgrade_client()
         .ok_or(Refusal::Upstream("no client for upgrades"))?;
