@@ -24,7 +24,12 @@ fn browser() -> &'static str {
 /// Loads `url` in headless chromium, lets its scripts run for a few (virtual) seconds, and
 /// returns the DOM.
 fn render(url: &str) -> String {
-    let profile = std::env::temp_dir().join(format!("tollgate-chromium-{}", std::process::id()));
+    // A profile of its own per page: the tests of this file run at once, and chromium
+    // refuses a profile another instance holds.
+    static PAGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let page = PAGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let profile =
+        std::env::temp_dir().join(format!("tollgate-chromium-{}-{page}", std::process::id()));
     let out = Command::new("timeout")
         .arg("90")
         .arg(browser())
