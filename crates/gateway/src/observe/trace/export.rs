@@ -21,18 +21,24 @@ use tollgate_config::{OtlpProtocol, TracingConfig};
 
 /// How spans are gathered into exports.
 pub(super) struct Batching {
+    /// Most spans in one export.
+    pub size: usize,
     /// How often what waits is sent, when fewer than a batch wait.
     pub every: Duration,
     /// Longest wait for one export.
     pub timeout: Duration,
 }
 
-/// The most bytes of spans in one export request (besides the last span added). Small
-/// enough that a batch is written and sent while it is still in the cache: at
-/// `batch_size` 512 (about 300 KB of spans) writing the batches evicted the request path's
-/// own data, and cost 3.7% more CPU per request than batches of 64 spans
-/// (`docs/benchmarks.md`, "OpenTelemetry traces").
-const MAX_EXPORT_BYTES: usize = 64 << 10;
+/// The most bytes of spans in one batch. Small enough that a batch is written and sent
+/// while it is still in the cache: at `batch_size` 512 (about 300 KB of spans) writing
+/// the batches evicted the request path's own data, and cost 3.7% more CPU per request
+/// than batches of 64 spans (`docs/benchmarks.md`, "OpenTelemetry traces").
+const BATCH_BYTES: usize = 64 << 10;
+
+/// The most bytes of spans in one export request: batches that waited for the exporter (a
+/// slow collector) go together, up to `batch_size` spans and this, under the 4 MiB a
+/// collector's gRPC receiver takes by default.
+const MAX_EXPORT_BYTES: usize = 2 << 20;
 
 /// The gRPC method spans are exported with.
 const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
@@ -232,15 +238,18 @@ struct Held {
 const SPARE: usize = 4;
 
 impl Held {
-    /// Puts the batch being filled with the full ones, and starts another.
-    fn hand_over(&mut self) {
-        let next = self
-            .spare
-            .pop()
-            .unwrap_or_else(|| Batch::new(MAX_EXPORT_BYTES));
+    /// Puts the batch being filled with the full ones, and starts another, with room for
+    /// `room` bytes (it grows, up to [`BATCH_BYTES`], when its spans need more).
+    fn hand_over(&mut self, room: usize) {
+        let next = self.spare.pop().unwrap_or_else(|| Batch::new(room));
         let done = std::mem::replace(&mut self.filling, next);
         self.full.push(done);
     }
+}
+
+/// The room a new batch of `batch` spans starts with: most spans are under 1 KiB.
+fn room(batch: usize) -> usize {
+    batch.saturating_mul(1 << 10).min(BATCH_BYTES)
 }
 
 thread_local! {
@@ -252,7 +261,7 @@ impl Queue {
     pub(super) fn new(cap: usize, batch: usize) -> Self {
         Queue {
             held: Mutex::new(Held {
-                filling: Batch::new(MAX_EXPORT_BYTES),
+                filling: Batch::new(room(batch)),
                 full: Vec::new(),
                 spare: Vec::new(),
                 spans: 0,
@@ -271,39 +280,44 @@ impl Queue {
         if self.waiting.load(Ordering::Relaxed) >= self.cap {
             return false;
         }
-        let (queued, full) = WRITER.with_borrow_mut(|w| {
+        // `None` when the thread's writer is gone (a thread ending) or in use: dropped.
+        let pushed = WRITER.try_with(|w| {
+            let mut w = w.try_borrow_mut().ok()?;
             let span = w.write(rec, SystemTime::now());
             let mut held = self.held.lock();
             if held.spans >= self.cap {
-                return (false, false);
+                return None;
             }
-            // A batch is handed over before the span that would take it past its bytes
-            // (its buffer never grows), and when it has `batch` spans.
+            // A batch is handed over before the span that would take it past its bytes,
+            // and when it has `batch` spans.
             let mut full =
-                held.filling.count > 0 && held.filling.bytes() + span.len() + 4 > MAX_EXPORT_BYTES;
+                held.filling.count > 0 && held.filling.bytes() + span.len() + 4 > BATCH_BYTES;
             if full {
-                held.hand_over();
+                held.hand_over(room(self.batch));
             }
             held.filling.push(span);
             held.spans += 1;
             self.waiting.store(held.spans, Ordering::Relaxed);
             if held.filling.count >= self.batch {
-                held.hand_over();
+                held.hand_over(room(self.batch));
                 full = true;
             }
-            (true, full)
+            Some(full)
         });
+        let Ok(Some(full)) = pushed else {
+            return false;
+        };
         if full {
             self.wake.notify_one();
         }
-        queued
+        true
     }
 
     /// Every batch with spans in it, oldest first; the queue is empty after.
     fn take(&self) -> Vec<Batch> {
         let mut held = self.held.lock();
         if held.filling.count > 0 {
-            held.hand_over();
+            held.hand_over(room(self.batch));
         }
         let out = std::mem::take(&mut held.full);
         held.spans = 0;
@@ -341,11 +355,35 @@ pub(super) async fn run(
         }
         let closed = queue.closed.load(Ordering::Acquire);
         let waiting = std::mem::take(&mut *queue.flushes.lock());
-        for mut batch in queue.take() {
-            let n = batch.count as u64;
-            let body = batch.take(&resource, &scope);
+        let mut batches = queue.take();
+        let mut from = 0;
+        while from < batches.len() {
+            // Batches that waited together go in one export, within its bounds.
+            let (mut to, mut n, mut bytes) = (from, 0, 0);
+            while let Some(b) = batches.get(to) {
+                if to > from
+                    && (n + b.count > batching.size || bytes + b.bytes() > MAX_EXPORT_BYTES)
+                {
+                    break;
+                }
+                n += b.count;
+                bytes += b.bytes();
+                to += 1;
+            }
+            let body = otlp::request(&mut batches[from..to], &resource, &scope);
+            from = to;
+            send(
+                &exporter,
+                body,
+                n as u64,
+                &batching,
+                &metrics,
+                &mut last_warned,
+            )
+            .await;
+        }
+        for batch in batches {
             queue.give_back(batch);
-            send(&exporter, body, n, &batching, &metrics, &mut last_warned).await;
         }
         for f in waiting {
             let _ = f.send(());
@@ -444,7 +482,7 @@ mod tests {
         assert_eq!(big.iter().map(|b| b.count).sum::<usize>(), 250);
         assert!(big.len() >= 4, "{} batches", big.len());
         for b in &big {
-            assert!(b.bytes() <= MAX_EXPORT_BYTES, "{} bytes", b.bytes());
+            assert!(b.bytes() <= BATCH_BYTES, "{} bytes", b.bytes());
         }
         // Every batch but the last was handed over for its bytes, not its count.
         for b in &big[..big.len() - 1] {
@@ -454,9 +492,18 @@ mod tests {
         for _ in 0..250 {
             assert!(q.push(&record(10)));
         }
-        let small = q.take();
+        let mut small = q.take();
         let counts: Vec<usize> = small.iter().map(|b| b.count).collect();
         assert_eq!(counts, [100, 100, 50]);
+        // Batches that waited together make one export request, in order.
+        let body = otlp::request(&mut small[..2], &otlp::resource("svc"), &otlp::scope());
+        let req = <opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest as prost::Message>::decode(body.as_slice())
+            .expect("an export request");
+        assert_eq!(req.resource_spans[0].scope_spans[0].spans.len(), 200);
+        assert_eq!(
+            (small[0].count, small[1].count, small[0].bytes()),
+            (0, 0, 0)
+        );
         // The cap counts what waits; taking empties the queue.
         for _ in 0..300 {
             assert!(q.push(&record(10)));

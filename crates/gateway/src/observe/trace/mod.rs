@@ -71,6 +71,7 @@ impl Spans {
                     exporter,
                     queue.clone(),
                     export::Batching {
+                        size: cfg.batch_size,
                         every: cfg.export_interval,
                         timeout: cfg.timeout,
                     },

@@ -452,24 +452,7 @@ impl Batch {
     /// The export request of the spans added so far, under `resource` and `scope` (each a
     /// message's encoded body); the batch is empty again after.
     pub(crate) fn take(&mut self, resource: &[u8], scope: &[u8]) -> Vec<u8> {
-        let scope_spans = 1 + varint_len(scope.len() as u64) + scope.len() + self.spans.len();
-        let resource_spans = 1
-            + varint_len(resource.len() as u64)
-            + resource.len()
-            + 1
-            + varint_len(scope_spans as u64)
-            + scope_spans;
-        let mut out = Vec::with_capacity(resource_spans + 8);
-        tag(&mut out, 1, LEN);
-        varint(&mut out, resource_spans as u64);
-        len_field(&mut out, 1, resource);
-        tag(&mut out, 2, LEN);
-        varint(&mut out, scope_spans as u64);
-        len_field(&mut out, 1, scope);
-        out.extend_from_slice(&self.spans);
-        self.spans.clear();
-        self.count = 0;
-        out
+        request(std::slice::from_mut(self), resource, scope)
     }
 
     /// Bytes of the spans written so far.
@@ -478,18 +461,45 @@ impl Batch {
     }
 }
 
+/// One export request of the spans of `batches`, in order, under `resource` and `scope`
+/// (each a message's encoded body); the batches are empty again after.
+pub(crate) fn request(batches: &mut [Batch], resource: &[u8], scope: &[u8]) -> Vec<u8> {
+    let spans: usize = batches.iter().map(Batch::bytes).sum();
+    let scope_spans = 1 + varint_len(scope.len() as u64) + scope.len() + spans;
+    let resource_spans = 1
+        + varint_len(resource.len() as u64)
+        + resource.len()
+        + 1
+        + varint_len(scope_spans as u64)
+        + scope_spans;
+    let mut out = Vec::with_capacity(resource_spans + 8);
+    tag(&mut out, 1, LEN);
+    varint(&mut out, resource_spans as u64);
+    len_field(&mut out, 1, resource);
+    tag(&mut out, 2, LEN);
+    varint(&mut out, scope_spans as u64);
+    len_field(&mut out, 1, scope);
+    for b in batches {
+        out.extend_from_slice(&b.spans);
+        b.spans.clear();
+        b.count = 0;
+    }
+    out
+}
+
 /// `host[:port]` or `[v6]:port`, split; a port that is no number (digits only, at most
 /// 65535) is part of the name.
 fn split_host(host: &[u8]) -> (&[u8], Option<u16>) {
     if let Some(at) = host.iter().rposition(|&b| b == b':') {
         let (name, port) = (&host[..at], &host[at + 1..]);
         let bracketed = name.first() == Some(&b'[') && name.last() == Some(&b']');
-        if (bracketed || !name.contains(&b':'))
-            && (1..=5).contains(&port.len())
-            && port.iter().all(u8::is_ascii_digit)
-        {
-            let n = port.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
-            if let Ok(p) = u16::try_from(n) {
+        if (bracketed || !name.contains(&b':')) && !port.is_empty() {
+            // Digits only, leading zeros allowed, at most 65535.
+            let n = port.iter().try_fold(0u16, |n, &d| {
+                let digit = d.checked_sub(b'0').filter(|d| *d <= 9)?;
+                n.checked_mul(10)?.checked_add(u16::from(digit))
+            });
+            if let Some(p) = n {
                 return (name, Some(p));
             }
         }
@@ -559,5 +569,8 @@ mod tests {
         assert_eq!(split_host(b"h:65536"), (&b"h:65536"[..], None));
         assert_eq!(split_host(b"h:+80"), (&b"h:+80"[..], None));
         assert_eq!(split_host(b"h:"), (&b"h:"[..], None));
+        assert_eq!(split_host(b"h:065535"), (&b"h"[..], Some(65535)));
+        assert_eq!(split_host(b"h:00000080"), (&b"h"[..], Some(80)));
+        assert_eq!(split_host(b"h:8 0"), (&b"h:8 0"[..], None));
     }
 }
