@@ -348,13 +348,20 @@ pub(super) async fn run(
     let mut tick = tokio::time::interval(batching.every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_warned = None;
+    // After a failed export, until the next tick: a full batch does not wake another try
+    // (against a dead collector each try is a connection refused or timed out).
+    let mut failing = false;
     loop {
-        tokio::select! {
-            _ = queue.wake.notified() => {}
-            _ = tick.tick() => {}
-        }
+        let ticked = tokio::select! {
+            _ = queue.wake.notified() => false,
+            _ = tick.tick() => true,
+        };
         let closed = queue.closed.load(Ordering::Acquire);
         let waiting = std::mem::take(&mut *queue.flushes.lock());
+        if failing && !ticked && !closed && waiting.is_empty() {
+            continue;
+        }
+        failing = false;
         let mut batches = queue.take();
         let mut from = 0;
         while from < batches.len() {
@@ -372,7 +379,7 @@ pub(super) async fn run(
             }
             let body = otlp::request(&mut batches[from..to], &resource, &scope);
             from = to;
-            send(
+            let sent = send(
                 &exporter,
                 body,
                 n as u64,
@@ -381,6 +388,7 @@ pub(super) async fn run(
                 &mut last_warned,
             )
             .await;
+            failing |= !sent;
         }
         for batch in batches {
             queue.give_back(batch);
@@ -394,7 +402,7 @@ pub(super) async fn run(
     }
 }
 
-/// Sends one export of `n` spans; counts what was exported or lost.
+/// Sends one export of `n` spans; counts what was exported or lost. True when exported.
 async fn send(
     exporter: &Exporter,
     body: Vec<u8>,
@@ -402,13 +410,13 @@ async fn send(
     batching: &Batching,
     metrics: &Metrics,
     last_warned: &mut Option<Instant>,
-) {
+) -> bool {
     // The clients have their own timeouts; this one bounds whatever they do beyond.
     let sent = tokio::time::timeout(batching.timeout, exporter.send(body)).await;
     let failed = match sent {
         Ok(Ok(())) => {
             metrics.trace_exported.inc_by(n);
-            return;
+            return true;
         }
         Ok(Err(e)) => e,
         Err(_) => "timed out".to_string(),
@@ -422,6 +430,7 @@ async fn send(
             "tracing: export of {n} spans failed: {failed} (dropped; counted in tollgate_trace_spans_dropped_total)"
         );
     }
+    false
 }
 
 #[cfg(test)]
