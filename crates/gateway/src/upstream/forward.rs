@@ -22,9 +22,7 @@ use super::via_alt;
 use crate::exchange::Refusal;
 use crate::listener::RequestBody;
 use bytes::Bytes;
-
 use http::request::Parts;
-
 use http::{Method, Response};
 use hyper::body::Body as _;
 use std::future::Future;
