@@ -11,9 +11,9 @@ import random
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import redis_topo
+import seed
 from procs import die, wait_port
 
 N, W = 1000, 10.0
@@ -68,11 +68,6 @@ def metric(n, name):
     return None
 
 
-def cpu_seconds(pid):
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0
-
-
 class Nodes:
     """Three gateway nodes (or one lone node) on CPU 1, each with its own access log."""
 
@@ -93,7 +88,7 @@ class Nodes:
                 for n in range(1, count + 1)))
 
     def cpu(self):
-        return sum(cpu_seconds(p.pid) for p in self.procs)
+        return seed.cpu_seconds([p.pid for p in self.procs])
 
     def admitted(self, consumer):
         """Times (epoch seconds) of the requests admitted for `consumer`, all nodes."""

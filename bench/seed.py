@@ -104,16 +104,22 @@ def process_tree(pid):
     return out
 
 
-def cpu_seconds(pids):
-    """user+sys CPU seconds of the processes."""
-    total = 0
+def cpu_split(pids):
+    """User and system CPU seconds of the processes."""
+    user = system = 0
     for p in pids:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / CLK_TCK
+        user += int(fields[11])  # utime
+        system += int(fields[12])  # stime
+    return user / CLK_TCK, system / CLK_TCK
+
+
+def cpu_seconds(pids):
+    """user+sys CPU seconds of the processes."""
+    return sum(cpu_split(pids))
 
 
 def start_gateway(system, scenario, tmp):

@@ -16,23 +16,9 @@ import argparse
 import statistics
 import subprocess
 import tempfile
-from pathlib import Path
 
 import seed
 from procs import stop, wait_port
-
-
-def split(pids):
-    """User and system CPU seconds of `pids` so far."""
-    user = system = 0
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        user += int(fields[11])
-        system += int(fields[12])
-    return user / seed.CLK_TCK, system / seed.CLK_TCK
 
 
 def main():
@@ -58,9 +44,9 @@ def main():
                             url = f"http://{seed.GATEWAY}{path}"
                             seed.bench(url, expect, 1, 50)
                             pids = seed.process_tree(proc.pid)
-                            u0, s0 = split(pids)
+                            u0, s0 = seed.cpu_split(pids)
                             out = seed.bench(url, expect, args.duration, 50)
-                            u1, s1 = split(pids)
+                            u1, s1 = seed.cpu_split(pids)
                         finally:
                             stop(proc)
                             seed.wait_port_free(seed.GATEWAY)
