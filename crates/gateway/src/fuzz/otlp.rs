@@ -109,7 +109,11 @@ pub fn otlp_span(data: &[u8]) {
     // Twice: a writer is reused, and two spans must come out as two.
     batch.push(writer.write(&rec, end));
     batch.push(writer.write(&rec, end));
-    let body = batch.take(&otlp::resource("svc"), &otlp::scope());
+    let body = otlp::request(
+        std::slice::from_mut(&mut batch),
+        &otlp::resource("svc"),
+        &otlp::scope(),
+    );
     let req = ExportTraceServiceRequest::decode(body.as_slice())
         .unwrap_or_else(|e| panic!("not an export request: {e}"));
     assert_eq!(req.resource_spans.len(), 1);

@@ -449,12 +449,6 @@ impl Batch {
         self.count += 1;
     }
 
-    /// The export request of the spans added so far, under `resource` and `scope` (each a
-    /// message's encoded body); the batch is empty again after.
-    pub(crate) fn take(&mut self, resource: &[u8], scope: &[u8]) -> Vec<u8> {
-        request(std::slice::from_mut(self), resource, scope)
-    }
-
     /// Bytes of the spans written so far.
     pub(crate) fn bytes(&self) -> usize {
         self.spans.len()
