@@ -1,6 +1,7 @@
 //! What the edge must not pass on: the whole `X-Forwarded-*` family from untrusted clients,
-//! credentials in PHP's spellings, a protocol switch nobody asked for, `TRACE`, and an
-//! admin port without a token reached from a web page.
+//! credentials in PHP's spellings, a protocol switch nobody asked for, `TRACE`, the length
+//! of an upgrade's body (which does not go upstream), and an admin port without a token
+//! reached from a web page.
 
 mod common;
 
@@ -135,4 +136,60 @@ async fn an_admin_port_without_a_token_answers_no_web_page() {
         req("GET /status HTTP/1.1\r\nHost: localhost:9901\r\nConnection: close\r\n\r\n".into())
             .await;
     assert_eq!(local, 200);
+}
+
+/// A backend that refuses every request with a kept-alive 403 and hands each head it read
+/// to the test.
+async fn refusing_backend() -> (std::net::SocketAddr, tokio::sync::mpsc::Receiver<String>) {
+    use tokio::io::AsyncWriteExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while let Some(head) = read_head(&mut s).await {
+                    let _ = tx.send(head).await;
+                    let answer = b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n";
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test]
+async fn an_upgrade_goes_upstream_without_the_length_of_a_body_it_does_not_carry() {
+    // The body of an upgrade request is not sent upstream; a `Content-Length` sent with no
+    // body would make the target read the next request on that connection as this one's.
+    let (backend, mut heads) = refusing_backend().await;
+    let g = TestGateway::start(
+        &yaml(
+            backend,
+            "routes:\n  - {name: ws, path_prefix: /, upstream: backend, websocket: true}\n",
+        ),
+        SystemClock::new(),
+    )
+    .await;
+    let a = raw(
+        g.addr,
+        b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Content-Length: 5\r\n\r\nhelloGET /next HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(a.starts_with("HTTP/1.1 403"), "{a}");
+    let head = bounded("the upgrade's head", heads.recv())
+        .await
+        .expect("a head")
+        .to_ascii_lowercase();
+    assert!(head.starts_with("get /ws "), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    assert!(!head.contains("transfer-encoding"), "{head}");
 }

@@ -55,6 +55,12 @@ pub async fn upgrade(
         h.insert(header::HOST, target.host.clone());
     }
     hop.put_traceparent(&mut h);
+    // The request goes without a body (one sent with it is skipped by the listener), so
+    // without a length: a `Content-Length` with no body behind it would make the target read
+    // the start of the next request on this connection (a check, another upgrade) as this
+    // one's body.
+    h.remove(header::CONTENT_LENGTH);
+    h.remove(header::TRANSFER_ENCODING);
     h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     h.insert(header::UPGRADE, ask.protocol.clone());
     let mut req = Request::new(UpBody::empty());
