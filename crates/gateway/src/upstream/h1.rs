@@ -47,6 +47,9 @@ pub enum H1Error {
 pub struct H1Conn {
     pub(super) stream: TcpStream,
     pub(super) buf: BytesMut,
+    /// How much of `buf` was looked at for the end of a head that was not there: a head
+    /// trickled a byte at a time is not parsed again from its start after every byte.
+    pub(super) scanned: usize,
     /// Room under the target's connection cap, given back when the connection closes.
     _permit: OwnedSemaphorePermit,
 }
@@ -74,6 +77,7 @@ impl H1Conn {
         H1Conn {
             stream,
             buf: BytesMut::with_capacity(READ_CHUNK),
+            scanned: 0,
             _permit: permit,
         }
     }
@@ -153,6 +157,9 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
     let mut keep_alive = version == Version::HTTP_11;
     let mut framing = Framing::UntilClose;
     let (mut has_length, mut has_te) = (false, false);
+    // `close` anywhere ends the connection, whatever else a `Connection` header says
+    // (RFC 9112 §9.6), as hyper reads it.
+    let mut close = false;
     // Room for what the gateway adds (RateLimit, Cache-Status, CORS) without a rehash.
     let mut headers = HeaderMap::with_capacity(resp.headers.len() + 6);
     for h in resp.headers.iter() {
@@ -182,7 +189,7 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
             for token in h.value.split(|b| *b == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
-                    keep_alive = false;
+                    close = true;
                 } else if token.eq_ignore_ascii_case(b"keep-alive") {
                     keep_alive = true;
                 }
@@ -203,8 +210,13 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
         // reading until close would wait on a kept-alive connection. nginx answers 502 too.
         return Err(H1Error::Malformed);
     }
-    if matches!(framing, Framing::UntilClose) || (has_length && has_te) {
+    if close || matches!(framing, Framing::UntilClose) || (has_length && has_te) {
         // Both framings in one message (RFC 9112 §6.3): frame by chunks, then close.
+        keep_alive = false;
+    }
+    if has_te && version == Version::HTTP_10 {
+        // A transfer coding in HTTP/1.0 is faulty framing: read as chunked, then closed
+        // (RFC 9112 §6.1).
         keep_alive = false;
     }
     Ok(Some((Head { status, headers }, len, framing, keep_alive)))

@@ -7,6 +7,7 @@ use super::body::{BodyFault, UpBody};
 use super::h1::{parse_head, H1Conn, H1Error, Head, Parsed, MAX_HEAD};
 use super::h1_response::H1Body;
 use super::h1_upload::{Upload, UploadError};
+use crate::listener::h1::head::may_end;
 use bytes::{Buf, Bytes};
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Method, StatusCode};
@@ -224,12 +225,20 @@ impl H1Conn {
     /// The response head in the buffer, if it is whole (1xx answers skipped).
     fn take_head(&mut self, method: &Method) -> Result<Option<Parsed>, H1Error> {
         while !self.buf.is_empty() {
-            let Some(parsed) = parse_head(&self.buf, method)? else {
+            // Parsed only once the end of a head may be there, as the listener does.
+            let parsed = if may_end(&self.buf, self.scanned) {
+                parse_head(&self.buf, method)?
+            } else {
+                None
+            };
+            let Some(parsed) = parsed else {
                 if self.buf.len() > MAX_HEAD {
                     return Err(H1Error::Malformed);
                 }
+                self.scanned = self.buf.len();
                 return Ok(None);
             };
+            self.scanned = 0;
             self.buf.advance(parsed.1);
             // A switch of protocols nobody asked for (upgrades take another client): no
             // answer follows it on this connection.

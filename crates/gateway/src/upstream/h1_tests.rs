@@ -35,6 +35,21 @@ fn framing_and_keep_alive() {
         Method::GET,
     );
     assert!(!ka);
+    // `close` ends the connection whatever follows it, in one header or two.
+    for raw in [
+        "HTTP/1.1 200 OK\r\nConnection: close, keep-alive\r\nContent-Length: 0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nConnection: close\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+        "HTTP/1.0 200 OK\r\nConnection: keep-alive, close\r\nContent-Length: 0\r\n\r\n",
+    ] {
+        assert!(!parse(raw, Method::GET).3, "{raw:?}");
+    }
+    // A transfer coding in HTTP/1.0 is faulty framing: chunks are read, then the connection
+    // ends (RFC 9112 §6.1).
+    let (_, _, f, ka) = parse(
+        "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n",
+        Method::GET,
+    );
+    assert!(matches!(f, Framing::Chunked) && !ka);
     assert!(parse_head(
         &BytesMut::from("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
         &Method::GET
