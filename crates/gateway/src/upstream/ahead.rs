@@ -31,6 +31,26 @@ const ALL_QUEUED_HIGH: usize = 64 << 20;
 /// Bytes queued for clients by every fill.
 static ALL_QUEUED: AtomicUsize = AtomicUsize::new(0);
 
+/// What a queued piece costs beyond its bytes (its entry, its allocation), counted with
+/// them: an upstream that sends its body a byte at a time cannot make the queue hold 40
+/// times what it counts.
+const PIECE_COST: usize = 64;
+
+/// Pieces shorter than this are copied when queued, so that none holds on to the whole
+/// read buffer it was cut from.
+const SMALL_PIECE: usize = 4096;
+
+/// `d` as it is queued (a copy when small) and what it counts for.
+fn queued_piece(d: Bytes) -> (Bytes, usize) {
+    let d = if d.len() < SMALL_PIECE {
+        Bytes::copy_from_slice(&d)
+    } else {
+        d
+    };
+    let cost = d.len() + PIECE_COST;
+    (d, cost)
+}
+
 /// What the task and the client's body share.
 #[derive(Default)]
 struct Queue {
@@ -131,8 +151,9 @@ pub(super) fn spawn<B: Fill>(mut body: B) -> AheadBody {
                 Some(Ok(f)) => match f.into_data() {
                     Ok(d) => {
                         if !g.reader_gone && !d.is_empty() {
-                            g.queued += d.len();
-                            ALL_QUEUED.fetch_add(d.len(), Ordering::Relaxed);
+                            let (d, cost) = queued_piece(d);
+                            g.queued += cost;
+                            ALL_QUEUED.fetch_add(cost, Ordering::Relaxed);
                             g.chunks.push_back(d);
                         }
                         if body.is_end_stream() {
@@ -195,8 +216,9 @@ impl AheadBody {
         }
         let mut q = self.queue.lock();
         if let Some(d) = q.chunks.pop_front() {
-            q.queued -= d.len();
-            ALL_QUEUED.fetch_sub(d.len(), Ordering::Relaxed);
+            let cost = d.len() + PIECE_COST;
+            q.queued -= cost;
+            ALL_QUEUED.fetch_sub(cost, Ordering::Relaxed);
             if let Some(w) = q.filler.take() {
                 w.wake();
             }
@@ -233,5 +255,28 @@ impl std::fmt::Debug for AheadBody {
         f.debug_struct("AheadBody")
             .field("remaining", &self.remaining)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_pieces_are_copied_out_of_their_buffer_and_counted_with_their_cost() {
+        let buf = Bytes::from(vec![7u8; 16 * 1024]);
+        let (small, cost) = queued_piece(buf.slice(10..11));
+        assert_eq!(&small[..], [7]);
+        assert_eq!(cost, 1 + PIECE_COST);
+        assert!(
+            !buf.as_ptr_range().contains(&small.as_ptr()),
+            "a byte does not hold 16 KiB"
+        );
+        let (large, cost) = queued_piece(buf.slice(..8192));
+        assert_eq!(large.as_ptr(), buf.as_ptr(), "a large piece is not copied");
+        assert_eq!(cost, 8192 + PIECE_COST);
+        // A body a byte at a time reaches the queue's mark after a 65th of the bytes.
+        let pieces = QUEUE_HIGH.div_ceil(1 + PIECE_COST);
+        assert!(pieces * 65 >= QUEUE_HIGH && pieces < QUEUE_HIGH / 64);
     }
 }
