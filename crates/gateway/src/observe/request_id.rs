@@ -8,9 +8,15 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The id made of `n`'s 128 bits (drawn from a per-thread generator seeded at random, so
-/// making one takes no lock and no system call). Marked sensitive, see [`unindexed`].
+/// making one takes no lock and no system call). Marked sensitive, see [`unindexed`]. The
+/// digits are owned by one shared allocation: the id goes upstream, into the answer and the
+/// log, and each copy is a count, where a copied buffer is moved to the heap again on the
+/// first clone.
 fn from_bits(n: u128) -> HeaderValue {
-    unindexed(HeaderValue::from_bytes(&hex32(n)).unwrap_or_else(|_| HeaderValue::from_static("0")))
+    unindexed(
+        HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(hex32(n)))
+            .unwrap_or_else(|_| HeaderValue::from_static("0")),
+    )
 }
 
 /// `n` as 32 lowercase hex digits, most significant first: a request id, a trace id.
