@@ -127,10 +127,9 @@ pub(super) fn parse_chunk_size(line: &[u8]) -> Option<u64> {
         return None;
     }
     let rest = &line[digits..];
-    let rest_ok = rest.is_empty() || {
-        let after_ws = rest.trim_ascii_start();
-        after_ws.first() == Some(&b';')
-    };
+    // Only spaces and tabs may come before an extension (RFC 9112 §7.1.1's BWS).
+    let rest_ok =
+        rest.is_empty() || rest.iter().find(|b| !matches!(b, b' ' | b'\t')) == Some(&b';');
     if !rest_ok {
         return None;
     }

@@ -87,6 +87,7 @@ fn chunk_sizes_are_strict() {
     assert_eq!(parse_chunk_size(b"1a"), Some(26));
     assert_eq!(parse_chunk_size(b"1a;ext=1"), Some(26));
     assert_eq!(parse_chunk_size(b"1a ;ext"), Some(26));
+    assert_eq!(parse_chunk_size(b"1a \t;ext"), Some(26));
     for bad in [
         &b"+1a"[..],
         b" 1a",
@@ -94,6 +95,9 @@ fn chunk_sizes_are_strict() {
         b"",
         b"0x1a",
         b"11111111111111111",
+        b"1a\n;ext",
+        b"1a\x0c;ext",
+        b"1a\r;ext",
     ] {
         assert_eq!(
             parse_chunk_size(bad),
