@@ -91,7 +91,7 @@ fn check_prints_every_problem_with_its_place() {
     let f = dir.join("fetch.yaml");
     std::fs::write(
         &f,
-        "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend, methods: [GET, FETCH, PURGE]}\n",
+        "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend, methods: [GET, FETCH, PURGE, CONNECT]}\n",
     )
     .expect("write");
     let out = Command::new(BIN)
@@ -107,6 +107,10 @@ fn check_prints_every_problem_with_its_place() {
         "{err}"
     );
     assert!(err.contains("routes[0].methods[2]: \"PURGE\""), "{err}");
+    assert!(
+        err.contains("routes[0].methods[3]: CONNECT is never forwarded"),
+        "{err}"
+    );
     assert!(!err.contains("methods[0]"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -75,7 +75,9 @@ pub fn find<'s>(
     let mut allow: Vec<&str> = Vec::new();
     for route in &snap.routes {
         if matches(route, host, path) {
-            let listed = route.cfg.methods.iter().flatten().map(http::Method::as_str);
+            let listed = (route.cfg.methods.iter().flatten())
+                .filter(|m| **m != http::Method::CONNECT)
+                .map(http::Method::as_str);
             let open = route
                 .cfg
                 .methods

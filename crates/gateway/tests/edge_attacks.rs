@@ -1,7 +1,7 @@
 //! What the edge must not pass on: the whole `X-Forwarded-*` family from untrusted clients,
-//! credentials in PHP's spellings, a protocol switch nobody asked for, `TRACE`, the length
-//! of an upgrade's body (which does not go upstream), and an admin port without a token
-//! reached from a web page.
+//! credentials in PHP's spellings, a protocol switch nobody asked for, `TRACE` and
+//! `CONNECT`, an upgrade asked with a body, and an admin port without a token reached from
+//! a web page.
 
 mod common;
 
@@ -138,37 +138,11 @@ async fn an_admin_port_without_a_token_answers_no_web_page() {
     assert_eq!(local, 200);
 }
 
-/// A backend that refuses every request with a kept-alive 403 and hands each head it read
-/// to the test.
-async fn refusing_backend() -> (std::net::SocketAddr, tokio::sync::mpsc::Receiver<String>) {
-    use tokio::io::AsyncWriteExt;
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                while let Some(head) = read_head(&mut s).await {
-                    let _ = tx.send(head).await;
-                    let answer = b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n";
-                    if s.write_all(answer).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, rx)
-}
-
 #[tokio::test]
-async fn an_upgrade_goes_upstream_without_the_length_of_a_body_it_does_not_carry() {
-    // The body of an upgrade request is not sent upstream; a `Content-Length` sent with no
-    // body would make the target read the next request on that connection as this one's.
-    let (backend, mut heads) = refusing_backend().await;
+async fn an_upgrade_asked_with_a_body_goes_on_as_an_ordinary_request() {
+    // Were it taken, the body would not go upstream: a `Content-Length` sent without it
+    // would make the target read the next request on that connection as this one's body.
+    let (backend, hits) = inspect_backend().await;
     let g = TestGateway::start(
         &yaml(
             backend,
@@ -179,17 +153,42 @@ async fn an_upgrade_goes_upstream_without_the_length_of_a_body_it_does_not_carry
     .await;
     let a = raw(
         g.addr,
-        b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-          Content-Length: 5\r\n\r\nhelloGET /next HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        b"POST /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, close\r\nUpgrade: websocket\r\n\
+          Content-Length: 10\r\n\r\n0123456789",
     )
     .await;
-    assert!(a.starts_with("HTTP/1.1 403"), "{a}");
-    let head = bounded("the upgrade's head", heads.recv())
-        .await
-        .expect("a head")
-        .to_ascii_lowercase();
-    assert!(head.starts_with("get /ws "), "{head}");
-    assert!(head.contains("upgrade: websocket"), "{head}");
-    assert!(!head.contains("content-length"), "{head}");
-    assert!(!head.contains("transfer-encoding"), "{head}");
+    assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+    let seen = a.to_ascii_lowercase();
+    assert!(seen.contains("post /ws\n"), "{a}");
+    assert!(seen.contains("content-length: 10\n"), "{a}");
+    assert!(!seen.contains("upgrade: websocket"), "{a}");
+    assert!(a.ends_with("\n0123456789"), "the body went upstream: {a}");
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn connect_is_refused_whatever_a_route_lists() {
+    let (backend, hits) = inspect_backend().await;
+    let g = TestGateway::start(
+        &yaml(
+            backend,
+            "routes:\n  - {name: open, path_prefix: /open/, upstream: backend}\n  - {name: listed, path_prefix: /listed/, upstream: backend, methods: [GET, CONNECT]}\n",
+        ),
+        SystemClock::new(),
+    )
+    .await;
+    for (target, allow) in [
+        ("/open/x", "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"),
+        ("/listed/x", "GET"),
+    ] {
+        let req = format!("CONNECT {target} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        let a = raw(g.addr, req.as_bytes()).await;
+        assert!(a.starts_with("HTTP/1.1 405"), "{target}: {a}");
+        assert!(
+            a.to_ascii_lowercase()
+                .contains(&format!("allow: {}", allow.to_ascii_lowercase())),
+            "{target}: {a}"
+        );
+    }
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0);
 }

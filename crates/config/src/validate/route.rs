@@ -58,6 +58,13 @@ fn methods(raw: &[String], at: &str, p: &mut Problems) -> Vec<Method> {
     let mut out = Vec::new();
     for (i, m) in raw.iter().enumerate() {
         let upper = m.to_ascii_uppercase();
+        if upper == "CONNECT" {
+            p.warn(
+                format!("{at}[{i}]"),
+                "CONNECT is never forwarded (the gateway opens no tunnels): such requests get 405"
+                    .to_string(),
+            );
+        }
         if Method::from_bytes(upper.as_bytes()).is_ok() && !REGISTERED.contains(&upper.as_str()) {
             p.warn(
                 format!("{at}[{i}]"),

@@ -8,8 +8,12 @@ use http::Method;
 /// Whether `route` takes `method`. A CORS preflight (OPTIONS) is taken by any route that
 /// does CORS, whatever its methods, so the preflight can be answered at the edge. `TRACE`
 /// (which echoes the request, credentials included, back) is taken only by a route that
-/// lists it.
+/// lists it. `CONNECT` is taken by none: the gateway opens no tunnels (nginx answers it
+/// 405 too), and one forwarded as an ordinary request would be read as a tunnel's start.
 pub fn allows(route: &Route, method: &Method, preflight: bool) -> bool {
+    if *method == Method::CONNECT {
+        return false;
+    }
     match &route.cfg.methods {
         None => *method != Method::TRACE,
         Some(list) => list.contains(method) || (preflight && route.cfg.cors.is_some()),

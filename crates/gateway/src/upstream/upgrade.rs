@@ -55,7 +55,7 @@ pub async fn upgrade(
         h.insert(header::HOST, target.host.clone());
     }
     hop.put_traceparent(&mut h);
-    // The request goes without a body (one sent with it is skipped by the listener), so
+    // The request goes without a body (the listener takes no upgrade asked with one), so
     // without a length: a `Content-Length` with no body behind it would make the target read
     // the start of the next request on this connection (a check, another upgrade) as this
     // one's body.

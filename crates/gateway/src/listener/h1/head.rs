@@ -40,7 +40,7 @@ pub struct Head {
     pub keep_alive: bool,
     /// `Expect: 100-continue` (HTTP/1.1 only).
     pub expect_continue: bool,
-    /// An `Upgrade` header (HTTP/1.1) or `CONNECT`.
+    /// An `Upgrade` header (HTTP/1.1) on a request without a body, or `CONNECT`.
     pub upgrade: bool,
     /// `TE: trailers`: the client takes trailer fields in a chunked answer.
     pub te_trailers: bool,
@@ -255,6 +255,12 @@ fn parse_with(
         }
     } else if let Some(n) = length.filter(|n| *n > 0) {
         framing = Framing::Length(n);
+    }
+    // An upgrade asked with a body is not taken (RFC 9110 §7.8 lets a server stay on its
+    // protocol): the request goes on as an ordinary one, body and all, and no body is left
+    // between the answer and the new protocol's first bytes.
+    if framing != Framing::Empty && method != Method::CONNECT {
+        upgrade = false;
     }
     Ok(Some(Head {
         method,
