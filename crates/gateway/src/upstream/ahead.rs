@@ -10,6 +10,7 @@
 //! the answer is known not to be stored (larger than that, or broken), the task reads on
 //! only as fast as the client takes it, and stops when the client is gone.
 
+use super::gather::SMALL_PIECE;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
@@ -36,11 +37,8 @@ static ALL_QUEUED: AtomicUsize = AtomicUsize::new(0);
 /// times what it counts.
 const PIECE_COST: usize = 64;
 
-/// Pieces shorter than this are copied when queued, so that none holds on to the whole
-/// read buffer it was cut from.
-const SMALL_PIECE: usize = 4096;
-
-/// `d` as it is queued (a copy when small) and what it counts for.
+/// `d` as it is queued (a copy when small, so that it does not hold on to the whole read
+/// buffer it was cut from) and what it counts for.
 fn queued_piece(d: Bytes) -> (Bytes, usize) {
     let d = if d.len() < SMALL_PIECE {
         Bytes::copy_from_slice(&d)

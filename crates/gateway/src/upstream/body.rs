@@ -7,6 +7,7 @@
 //! and a whole body can be sent again. Larger bodies, and every body on routes with
 //! `request_buffering: false`, stream as they arrive, after what was read first.
 
+use super::gather::Gather;
 use crate::exchange::Refusal;
 use crate::listener::body::Held;
 use crate::listener::RequestBody;
@@ -179,7 +180,9 @@ pub async fn receive(
     timeout: Duration,
     stream_at_once: bool,
 ) -> Result<Received, Refusal> {
-    let mut chunks = Vec::new();
+    // Tiny pieces (a body chunked a byte at a time) are gathered: the buffer holds the
+    // body's bytes, not a piece and its read buffer per byte.
+    let mut chunks = Gather::default();
     let mut len: u64 = 0;
     if !stream_at_once {
         // Held against the connection's budget while read ahead; past the budget, the
@@ -191,7 +194,7 @@ pub async fn receive(
                     .await
                     .map_err(|_| Refusal::RequestTimeout)?;
             match frame {
-                None => return Ok(Received::Whole(chunks, incoming.keep_held())),
+                None => return Ok(Received::Whole(chunks.into_pieces(), incoming.keep_held())),
                 Some(Err(_)) => return Err(ClientFault::Malformed.refusal()),
                 Some(Ok(f)) => {
                     if let Ok(data) = f.into_data() {
@@ -204,7 +207,7 @@ pub async fn receive(
                 }
             }
             if incoming.is_end_stream() {
-                return Ok(Received::Whole(chunks, incoming.keep_held()));
+                return Ok(Received::Whole(chunks.into_pieces(), incoming.keep_held()));
             }
         }
     }
@@ -219,7 +222,7 @@ pub async fn receive(
     };
     Ok(Received::Streaming(
         UpBody {
-            read: chunks.into(),
+            read: chunks.into_pieces().into(),
             rest: Some(rest),
             _held: held,
         },

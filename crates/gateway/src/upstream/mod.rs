@@ -11,6 +11,7 @@ pub(crate) mod cap;
 mod checks;
 mod dial;
 mod forward;
+mod gather;
 pub(crate) mod h1;
 mod h1_request;
 pub(crate) mod h1_response;

@@ -2,6 +2,7 @@
 //! back to its pool once read to the end, times out a stalled upstream, can hand a copy of
 //! itself to the cache, and can be read ahead of its client.
 
+use super::gather::Gather;
 use super::h1_response::H1Body;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -35,18 +36,9 @@ enum Inner {
     Ahead(super::ahead::AheadBody),
 }
 
-/// Pieces shorter than this are copied into the collector's gathered piece.
-const SMALL_PIECE: usize = 4096;
-
-/// The gathered piece is set aside at this size.
-const SMALL_GATHERED: usize = 16 * 1024;
-
 /// Gathers a body as it streams, up to a limit, and hands the whole of it over at the end.
 pub struct Collector {
-    chunks: Vec<Bytes>,
-    /// Small pieces gathered into one, so that a body sent a few bytes at a time is held
-    /// as its bytes, not as a piece (and the read buffer it points into) per few bytes.
-    small: Vec<u8>,
+    chunks: Gather,
     len: u64,
     limit: u64,
     done: Option<Box<dyn FnOnce(Bytes) + Send>>,
@@ -57,8 +49,7 @@ impl Collector {
     /// A collector of at most `limit` bytes that calls `done` with the whole body.
     pub fn new(limit: u64, done: impl FnOnce(Bytes) + Send + 'static) -> Collector {
         Collector {
-            chunks: Vec::new(),
-            small: Vec::new(),
+            chunks: Gather::default(),
             len: 0,
             limit,
             done: Some(Box::new(done)),
@@ -81,34 +72,18 @@ impl Collector {
             }
             return false;
         }
-        if b.len() >= SMALL_PIECE {
-            self.flush_small();
-            self.chunks.push(b.clone());
-        } else {
-            self.small.extend_from_slice(b);
-            if self.small.len() >= SMALL_GATHERED {
-                self.flush_small();
-            }
-        }
+        self.chunks.push(b.clone());
         true
     }
 
-    /// Moves the small pieces gathered so far into one piece of their size.
-    fn flush_small(&mut self) {
-        if !self.small.is_empty() {
-            self.chunks.push(Bytes::copy_from_slice(&self.small));
-            self.small.clear();
-        }
-    }
-
     fn finish(mut self) {
-        self.flush_small();
-        let body = match self.chunks.len() {
+        let mut chunks = std::mem::take(&mut self.chunks).into_pieces();
+        let body = match chunks.len() {
             0 => Bytes::new(),
-            1 => self.chunks.pop().unwrap_or_default(),
+            1 => chunks.pop().unwrap_or_default(),
             _ => {
                 let mut all = Vec::with_capacity(self.len as usize);
-                for c in &self.chunks {
+                for c in &chunks {
                     all.extend_from_slice(c);
                 }
                 Bytes::from(all)
@@ -296,38 +271,6 @@ impl super::ahead::Fill for PooledBody {
 mod tests {
     use super::*;
     use std::sync::mpsc;
-
-    #[test]
-    fn a_body_sent_a_byte_at_a_time_is_held_as_its_bytes() {
-        let (tx, rx) = mpsc::channel();
-        let mut c = Collector::new(1 << 20, move |b| tx.send(b).expect("send"));
-        let buf = Bytes::from(vec![b'a'; 16 * 1024]);
-        let mut want = Vec::new();
-        for i in 0..40_000usize {
-            let piece = buf.slice(i % 100..i % 100 + 1);
-            want.extend_from_slice(&piece);
-            assert!(c.push(&piece));
-        }
-        // 40,000 bytes in 40,000 pieces: two gathered pieces and the bytes still gathering.
-        assert_eq!(c.chunks.len(), 2);
-        assert_eq!(c.small.len(), 40_000 - 2 * SMALL_GATHERED);
-        assert!(c
-            .chunks
-            .iter()
-            .all(|p| !buf.as_ptr_range().contains(&p.as_ptr())));
-        let large = Bytes::from(vec![b'b'; 10_000]);
-        assert!(c.push(&large));
-        want.extend_from_slice(&large);
-        assert!(c.push(&Bytes::from_static(b"end")));
-        want.extend_from_slice(b"end");
-        assert_eq!(
-            c.chunks.len(),
-            4,
-            "the gathered bytes go before a large piece"
-        );
-        c.finish();
-        assert_eq!(rx.recv().expect("body"), want);
-    }
 
     #[test]
     fn a_collector_stops_past_its_limit() {
