@@ -47,8 +47,9 @@ fn has_transfer_coding(data: &[u8]) -> bool {
             .any(|h| h.name.eq_ignore_ascii_case("transfer-encoding"))
 }
 
-/// What hyper's service saw of the body: its bytes, or whether it broke off incomplete.
-type Seen = Arc<Mutex<Option<Result<Vec<u8>, bool>>>>;
+/// What hyper's service saw of the first request's body (its bytes, or whether it broke
+/// off incomplete), and the request line of the second request it was given.
+type Seen = Arc<Mutex<(Option<Result<Vec<u8>, bool>>, Option<String>)>>;
 
 /// What a parser made of the first request in the bytes.
 #[derive(Debug, PartialEq)]
@@ -57,8 +58,13 @@ enum Verdict {
     Refused(u16, &'static str),
     /// Head or body not complete when the bytes ended.
     Incomplete,
-    /// Read whole: its body, and whether the connection may be kept.
-    Accepted { body: Vec<u8>, keep_alive: bool },
+    /// Read whole: its body, whether the connection may be kept, and the request line
+    /// (method and target) of the request that follows, when one is read whole after it.
+    Accepted {
+        body: Vec<u8>,
+        keep_alive: bool,
+        next: Option<String>,
+    },
 }
 
 /// Ours: the head, then the body decoded from what follows it.
@@ -79,10 +85,16 @@ fn ours(data: &[u8]) -> Verdict {
         match d.decode(&mut buf) {
             Ok(Decoded::Data(b)) => body.extend_from_slice(&b),
             Ok(Decoded::Trailers(_) | Decoded::End) => {
+                // Where the next request starts is where smuggling would show.
+                let next = match head::parse(&mut buf, LIMITS) {
+                    Ok(Some(n)) => Some(format!("{} {}", n.method, n.uri)),
+                    _ => None,
+                };
                 return Verdict::Accepted {
                     body,
                     keep_alive: h.keep_alive,
-                }
+                    next,
+                };
             }
             Ok(Decoded::Need) => return Verdict::Incomplete,
             Err(b) => return Verdict::Refused(400, b.0),
@@ -101,13 +113,16 @@ fn theirs(data: &[u8]) -> Verdict {
             let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let record = record.clone();
                 async move {
+                    let line = format!("{} {}", req.method(), req.uri());
                     let got = match req.into_body().collect().await {
                         Ok(c) => Ok(c.to_bytes().to_vec()),
                         Err(e) => Err(e.is_incomplete_message()),
                     };
                     let mut slot = record.lock().unwrap_or_else(|p| p.into_inner());
-                    if slot.is_none() {
-                        *slot = Some(got);
+                    if slot.0.is_none() {
+                        slot.0 = Some(got);
+                    } else if slot.1.is_none() {
+                        slot.1 = Some(line);
                     }
                     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<Bytes>::new()))
                 }
@@ -139,8 +154,9 @@ fn theirs(data: &[u8]) -> Verdict {
                     .to_ascii_lowercase()
                     .contains("connection: close")
             });
-            let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).take();
-            match (status, seen) {
+            let (first, next) =
+                std::mem::take(&mut *seen.lock().unwrap_or_else(|p| p.into_inner()));
+            match (status, first) {
                 (None, None) => Verdict::Incomplete,
                 (Some(s), None) => Verdict::Refused(s, ""),
                 (_, Some(Err(true))) => Verdict::Incomplete,
@@ -148,6 +164,7 @@ fn theirs(data: &[u8]) -> Verdict {
                 (_, Some(Ok(body))) => Verdict::Accepted {
                     body,
                     keep_alive: !closes,
+                    next,
                 },
             }
         })
@@ -165,10 +182,12 @@ pub fn h1_framing(data: &[u8]) {
             Verdict::Accepted {
                 body: x,
                 keep_alive: kx,
+                next: nx,
             },
             Verdict::Accepted {
                 body: y,
                 keep_alive: ky,
+                next: ny,
             },
         ) => {
             assert_eq!(x, y, "the two read different bodies from {shown:?}");
@@ -176,6 +195,11 @@ pub fn h1_framing(data: &[u8]) {
                 !*kx || *ky,
                 "ours keeps the connection where hyper closes it: {shown:?}"
             );
+            // Where both read a second request, it is the same one: the first ended at the
+            // same byte for both.
+            if let (true, Some(a), Some(b)) = (*kx, nx, ny) {
+                assert_eq!(a, b, "the two read different next requests from {shown:?}");
+            }
         }
         (Verdict::Accepted { .. }, _) => {
             panic!("ours accepts what hyper does not ({b:?}): {shown:?}")
@@ -191,5 +215,25 @@ pub fn h1_framing(data: &[u8]) {
         }
         // Both refuse, or one waits where the other refused: no request was read either way.
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_parsers_report_the_request_that_follows() {
+        let two = b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiGET /b HTTP/1.1\r\nHost: a\r\n\r\n";
+        for v in [ours(two), theirs(two)] {
+            match v {
+                Verdict::Accepted { body, next, .. } => {
+                    assert_eq!(body, b"hi");
+                    assert_eq!(next.as_deref(), Some("GET /b"));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        h1_framing(two);
     }
 }
