@@ -225,8 +225,9 @@ impl H1Conn {
     /// The response head in the buffer, if it is whole (1xx answers skipped).
     fn take_head(&mut self, method: &Method) -> Result<Option<Parsed>, H1Error> {
         while !self.buf.is_empty() {
-            // Parsed only once the end of a head may be there, as the listener does.
-            let parsed = if may_end(&self.buf, self.scanned) {
+            // Parsed at once on a first look, then only once the end of a head may have
+            // come, as the listener does.
+            let parsed = if self.scanned == 0 || may_end(&self.buf, self.scanned) {
                 parse_head(&self.buf, method)?
             } else {
                 None
