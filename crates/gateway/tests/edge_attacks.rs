@@ -181,14 +181,60 @@ async fn connect_is_refused_whatever_a_route_lists() {
         ("/open/x", "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"),
         ("/listed/x", "GET"),
     ] {
-        let req = format!("CONNECT {target} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        // What follows a CONNECT is not read as a request, even on a refusal.
+        let req = format!(
+            "CONNECT {target} HTTP/1.1\r\nHost: a\r\n\r\nGET {target} HTTP/1.1\r\nHost: a\r\n\r\n"
+        );
         let a = raw(g.addr, req.as_bytes()).await;
         assert!(a.starts_with("HTTP/1.1 405"), "{target}: {a}");
+        let head = a
+            .split("\r\n\r\n")
+            .next()
+            .unwrap_or("")
+            .to_ascii_lowercase();
         assert!(
-            a.to_ascii_lowercase()
-                .contains(&format!("allow: {}", allow.to_ascii_lowercase())),
+            head.lines()
+                .any(|l| l == format!("allow: {}", allow.to_ascii_lowercase())),
             "{target}: {a}"
         );
+        assert_eq!(a.matches("HTTP/1.1 ").count(), 1, "{target}: {a}");
+    }
+    // Methods are matched as written, but `connect` and `trace` are not forwarded either.
+    for method in ["connect", "trace", "Trace"] {
+        let req = format!("{method} /open/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        let a = raw(g.addr, req.as_bytes()).await;
+        assert!(a.starts_with("HTTP/1.1 405"), "{method}: {a}");
     }
     assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_upgrade_goes_upstream_without_a_length() {
+    // A body-less upgrade may still say `Content-Length: 00`; the upgrade request goes
+    // without one (no body follows it upstream).
+    let (backend, _) = inspect_backend().await;
+    let g = TestGateway::start(
+        &yaml(
+            backend,
+            "routes:\n  - {name: ws, path_prefix: /, upstream: backend, websocket: true}\n",
+        ),
+        SystemClock::new(),
+    )
+    .await;
+    let a = raw(
+        g.addr,
+        b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, close\r\nUpgrade: websocket\r\n\
+          Content-Length: 00\r\n\r\n",
+    )
+    .await;
+    assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+    let seen = a
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_ascii_lowercase();
+    assert!(
+        seen.contains("upgrade: websocket\n"),
+        "the upgrade went upstream: {a}"
+    );
+    assert!(!seen.contains("content-length"), "{a}");
 }

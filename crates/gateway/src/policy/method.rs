@@ -10,12 +10,15 @@ use http::Method;
 /// (which echoes the request, credentials included, back) is taken only by a route that
 /// lists it. `CONNECT` is taken by none: the gateway opens no tunnels (nginx answers it
 /// 405 too), and one forwarded as an ordinary request would be read as a tunnel's start.
+/// Methods are matched as written (RFC 9110 §9.1), but `connect` and `trace` are refused
+/// as their upper-case names are, for a backend that reads methods in any case.
 pub fn allows(route: &Route, method: &Method, preflight: bool) -> bool {
-    if *method == Method::CONNECT {
+    let m = method.as_str();
+    if m.eq_ignore_ascii_case("CONNECT") {
         return false;
     }
     match &route.cfg.methods {
-        None => *method != Method::TRACE,
+        None => !m.eq_ignore_ascii_case("TRACE"),
         Some(list) => list.contains(method) || (preflight && route.cfg.cors.is_some()),
     }
 }

@@ -259,7 +259,10 @@ fn parse_with(
     // An upgrade asked with a body is not taken (RFC 9110 §7.8 lets a server stay on its
     // protocol): the request goes on as an ordinary one, body and all, and no body is left
     // between the answer and the new protocol's first bytes.
-    if framing != Framing::Empty && method != Method::CONNECT {
+    // What follows a `CONNECT` is the tunnel the client means to open, never a request to
+    // read as HTTP, whatever the answer.
+    let connect = method == Method::CONNECT;
+    if framing != Framing::Empty && !connect {
         upgrade = false;
     }
     Ok(Some(Head {
@@ -268,7 +271,7 @@ fn parse_with(
         version,
         headers,
         framing,
-        keep_alive: keep_alive && !close,
+        keep_alive: keep_alive && !close && !connect,
         expect_continue,
         upgrade,
         te_trailers,
