@@ -195,10 +195,15 @@ pub fn h1_framing(data: &[u8]) {
                 !*kx || *ky,
                 "ours keeps the connection where hyper closes it: {shown:?}"
             );
-            // Where both read a second request, it is the same one: the first ended at the
-            // same byte for both.
-            if let (true, Some(a), Some(b)) = (*kx, nx, ny) {
-                assert_eq!(a, b, "the two read different next requests from {shown:?}");
+            // Where ours reads a second request, hyper reads the same one: the first ended
+            // at the same byte for both. (Where only hyper reads one, ours waits for more or
+            // refuses: nothing is served from it.)
+            if let (true, Some(a)) = (*kx, nx) {
+                assert_eq!(
+                    Some(a),
+                    ny.as_ref(),
+                    "the two read different next requests from {shown:?}"
+                );
             }
         }
         (Verdict::Accepted { .. }, _) => {
