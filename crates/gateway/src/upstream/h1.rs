@@ -209,13 +209,13 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
         // reading until close would wait on a kept-alive connection. nginx answers 502 too.
         return Err(H1Error::Malformed);
     }
-    if close || matches!(framing, Framing::UntilClose) || (has_length && has_te) {
+    if matches!(framing, Framing::UntilClose) || (has_length && has_te) {
         // Both framings in one message (RFC 9112 §6.3): frame by chunks, then close.
         keep_alive = false;
     }
-    if has_te && version == Version::HTTP_10 {
-        // A transfer coding in HTTP/1.0 is faulty framing: read as chunked, then closed
-        // (RFC 9112 §6.1).
+    if close || (has_te && version == Version::HTTP_10) {
+        // Closed as the upstream says; and a transfer coding in HTTP/1.0 is faulty
+        // framing: read as chunked, then closed (RFC 9112 §6.1).
         keep_alive = false;
     }
     Ok(Some((Head { status, headers }, len, framing, keep_alive)))
