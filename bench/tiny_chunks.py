@@ -7,7 +7,7 @@ For each shape of the same 65,535-byte body (one chunk; 65,535 one-byte chunks w
 `0000000000000001\\r\\nX\\r\\n`), starts the gateway alone on loopback, opens the
 connections, sends each a chunked POST with that body and no last chunk (so the gateway
 holds what it read ahead, up to 64 KiB, until `body_timeout`), waits until the gateway's
-resident memory stops growing, and prints the growth. The upstream is never reached.
+resident memory settles (`conns.settle_rss`), and prints the growth. The upstream is never reached.
 """
 
 import argparse
@@ -15,9 +15,9 @@ import os
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
+from conns import settle_rss
 from procs import stop, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,24 +27,6 @@ SHAPES = {
     "one chunk": b"%x\r\n" % 65535 + b"X" * 65535 + b"\r\n",
     "one-byte chunks": b"0000000000000001\r\nX\r\n" * 65535,
 }
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS"))
-
-
-def settled_rss(pid, limit=15.0):
-    """RSS once it has not grown for half a second (at most `limit` seconds)."""
-    last, since, deadline = rss_kib(pid), time.monotonic(), time.monotonic() + limit
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = rss_kib(pid)
-        if now > last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= 0.5:
-            break
-    return last
 
 
 def run(binary, connections, body):
@@ -59,12 +41,12 @@ def run(binary, connections, body):
         socks = []
         try:
             wait_port(f"{ADDR[0]}:{ADDR[1]}", gw)
-            before = settled_rss(gw.pid)
+            before = settle_rss(gw.pid, seconds=15, still=0.5)
             for _ in range(connections):
                 s = socket.create_connection(ADDR)
                 s.sendall(HEAD + body)
                 socks.append(s)
-            return before, settled_rss(gw.pid)
+            return before, settle_rss(gw.pid, seconds=15, still=0.5)
         finally:
             for s in socks:
                 s.close()
