@@ -37,6 +37,11 @@ static ALL_QUEUED: AtomicUsize = AtomicUsize::new(0);
 /// times what it counts.
 const PIECE_COST: usize = 64;
 
+/// What a queued piece counts for, the same when it is queued and when it is taken.
+fn cost(d: &Bytes) -> usize {
+    d.len() + PIECE_COST
+}
+
 /// `d` as it is queued (a copy when small, so that it does not hold on to the whole read
 /// buffer it was cut from) and what it counts for.
 fn queued_piece(d: Bytes) -> (Bytes, usize) {
@@ -45,7 +50,7 @@ fn queued_piece(d: Bytes) -> (Bytes, usize) {
     } else {
         d
     };
-    let cost = d.len() + PIECE_COST;
+    let cost = cost(&d);
     (d, cost)
 }
 
@@ -214,7 +219,7 @@ impl AheadBody {
         }
         let mut q = self.queue.lock();
         if let Some(d) = q.chunks.pop_front() {
-            let cost = d.len() + PIECE_COST;
+            let cost = cost(&d);
             q.queued -= cost;
             ALL_QUEUED.fetch_sub(cost, Ordering::Relaxed);
             if let Some(w) = q.filler.take() {
