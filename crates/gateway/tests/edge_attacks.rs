@@ -138,10 +138,9 @@ async fn an_admin_port_without_a_token_answers_no_web_page() {
     assert_eq!(local, 200);
 }
 
-#[tokio::test]
-async fn an_upgrade_asked_with_a_body_goes_on_as_an_ordinary_request() {
-    // Were it taken, the body would not go upstream: a `Content-Length` sent without it
-    // would make the target read the next request on that connection as this one's body.
+/// A gateway whose one route takes upgrades, in front of the inspecting backend, and the
+/// backend's count of requests.
+async fn websocket_gateway() -> (TestGateway, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let (backend, hits) = inspect_backend().await;
     let g = TestGateway::start(
         &yaml(
@@ -151,6 +150,14 @@ async fn an_upgrade_asked_with_a_body_goes_on_as_an_ordinary_request() {
         SystemClock::new(),
     )
     .await;
+    (g, hits)
+}
+
+#[tokio::test]
+async fn an_upgrade_asked_with_a_body_goes_on_as_an_ordinary_request() {
+    // Were it taken, the body would not go upstream: a `Content-Length` sent without it
+    // would make the target read the next request on that connection as this one's body.
+    let (g, hits) = websocket_gateway().await;
     let a = raw(
         g.addr,
         b"POST /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, close\r\nUpgrade: websocket\r\n\
@@ -212,15 +219,7 @@ async fn connect_is_refused_whatever_a_route_lists() {
 async fn an_upgrade_goes_upstream_without_a_length() {
     // A body-less upgrade may still say `Content-Length: 00`; the upgrade request goes
     // without one (no body follows it upstream).
-    let (backend, _) = inspect_backend().await;
-    let g = TestGateway::start(
-        &yaml(
-            backend,
-            "routes:\n  - {name: ws, path_prefix: /, upstream: backend, websocket: true}\n",
-        ),
-        SystemClock::new(),
-    )
-    .await;
+    let (g, _) = websocket_gateway().await;
     let a = raw(
         g.addr,
         b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, close\r\nUpgrade: websocket\r\n\
