@@ -13,9 +13,9 @@
 //! - **Cookies**: the `cookie` fields an HTTP/2 client splits a cookie list into are joined
 //!   with `; ` (RFC 9113 §8.2.3), as an HTTP/1.1 backend expects one `Cookie` header.
 
-use crate::exchange::Refusal;
-use http::header::{self, HeaderMap, HeaderName};
-use http::request::Parts;
+use crate::exchange::Parts;
+use crate::exchange::{Fields, Lines, Refusal};
+use http::header::{self, HeaderName};
 use http::uri::{PathAndQuery, Uri};
 use http::Version;
 use std::borrow::Cow;
@@ -55,7 +55,7 @@ pub fn prepare(owned: &Owned, parts: &mut Parts) -> Result<(), Refusal> {
 /// Joins the `cookie` fields of an HTTP/2 request into one, separated by `; ` (RFC 9113
 /// §8.2.3: they MUST be before going to HTTP/1.1; browsers send each cookie as its own
 /// field). A single field is left as it is.
-fn join_cookies(headers: &mut HeaderMap) -> Result<(), Refusal> {
+fn join_cookies(headers: &mut Fields) -> Result<(), Refusal> {
     let mut all = headers.get_all(header::COOKIE).iter();
     if all.next().is_none() || all.next().is_none() {
         return Ok(());
@@ -314,15 +314,24 @@ pub fn normalize_path(path: &str) -> Result<Option<String>, Refusal> {
     Ok((out != path).then_some(out))
 }
 
-fn is_hop(n: &HeaderName) -> bool {
-    *n == header::CONNECTION
-        || *n == header::TE
-        || *n == header::TRAILER
-        || *n == header::TRANSFER_ENCODING
-        || *n == header::UPGRADE
-        || *n == KEEP_ALIVE
-        || *n == PROXY_CONNECTION
+/// Whether `n` (in any case) names a hop-by-hop header.
+fn is_hop(n: &[u8]) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|h| n.eq_ignore_ascii_case(h.as_bytes()))
 }
+
+/// The hop-by-hop headers every message loses (RFC 9110 §7.6.1), beside those its
+/// `Connection` names.
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 
 /// Names a `Connection` header may never remove: what the gateway sets or frames by.
 fn protected(name: &str, owned: &Owned) -> bool {
@@ -335,13 +344,12 @@ fn protected(name: &str, owned: &Owned) -> bool {
 /// Removes the hop-by-hop headers (RFC 9110 §7.6.1), including those a `Connection` header
 /// names, except names the gateway owns or frames by. One pass over the names first: most
 /// messages carry none.
-pub fn strip_hop_headers(h: &mut HeaderMap, owned: &Owned) {
-    if !h.keys().any(is_hop) {
+pub fn strip_hop_headers<H: Lines>(h: &mut H, owned: &Owned) {
+    if !h.any_name(is_hop) {
         return;
     }
     let named: Vec<String> = h
-        .get_all(header::CONNECTION)
-        .iter()
+        .values("connection")
         .filter_map(|v| v.to_str().ok())
         .flat_map(|list| list.split(','))
         .map(|n| n.trim().to_string())
@@ -349,36 +357,24 @@ pub fn strip_hop_headers(h: &mut HeaderMap, owned: &Owned) {
         .collect();
     for name in named {
         if !protected(&name, owned) {
-            h.remove(name.as_str());
+            h.strip(&name);
         }
     }
-    for name in [
-        header::CONNECTION,
-        KEEP_ALIVE,
-        PROXY_CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        h.remove(name);
+    for name in HOP_BY_HOP {
+        h.strip(name);
     }
 }
 
 /// Removes the consumer headers and every `_` spelling of an owned name.
-fn remove_owned(h: &mut HeaderMap, owned: &Owned) {
+fn remove_owned(h: &mut Fields, owned: &Owned) {
     for name in &owned.consumer_headers {
         h.remove(name);
     }
-    if h.keys().any(|k| k.as_str().contains('_')) {
-        let forged: Vec<HeaderName> = h
-            .keys()
-            .filter(|k| k.as_str().contains('_') && owned.matches(k.as_str()))
-            .cloned()
-            .collect();
-        for name in forged {
-            h.remove(name);
-        }
+    if h.names().any(|k| k.contains(&b'_')) {
+        h.retain(|k, _| {
+            !(k.contains(&b'_')
+                && std::str::from_utf8(k).is_ok_and(|k| owned.matches(&k.to_ascii_lowercase())))
+        });
     }
 }
 
@@ -430,17 +426,17 @@ mod tests {
 
     #[test]
     fn http2_cookie_fields_are_joined_into_one() {
-        let mut h = HeaderMap::new();
+        let mut h = Fields::default();
         h.append(header::COOKIE, http::HeaderValue::from_static("a=1"));
         h.append(header::COOKIE, http::HeaderValue::from_static("b=2"));
         h.append(header::COOKIE, http::HeaderValue::from_static("c=3"));
         join_cookies(&mut h).expect("joined");
         let all: Vec<_> = h.get_all(header::COOKIE).iter().collect();
         assert_eq!(all, ["a=1; b=2; c=3"]);
-        let mut one = HeaderMap::new();
+        let mut one = Fields::default();
         one.insert(header::COOKIE, http::HeaderValue::from_static("a=1, b=2"));
         join_cookies(&mut one).expect("kept");
-        assert_eq!(one[header::COOKIE], "a=1, b=2");
+        assert_eq!(one.get(header::COOKIE).expect("cookie"), "a=1, b=2");
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! Route selection: host and path (and method) → the route, from the pinned snapshot.
 
+use crate::exchange::Parts;
 use crate::exchange::Refusal;
 use crate::inbound::{host_only, routing_path};
 use crate::policy::method;
 use crate::snapshot::{Route, Snapshot};
-use http::request::Parts;
 use http::HeaderValue;
 use tollgate_config::{HostMatch, PathMatch};
 

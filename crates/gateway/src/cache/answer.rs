@@ -2,10 +2,11 @@
 //! a byte range (206, 416).
 
 use super::store::Entry;
+use crate::exchange::Fields;
+use crate::exchange::Parts;
 use crate::response::{full, Body};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::request::Parts;
 use http::{Method, Response, StatusCode};
 
 /// `Cache-Status` (RFC 9211).
@@ -18,12 +19,12 @@ pub(super) fn etag_matches(inm: &str, etag: &str) -> bool {
 }
 
 /// Whether the client's conditional request is satisfied by `e` (RFC 9110 §13.2.2).
-pub(super) fn not_modified(req: &HeaderMap, e: &Entry) -> bool {
+pub(super) fn not_modified(req: &Fields, e: &Entry) -> bool {
     satisfied(req, &e.headers)
 }
 
 /// Whether the conditional request `req` is satisfied by an answer with `headers`.
-pub(super) fn satisfied(req: &HeaderMap, headers: &HeaderMap) -> bool {
+pub(super) fn satisfied(req: &Fields, headers: &HeaderMap) -> bool {
     if let Some(inm) = req.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) {
         return headers
             .get(header::ETAG)
@@ -57,10 +58,7 @@ pub(super) fn not_modified_from<B>(resp: &Response<B>, status: &'static str) -> 
 /// one satisfiable byte range, `Some(Err(()))` when it cannot be satisfied, `None` when the
 /// whole answer is given instead (no range, several ranges, another unit, or a form not
 /// read here).
-pub(crate) fn byte_range(
-    req: &HeaderMap,
-    len: usize,
-) -> Option<Result<std::ops::Range<usize>, ()>> {
+pub(crate) fn byte_range(req: &Fields, len: usize) -> Option<Result<std::ops::Range<usize>, ()>> {
     let v = req.get(header::RANGE)?.to_str().ok()?.trim();
     let spec = v.strip_prefix("bytes=")?.trim();
     if spec.contains(',') {
@@ -105,7 +103,7 @@ pub(crate) fn byte_range(
 
 /// Whether `If-Range` lets a range of `e` be served (RFC 9110 §13.1.5): its strong
 /// entity tag or its exact `Last-Modified` date.
-pub(super) fn if_range_holds(req: &HeaderMap, e: &Entry) -> bool {
+pub(super) fn if_range_holds(req: &Fields, e: &Entry) -> bool {
     let Some(v) = req.get(header::IF_RANGE) else {
         return true;
     };

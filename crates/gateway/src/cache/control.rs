@@ -2,6 +2,7 @@
 //! stored, how long it stays fresh, and its age. A malformed `Cache-Control` makes a
 //! response "not cacheable", never an error.
 
+use crate::exchange::Lines;
 use http::header::{self, HeaderMap};
 use http::{Method, StatusCode};
 use std::time::{Duration, SystemTime};
@@ -46,7 +47,7 @@ fn seconds(v: Option<&str>) -> Option<u64> {
 }
 
 /// Reads every `Cache-Control` line of `headers`.
-pub fn directives(headers: &HeaderMap) -> Directives {
+pub fn directives(headers: &impl Lines) -> Directives {
     directives_of(headers, &header::CACHE_CONTROL)
 }
 
@@ -73,12 +74,12 @@ pub fn response_directives(resp: &HeaderMap) -> (Directives, bool) {
 
 /// Reads every line of the directives field `name`. A directive aimed at another device
 /// (`max-age=60;edge2` in `Surrogate-Control`) is not this cache's and is skipped.
-fn directives_of(headers: &HeaderMap, name: &header::HeaderName) -> Directives {
+fn directives_of(headers: &impl Lines, name: &header::HeaderName) -> Directives {
     let mut d = Directives {
         empty: true,
         ..Directives::default()
     };
-    for line in headers.get_all(name) {
+    for line in headers.values(name.as_str()) {
         let Ok(line) = line.to_str() else {
             d.malformed = true;
             continue;
@@ -178,7 +179,7 @@ pub struct Freshness {
 pub fn storable(
     method: &Method,
     status: StatusCode,
-    req: &HeaderMap,
+    req: &impl Lines,
     resp: &HeaderMap,
     authorized: bool,
     default_ttl: Duration,

@@ -4,10 +4,10 @@
 use super::answer::CACHE_STATUS;
 use super::key::{host_of, uri_key, url_of, Ask, Key};
 use super::store::Store;
+use crate::exchange::Parts;
 use crate::exchange::Refusal;
 use crate::upstream::PooledBody;
 use http::header::{self, HeaderMap};
-use http::request::Parts;
 use http::{Method, Response};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -96,12 +96,7 @@ pub fn is_unsafe(m: &Method) -> bool {
 
 /// A copy of a request head.
 pub fn copy_parts(p: &Parts) -> Parts {
-    let mut r = http::Request::new(());
-    *r.method_mut() = p.method.clone();
-    *r.uri_mut() = p.uri.clone();
-    *r.version_mut() = p.version;
-    *r.headers_mut() = p.headers.clone();
-    r.into_parts().0
+    p.copy()
 }
 
 impl Cache {

@@ -4,8 +4,9 @@
 
 use super::store::{self, Varies};
 use crate::clock::Clock;
+use crate::exchange::Fields;
+use crate::exchange::Parts;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::request::Parts;
 use smallvec::SmallVec;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -78,7 +79,7 @@ impl Ask<'_> {
 
 /// Whether the client asked that nothing of this exchange be stored (`no-store`): its
 /// answer is neither stored nor taken as the key's, and it is not answered from the store.
-pub(super) fn asks_no_store(req: &HeaderMap) -> bool {
+pub(super) fn asks_no_store(req: &Fields) -> bool {
     req.get_all(header::CACHE_CONTROL).iter().any(|v| {
         v.to_str().is_ok_and(|v| {
             v.split(',')
@@ -91,7 +92,7 @@ pub(super) fn asks_no_store(req: &HeaderMap) -> bool {
 /// not judge itself (`Range` on a miss, `If-Match`, `If-Unmodified-Since`, `If-Range`):
 /// such a request goes upstream as it is, and what it gets is never stored nor decides
 /// anything for the key.
-pub(super) fn shapes_its_answer(req: &HeaderMap) -> bool {
+pub(super) fn shapes_its_answer(req: &Fields) -> bool {
     req.contains_key(header::RANGE)
         || req.contains_key(header::IF_MATCH)
         || req.contains_key(header::IF_UNMODIFIED_SINCE)
@@ -104,7 +105,7 @@ pub(super) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwa
 /// Appends what the upstream is told of the request's scheme and host, lower case: the
 /// scheme (`X-Forwarded-Proto`), the `Host` as sent, port included, and a trusted proxy's
 /// `X-Forwarded-Host`. Two requests the upstream could answer differently never share a key.
-pub(super) fn authority_into(ask: &Ask<'_>, req: &HeaderMap, out: &mut String) {
+pub(super) fn authority_into(ask: &Ask<'_>, req: &Fields, out: &mut String) {
     let start = out.len();
     if ask.trusted && req.contains_key(X_FORWARDED_PROTO) {
         store::header_for_key(req, &X_FORWARDED_PROTO, out);
@@ -121,16 +122,21 @@ pub(super) fn authority_into(ask: &Ask<'_>, req: &HeaderMap, out: &mut String) {
         // The rest of the family a trusted proxy sends goes upstream too, and frameworks
         // build links from it (`X-Forwarded-Prefix`, `-Port`, `Forwarded`): keyed. Who the
         // client is (`X-Forwarded-For`, `X-Real-IP`) is not part of a URL.
-        for (name, value) in req {
-            let n = name.as_str();
-            if crate::upstream::forwarding_header(n)
-                && !matches!(
-                    n,
-                    "x-forwarded-for" | "x-real-ip" | "x-forwarded-proto" | "x-forwarded-host"
-                )
+        const NOT_KEYED: [&str; 4] = [
+            "x-forwarded-for",
+            "x-real-ip",
+            "x-forwarded-proto",
+            "x-forwarded-host",
+        ];
+        for (name, value) in req.iter() {
+            if crate::upstream::forwarding_name(name)
+                && !NOT_KEYED
+                    .iter()
+                    .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
             {
                 out.push('\u{0}');
-                out.push_str(n);
+                // Lower-cased with the rest below.
+                out.push_str(&String::from_utf8_lossy(name));
                 out.push('=');
                 out.push_str(&String::from_utf8_lossy(value.as_bytes()));
             }
@@ -141,7 +147,7 @@ pub(super) fn authority_into(ask: &Ask<'_>, req: &HeaderMap, out: &mut String) {
 
 /// Appends the value of `name` as the upstream receives it (for `Vary`), as the hop sets
 /// it ([`crate::upstream::sent`]): a dropped header as empty.
-pub(super) fn sent_for_key(ask: &Ask<'_>, req: &HeaderMap, name: &HeaderName, out: &mut String) {
+pub(super) fn sent_for_key(ask: &Ask<'_>, req: &Fields, name: &HeaderName, out: &mut String) {
     match crate::upstream::sent(req, name.as_str(), ask.peer, ask.trusted, ask.https) {
         crate::upstream::Sent::AsIs => store::header_for_key(req, name, out),
         crate::upstream::Sent::Dropped => {}
@@ -150,7 +156,7 @@ pub(super) fn sent_for_key(ask: &Ask<'_>, req: &HeaderMap, name: &HeaderName, ou
 }
 
 /// Appends what [`variant_key`] adds to a URI key.
-pub(super) fn variant_into(ask: &Ask<'_>, varies: &[HeaderName], req: &HeaderMap, k: &mut String) {
+pub(super) fn variant_into(ask: &Ask<'_>, varies: &[HeaderName], req: &Fields, k: &mut String) {
     k.push('\u{0}');
     if !ask.cfg.shared {
         k.push_str(ask.consumer.unwrap_or(""));
@@ -237,7 +243,7 @@ pub(super) fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut
 
 /// The key of everything stored for one URI of one route: the route, what the upstream
 /// is told of scheme and host ([`authority_into`]), and `url`.
-pub(super) fn uri_key(ask: &Ask<'_>, req: &HeaderMap, url: &str) -> String {
+pub(super) fn uri_key(ask: &Ask<'_>, req: &Fields, url: &str) -> String {
     let mut k = String::with_capacity(ask.route.len() + url.len() + 32);
     k.push_str(ask.route);
     k.push('\u{0}');
@@ -248,12 +254,7 @@ pub(super) fn uri_key(ask: &Ask<'_>, req: &HeaderMap, url: &str) -> String {
 }
 
 /// The key of one variant: the consumer (unless shared) and the request headers it varies on.
-pub(super) fn variant_key(
-    uri: &str,
-    ask: &Ask<'_>,
-    varies: &[HeaderName],
-    req: &HeaderMap,
-) -> String {
+pub(super) fn variant_key(uri: &str, ask: &Ask<'_>, varies: &[HeaderName], req: &Fields) -> String {
     let mut k = String::with_capacity(uri.len() + 64);
     k.push_str(uri);
     variant_into(ask, varies, req, &mut k);

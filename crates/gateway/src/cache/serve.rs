@@ -4,10 +4,10 @@ use super::answer::{self, answer};
 use super::fill::{Miss, PASS_STATUS};
 use super::inflight::{copy_parts, Cache, Fetch};
 use super::key::{shapes_its_answer, variant_key, Ask, Key};
-use crate::exchange::Refusal;
+use crate::exchange::Parts;
+use crate::exchange::{Fields, Refusal};
 use crate::response::Body;
-use http::header::{self, HeaderMap};
-use http::request::Parts;
+use http::header;
 use http::{Method, Response, StatusCode};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -105,7 +105,7 @@ impl Cache {
             // The whole answer, whatever the client has: it is stored for every client,
             // and a 200 answers a conditional request too (as Varnish fetches a miss).
             let mut parts = parts;
-            let mut conditional = HeaderMap::new();
+            let mut conditional = Fields::default();
             for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
                 if let Some(v) = parts.headers.remove(&name) {
                     conditional.insert(name, v);

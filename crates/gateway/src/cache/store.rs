@@ -4,6 +4,7 @@
 //! shared, the route's key headers, and the request headers the response `Vary`s on).
 
 use super::control::Freshness;
+use crate::exchange::Fields;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
@@ -447,7 +448,7 @@ impl Store {
 }
 
 /// The value of request header `name` for a key: the values of all its lines, joined.
-pub fn header_for_key(req: &HeaderMap, name: &HeaderName, out: &mut String) {
+pub fn header_for_key(req: &Fields, name: &HeaderName, out: &mut String) {
     let mut first = true;
     for v in req.get_all(name) {
         if !first {

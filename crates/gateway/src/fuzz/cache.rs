@@ -90,7 +90,7 @@ pub fn range_query(data: &[u8]) {
     let range = lines.next().unwrap_or("");
     let len = lines.next().map_or(0, str::len) * 37;
     if let Ok(v) = HeaderValue::from_str(range) {
-        let mut req = HeaderMap::new();
+        let mut req = crate::exchange::Fields::default();
         req.insert(header::RANGE, v);
         if let Some(Ok(r)) = crate::cache::answer::byte_range(&req, len) {
             assert!(

@@ -6,7 +6,7 @@ use crate::listener::h2::{Connection, Limits};
 use crate::listener::RequestBody;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
-use http::{Request, Response};
+use http::Response;
 use http_body_util::{BodyExt, Full};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -85,9 +85,8 @@ fn h2_limits() -> Limits {
 
 /// The handler of `h2_frames`: reads the request body (up to 1 MiB), then answers 200;
 /// with a body larger than the initial window when the path starts with `/big`.
-async fn h2_answer(req: Request<RequestBody>) -> Response<Full<Bytes>> {
-    let big = req.uri().path().starts_with("/big");
-    let mut body = req.into_body();
+async fn h2_answer(req: crate::exchange::Parts, mut body: RequestBody) -> Response<Full<Bytes>> {
+    let big = req.uri.path().starts_with("/big");
     let mut read = 0usize;
     while read < 1 << 20 {
         match body.frame().await {

@@ -54,7 +54,7 @@ impl UpFetch {
 }
 
 impl cache::Fetch for UpFetch {
-    async fn fetch(&self, parts: http::request::Parts) -> Result<Response<PooledBody>, Refusal> {
+    async fn fetch(&self, parts: crate::exchange::Parts) -> Result<Response<PooledBody>, Refusal> {
         let hop = Hop {
             peer_ip: &self.peer_ip,
             trusted: self.trusted,

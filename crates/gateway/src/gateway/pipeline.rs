@@ -18,6 +18,7 @@
 use super::fetch::{nanos, share_for, UpFetch};
 use super::state::Gateway;
 use crate::cache::{self, Ask};
+use crate::exchange::Parts;
 use crate::exchange::{ConnInfo, Refusal, UpstreamWork, REASONS};
 use crate::inbound;
 use crate::listener::RequestBody;
@@ -30,8 +31,7 @@ use crate::response::{refuse, Body};
 use crate::route;
 use crate::snapshot::{Route, Snapshot};
 use crate::upstream::{self, AnsweredBy, Hop, PooledBody};
-use http::request::Parts;
-use http::{HeaderValue, Method, Request, Response};
+use http::{HeaderValue, Method, Response};
 use http_body_util::Either;
 use hyper::body::Body as _;
 use smallvec::SmallVec;
@@ -149,19 +149,19 @@ struct Head {
 
 impl Head {
     /// What `req` leaves for the access log (when `logged`) and its span (when `sampled`).
-    fn of(req: &Request<RequestBody>, conn: &ConnInfo, logged: bool, sampled: bool) -> Self {
+    fn of(req: &Parts, conn: &ConnInfo, logged: bool, sampled: bool) -> Self {
         let span = sampled.then(|| {
-            let h = req.headers();
+            let h = &req.headers;
             Box::new(SpanHead {
                 host: h
                     .get(http::header::HOST)
                     .map(HeaderValue::as_bytes)
-                    .or_else(|| req.uri().authority().map(|a| a.as_str().as_bytes()))
+                    .or_else(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
                     .map(SpanHead::copy),
                 user_agent: h
                     .get(http::header::USER_AGENT)
                     .map(|v| SpanHead::copy(v.as_bytes())),
-                version: req.version(),
+                version: req.version,
                 https: conn.listener.tls.is_some(),
                 port: conn.listener.address.port(),
                 route_path: None,
@@ -171,17 +171,17 @@ impl Head {
         // conventions' opt-in sizes out).
         let bytes_in = logged
             .then(|| {
-                req.headers()
+                req.headers
                     .get(http::header::CONTENT_LENGTH)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse().ok())
                     .or_else(|| {
-                        (!req.headers().contains_key(http::header::TRANSFER_ENCODING)).then_some(0)
+                        (!req.headers.contains_key(http::header::TRANSFER_ENCODING)).then_some(0)
                     })
             })
             .flatten();
-        let uri = req.uri().path_and_query().map_or_else(
-            || SmallVec::from_slice(req.uri().path().as_bytes()),
+        let uri = req.uri.path_and_query().map_or_else(
+            || SmallVec::from_slice(req.uri.path().as_bytes()),
             |pq| SmallVec::from_slice(pq.as_str().as_bytes()),
         );
         Head {
@@ -198,17 +198,18 @@ impl Gateway {
     /// once its body has been sent.
     pub async fn serve(
         &self,
-        req: Request<RequestBody>,
+        mut parts: Parts,
+        body: RequestBody,
         conn: &Arc<ConnInfo>,
     ) -> Response<Logged<Body>> {
         let snap = self.snapshot.load_full();
         let (id, id_bits) = request_id::pick(
-            req.headers(),
+            &parts.headers,
             conn.trusted || conn.listener.trust_request_id,
         );
         let mut ctx = Ctx::new(&snap, conn, id);
-        let method = req.method().clone();
-        let h2 = req.version() == http::Version::HTTP_2;
+        let method = parts.method.clone();
+        let h2 = parts.version == http::Version::HTTP_2;
         let log = self.access_log.load_full();
         // Without `tracing:` nothing is loaded; with it, a guard, not a clone: only a
         // sampled request keeps the exporter.
@@ -216,7 +217,7 @@ impl Gateway {
         let spans = tracing.then(|| self.spans.load()).and_then(|g| {
             let s = g.as_ref()?;
             let trace = s.begin(
-                req.headers(),
+                &parts.headers,
                 conn.trusted || conn.listener.trust_trace_context,
                 id_bits,
             );
@@ -225,13 +226,12 @@ impl Gateway {
             sampled.then(|| s.clone())
         });
         let head = (log.is_some() || spans.is_some())
-            .then(|| Head::of(&req, conn, log.is_some(), spans.is_some()));
+            .then(|| Head::of(&parts, conn, log.is_some(), spans.is_some()));
         let wall_ns = self.analytics.is_some().then(|| self.clock.wall_nanos());
         let answered = AnsweredBy::default();
         if head.is_some() {
             ctx.note_target = Some(&answered);
         }
-        let (mut parts, body) = req.into_parts();
         let mut resp = match self.request_filter(&mut ctx, &mut parts) {
             Ok(None) => match self.proxy(&mut ctx, parts, body).await {
                 Ok(resp) => resp,
@@ -500,10 +500,11 @@ impl crate::listener::Handler for Gateway {
 
     fn serve(
         &self,
-        req: Request<RequestBody>,
+        req: Parts,
+        body: RequestBody,
         conn: &Arc<ConnInfo>,
     ) -> impl Future<Output = Response<Logged<Body>>> + Send {
-        Gateway::serve(self, req, conn)
+        Gateway::serve(self, req, body, conn)
     }
 
     fn tls_for(&self, address: std::net::SocketAddr) -> Option<Arc<rustls::ServerConfig>> {

@@ -393,10 +393,10 @@ async fn serve_stream<H: Handler, S>(
             max_headers: info.listener.max_headers,
             ..Limits::new(&b.http2, b.header_timeout, info.listener.send_timeout)
         };
-        let make = move |req| {
+        let make = move |req, body| {
             let gw = gw.clone();
             let info = info.clone();
-            async move { gw.serve(req, &info).await }
+            async move { gw.serve(req, body, &info).await }
         };
         drive(
             Connection::new(io, limits, make),

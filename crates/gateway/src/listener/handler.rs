@@ -2,9 +2,9 @@
 //! what stands behind it (the gateway, or a test's own handler).
 
 use super::body::RequestBody;
-use crate::exchange::ConnInfo;
+use crate::exchange::{ConnInfo, Parts};
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Response;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,10 +18,11 @@ pub trait Handler: Send + Sync + 'static {
     /// The answer's body.
     type Body: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static;
 
-    /// Answers one request that arrived on `conn`.
+    /// Answers one request (its head and body) that arrived on `conn`.
     fn serve(
         &self,
-        req: Request<RequestBody>,
+        req: Parts,
+        body: RequestBody,
         conn: &Arc<ConnInfo>,
     ) -> impl Future<Output = Response<Self::Body>> + Send;
 

@@ -2,7 +2,8 @@
 //! bits as 32 hex digits), sent upstream, returned to the client and written in every log
 //! line and refusal body.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use crate::exchange::Fields;
+use http::{HeaderName, HeaderValue};
 
 /// The header name.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -69,9 +70,9 @@ pub fn acceptable(v: &HeaderValue) -> bool {
 /// The request's id: the client's when `trusted` and acceptable, else a new one, with
 /// its random bits (which a new trace takes as its id: one draw, and a trace id that
 /// reads as the request id).
-pub fn pick(headers: &HeaderMap, trusted: bool) -> (HeaderValue, Option<u128>) {
+pub fn pick(headers: &Fields, trusted: bool) -> (HeaderValue, Option<u128>) {
     if trusted {
-        let mut all = headers.get_all(&X_REQUEST_ID).iter();
+        let mut all = headers.get_all(X_REQUEST_ID).iter();
         if let (Some(v), None) = (all.next(), all.next()) {
             if acceptable(v) {
                 return (unindexed(v.clone()), None);
@@ -88,8 +89,8 @@ mod tests {
 
     #[test]
     fn ids_are_hex_and_distinct() {
-        let a = pick(&HeaderMap::new(), false).0;
-        let b = pick(&HeaderMap::new(), false).0;
+        let a = pick(&Fields::default(), false).0;
+        let b = pick(&Fields::default(), false).0;
         assert_eq!(a.len(), 32);
         assert!(a.as_bytes().iter().all(u8::is_ascii_hexdigit));
         assert_ne!(a, b);
@@ -115,7 +116,7 @@ mod tests {
 
     #[test]
     fn keeps_only_a_trusted_clean_single_id() {
-        let mut h = HeaderMap::new();
+        let mut h = Fields::default();
         h.insert(X_REQUEST_ID, HeaderValue::from_static("abc-123"));
         assert_eq!(pick(&h, true).0, "abc-123");
         let (id, bits) = pick(&h, false);

@@ -1,6 +1,7 @@
 //! CORS: preflights (OPTIONS with `Origin` and `Access-Control-Request-Method`) are
 //! answered here and never forwarded; responses to allowed origins get the CORS headers.
 
+use crate::exchange::Parts;
 use crate::exchange::Refusal;
 use crate::response::{full, Body};
 use crate::snapshot::Route;
@@ -10,7 +11,6 @@ use http::header::{
     ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE,
     ACCESS_CONTROL_REQUEST_HEADERS, ACCESS_CONTROL_REQUEST_METHOD, ORIGIN, VARY,
 };
-use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
 use tollgate_config::CorsConfig;
 

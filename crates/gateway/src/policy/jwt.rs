@@ -5,11 +5,11 @@
 //! verified token is remembered until it expires, so a repeat costs one lookup.
 
 use crate::clock::Clock;
+use crate::exchange::Parts;
 use crate::exchange::Refusal;
 use crate::jwks::{Key, Verified};
 use crate::snapshot::{RouteJwt, Snapshot};
 use http::header::AUTHORIZATION;
-use http::request::Parts;
 use http::HeaderValue;
 use jsonwebtoken::Validation;
 use serde_json::{Map, Value};
@@ -313,7 +313,7 @@ mod tests {
             for v in values {
                 b = b.header(AUTHORIZATION, *v);
             }
-            b.body(()).expect("request").into_parts().0
+            Parts::from(b.body(()).expect("request").into_parts().0)
         };
         let got = |v: &[&str]| {
             bearer(&req(v))

@@ -18,11 +18,11 @@ pub mod limits;
 pub mod method;
 
 use crate::clock::Clock;
+use crate::exchange::Parts;
 use crate::exchange::Refusal;
 use crate::limiter::Standing;
 use crate::response::Body;
 use crate::snapshot::{Route, Snapshot};
-use http::request::Parts;
 use http::{HeaderValue, Response};
 
 /// What the policies learned about a request that goes on upstream.

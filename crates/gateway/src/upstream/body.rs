@@ -8,7 +8,7 @@
 //! `request_buffering: false`, stream as they arrive, after what was read first.
 
 use super::gather::Gather;
-use crate::exchange::Refusal;
+use crate::exchange::{Lines, Refusal};
 use crate::listener::body::Held;
 use crate::listener::RequestBody;
 use bytes::Bytes;
@@ -161,9 +161,9 @@ pub enum Received {
 
 /// Refuses (413) a request whose declared `Content-Length` is larger than `max`, before
 /// any of its body is read.
-pub fn check_declared(headers: &http::HeaderMap, max: u64) -> Result<(), Refusal> {
+pub fn check_declared(headers: &impl Lines, max: u64) -> Result<(), Refusal> {
     let declared = headers
-        .get(http::header::CONTENT_LENGTH)
+        .first("content-length")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max) {

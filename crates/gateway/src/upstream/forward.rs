@@ -19,10 +19,10 @@ use super::target::{
     for_hop, is_idempotent, log_failure, unasked_switch, Hop, HopRequest, Tries, Upstream,
 };
 use super::via_alt;
+use crate::exchange::Parts;
 use crate::exchange::Refusal;
 use crate::listener::RequestBody;
 use bytes::Bytes;
-use http::request::Parts;
 use http::{Method, Response};
 use hyper::body::Body as _;
 use std::future::Future;

@@ -11,8 +11,9 @@
 use super::cap::Cap;
 use super::dial::{ConnectError, Dialer};
 use super::idle::{spawn_reaper, IdleList};
+use crate::exchange::Fields;
 use bytes::BytesMut;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Version};
 use std::io;
 use std::pin::Pin;
@@ -294,7 +295,7 @@ pub struct Added<'a> {
 pub fn encode_head(
     method: &Method,
     path_and_query: &str,
-    headers: &HeaderMap,
+    headers: &Fields,
     added: &Added<'_>,
     out: &mut Vec<u8>,
 ) {
@@ -308,16 +309,19 @@ pub fn encode_head(
         out.extend_from_slice(host.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    for (name, value) in headers {
-        if (added.host.is_some() && name == header::HOST)
-            || added.set.iter().any(|(n, _)| n == name)
+    for (name, value) in headers.iter() {
+        if (added.host.is_some() && name.eq_ignore_ascii_case(b"host"))
+            || added
+                .set
+                .iter()
+                .any(|(n, _)| name.eq_ignore_ascii_case(n.as_str().as_bytes()))
         {
             continue;
         }
         line(out, name, value);
     }
     for (name, value) in added.set {
-        line(out, name, value);
+        line(out, name.as_str().as_bytes(), value);
     }
     if let Some(tp) = added.traceparent {
         out.extend_from_slice(b"traceparent: ");
@@ -327,8 +331,8 @@ pub fn encode_head(
     out.extend_from_slice(b"\r\n");
 }
 
-fn line(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    out.extend_from_slice(name.as_str().as_bytes());
+fn line(out: &mut Vec<u8>, name: &[u8], value: &HeaderValue) {
+    out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value.as_bytes());
     out.extend_from_slice(b"\r\n");

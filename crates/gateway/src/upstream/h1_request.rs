@@ -7,10 +7,11 @@ use super::body::{BodyFault, UpBody};
 use super::h1::{parse_head, H1Conn, H1Error, Head, Parsed, MAX_HEAD};
 use super::h1_response::H1Body;
 use super::h1_upload::{Upload, UploadError};
+use crate::exchange::Fields;
 use crate::listener::h1::head::may_end;
 use bytes::{Buf, Bytes};
 use http::header::{self, HeaderValue};
-use http::{HeaderMap, Method, StatusCode};
+use http::{Method, StatusCode};
 use std::io;
 use std::task::{Context, Poll};
 use tokio::io::AsyncWriteExt;
@@ -37,7 +38,7 @@ pub enum Framing {
 /// read whole goes with the length of what was read (the gateway's own count, as nginx
 /// sends it; none for no body unless the client declared one); a streaming body keeps the
 /// length the client declared (which the listener holds it to), or goes chunked.
-pub fn frame_request(headers: &mut HeaderMap, body: &Outgoing<'_>) -> Framing {
+pub fn frame_request(headers: &mut Fields, body: &Outgoing<'_>) -> Framing {
     match body {
         Outgoing::Whole(chunks) => {
             let n: usize = chunks.iter().map(Bytes::len).sum();
@@ -261,14 +262,18 @@ mod tests {
 
     #[test]
     fn the_framing_follows_what_the_client_declared_and_the_body() {
-        let mut h = HeaderMap::new();
+        let mut h = Fields::default();
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
         let mut body = Some(UpBody::empty());
         assert_eq!(
             frame_request(&mut h, &Outgoing::Streaming(&mut body)),
             Framing::Length
         );
-        assert_eq!(h[header::CONTENT_LENGTH], "3", "a streaming body keeps it");
+        assert_eq!(
+            *h.get(header::CONTENT_LENGTH).expect("set"),
+            "3",
+            "a streaming body keeps it"
+        );
         let three = [Bytes::from_static(b"abc")];
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("03"));
         assert_eq!(
@@ -276,18 +281,18 @@ mod tests {
             Framing::Length
         );
         assert_eq!(
-            h[header::CONTENT_LENGTH],
+            *h.get(header::CONTENT_LENGTH).expect("set"),
             "3",
             "a whole body goes with its own count"
         );
-        let mut h = HeaderMap::new();
+        let mut h = Fields::default();
         let chunks = [Bytes::from_static(b"ab"), Bytes::from_static(b"cde")];
         assert_eq!(
             frame_request(&mut h, &Outgoing::Whole(&chunks)),
             Framing::Length
         );
-        assert_eq!(h[header::CONTENT_LENGTH], "5");
-        let mut h = HeaderMap::new();
+        assert_eq!(*h.get(header::CONTENT_LENGTH).expect("set"), "5");
+        let mut h = Fields::default();
         assert_eq!(
             frame_request(&mut h, &Outgoing::Whole(&[])),
             Framing::Length
@@ -296,12 +301,12 @@ mod tests {
             !h.contains_key(header::CONTENT_LENGTH),
             "no length for no body"
         );
-        let mut h = HeaderMap::new();
+        let mut h = Fields::default();
         let mut body = Some(UpBody::empty());
         assert_eq!(
             frame_request(&mut h, &Outgoing::Streaming(&mut body)),
             Framing::Chunked
         );
-        assert_eq!(h[header::TRANSFER_ENCODING], "chunked");
+        assert_eq!(*h.get(header::TRANSFER_ENCODING).expect("set"), "chunked");
     }
 }

@@ -110,14 +110,23 @@ fn chunk_sizes_are_strict() {
 
 #[test]
 fn encodes_heads() {
-    let mut h = HeaderMap::new();
-    h.insert("host", HeaderValue::from_static("b:1"));
+    let mut h = Fields::default();
+    h.insert(
+        HeaderName::from_static("host"),
+        HeaderValue::from_static("b:1"),
+    );
     let mut out = Vec::new();
     encode_head(&Method::GET, "/a?b=1", &h, &Added::default(), &mut out);
     assert_eq!(out, b"GET /a?b=1 HTTP/1.1\r\nhost: b:1\r\n\r\n");
     // What the hop adds replaces the client's: its own `Host`, an `X-Forwarded-For`.
-    h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.9"));
-    h.insert("accept", HeaderValue::from_static("*/*"));
+    h.insert(
+        HeaderName::from_static("x-forwarded-for"),
+        HeaderValue::from_static("10.0.0.9"),
+    );
+    h.insert(
+        HeaderName::from_static("accept"),
+        HeaderValue::from_static("*/*"),
+    );
     let target = HeaderValue::from_static("t:2");
     let set = [(
         HeaderName::from_static("x-forwarded-for"),

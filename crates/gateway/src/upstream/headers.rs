@@ -1,25 +1,27 @@
 //! Header rewriting for the hop to the upstream: `X-Forwarded-*` set by the gateway.
 //! Hop-by-hop headers were removed on the way in ([`crate::inbound`]).
 
+use crate::exchange::Fields;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Whether `name` (lower case) is one of the headers a proxy tells its upstream about the
+/// Whether `b` (in any case) names one of the headers a proxy tells its upstream about the
 /// client with: `Forwarded`, `X-Real-IP` and the whole `X-Forwarded-*` family (`-Port`,
 /// `-Prefix`, `-Scheme`, `-Ssl`, ... which Spring and Rack act on), in `-` or `_` spelling.
-pub fn forwarding_header(name: &str) -> bool {
+pub fn forwarding_name(b: &[u8]) -> bool {
     const FAMILY: &[u8] = b"x-forwarded-";
-    let b = name.as_bytes();
     let dashed = |a: &[u8], want: &[u8]| {
         a.len() >= want.len()
             && a.iter()
                 .zip(want)
-                .all(|(&c, &w)| c == w || (w == b'-' && c == b'_'))
+                .all(|(&c, &w)| c.to_ascii_lowercase() == w || (w == b'-' && c == b'_'))
     };
-    name == "forwarded" || dashed(b, b"x-real-ip") && b.len() == 9 || dashed(b, FAMILY)
+    b.eq_ignore_ascii_case(b"forwarded")
+        || dashed(b, b"x-real-ip") && b.len() == 9
+        || dashed(b, FAMILY)
 }
 
 /// What the hop sends for a request header: the client's value as it is, nothing, or a
@@ -41,12 +43,12 @@ pub enum Sent {
 /// to and the rest of the family kept; from anyone else the family is dropped. Either
 /// way `X-Forwarded-For` names the peer, and `-Proto` and `-Host` are set when not kept
 /// (`https` over TLS; the client's `Host`).
-pub fn sent(h: &HeaderMap, name: &str, peer_ip: &HeaderValue, trusted: bool, https: bool) -> Sent {
+pub fn sent(h: &Fields, name: &str, peer_ip: &HeaderValue, trusted: bool, https: bool) -> Sent {
     let kept = trusted && h.contains_key(name);
     match name {
         "x-forwarded-for" if kept => {
             let mut v = Vec::with_capacity(64);
-            for prev in h.get_all(&X_FORWARDED_FOR) {
+            for prev in h.get_all(X_FORWARDED_FOR) {
                 v.extend_from_slice(prev.as_bytes());
                 v.extend_from_slice(b", ");
             }
@@ -63,7 +65,7 @@ pub fn sent(h: &HeaderMap, name: &str, peer_ip: &HeaderValue, trusted: bool, htt
         "x-forwarded-host" => h
             .get(header::HOST)
             .map_or(Sent::Dropped, |v| Sent::Set(v.clone())),
-        n if !trusted && forwarding_header(n) => Sent::Dropped,
+        n if !trusted && forwarding_name(n.as_bytes()) => Sent::Dropped,
         _ => Sent::AsIs,
     }
 }
@@ -76,29 +78,22 @@ pub type Forwarding = smallvec::SmallVec<[(HeaderName, HeaderValue); 3]>;
 /// says. `Host` is the caller's. The lean client writes what is returned straight into
 /// the request head (no map insert, no hashing of the names); the others [`put`] it.
 pub fn rewrite_request(
-    h: &mut HeaderMap,
+    h: &mut Fields,
     peer_ip: &HeaderValue,
     trusted: bool,
     https: bool,
 ) -> Forwarding {
     // One pass over the names first: most requests carry neither.
     let (mut family, mut expect) = (false, false);
-    for k in h.keys() {
-        if *k == header::EXPECT {
+    for k in h.names() {
+        if k.eq_ignore_ascii_case(b"expect") {
             expect = true;
-        } else if !trusted && forwarding_header(k.as_str()) {
+        } else if !trusted && forwarding_name(k) {
             family = true;
         }
     }
     if family {
-        let family: Vec<HeaderName> = h
-            .keys()
-            .filter(|k| forwarding_header(k.as_str()))
-            .cloned()
-            .collect();
-        for name in family {
-            h.remove(name);
-        }
+        h.retain(|k, _| !forwarding_name(k));
     }
     let mut set = Forwarding::new();
     for name in [X_FORWARDED_HOST, X_FORWARDED_FOR, X_FORWARDED_PROTO] {
@@ -160,7 +155,9 @@ mod tests {
             );
         }
         h.insert(header::EXPECT, HeaderValue::from_static("100-continue"));
+        let mut h = Fields::from(h);
         let set = rewrite_request(&mut h, &HeaderValue::from_static("10.0.0.1"), false, false);
+        let mut h = h.to_map();
         put(&mut h, set);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();

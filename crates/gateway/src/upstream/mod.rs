@@ -26,7 +26,7 @@ mod upgrade;
 mod via_alt;
 
 pub use forward::{fetch, forward};
-pub use headers::{forwarding_header, sent, Sent};
+pub use headers::{forwarding_name, sent, Sent};
 pub use response_body::{Collector, PooledBody};
 pub use target::{AnsweredBy, Hop, Upstream};
 pub use upgrade::{upgrade, UpgradeAsk};

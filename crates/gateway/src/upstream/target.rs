@@ -9,9 +9,9 @@ use super::h1;
 use super::headers::{put, rewrite_request, Forwarding};
 use super::health::Health;
 use crate::exchange::Refusal;
+use crate::exchange::{Fields, Parts};
 use crate::observe::metrics::UpstreamStats;
 use http::header::{self, HeaderValue};
-use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Uri};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -282,7 +282,7 @@ pub(super) struct HopRequest {
     pub(super) method: Method,
     pub(super) pq: PathAndQuery,
     /// The client's headers less what the hop must not send (`Host` still the client's).
-    pub(super) headers: http::HeaderMap,
+    pub(super) headers: Fields,
     /// The `X-Forwarded-*` headers the gateway sets, each replacing the client's.
     pub(super) forwarding: Forwarding,
 }
@@ -297,11 +297,12 @@ impl HopRequest {
             mut headers,
             forwarding,
         } = self;
-        put(&mut headers, forwarding);
         if !hop.preserve_host {
             headers.remove(header::HOST);
         }
-        (method, pq, headers)
+        let mut map = headers.to_map();
+        put(&mut map, forwarding);
+        (method, pq, map)
     }
 }
 

@@ -3,8 +3,9 @@
 //! whether the client asks for an upgrade. This is where request smuggling is won or lost,
 //! so it refuses what is ambiguous rather than guess (RFC 9112 §6).
 
+use crate::exchange::Fields;
 use bytes::BytesMut;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::HeaderValue;
 use http::{Method, Uri, Version};
 use smallvec::SmallVec;
 use std::mem::MaybeUninit;
@@ -32,8 +33,8 @@ pub struct Head {
     pub uri: Uri,
     /// HTTP/1.0 or HTTP/1.1.
     pub version: Version,
-    /// The header fields, in order.
-    pub headers: HeaderMap,
+    /// The header fields, in order; their names are slices of the head.
+    pub headers: Fields,
     /// How the body is framed.
     pub framing: Framing,
     /// Whether the connection may serve another request after this one.
@@ -71,6 +72,33 @@ pub struct Limits {
 /// Header fields the request path may add before the request goes upstream.
 const ADDED_ON_THE_WAY: usize = 8;
 
+/// The longest field name taken (as `http`'s `HeaderName`).
+const MAX_NAME_LEN: usize = (1 << 16) - 1;
+
+/// The fields the framing decision reads.
+enum Known {
+    TransferEncoding,
+    ContentLength,
+    Connection,
+    Expect,
+    Upgrade,
+    Te,
+}
+
+/// Which framing field `name` is, in any case: the length picks the one name to compare.
+fn framing_field(name: &[u8]) -> Option<Known> {
+    let (known, spelled): (Known, &[u8]) = match name.len() {
+        17 => (Known::TransferEncoding, b"transfer-encoding"),
+        14 => (Known::ContentLength, b"content-length"),
+        10 => (Known::Connection, b"connection"),
+        6 => (Known::Expect, b"expect"),
+        7 => (Known::Upgrade, b"upgrade"),
+        2 => (Known::Te, b"te"),
+        _ => return None,
+    };
+    name.eq_ignore_ascii_case(spelled).then_some(known)
+}
+
 /// Header slots kept on the stack; more (a larger `max_headers`) are allocated.
 const STACK_HEADERS: usize = 100;
 
@@ -100,11 +128,11 @@ pub fn may_end(buf: &[u8], scanned: usize) -> bool {
 /// success the head's bytes are taken out of `buf`; what follows (body, next request)
 /// stays.
 pub fn parse(buf: &mut BytesMut, limits: Limits) -> Result<Option<Head>, Refused> {
-    parse_with(buf, limits, &mut Fields::new())
+    parse_with(buf, limits, &mut Spots::new())
 }
 
 /// Where the fields lie; kept on the stack for a usual head, and not zeroed first.
-type Fields = SmallVec<[Field; 32]>;
+type Spots = SmallVec<[Field; 32]>;
 
 /// The request line as positions in the head.
 struct Located {
@@ -116,7 +144,7 @@ struct Located {
 }
 
 /// Runs httparse over `bytes`, noting where each field lies in `fields`.
-fn locate(bytes: &[u8], limits: Limits, fields: &mut Fields) -> Result<Option<Located>, Refused> {
+fn locate(bytes: &[u8], limits: Limits, fields: &mut Spots) -> Result<Option<Located>, Refused> {
     let mut stack = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADERS];
     let mut heap = Vec::new();
     let slots = if limits.max_headers <= STACK_HEADERS {
@@ -169,7 +197,7 @@ fn locate(bytes: &[u8], limits: Limits, fields: &mut Fields) -> Result<Option<Lo
 fn parse_with(
     buf: &mut BytesMut,
     limits: Limits,
-    fields: &mut Fields,
+    fields: &mut Spots,
 ) -> Result<Option<Head>, Refused> {
     // The head is parsed from a view of the buffer, then the buffer is split: the fields
     // become slices of one shared piece, copied nowhere.
@@ -186,9 +214,8 @@ fn parse_with(
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.1))
         .map_err(|_| refused(400, "invalid request target"))?;
-    // Room for what the gateway adds on the way (forwarding headers, request id, consumer):
-    // a map that grows is rehashed and moved.
-    let mut headers = HeaderMap::with_capacity(count + ADDED_ON_THE_WAY);
+    // Room for what the gateway adds on the way (forwarding headers, request id, consumer).
+    let mut headers = Fields::in_head(head.clone(), count + ADDED_ON_THE_WAY);
     let mut framing = Framing::Empty;
     let mut length: Option<u64> = None;
     let mut chunked = false;
@@ -199,12 +226,15 @@ fn parse_with(
     let mut upgrade = method == Method::CONNECT;
     let mut te_trailers = false;
     for f in &fields[..count] {
-        let name = HeaderName::from_bytes(&head[f.name.0..f.name.1])
-            .map_err(|_| refused(400, "invalid header name"))?;
+        // httparse took the name as a token; the value is checked as `http` checks it.
+        let name = &head[f.name.0..f.name.1];
+        if name.len() > MAX_NAME_LEN {
+            return Err(refused(400, "invalid header name"));
+        }
         let value = HeaderValue::from_maybe_shared(head.slice(f.value.0..f.value.1))
             .map_err(|_| refused(400, "invalid header value"))?;
-        match name {
-            header::TRANSFER_ENCODING => {
+        match framing_field(name) {
+            Some(Known::TransferEncoding) => {
                 if !is_11 {
                     return Err(refused(400, "Transfer-Encoding in an HTTP/1.0 request"));
                 }
@@ -222,35 +252,35 @@ fn parse_with(
                 }
                 chunked = true;
             }
-            header::CONTENT_LENGTH => {
+            Some(Known::ContentLength) => {
                 let n = digits(value.as_bytes()).ok_or(refused(400, "invalid Content-Length"))?;
                 if length.is_some_and(|prev| prev != n) {
                     return Err(refused(400, "two different Content-Length values"));
                 }
                 length = Some(n);
             }
-            header::CONNECTION => {
+            Some(Known::Connection) => {
                 if has_token(value.as_bytes(), b"close") {
                     close = true;
                 } else if has_token(value.as_bytes(), b"keep-alive") {
                     keep_alive = true;
                 }
             }
-            header::EXPECT => {
+            Some(Known::Expect) => {
                 expect_continue = is_11 && value.as_bytes().eq_ignore_ascii_case(b"100-continue");
             }
-            header::UPGRADE => upgrade |= is_11,
-            header::TE => te_trailers |= has_token(value.as_bytes(), b"trailers"),
-            _ => {}
+            Some(Known::Upgrade) => upgrade |= is_11,
+            Some(Known::Te) => te_trailers |= has_token(value.as_bytes(), b"trailers"),
+            None => {}
         }
-        headers.append(name, value);
+        headers.push_at(f.name.0..f.name.1, value);
     }
     if chunked {
         framing = Framing::Chunked;
         if length.is_some() {
             // Both: chunked wins (RFC 9112 §6.3), the length is dropped so nothing behind
             // reads it, and the connection ends after this request.
-            headers.remove(header::CONTENT_LENGTH);
+            headers.remove("content-length");
             close = true;
         }
     } else if let Some(n) = length.filter(|n| *n > 0) {

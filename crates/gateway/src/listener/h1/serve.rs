@@ -10,12 +10,12 @@ use super::head::{self, Framing, Head, Limits};
 use super::recv::{self, Pump};
 use super::send::{self, Asked, Sent, Writer};
 use super::upgrade;
-use crate::exchange::ConnInfo;
+use crate::exchange::{ConnInfo, Parts};
 use crate::listener::body::RequestBody;
 use crate::listener::handler::Handler;
 use crate::listener::stop::Stop;
 use bytes::BytesMut;
-use http::{Method, Request, StatusCode};
+use http::{Method, StatusCode};
 use http_body::Body;
 use std::future::{poll_fn, Future};
 use std::pin::pin;
@@ -131,14 +131,10 @@ where
                 (RequestBody::Http1(b), Some(p))
             }
         };
-        let mut req = Request::new(body);
-        *req.method_mut() = head.method;
-        *req.uri_mut() = head.uri;
-        *req.version_mut() = head.version;
-        *req.headers_mut() = head.headers;
+        let mut req = Parts::new(head.method, head.uri, head.version, head.headers);
         let handover = head.upgrade.then(|| {
             let (tx, rx) = upgrade::pending();
-            req.extensions_mut().insert(rx);
+            req.extensions.insert(rx);
             tx
         });
 
@@ -146,7 +142,7 @@ where
         // that goes away (or closes its side, as hyper takes it) takes its request with it
         // (the upstream exchange is dropped); the first bytes of a next request are kept.
         let resp = {
-            let mut answer = pin!(gw.serve(req, &info));
+            let mut answer = pin!(gw.serve(req, body, &info));
             let mut gone = false;
             poll_fn(|cx| {
                 match pump.as_mut() {

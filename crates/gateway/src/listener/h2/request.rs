@@ -2,6 +2,7 @@
 //! §8.2, §8.3): a stream error, never a guess.
 
 use super::hpack::{Field, Pseudo};
+use crate::exchange::{Fields, Parts};
 use crate::inbound::{KEEP_ALIVE, PROXY_CONNECTION};
 use http::header::{HeaderMap, HeaderName};
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -9,7 +10,7 @@ use http::{Method, Uri, Version};
 
 /// A request's head, and its declared body length.
 pub struct Head {
-    pub parts: http::request::Parts,
+    pub parts: crate::exchange::Parts,
     pub length: Option<u64>,
 }
 
@@ -22,7 +23,7 @@ pub fn head(fields: Vec<Field>) -> Result<Head, Malformed> {
     let mut scheme = None;
     let mut authority = None;
     let mut path = None;
-    let mut headers = HeaderMap::with_capacity(fields.len());
+    let mut headers = Fields::with_capacity(fields.len() + 8);
     let mut regular = false;
     for f in fields {
         match f {
@@ -95,11 +96,7 @@ pub fn head(fields: Vec<Field>) -> Result<Head, Malformed> {
         }
         length = Some(n);
     }
-    let (mut parts, ()) = http::Request::new(()).into_parts();
-    parts.method = method;
-    parts.uri = uri;
-    parts.version = Version::HTTP_2;
-    parts.headers = headers;
+    let parts = Parts::new(method, uri, Version::HTTP_2, headers);
     Ok(Head { parts, length })
 }
 

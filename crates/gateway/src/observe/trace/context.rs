@@ -2,8 +2,9 @@
 //! (through OpenTelemetry's propagator) when the listener trusts the client, and the
 //! gateway's own `traceparent` sent upstream, its span as the parent.
 
+use crate::exchange::Fields;
 use crate::observe::request_id::{hex16, hex32};
-use http::{HeaderMap, HeaderName, HeaderValue, Version};
+use http::{HeaderName, HeaderValue, Version};
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceId};
 use opentelemetry::Context;
@@ -48,11 +49,11 @@ impl RequestTrace {
     /// Readies the request's headers for the upstream: the client's trace headers off
     /// (the gateway's `traceparent` replaces them), and a continued trace's `tracestate`
     /// on. Most requests carry none: a look at the names spares them two lookups.
-    pub fn prepare(&self, headers: &mut HeaderMap) {
-        if headers
-            .keys()
-            .any(|k| *k == TRACEPARENT || *k == TRACESTATE)
-        {
+    pub fn prepare(&self, headers: &mut Fields) {
+        if headers.names().any(|k| {
+            k.eq_ignore_ascii_case(TRACEPARENT.as_str().as_bytes())
+                || k.eq_ignore_ascii_case(TRACESTATE.as_str().as_bytes())
+        }) {
             headers.remove(TRACEPARENT);
             headers.remove(TRACESTATE);
         }
@@ -104,12 +105,12 @@ pub fn new_span_id() -> SpanId {
 /// Headers as OpenTelemetry's propagator reads them; `tracestate` sent as several fields
 /// is read as their one combined list (W3C Trace Context §3.3.1).
 struct Headers<'a> {
-    map: &'a HeaderMap,
+    map: &'a Fields,
     state: Option<String>,
 }
 
 impl<'a> Headers<'a> {
-    fn new(map: &'a HeaderMap) -> Self {
+    fn new(map: &'a Fields) -> Self {
         let mut all = map.get_all(TRACESTATE).iter();
         let state = match (all.next(), all.next()) {
             (Some(_), Some(_)) => Some(
@@ -134,13 +135,16 @@ impl Extractor for Headers<'_> {
     }
 
     fn keys(&self) -> Vec<&str> {
-        self.map.keys().map(HeaderName::as_str).collect()
+        self.map
+            .names()
+            .filter_map(|n| std::str::from_utf8(n).ok())
+            .collect()
     }
 }
 
 /// The client's trace context, when `traceparent` is valid: as a context the sampler
 /// reads (its remote span), with its `tracestate` as a header to pass on.
-pub fn extract(headers: &HeaderMap) -> Option<(Context, Option<HeaderValue>)> {
+pub fn extract(headers: &Fields) -> Option<(Context, Option<HeaderValue>)> {
     // Most requests carry none: no propagator, no context for them.
     if !headers.contains_key(TRACEPARENT) {
         return None;
@@ -199,7 +203,7 @@ mod tests {
 
     #[test]
     fn a_valid_parent_is_read_with_its_state_and_a_bad_one_is_not() {
-        let mut h = HeaderMap::new();
+        let mut h = Fields::default();
         assert!(extract(&h).is_none());
         h.insert(
             TRACEPARENT,

@@ -19,9 +19,9 @@ pub(crate) mod otlp;
 
 pub use context::{RequestTrace, SpanHead};
 
+use crate::exchange::Fields;
 use crate::observe::metrics::Metrics;
 use crate::observe::record::Record;
-use http::HeaderMap;
 use opentelemetry::trace::{SpanKind, TraceId};
 use opentelemetry_sdk::trace::{Sampler, SamplingDecision, ShouldSample};
 use std::sync::atomic::Ordering;
@@ -105,7 +105,7 @@ impl Spans {
     /// The trace of a request with these `headers`: the client's continued when `trusted`
     /// and valid, else a new one (its id `fresh`, random bits the caller drew, when given
     /// and not zero); sampled as the parent says or at the ratio.
-    pub fn begin(&self, headers: &HeaderMap, trusted: bool, fresh: Option<u128>) -> RequestTrace {
+    pub fn begin(&self, headers: &Fields, trusted: bool, fresh: Option<u128>) -> RequestTrace {
         let span_id = context::new_span_id();
         // A trusted client's valid trace: continued, its sampling decision honoured.
         if let Some((cx, state)) = trusted.then(|| context::extract(headers)).flatten() {

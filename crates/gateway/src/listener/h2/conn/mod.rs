@@ -15,11 +15,12 @@ use super::body::{Budget, Sender};
 use super::exec::Exec;
 use super::frame::{self, code};
 use super::hpack::Decoder;
+use crate::exchange::Parts;
 use crate::listener::body::RequestBody;
 use bytes::{Bytes, BytesMut};
 use flood::FloodGuard;
 use flow::{RecvWindow, SendWindow};
-use http::{HeaderValue, Request, Response};
+use http::{HeaderValue, Response};
 use http_body::Body;
 use std::future::Future;
 use std::pin::Pin;
@@ -146,7 +147,7 @@ pub struct Connection<S, F, M, B> {
 impl<S, F, M, B> Connection<S, F, M, B>
 where
     S: AsyncRead + AsyncWrite + Unpin,
-    M: FnMut(Request<RequestBody>) -> F + Unpin,
+    M: FnMut(Parts, RequestBody) -> F + Unpin,
     F: Future<Output = Response<B>>,
     B: Body<Data = Bytes> + Unpin,
 {
@@ -342,7 +343,7 @@ where
 impl<S, F, M, B> Future for Connection<S, F, M, B>
 where
     S: AsyncRead + AsyncWrite + Unpin,
-    M: FnMut(Request<RequestBody>) -> F + Unpin,
+    M: FnMut(Parts, RequestBody) -> F + Unpin,
     F: Future<Output = Response<B>>,
     B: Body<Data = Bytes> + Unpin,
 {

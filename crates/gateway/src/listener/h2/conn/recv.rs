@@ -8,9 +8,10 @@ use super::flood::block_flood;
 use super::flow::{RecvWindow, SendWindow, MAX_WINDOW};
 use super::streams::{Stream, StreamState};
 use super::{ConnError, Connection, Continued, State, MAX_FRAME};
+use crate::exchange::Parts;
 use crate::listener::body::RequestBody;
 use bytes::{Buf, Bytes, BytesMut};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use http_body::Body;
 use std::future::Future;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -19,7 +20,7 @@ use tokio::time::Instant;
 impl<S, F, M, B> Connection<S, F, M, B>
 where
     S: AsyncRead + AsyncWrite + Unpin,
-    M: FnMut(Request<RequestBody>) -> F + Unpin,
+    M: FnMut(Parts, RequestBody) -> F + Unpin,
     F: Future<Output = Response<B>>,
     B: Body<Data = Bytes> + Unpin,
 {
@@ -291,7 +292,7 @@ where
                 .get(http::header::EXPECT)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         let length = head.length;
-        let fut = (self.make)(Request::from_parts(head.parts, body));
+        let fut = (self.make)(head.parts, body);
         let slot = self.exec.spawn(fut);
         if self.slot_ids.len() <= slot {
             self.slot_ids.resize(slot + 1, 0);

@@ -5,9 +5,10 @@ use super::super::frame::{self, code};
 use super::super::{hpack, request};
 use super::streams::{Out, StreamState};
 use super::{Connection, WRITE_HIGH};
+use crate::exchange::Parts;
 use crate::listener::body::RequestBody;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body::Body;
 use std::future::Future;
 use std::pin::Pin;
@@ -18,7 +19,7 @@ use tokio::time::Instant;
 impl<S, F, M, B> Connection<S, F, M, B>
 where
     S: AsyncRead + AsyncWrite + Unpin,
-    M: FnMut(Request<RequestBody>) -> F + Unpin,
+    M: FnMut(Parts, RequestBody) -> F + Unpin,
     F: Future<Output = Response<B>>,
     B: Body<Data = Bytes> + Unpin,
 {
