@@ -334,11 +334,9 @@ const HOP_BY_HOP: [&str; 7] = [
 ];
 
 /// Names a `Connection` header may never remove: what the gateway sets or frames by.
+/// `name` is lower case.
 fn protected(name: &str, owned: &Owned) -> bool {
-    name.eq_ignore_ascii_case("host") || name.eq_ignore_ascii_case("content-length") || {
-        let lower = name.to_ascii_lowercase();
-        owned.matches(&lower)
-    }
+    name == "host" || name == "content-length" || owned.matches(name)
 }
 
 /// Removes the hop-by-hop headers (RFC 9110 §7.6.1), including those a `Connection` header
@@ -348,21 +346,19 @@ pub fn strip_hop_headers<H: Lines>(h: &mut H, owned: &Owned) {
     if !h.any_name(is_hop) {
         return;
     }
-    let named: Vec<String> = h
+    // Lower case, once each, sorted: a client may name one header many times, and every
+    // field is then looked up once (one pass over the fields, whatever the list's length).
+    let mut named: Vec<String> = h
         .values("connection")
         .filter_map(|v| v.to_str().ok())
         .flat_map(|list| list.split(','))
-        .map(|n| n.trim().to_string())
-        .filter(|n| !n.is_empty())
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty() && !protected(n, owned))
+        .chain(HOP_BY_HOP.iter().map(|n| (*n).to_string()))
         .collect();
-    for name in named {
-        if !protected(&name, owned) {
-            h.strip(&name);
-        }
-    }
-    for name in HOP_BY_HOP {
-        h.strip(name);
-    }
+    named.sort_unstable();
+    named.dedup();
+    h.strip_all(&named);
 }
 
 /// Removes the consumer headers and every `_` spelling of an owned name.

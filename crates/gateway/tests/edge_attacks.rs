@@ -1,7 +1,7 @@
 //! What the edge must not pass on: the whole `X-Forwarded-*` family from untrusted clients,
 //! credentials in PHP's spellings, a protocol switch nobody asked for, `TRACE` and
-//! `CONNECT`, an upgrade asked with a body, and an admin port without a token reached from
-//! a web page.
+//! `CONNECT`, an upgrade asked with a body, an admin port without a token reached from a
+//! web page, and any of the headers the gateway removes or sets, written in another case.
 
 mod common;
 
@@ -236,4 +236,41 @@ async fn an_upgrade_goes_upstream_without_a_length() {
         "the upgrade went upstream: {a}"
     );
     assert!(!seen.contains("content-length"), "{a}");
+}
+
+#[tokio::test]
+async fn header_names_are_judged_in_any_case_and_passed_on_as_written() {
+    let (backend, seen) = recording_backend().await;
+    let rest = "consumers:\n  - {name: alice, keys: [ka]}\nroutes:\n  - {name: keyed, path_prefix: /, upstream: backend, auth: {header: [X-API-Key]}}\n";
+    let g = TestGateway::start(&yaml(backend, rest), SystemClock::new()).await;
+    let names: Vec<String> = (0..300).map(|i| format!("x-n{i}")).collect();
+    let head = format!(
+        "GET /x HTTP/1.1\r\nHOST: a\r\nx-API-key: ka\r\nContent-Length: 0\r\nCONTENT-LENGTH: 0\r\n\
+         Connection: X-Drop-Me, {}, x-ALSO, close\r\nx-drop-me: 1\r\nX-Also: 2\r\nX-CONSUMER: bob\r\n\
+         X_Consumer: bob\r\nX-FORWARDED-FOR: 6.6.6.6\r\nX-Forwarded-HOST: evil\r\nEXPECT: 100-continue\r\n\
+         X-REQUEST-ID: forged\r\nX-Keep-Case: yes\r\n\r\n",
+        names.join(",")
+    );
+    let (answer, got) = exchange(g.addr, &seen, &head).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let got = got.expect("the backend saw the request");
+    let lower = got.to_ascii_lowercase();
+    for gone in [
+        "x-drop-me",
+        "x-also",
+        "x_consumer",
+        "6.6.6.6",
+        "evil",
+        "expect",
+        "forged",
+        "x-api-key",
+    ] {
+        assert!(!lower.contains(gone), "{gone} went upstream: {got}");
+    }
+    assert_eq!(lower.matches("content-length").count(), 1, "{got}");
+    assert_eq!(lower.matches("x-consumer: ").count(), 1, "{got}");
+    assert!(lower.contains("x-consumer: alice"), "{got}");
+    assert!(lower.contains("x-forwarded-for: 127.0.0.1"), "{got}");
+    assert_eq!(lower.matches("x-request-id: ").count(), 1, "{got}");
+    assert!(got.contains("X-Keep-Case: yes"), "{got}");
 }

@@ -72,7 +72,7 @@ struct Field {
 }
 
 /// A request's header fields, in the order they came, then those the request path set.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Fields {
     /// The head the names of [`Name::At`] lie in.
     head: Bytes,
@@ -104,7 +104,9 @@ impl Fields {
     /// Adds a field whose name is `name` (a range of the head, already checked to be a
     /// field name by the parser that found it).
     pub fn push_at(&mut self, name: std::ops::Range<usize>, value: HeaderValue) {
-        debug_assert!(name.end <= self.head.len());
+        if name.start >= name.end || name.end > self.head.len() {
+            return;
+        }
         // A head is far below 4 GiB (`max_header_bytes`); a range that would not fit is
         // kept as a name of its own rather than cut.
         let name = match (u32::try_from(name.start), u32::try_from(name.end)) {
@@ -170,6 +172,17 @@ impl Fields {
     pub fn remove<N: AsRef<str>>(&mut self, name: N) -> Option<HeaderValue> {
         let n = name.as_ref().as_bytes();
         let head = &self.head;
+        // Most removals find nothing: a look first, no rewrite of the list.
+        let at = self
+            .list
+            .iter()
+            .position(|f| same(Self::name_of(head, f), n))?;
+        if !self.list[at + 1..]
+            .iter()
+            .any(|f| same(Self::name_of(head, f), n))
+        {
+            return Some(self.list.remove(at).value);
+        }
         let mut first = None;
         self.list.retain(|f| {
             if !same(Self::name_of(head, f), n) {
@@ -229,6 +242,15 @@ impl Fields {
     }
 }
 
+/// The fields alone: the head also holds what was taken out of it (credentials).
+impl std::fmt::Debug for Fields {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.iter().map(|(n, v)| (String::from_utf8_lossy(n), v)))
+            .finish()
+    }
+}
+
 impl From<HeaderMap> for Fields {
     fn from(map: HeaderMap) -> Self {
         let mut fields = Fields::with_capacity(map.len());
@@ -282,8 +304,8 @@ pub trait Lines {
     /// Whether any field's name (as written) satisfies `pred`.
     fn any_name(&self, pred: impl FnMut(&[u8]) -> bool) -> bool;
 
-    /// Removes every field of `name`.
-    fn strip(&mut self, name: &str);
+    /// Removes every field named in `names` (lower case, sorted, each once).
+    fn strip_all(&mut self, names: &[String]);
 
     /// The first value of `name`.
     fn first<'a>(&'a self, name: &'a str) -> Option<&'a HeaderValue> {
@@ -300,8 +322,10 @@ impl Lines for HeaderMap {
         self.keys().any(|k| pred(k.as_str().as_bytes()))
     }
 
-    fn strip(&mut self, name: &str) {
-        self.remove(name);
+    fn strip_all(&mut self, names: &[String]) {
+        for n in names {
+            self.remove(n.as_str());
+        }
     }
 }
 
@@ -314,9 +338,21 @@ impl Lines for Fields {
         self.names().any(pred)
     }
 
-    fn strip(&mut self, name: &str) {
-        self.remove(name);
+    fn strip_all(&mut self, names: &[String]) {
+        self.retain(|name, _| {
+            names
+                .binary_search_by(|n| cmp_lower(n.as_bytes(), name))
+                .is_err()
+        });
     }
+}
+
+/// Orders `lower` (lower case) against `name` as if `name` were lower case too.
+fn cmp_lower(lower: &[u8], name: &[u8]) -> std::cmp::Ordering {
+    lower
+        .iter()
+        .copied()
+        .cmp(name.iter().map(u8::to_ascii_lowercase))
 }
 
 #[cfg(test)]
@@ -372,6 +408,30 @@ mod tests {
             Some(&b"*/*"[..])
         );
         assert_eq!(map.len(), 2);
+    }
+
+    #[test]
+    fn a_name_outside_the_head_is_not_kept_and_debug_shows_only_the_fields() {
+        let mut f = fields(b"X-Key: secret\nA: 1");
+        f.push_at(30..40, HeaderValue::from_static("x"));
+        f.push_at(3..3, HeaderValue::from_static("x"));
+        assert_eq!(f.len(), 2);
+        f.remove("x-key");
+        let shown = format!("{f:?}");
+        assert!(
+            !shown.contains("secret") && shown.contains("\"A\""),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn hop_names_are_stripped_in_one_pass_in_any_case() {
+        let mut f = fields(b"Connection: a\nA: 1\nB: 2\nc: 3");
+        let mut names = vec!["a".to_string(), "c".to_string(), "connection".to_string()];
+        names.sort_unstable();
+        f.strip_all(&names);
+        let left: Vec<_> = f.names().collect();
+        assert_eq!(left, [&b"B"[..]]);
     }
 
     #[test]

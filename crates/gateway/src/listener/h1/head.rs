@@ -257,7 +257,11 @@ fn parse_with(
                 if length.is_some_and(|prev| prev != n) {
                     return Err(refused(400, "two different Content-Length values"));
                 }
-                length = Some(n);
+                // An equal repeat is taken once: one length goes on, for upstreams that
+                // refuse a repeated field.
+                if length.replace(n).is_some() {
+                    continue;
+                }
             }
             Some(Known::Connection) => {
                 if has_token(value.as_bytes(), b"close") {
