@@ -85,7 +85,9 @@ pub fn head(fields: Vec<Field>) -> Result<Head, Malformed> {
     }
     let uri = Uri::from_parts(uri).map_err(|_| "invalid request target")?;
     let mut length = None;
+    let mut lengths = 0;
     for v in headers.get_all(http::header::CONTENT_LENGTH) {
+        lengths += 1;
         let n = std::str::from_utf8(v.as_bytes())
             .ok()
             .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
@@ -95,6 +97,12 @@ pub fn head(fields: Vec<Field>) -> Result<Head, Malformed> {
             return Err("content-length twice, differing");
         }
         length = Some(n);
+    }
+    // Equal repeats go on as one length, for upstreams that refuse a repeated field.
+    if lengths > 1 {
+        if let Some(first) = headers.remove(http::header::CONTENT_LENGTH) {
+            headers.append(http::header::CONTENT_LENGTH, first);
+        }
     }
     let parts = Parts::new(method, uri, Version::HTTP_2, headers);
     Ok(Head { parts, length })
@@ -156,6 +164,14 @@ mod tests {
         assert_eq!(ok.parts.uri, "https://api.test/a?b=1");
         assert_eq!(ok.parts.version, Version::HTTP_2);
         assert_eq!(ok.length, Some(3));
+        let twice = head(get(vec![
+            h("content-length", "3"),
+            h("content-length", "003"),
+        ]))
+        .expect("equal lengths");
+        assert_eq!(twice.length, Some(3));
+        let sent: Vec<_> = twice.parts.headers.get_all("content-length").collect();
+        assert_eq!(sent, ["3"], "one length goes on");
         let bad: Vec<(Vec<Field>, &str)> = vec![
             (get(vec![h("connection", "close")]), "connection-specific"),
             (get(vec![h("te", "gzip")]), "te"),
