@@ -364,6 +364,10 @@ fn cmp_lower(lower: &[u8], name: &[u8]) -> std::cmp::Ordering {
 }
 
 #[cfg(test)]
+#[path = "head_props.rs"]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
