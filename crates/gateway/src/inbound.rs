@@ -13,8 +13,7 @@
 //! - **Cookies**: the `cookie` fields an HTTP/2 client splits a cookie list into are joined
 //!   with `; ` (RFC 9113 §8.2.3), as an HTTP/1.1 backend expects one `Cookie` header.
 
-use crate::exchange::Parts;
-use crate::exchange::{Fields, Lines, Refusal};
+use crate::exchange::{Fields, Lines, Parts, Refusal};
 use http::header::{self, HeaderName};
 use http::uri::{PathAndQuery, Uri};
 use http::Version;

@@ -1,7 +1,6 @@
 //! Route selection: host and path (and method) → the route, from the pinned snapshot.
 
-use crate::exchange::Parts;
-use crate::exchange::Refusal;
+use crate::exchange::{Parts, Refusal};
 use crate::inbound::{host_only, routing_path};
 use crate::policy::method;
 use crate::snapshot::{Route, Snapshot};

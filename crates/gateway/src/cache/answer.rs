@@ -2,8 +2,7 @@
 //! a byte range (206, 416).
 
 use super::store::Entry;
-use crate::exchange::Fields;
-use crate::exchange::Parts;
+use crate::exchange::{Fields, Parts};
 use crate::response::{full, Body};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};

@@ -4,8 +4,7 @@
 use super::answer::CACHE_STATUS;
 use super::key::{host_of, uri_key, url_of, Ask, Key};
 use super::store::Store;
-use crate::exchange::Parts;
-use crate::exchange::Refusal;
+use crate::exchange::{Parts, Refusal};
 use crate::upstream::PooledBody;
 use http::header::{self, HeaderMap};
 use http::{Method, Response};

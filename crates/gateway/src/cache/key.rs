@@ -4,8 +4,7 @@
 
 use super::store::{self, Varies};
 use crate::clock::Clock;
-use crate::exchange::Fields;
-use crate::exchange::Parts;
+use crate::exchange::{Fields, Parts};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 use std::sync::Arc;

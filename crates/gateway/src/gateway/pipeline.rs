@@ -18,8 +18,7 @@
 use super::fetch::{nanos, share_for, UpFetch};
 use super::state::Gateway;
 use crate::cache::{self, Ask};
-use crate::exchange::Parts;
-use crate::exchange::{ConnInfo, Refusal, UpstreamWork, REASONS};
+use crate::exchange::{ConnInfo, Parts, Refusal, UpstreamWork, REASONS};
 use crate::inbound;
 use crate::listener::RequestBody;
 use crate::observe::logged::{Logged, Pending};

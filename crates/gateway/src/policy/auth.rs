@@ -7,8 +7,7 @@
 //! that clients cannot forge.
 
 use crate::clock::Clock;
-use crate::exchange::Parts;
-use crate::exchange::Refusal;
+use crate::exchange::{Parts, Refusal};
 use crate::snapshot::{Route, Snapshot};
 use http::header::AUTHORIZATION;
 use http::uri::PathAndQuery;

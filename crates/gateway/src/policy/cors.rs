@@ -1,8 +1,7 @@
 //! CORS: preflights (OPTIONS with `Origin` and `Access-Control-Request-Method`) are
 //! answered here and never forwarded; responses to allowed origins get the CORS headers.
 
-use crate::exchange::Parts;
-use crate::exchange::Refusal;
+use crate::exchange::{Parts, Refusal};
 use crate::response::{full, Body};
 use crate::snapshot::Route;
 use bytes::Bytes;

@@ -5,8 +5,7 @@
 //! verified token is remembered until it expires, so a repeat costs one lookup.
 
 use crate::clock::Clock;
-use crate::exchange::Parts;
-use crate::exchange::Refusal;
+use crate::exchange::{Parts, Refusal};
 use crate::jwks::{Key, Verified};
 use crate::snapshot::{RouteJwt, Snapshot};
 use http::header::AUTHORIZATION;

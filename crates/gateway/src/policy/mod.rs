@@ -18,8 +18,7 @@ pub mod limits;
 pub mod method;
 
 use crate::clock::Clock;
-use crate::exchange::Parts;
-use crate::exchange::Refusal;
+use crate::exchange::{Parts, Refusal};
 use crate::limiter::Standing;
 use crate::response::Body;
 use crate::snapshot::{Route, Snapshot};

@@ -19,8 +19,7 @@ use super::target::{
     for_hop, is_idempotent, log_failure, unasked_switch, Hop, HopRequest, Tries, Upstream,
 };
 use super::via_alt;
-use crate::exchange::Parts;
-use crate::exchange::Refusal;
+use crate::exchange::{Parts, Refusal};
 use crate::listener::RequestBody;
 use bytes::Bytes;
 use http::{Method, Response};
