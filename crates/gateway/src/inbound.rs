@@ -17,6 +17,7 @@ use crate::exchange::{Fields, Lines, Parts, Refusal};
 use http::header::{self, HeaderName};
 use http::uri::{PathAndQuery, Uri};
 use http::Version;
+use smallvec::SmallVec;
 use std::borrow::Cow;
 
 /// `Keep-Alive` and `Proxy-Connection`: hop-by-hop, and connection-specific in HTTP/2.
@@ -104,12 +105,12 @@ pub struct Owned {
 }
 
 impl Owned {
-    /// Whether `name` (lowercase) is an owned name, with `_` and `-` taken as the same.
-    fn matches(&self, name: &str) -> bool {
+    /// Whether `name` (in any case) is an owned name, with `_` and `-` taken as the same.
+    fn matches(&self, name: &[u8]) -> bool {
         self.dashed.iter().any(|d| {
             d.len() == name.len()
                 && d.bytes()
-                    .zip(name.bytes())
+                    .zip(name.iter().map(u8::to_ascii_lowercase))
                     .all(|(a, b)| a == b || (a == b'-' && b == b'_'))
         })
     }
@@ -332,10 +333,12 @@ const HOP_BY_HOP: [&str; 7] = [
     "upgrade",
 ];
 
-/// Names a `Connection` header may never remove: what the gateway sets or frames by.
-/// `name` is lower case.
+/// Names a `Connection` header may never remove (in any case): what the gateway sets or
+/// frames by.
 fn protected(name: &str, owned: &Owned) -> bool {
-    name == "host" || name == "content-length" || owned.matches(name)
+    name.eq_ignore_ascii_case("host")
+        || name.eq_ignore_ascii_case("content-length")
+        || owned.matches(name.as_bytes())
 }
 
 /// Removes the hop-by-hop headers (RFC 9110 §7.6.1), including those a `Connection` header
@@ -345,18 +348,22 @@ pub fn strip_hop_headers<H: Lines>(h: &mut H, owned: &Owned) {
     if !h.any_name(is_hop) {
         return;
     }
-    // Lower case, once each, sorted: a client may name one header many times, and every
+    // The lists are shared pieces of the head: kept aside, so the names they give can be
+    // read while the fields are changed.
+    let lists: SmallVec<[http::HeaderValue; 2]> = h.values("connection").cloned().collect();
+    // Sorted, once each, in any case: a client may name one header many times, and every
     // field is then looked up once (one pass over the fields, whatever the list's length).
-    let mut named: Vec<String> = h
-        .values("connection")
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|list| list.split(','))
-        .map(|n| n.trim().to_ascii_lowercase())
-        .filter(|n| !n.is_empty() && !protected(n, owned))
-        .chain(HOP_BY_HOP.iter().map(|n| (*n).to_string()))
-        .collect();
-    named.sort_unstable();
-    named.dedup();
+    let mut named: SmallVec<[&str; 16]> = HOP_BY_HOP.into_iter().collect();
+    named.extend(
+        lists
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|list| list.split(','))
+            .map(str::trim)
+            .filter(|n| !n.is_empty() && !protected(n, owned)),
+    );
+    named.sort_unstable_by(|a, b| crate::exchange::cmp_names(a.as_bytes(), b.as_bytes()));
+    named.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
     h.strip_all(&named);
 }
 
@@ -366,10 +373,7 @@ fn remove_owned(h: &mut Fields, owned: &Owned) {
         h.remove(name);
     }
     if h.names().any(|k| k.contains(&b'_')) {
-        h.retain(|k, _| {
-            !(k.contains(&b'_')
-                && std::str::from_utf8(k).is_ok_and(|k| owned.matches(&k.to_ascii_lowercase())))
-        });
+        h.retain(|k, _| !(k.contains(&b'_') && owned.matches(k)));
     }
 }
 

@@ -1,7 +1,7 @@
 //! `Fields` held to `http::HeaderMap` on random heads and random edits: the same values for
 //! every name in any case, whatever was removed, set or stripped on the way.
 
-use super::{Fields, Lines};
+use super::{cmp_names, Fields, Lines};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::*;
@@ -38,7 +38,7 @@ enum Edit {
     Remove(usize, u32),
     Insert(usize, u8),
     Append(usize, u8),
-    Strip(Vec<usize>),
+    Strip(Vec<(usize, u32)>),
 }
 
 fn edit() -> impl Strategy<Value = Edit> {
@@ -46,7 +46,7 @@ fn edit() -> impl Strategy<Value = Edit> {
         (0..NAMES.len(), any::<u32>()).prop_map(|(i, m)| Edit::Remove(i, m)),
         (0..NAMES.len(), any::<u8>()).prop_map(|(i, v)| Edit::Insert(i, v)),
         (0..NAMES.len(), any::<u8>()).prop_map(|(i, v)| Edit::Append(i, v)),
-        prop::collection::vec(0..NAMES.len(), 0..4).prop_map(Edit::Strip),
+        prop::collection::vec((0..NAMES.len(), any::<u32>()), 0..4).prop_map(Edit::Strip),
     ]
 }
 
@@ -116,10 +116,11 @@ proptest! {
                     map.append(name, HeaderValue::from(u16::from(v)));
                 }
                 Edit::Strip(names) => {
-                    let mut names: Vec<String> =
-                        names.iter().map(|i| NAMES[*i].to_string()).collect();
-                    names.sort_unstable();
-                    names.dedup();
+                    // Spelled in any case, as a client's `Connection` names them.
+                    let spelled: Vec<String> = names.iter().map(|(i, m)| spelled(*i, *m)).collect();
+                    let mut names: Vec<&str> = spelled.iter().map(String::as_str).collect();
+                    names.sort_unstable_by(|a, b| cmp_names(a.as_bytes(), b.as_bytes()));
+                    names.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
                     fields.strip_all(&names);
                     map.strip_all(&names);
                 }
