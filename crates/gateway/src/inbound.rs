@@ -314,24 +314,20 @@ pub fn normalize_path(path: &str) -> Result<Option<String>, Refusal> {
     Ok((out != path).then_some(out))
 }
 
-/// Whether `n` (in any case) names a hop-by-hop header.
+/// Whether `n` (in any case) names a header every message loses (RFC 9110 §7.6.1),
+/// beside those its `Connection` names.
 fn is_hop(n: &[u8]) -> bool {
-    HOP_BY_HOP
-        .iter()
-        .any(|h| n.eq_ignore_ascii_case(h.as_bytes()))
+    // The length picks the names to compare: this runs for every field of every message.
+    let spelled: &[&str] = match n.len() {
+        2 => &["te"],
+        7 => &["trailer", "upgrade"],
+        10 => &["connection", "keep-alive"],
+        16 => &["proxy-connection"],
+        17 => &["transfer-encoding"],
+        _ => return false,
+    };
+    spelled.iter().any(|h| n.eq_ignore_ascii_case(h.as_bytes()))
 }
-
-/// The hop-by-hop headers every message loses (RFC 9110 §7.6.1), beside those its
-/// `Connection` names.
-const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
 
 /// Names a `Connection` header may never remove (in any case): what the gateway sets or
 /// frames by.
@@ -351,20 +347,39 @@ pub fn strip_hop_headers<H: Lines>(h: &mut H, owned: &Owned) {
     // The lists are shared pieces of the head: kept aside, so the names they give can be
     // read while the fields are changed.
     let lists: SmallVec<[http::HeaderValue; 2]> = h.values("connection").cloned().collect();
-    // Sorted, once each, in any case: a client may name one header many times, and every
-    // field is then looked up once (one pass over the fields, whatever the list's length).
-    let mut named: SmallVec<[&str; 16]> = HOP_BY_HOP.into_iter().collect();
-    named.extend(
-        lists
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|list| list.split(','))
-            .map(str::trim)
-            .filter(|n| !n.is_empty() && !protected(n, owned)),
-    );
-    named.sort_unstable_by(|a, b| crate::exchange::cmp_names(a.as_bytes(), b.as_bytes()));
-    named.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
-    h.strip_all(&named);
+    let mut named: SmallVec<[&str; 4]> = lists
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|list| list.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && !is_hop(n.as_bytes()) && !protected(n, owned))
+        .collect();
+    // A client may name many headers (or one many times): then they are sorted once, and
+    // each field is looked up among them rather than compared with every one.
+    let many = named.len() > 8;
+    if many {
+        named.sort_unstable_by(|a, b| cmp_names(a.as_bytes(), b.as_bytes()));
+        named.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
+    }
+    h.strip_where(|name| {
+        is_hop(name)
+            || if many {
+                named
+                    .binary_search_by(|n| cmp_names(n.as_bytes(), name))
+                    .is_ok()
+            } else {
+                named
+                    .iter()
+                    .any(|n| n.as_bytes().eq_ignore_ascii_case(name))
+            }
+    });
+}
+
+/// Orders two field names as their lower-case spellings order.
+fn cmp_names(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    a.iter()
+        .map(u8::to_ascii_lowercase)
+        .cmp(b.iter().map(u8::to_ascii_lowercase))
 }
 
 /// Removes the consumer headers and every `_` spelling of an owned name.
@@ -421,6 +436,38 @@ mod tests {
         assert_eq!(routing_path("/admin;x=1/y;v=2"), "/admin/y");
         assert_eq!(routing_path("/admin;/y"), "/admin/y");
         assert!(matches!(routing_path("/plain/path"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn hop_headers_go_in_any_case_with_few_or_many_names_listed() {
+        for extra in [0, 20] {
+            let mut list = String::from("X-A, close, HOST, Content-Length");
+            for i in 0..extra {
+                list.push_str(&format!(", x-n{i}"));
+            }
+            let mut h = Fields::default();
+            for (n, v) in [
+                ("connection", list.as_str()),
+                ("x-a", "1"),
+                ("keep-alive", "timeout=5"),
+                ("te", "trailers"),
+                ("host", "a"),
+                ("content-length", "0"),
+                ("x-keep", "1"),
+            ] {
+                h.append(
+                    HeaderName::from_static(n),
+                    http::HeaderValue::from_str(v).expect("value"),
+                );
+            }
+            strip_hop_headers(&mut h, &Owned::default());
+            let left: Vec<_> = h.names().collect();
+            assert_eq!(
+                left,
+                [&b"host"[..], b"content-length", b"x-keep"],
+                "{extra}"
+            );
+        }
     }
 
     #[test]

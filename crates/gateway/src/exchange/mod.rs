@@ -6,5 +6,5 @@ pub mod head;
 pub mod refusal;
 
 pub use conn::{ConnInfo, UpstreamShare, UpstreamWork};
-pub use head::{cmp_names, Fields, Lines, Parts};
+pub use head::{Fields, Lines, Parts};
 pub use refusal::{Refusal, REASONS};
