@@ -331,10 +331,10 @@ fn is_hop(n: &[u8]) -> bool {
 
 /// Names a `Connection` header may never remove (in any case): what the gateway sets or
 /// frames by.
-fn protected(name: &str, owned: &Owned) -> bool {
-    name.eq_ignore_ascii_case("host")
-        || name.eq_ignore_ascii_case("content-length")
-        || owned.matches(name.as_bytes())
+fn protected(name: &[u8], owned: &Owned) -> bool {
+    name.eq_ignore_ascii_case(b"host")
+        || name.eq_ignore_ascii_case(b"content-length")
+        || owned.matches(name)
 }
 
 /// Removes the hop-by-hop headers (RFC 9110 §7.6.1), including those a `Connection` header
@@ -347,30 +347,26 @@ pub fn strip_hop_headers<H: Lines>(h: &mut H, owned: &Owned) {
     // The lists are shared pieces of the head: kept aside, so the names they give can be
     // read while the fields are changed.
     let lists: SmallVec<[http::HeaderValue; 2]> = h.values("connection").cloned().collect();
-    let mut named: SmallVec<[&str; 4]> = lists
+    // Read as bytes: a byte past ASCII elsewhere in a list does not cancel the names in it.
+    let mut named: SmallVec<[&[u8]; 8]> = lists
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|list| list.split(','))
-        .map(str::trim)
-        .filter(|n| !n.is_empty() && !is_hop(n.as_bytes()) && !protected(n, owned))
+        .flat_map(|list| list.as_bytes().split(|b| *b == b','))
+        .map(|n| n.trim_ascii())
+        .filter(|n| !n.is_empty() && !is_hop(n) && !protected(n, owned))
         .collect();
     // A client may name many headers (or one many times): then they are sorted once, and
     // each field is looked up among them rather than compared with every one.
     let many = named.len() > 8;
     if many {
-        named.sort_unstable_by(|a, b| cmp_names(a.as_bytes(), b.as_bytes()));
+        named.sort_unstable_by(|a, b| cmp_names(a, b));
         named.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
     }
     h.strip_where(|name| {
         is_hop(name)
             || if many {
-                named
-                    .binary_search_by(|n| cmp_names(n.as_bytes(), name))
-                    .is_ok()
+                named.binary_search_by(|n| cmp_names(n, name)).is_ok()
             } else {
-                named
-                    .iter()
-                    .any(|n| n.as_bytes().eq_ignore_ascii_case(name))
+                named.iter().any(|n| n.eq_ignore_ascii_case(name))
             }
     });
 }
@@ -391,6 +387,10 @@ fn remove_owned(h: &mut Fields, owned: &Owned) {
         h.retain(|k, _| !(k.contains(&b'_') && owned.matches(k)));
     }
 }
+
+#[cfg(test)]
+#[path = "inbound_props.rs"]
+mod props;
 
 #[cfg(test)]
 mod tests {
