@@ -389,10 +389,6 @@ fn remove_owned(h: &mut Fields, owned: &Owned) {
 }
 
 #[cfg(test)]
-#[path = "inbound_props.rs"]
-mod props;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

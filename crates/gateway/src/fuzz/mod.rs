@@ -6,6 +6,8 @@
 mod cache;
 mod h1_server;
 mod h2;
+#[cfg(test)]
+mod hop_props;
 mod inbound;
 mod otlp;
 #[cfg(test)]

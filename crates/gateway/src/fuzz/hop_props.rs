@@ -1,8 +1,8 @@
 //! The hop-by-hop strip held to a plain model on random heads: every name lower-cased,
 //! then the fixed names and the listed ones dropped, the protected ones kept.
 
-use super::{strip_hop_headers, Owned};
 use crate::exchange::Fields;
+use crate::inbound::{strip_hop_headers, Owned};
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use proptest::prelude::*;
