@@ -3,7 +3,7 @@
 
 use super::answer::with_status;
 use super::control;
-use super::inflight::{copy_parts, Cache, Fetch, Leader};
+use super::inflight::{Cache, Fetch, Leader};
 use super::key::{host_of, variant_key, varies_of, Ask};
 use super::store::{self, Born, Entry};
 use crate::exchange::{Parts, Refusal};
@@ -180,7 +180,7 @@ impl Cache {
 
     /// A GET for the whole answer: the client's conditionals and range left out.
     pub(super) fn whole(parts: &Parts) -> Parts {
-        let mut p = copy_parts(parts);
+        let mut p = parts.copy();
         p.method = Method::GET;
         for name in [
             header::IF_NONE_MATCH,

@@ -93,11 +93,6 @@ pub fn is_unsafe(m: &Method) -> bool {
     )
 }
 
-/// A copy of a request head.
-pub fn copy_parts(p: &Parts) -> Parts {
-    p.copy()
-}
-
 impl Cache {
     /// A cache of at most `max_size` bytes keeping responses up to `max_object` bytes.
     pub fn new(max_size: u64, max_object: u64) -> Arc<Cache> {

@@ -27,6 +27,6 @@ pub mod store;
 
 pub use answer::CACHE_STATUS;
 pub use fill::PASS_STATUS;
-pub use inflight::{copy_parts, is_unsafe, went_upstream};
+pub use inflight::{is_unsafe, went_upstream};
 pub use inflight::{Cache, Fetch, Purge};
 pub use key::{Ask, Key};

@@ -5,7 +5,7 @@
 use super::answer::{answer, with_status};
 use super::control;
 use super::fill::{REFRESH, STALE_PASSED, STALE_STORED};
-use super::inflight::{copy_parts, Cache, Fetch, Leader};
+use super::inflight::{Cache, Fetch, Leader};
 use super::key::{variant_key, varies_of, Ask};
 use super::store::{self, Born, Entry};
 use crate::exchange::{Parts, Refusal};
@@ -112,7 +112,7 @@ impl Cache {
         let stale_ok =
             !e.fresh.stale_if_error.is_zero() && e.stale_within(now, e.fresh.stale_if_error);
         let born = self.store.born(uri);
-        let fetched = up.fetch(copy_parts(&sent)).await;
+        let fetched = up.fetch(sent.copy()).await;
         let (sent, fetched) = match fetched {
             Ok(r)
                 if r.status() == StatusCode::NOT_MODIFIED
@@ -121,7 +121,7 @@ impl Cache {
                 // Its body holds a place among the connection's upstream streams.
                 drop(r);
                 let whole = Self::whole(&parts);
-                let fetched = up.fetch(copy_parts(&whole)).await;
+                let fetched = up.fetch(whole.copy()).await;
                 (whole, fetched)
             }
             other => (sent, other),
@@ -223,7 +223,7 @@ impl Cache {
                 trusted,
                 https,
             };
-            let Ok(resp) = up.fetch(copy_parts(&sent)).await else {
+            let Ok(resp) = up.fetch(sent.copy()).await else {
                 return;
             };
             if resp.status() == StatusCode::NOT_MODIFIED {

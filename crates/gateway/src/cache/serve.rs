@@ -2,7 +2,7 @@
 
 use super::answer::{self, answer};
 use super::fill::{Miss, PASS_STATUS};
-use super::inflight::{copy_parts, Cache, Fetch};
+use super::inflight::{Cache, Fetch};
 use super::key::{shapes_its_answer, variant_key, Ask, Key};
 use crate::exchange::{Fields, Parts, Refusal};
 use crate::response::Body;
@@ -110,7 +110,7 @@ impl Cache {
                     conditional.insert(name, v);
                 }
             }
-            let sent = copy_parts(&parts);
+            let sent = parts.copy();
             let born = self.store.born(uri);
             let resp = up().fetch(parts).await?;
             let (resp, stored) = self.store_on_the_way(

@@ -343,7 +343,7 @@ impl Gateway {
             https: ctx.conn.listener.tls.is_some(),
         };
         if !(matches!(parts.method, Method::GET | Method::HEAD) && body.is_end_stream()) {
-            let sent = cache::is_unsafe(&parts.method).then(|| cache::copy_parts(&parts));
+            let sent = cache::is_unsafe(&parts.method).then(|| parts.copy());
             let resp = forward_timed(ctx, route, parts, body, hop).await?;
             let ok = resp.status().is_success() || resp.status().is_redirection();
             if let (Some(sent), true) = (sent, ok) {
