@@ -61,7 +61,7 @@ impl From<http::request::Parts> for Parts {
 /// request path set.
 #[derive(Debug, Clone)]
 enum Name {
-    At(u32, u32),
+    At(usize, usize),
     Set(HeaderName),
 }
 
@@ -108,21 +108,15 @@ impl Fields {
             debug_assert!(false, "a name outside the head: {name:?}");
             return;
         }
-        // A head is far below 4 GiB (`max_header_bytes`); a range that would not fit is
-        // kept as a name of its own rather than cut.
-        let name = match (u32::try_from(name.start), u32::try_from(name.end)) {
-            (Ok(a), Ok(b)) => Name::At(a, b),
-            _ => match HeaderName::from_bytes(&self.head[name]) {
-                Ok(n) => Name::Set(n),
-                Err(_) => return,
-            },
-        };
-        self.list.push(Field { name, value });
+        self.list.push(Field {
+            name: Name::At(name.start, name.end),
+            value,
+        });
     }
 
     fn name_of<'a>(head: &'a [u8], f: &'a Field) -> &'a [u8] {
         match &f.name {
-            Name::At(a, b) => &head[*a as usize..*b as usize],
+            Name::At(a, b) => &head[*a..*b],
             Name::Set(n) => n.as_str().as_bytes(),
         }
     }
