@@ -344,10 +344,6 @@ impl Lines for Fields {
 }
 
 #[cfg(test)]
-#[path = "head_props.rs"]
-mod props;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -1,6 +1,7 @@
 //! The hop-by-hop strip held to a plain model on random heads: every name lower-cased,
 //! then the fixed names and the listed ones dropped, the protected ones kept.
 
+use super::props::in_case;
 use crate::exchange::Fields;
 use crate::inbound::{strip_hop_headers, Owned};
 use bytes::Bytes;
@@ -31,19 +32,9 @@ const FIXED: [&str; 7] = [
     "upgrade",
 ];
 
-/// `NAMES[i]` with the letters `mask` picks upper-cased.
+/// A name of [`NAMES`] in a case chosen by `mask`.
 fn spelled(i: usize, mask: u32) -> String {
-    NAMES[i % NAMES.len()]
-        .chars()
-        .enumerate()
-        .map(|(k, c)| {
-            if mask >> (k % 32) & 1 == 1 {
-                c.to_ascii_uppercase()
-            } else {
-                c
-            }
-        })
-        .collect()
+    in_case(NAMES[i % NAMES.len()], mask)
 }
 
 fn owned() -> Owned {

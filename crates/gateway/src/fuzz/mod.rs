@@ -4,6 +4,8 @@
 //! fuzzer reports it; none of this is used by the gateway itself.
 
 mod cache;
+#[cfg(test)]
+mod fields_props;
 mod h1_server;
 mod h2;
 #[cfg(test)]

@@ -9,6 +9,21 @@ use http::StatusCode;
 
 use proptest::prelude::*;
 
+/// `name` with the letters `mask` picks (bit i for letter i) upper-cased: a header name
+/// as a client may spell it.
+pub(super) fn in_case(name: &str, mask: u32) -> String {
+    name.chars()
+        .enumerate()
+        .map(|(k, c)| {
+            if mask >> (k % 32) & 1 == 1 {
+                c.to_ascii_uppercase()
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
 /// Path pieces that meet the normalizer's cases: dots, parameters, escapes, slashes.
 fn path() -> impl Strategy<Value = String> {
     let piece = prop::sample::select(vec![

@@ -1,7 +1,8 @@
 //! `Fields` held to `http::HeaderMap` on random heads and random edits: the same values for
 //! every name in any case, whatever was removed, set or stripped on the way.
 
-use super::{Fields, Lines};
+use super::props::in_case;
+use crate::exchange::{Fields, Lines};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::*;
@@ -18,19 +19,9 @@ const NAMES: [&str; 8] = [
     "accept",
 ];
 
-/// A name of [`NAMES`] in a case chosen by `mask` (bit i upper-cases letter i).
+/// A name of [`NAMES`] in a case chosen by `mask`.
 fn spelled(i: usize, mask: u32) -> String {
-    NAMES[i % NAMES.len()]
-        .bytes()
-        .enumerate()
-        .map(|(k, b)| {
-            if mask >> (k % 32) & 1 == 1 {
-                char::from(b.to_ascii_uppercase())
-            } else {
-                char::from(b)
-            }
-        })
-        .collect()
+    in_case(NAMES[i % NAMES.len()], mask)
 }
 
 #[derive(Debug, Clone)]
