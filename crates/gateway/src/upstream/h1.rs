@@ -16,6 +16,7 @@ use bytes::BytesMut;
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Version};
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -138,9 +139,13 @@ pub(super) fn parse_chunk_size(line: &[u8]) -> Option<u64> {
 }
 
 pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parsed>, H1Error> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut slots);
-    let len = match resp.parse(buf) {
+    // Uninitialised: filling 100 empty headers before each parse cost about 300
+    // instructions per answer.
+    let mut slots = [MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut resp, buf, &mut slots)
+    {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(_) => return Err(H1Error::Malformed),
