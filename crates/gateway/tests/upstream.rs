@@ -14,6 +14,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -205,6 +206,61 @@ async fn a_backend_that_does_not_answer_gets_504() {
     let a = TestClient::default().get(&gw.url("/slow")).await;
     assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(a.refusal(), r#"{"status":504,"error":"upstream timeout"}"#);
+}
+
+/// The response timeout is the upstream connection's own timer, moved for each exchange:
+/// every request on a kept-alive connection gets the whole wait from when it was sent, and
+/// one never answered still ends in 504.
+#[tokio::test]
+async fn each_request_on_a_kept_connection_gets_the_whole_response_timeout() {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = l.local_addr().expect("addr");
+    let conns = Arc::new(AtomicUsize::new(0));
+    let counted = conns.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                while let Some(head) = read_request_head(&mut s).await {
+                    if head.starts_with("GET /hang ") {
+                        // Never answered; held until the gateway gives up on it.
+                        let _ = read_request_head(&mut s).await;
+                        return;
+                    }
+                    // 0.6 of the wait: two answers in a row outlast the first
+                    // request's deadline, each within its own.
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                    let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                    if s.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let cfg = yaml(backend, OPEN).replace("response_timeout: 2s", "response_timeout: 1s");
+    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
+    let c = TestClient::default();
+    for i in 0..2 {
+        let a = bounded("a slow answer", c.get(&gw.url("/slow"))).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}: {}", a.body);
+    }
+    let sent = Instant::now();
+    let a = bounded("an answer that never comes", c.get(&gw.url("/hang"))).await;
+    assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        sent.elapsed() >= Duration::from_secs(1),
+        "refused after {:?}, before its wait was up",
+        sent.elapsed()
+    );
+    assert_eq!(
+        conns.load(Ordering::SeqCst),
+        1,
+        "all three went over one kept connection"
+    );
 }
 
 #[tokio::test]

@@ -91,7 +91,10 @@ async fn exchange(
     response: &[u8],
     pool: &Arc<Pool>,
 ) {
-    let Ok((head, body)) = conn.exchange_whole(request, request.len(), method).await else {
+    let Ok((head, body)) = conn
+        .exchange_whole(request, request.len(), method, HANG)
+        .await
+    else {
         return;
     };
     assert!(!head.status.is_informational(), "a 1xx head came through");

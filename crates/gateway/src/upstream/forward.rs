@@ -134,7 +134,7 @@ async fn send(
         // As it came: nothing to frame.
         Load::Empty => Framing::Length,
         Load::Whole { chunks, .. } => frame_request(&mut headers, &Outgoing::Whole(chunks)),
-        Load::Streaming(s) => frame_request(&mut headers, &Outgoing::Streaming(&mut s.0)),
+        Load::Streaming(_) => frame_request(&mut headers, &Outgoing::Streaming),
     };
     // Sent again after a close that raced it: only what is idempotent and whole.
     let replayable = is_idempotent(method) && !matches!(load, Load::Streaming(..));
@@ -180,18 +180,21 @@ async fn send(
         }
         let wait = up.cfg.response_timeout;
         let answered = match &mut load {
-            Load::Empty => {
-                tokio::time::timeout(wait, conn.exchange_whole(&head, head.len(), method))
-                    .await
-                    .map_err(|_| Refusal::UpstreamTimeout)
-            }
+            Load::Empty => Ok(conn.exchange_whole(&head, head.len(), method, wait).await),
             Load::Whole { chunks, .. } => {
-                let out = Outgoing::Whole(chunks);
-                Box::pin(timed(wait, conn.exchange(&head, method, out, framing))).await
+                // Head and body in one write.
+                let len: usize = chunks.iter().map(Bytes::len).sum();
+                let mut all = Vec::with_capacity(head.len() + len);
+                all.extend_from_slice(&head);
+                for c in chunks.iter() {
+                    all.extend_from_slice(c);
+                }
+                let sent = conn.exchange_whole(&all, head.len(), method, wait);
+                Ok(Box::pin(sent).await)
             }
             Load::Streaming(s) => {
                 let (b, watch) = &mut **s;
-                let sent = conn.exchange(&head, method, Outgoing::Streaming(b), framing);
+                let sent = conn.exchange(&head, method, b, framing);
                 Box::pin(await_head(sent, watch.as_ref(), wait, hop.body_timeout)).await
             }
         };
@@ -233,6 +236,12 @@ async fn send(
                 return Err(refusal);
             }
             SendError::H1(H1Error::Switched) => return Err(unasked_switch(up, hop.route, target)),
+            SendError::TimedOut => {
+                up.outcome(target, false);
+                let refusal = Refusal::UpstreamTimeout;
+                log_failure(up, hop.route, target, &refusal);
+                return Err(refusal);
+            }
         };
         tracing::debug!(upstream = %up.cfg.name, reused, unsent, error = %e, "connection closed under the request");
         last = Refusal::Upstream("connection reset or closed");

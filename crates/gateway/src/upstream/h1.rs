@@ -52,6 +52,8 @@ pub struct H1Conn {
     /// How much of `buf` was looked at for the end of a head that was not there: a head
     /// trickled a byte at a time is not parsed again from its start after every byte.
     pub(super) scanned: usize,
+    /// The deadline of the exchange under way, kept for the next one (made on the first).
+    pub(super) timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Room under the target's connection cap, given back when the connection closes.
     _permit: OwnedSemaphorePermit,
 }
@@ -80,6 +82,7 @@ impl H1Conn {
             stream,
             buf: BytesMut::with_capacity(READ_CHUNK),
             scanned: 0,
+            timer: None,
             _permit: permit,
         }
     }
@@ -94,19 +97,12 @@ impl H1Conn {
         }
     }
 
-    /// Reads more of the answer into the buffer, as [`Self::fill`] does, polled.
+    /// Reads more of the answer into the buffer, with room for a read of at least 1 KiB.
     pub(super) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < 1024 {
             self.buf.reserve(READ_CHUNK);
         }
         tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf)
-    }
-
-    pub(super) async fn fill(&mut self) -> io::Result<usize> {
-        if self.buf.capacity() - self.buf.len() < 1024 {
-            self.buf.reserve(READ_CHUNK);
-        }
-        tokio::io::AsyncReadExt::read_buf(&mut self.stream, &mut self.buf).await
     }
 }
 

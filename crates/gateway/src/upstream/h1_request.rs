@@ -12,17 +12,23 @@ use crate::listener::h1::head::may_end;
 use bytes::{Buf, Bytes};
 use http::header::{self, HeaderValue};
 use http::{Method, StatusCode};
+use std::future::Future;
 use std::io;
-use std::task::{Context, Poll};
-use tokio::io::AsyncWriteExt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 
-/// A request body as the lean client sends it (none, or read whole: [`H1Conn::exchange_whole`]).
+/// A deadline past any wait a config can set, for a wait too long to add to now.
+const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// A request body as the lean client frames it ([`frame_request`]).
 pub enum Outgoing<'a> {
     /// Read whole: written with the head, and can be sent again.
     Whole(&'a [Bytes]),
-    /// Coming from the client: written as it comes, once. Taken once the head is written
-    /// (until then, a request that fails can go elsewhere with it).
-    Streaming(&'a mut Option<UpBody>),
+    /// Coming from the client: written as it comes, once ([`H1Conn::exchange`]).
+    Streaming,
 }
 
 /// How a request body is framed on the wire.
@@ -50,7 +56,7 @@ pub fn frame_request(headers: &mut Fields, body: &Outgoing<'_>) -> Framing {
             }
             Framing::Length
         }
-        Outgoing::Streaming(_) => {
+        Outgoing::Streaming => {
             if let Some(declared) = headers.get(header::CONTENT_LENGTH).cloned() {
                 // Once, even when the client repeated it (HTTP/2 allows equal copies).
                 headers.insert(header::CONTENT_LENGTH, declared);
@@ -75,86 +81,110 @@ pub enum SendError {
     Body(BodyFault),
     /// As [`H1Error`].
     H1(H1Error),
+    /// No response head came within the exchange's wait.
+    TimedOut,
 }
 
 impl H1Conn {
     /// Sends a request whose bytes are all in `bytes` (a head of `head` bytes, and a body
-    /// read whole or none) and reads the response head. One state machine, write and read
-    /// inline: this is the hot path.
+    /// read whole or none) and reads the response head, within `wait` (else
+    /// [`SendError::TimedOut`]). One state machine, write and read inline: this is the hot
+    /// path. The deadline is the connection's own timer, moved for each exchange: a timer
+    /// made and dropped per request cost its registration and removal in the runtime's
+    /// timer wheel.
     pub async fn exchange_whole(
         mut self,
         bytes: &[u8],
         head: usize,
         method: &Method,
+        wait: Duration,
     ) -> Result<(Head, H1Body), SendError> {
-        // Written out here, not through a helper: awaiting one made the hot path a state
-        // machine nested in another (measured: +100 instructions).
+        let now = Instant::now();
+        let deadline = now.checked_add(wait).unwrap_or(now + FAR);
+        let mut timer = match self.timer.take() {
+            Some(mut t) => {
+                t.as_mut().reset(deadline);
+                t
+            }
+            None => Box::pin(tokio::time::sleep_until(deadline)),
+        };
         let mut written = 0;
-        while written < bytes.len() {
-            let e = match self.stream.write(&bytes[written..]).await {
+        // Closed before any byte of a response: the request may be replayed. After some,
+        // the exchange is broken, never replayed.
+        let mut received = false;
+        let parsed = std::future::poll_fn(|cx| {
+            match self.poll_whole(cx, bytes, head, method, &mut written, &mut received) {
+                Poll::Pending if timer.as_mut().poll(cx).is_ready() => {
+                    Poll::Ready(Err(SendError::TimedOut))
+                }
+                polled => polled,
+            }
+        })
+        .await;
+        self.timer = Some(timer);
+        let (head, _, framing, keep_alive) = parsed?;
+        Ok((head, H1Body::new(self, framing, keep_alive)))
+    }
+
+    /// Writes what is left of `bytes`, then reads until a response head is whole.
+    fn poll_whole(
+        &mut self,
+        cx: &mut Context<'_>,
+        bytes: &[u8],
+        head: usize,
+        method: &Method,
+        written: &mut usize,
+        received: &mut bool,
+    ) -> Poll<Result<Parsed, SendError>> {
+        while *written < bytes.len() {
+            let e = match ready!(Pin::new(&mut self.stream).poll_write(cx, &bytes[*written..])) {
                 Ok(0) => io::Error::from(io::ErrorKind::WriteZero),
                 Ok(n) => {
-                    written += n;
+                    *written += n;
                     continue;
                 }
                 Err(e) => e,
             };
             // Before the head is written whole, the upstream has no request.
-            return Err(if written < head {
+            return Poll::Ready(Err(if *written < head {
                 SendError::Unsent(e)
             } else {
                 SendError::H1(H1Error::Closed(e))
-            });
+            }));
         }
-        // Closed before any byte of a response: the request may be replayed. After some,
-        // the exchange is broken, never replayed.
-        let mut received = false;
         loop {
             match self.take_head(method) {
-                Ok(Some((head, _, framing, keep_alive))) => {
-                    return Ok((head, H1Body::new(self, framing, keep_alive)))
-                }
+                Ok(Some(parsed)) => return Poll::Ready(Ok(parsed)),
                 Ok(None) => {}
-                Err(e) => return Err(SendError::H1(e)),
+                Err(e) => return Poll::Ready(Err(SendError::H1(e))),
             }
-            let e = match self.fill().await {
+            let e = match ready!(self.poll_fill(cx)) {
                 Ok(0) => io::Error::from(io::ErrorKind::UnexpectedEof),
                 Ok(_) => {
-                    received = true;
+                    *received = true;
                     continue;
                 }
                 Err(e) => e,
             };
-            return Err(SendError::H1(if received {
+            return Poll::Ready(Err(SendError::H1(if *received {
                 H1Error::Malformed
             } else {
                 H1Error::Closed(e)
-            }));
+            })));
         }
     }
 
-    /// Sends a request (`head`, then `body` framed as `framing`) and reads the response
-    /// head. A streaming body goes on being sent after the head, by the response body.
+    /// Sends a request (`head`, then a body streaming from the client, framed as
+    /// `framing`) and reads the response head. The body goes on being sent after the head,
+    /// by the response body. The caller bounds the wait (`forward.rs`: the body's stalls,
+    /// then the response timeout).
     pub async fn exchange(
         mut self,
         head: &[u8],
         method: &Method,
-        body: Outgoing<'_>,
+        slot: &mut Option<UpBody>,
         framing: Framing,
     ) -> Result<(Head, H1Body), SendError> {
-        let slot = match body {
-            Outgoing::Whole(chunks) => {
-                // Head and body in one write.
-                let len: usize = chunks.iter().map(Bytes::len).sum();
-                let mut all = Vec::with_capacity(head.len() + len);
-                all.extend_from_slice(head);
-                for c in chunks {
-                    all.extend_from_slice(c);
-                }
-                return self.exchange_whole(&all, head.len(), method).await;
-            }
-            Outgoing::Streaming(slot) => slot,
-        };
         let Some(body) = slot.take() else {
             return Err(SendError::Unsent(io::ErrorKind::InvalidInput.into()));
         };
@@ -264,11 +294,7 @@ mod tests {
     fn the_framing_follows_what_the_client_declared_and_the_body() {
         let mut h = Fields::default();
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
-        let mut body = Some(UpBody::empty());
-        assert_eq!(
-            frame_request(&mut h, &Outgoing::Streaming(&mut body)),
-            Framing::Length
-        );
+        assert_eq!(frame_request(&mut h, &Outgoing::Streaming), Framing::Length);
         assert_eq!(
             *h.get(header::CONTENT_LENGTH).expect("set"),
             "3",
@@ -302,9 +328,8 @@ mod tests {
             "no length for no body"
         );
         let mut h = Fields::default();
-        let mut body = Some(UpBody::empty());
         assert_eq!(
-            frame_request(&mut h, &Outgoing::Streaming(&mut body)),
+            frame_request(&mut h, &Outgoing::Streaming),
             Framing::Chunked
         );
         assert_eq!(*h.get(header::TRANSFER_ENCODING).expect("set"), "chunked");
