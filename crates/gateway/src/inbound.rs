@@ -316,7 +316,7 @@ pub fn normalize_path(path: &str) -> Result<Option<String>, Refusal> {
 
 /// Whether `n` (in any case) names a header every message loses (RFC 9110 §7.6.1),
 /// beside those its `Connection` names.
-fn is_hop(n: &[u8]) -> bool {
+pub(crate) fn is_hop(n: &[u8]) -> bool {
     // The length picks the names to compare: this runs for every field of every message.
     let spelled: &[&str] = match n.len() {
         2 => &["te"],

@@ -459,6 +459,21 @@ pub fn header_for_key(req: &Fields, name: &HeaderName, out: &mut String) {
     }
 }
 
+/// A copy of `h` whose values hold their own bytes: an answer's values may be slices of
+/// its whole head (`upstream::h1`), and what the store keeps must not keep more than it
+/// counts ([`Entry`]'s weight).
+pub fn owned(h: &HeaderMap) -> HeaderMap {
+    // Room for what each hit adds (Age, Cache-Status, the request id, ...): a clone
+    // keeps the capacity, and a full map would grow on every hit.
+    let mut out = HeaderMap::with_capacity(h.len() + 6);
+    for (name, v) in h {
+        let mut copy = HeaderValue::from_bytes(v.as_bytes()).unwrap_or_else(|_| v.clone());
+        copy.set_sensitive(v.is_sensitive());
+        out.append(name.clone(), copy);
+    }
+    out
+}
+
 /// The surrogate keys a response names.
 pub fn tags(resp: &HeaderMap) -> Vec<String> {
     let mut out = Vec::new();
@@ -493,6 +508,26 @@ mod tests {
             tags: Vec::new(),
             born: store.born(uri),
         }
+    }
+
+    #[test]
+    fn what_is_kept_holds_its_own_bytes() {
+        let head = Bytes::from(b"HTTP/1.1 200 OK\r\nETag: \"1\"\r\n\r\n".to_vec());
+        let mut h = HeaderMap::new();
+        let shared = HeaderValue::from_maybe_shared(head.slice(23..26)).expect("value");
+        h.append(http::header::ETAG, shared);
+        let mut secret = HeaderValue::from_static("s");
+        secret.set_sensitive(true);
+        h.append(http::header::SET_COOKIE, secret);
+        let kept = owned(&h);
+        assert_eq!(kept, h);
+        let (a, b) = (&h[http::header::ETAG], &kept[http::header::ETAG]);
+        assert_ne!(
+            a.as_bytes().as_ptr(),
+            b.as_bytes().as_ptr(),
+            "a copy, not a slice"
+        );
+        assert!(kept[http::header::SET_COOKIE].is_sensitive());
     }
 
     #[test]

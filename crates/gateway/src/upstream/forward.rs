@@ -212,7 +212,9 @@ async fn send(
                 let mut resp = Response::new(PooledBody::raw(body, up.cfg.read_timeout));
                 *resp.status_mut() = h.status;
                 *resp.headers_mut() = h.headers;
-                headers::rewrite_response(resp.headers_mut());
+                if !h.plain {
+                    headers::rewrite_response(resp.headers_mut());
+                }
                 if let Some(n) = hop.note_target {
                     n.answered(&target.name);
                 }

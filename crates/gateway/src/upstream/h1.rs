@@ -12,7 +12,7 @@ use super::cap::Cap;
 use super::dial::{ConnectError, Dialer};
 use super::idle::{spawn_reaper, IdleList};
 use crate::exchange::Fields;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, StatusCode, Version};
 use std::io;
@@ -64,6 +64,8 @@ pub struct Head {
     pub status: StatusCode,
     /// Headers as received.
     pub headers: HeaderMap,
+    /// Whether no header is hop-by-hop (so none is to be taken out before the client's).
+    pub plain: bool,
 }
 
 /// How a response body is framed.
@@ -161,11 +163,22 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
     // `close` anywhere ends the connection, whatever else a `Connection` header says
     // (RFC 9112 §9.6), as hyper reads it.
     let mut close = false;
+    // One copy of the head holds every value: a value is a slice of it, not an allocation
+    // of its own. Not a slice of the connection's buffer, which an answer kept for long
+    // (the cache copies what it keeps, but not only the cache keeps answers) would pin.
+    let raw = Bytes::copy_from_slice(&buf[..len]);
+    // No hop-by-hop field: nothing for `rewrite_response` to take out.
+    let mut plain = true;
     // Room for what the gateway adds (RateLimit, Cache-Status, CORS) without a rehash.
     let mut headers = HeaderMap::with_capacity(resp.headers.len() + 6);
     for h in resp.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| H1Error::Malformed)?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| H1Error::Malformed)?;
+        let at = (h.value.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+        let end = at.checked_add(h.value.len()).filter(|&e| e <= len);
+        let value = end
+            .and_then(|end| HeaderValue::from_maybe_shared(raw.slice(at..end)).ok())
+            .ok_or(H1Error::Malformed)?;
+        plain &= !crate::inbound::is_hop(h.name.as_bytes());
         if name == http::header::CONTENT_LENGTH {
             let n = parse_length(h.value).ok_or(H1Error::Malformed)?;
             has_length = true;
@@ -220,7 +233,16 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
         // framing: read as chunked, then closed (RFC 9112 §6.1).
         keep_alive = false;
     }
-    Ok(Some((Head { status, headers }, len, framing, keep_alive)))
+    Ok(Some((
+        Head {
+            status,
+            headers,
+            plain,
+        },
+        len,
+        framing,
+        keep_alive,
+    )))
 }
 
 /// Idle connections of one target for the lean client.

@@ -9,6 +9,27 @@ fn parse(raw: &str, method: Method) -> Parsed {
 }
 
 #[test]
+fn values_are_read_whole_and_hop_by_hop_fields_noted() {
+    let (h, _, _, _) = parse(
+        "HTTP/1.1 200 OK\r\nX-A:  spaced value \r\nEmpty:\r\nX-B: b\r\n\r\n",
+        Method::GET,
+    );
+    assert_eq!(h.headers["x-a"], "spaced value");
+    assert_eq!(h.headers["empty"], "");
+    assert_eq!(h.headers["x-b"], "b");
+    assert!(h.plain, "nothing hop-by-hop");
+    for hop in [
+        "Connection: x",
+        "keep-alive: 5",
+        "TE: trailers",
+        "Upgrade: h2c",
+    ] {
+        let raw = format!("HTTP/1.1 200 OK\r\nX-A: a\r\n{hop}\r\n\r\n");
+        assert!(!parse(&raw, Method::GET).0.plain, "{hop}");
+    }
+}
+
+#[test]
 fn framing_and_keep_alive() {
     let (h, len, f, ka) = parse(
         "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
