@@ -435,7 +435,10 @@ impl Gateway {
         let cache = ctx
             .route
             .filter(|r| r.cfg.cache.is_some())
-            .and_then(|_| resp.headers().get(cache::CACHE_STATUS).cloned());
+            .and_then(|_| resp.headers().get(cache::CACHE_STATUS))
+            // Its own bytes: an upstream's value is a slice of that answer's whole head,
+            // and a record may wait in the access log's queue.
+            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
         let route = ctx.route.map(|r| r.name.clone());
         let Ctx {
             start,

@@ -18,6 +18,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::task::coop;
 use tokio::time::Instant;
 
 /// A deadline past any wait a config can set, for a wait too long to add to now.
@@ -113,11 +114,22 @@ impl H1Conn {
         // the exchange is broken, never replayed.
         let mut received = false;
         let parsed = std::future::poll_fn(|cx| {
-            match self.poll_whole(cx, bytes, head, method, &mut written, &mut received) {
-                Poll::Pending if timer.as_mut().poll(cx).is_ready() => {
-                    Poll::Ready(Err(SendError::TimedOut))
-                }
-                polled => polled,
+            let had_budget = coop::has_budget_remaining();
+            let polled = self.poll_whole(cx, bytes, head, method, &mut written, &mut received);
+            if polled.is_ready() {
+                return polled;
+            }
+            // An upstream that keeps the exchange busy (a flood of 1xx heads) can spend
+            // the task's whole budget: the timer is then looked at outside it, or it would
+            // never fire (as `tokio::time::Timeout` does).
+            let fired = if had_budget && !coop::has_budget_remaining() {
+                Pin::new(&mut coop::unconstrained(timer.as_mut())).poll(cx)
+            } else {
+                timer.as_mut().poll(cx)
+            };
+            match fired {
+                Poll::Ready(()) => Poll::Ready(Err(SendError::TimedOut)),
+                Poll::Pending => Poll::Pending,
             }
         })
         .await;
