@@ -23,6 +23,9 @@ fn values_are_read_whole_and_hop_by_hop_fields_noted() {
         "keep-alive: 5",
         "TE: trailers",
         "Upgrade: h2c",
+        "Trailer: x-sum",
+        "Proxy-Connection: close",
+        "Transfer-Encoding: chunked",
     ] {
         let raw = format!("HTTP/1.1 200 OK\r\nX-A: a\r\n{hop}\r\n\r\n");
         assert!(!parse(&raw, Method::GET).0.plain, "{hop}");
