@@ -188,8 +188,9 @@ impl H1Conn {
 
     /// Sends a request (`head`, then a body streaming from the client, framed as
     /// `framing`) and reads the response head. The body goes on being sent after the head,
-    /// by the response body. The caller bounds the wait (`forward.rs`: the body's stalls,
-    /// then the response timeout).
+    /// by the response body. The body is taken from `slot` once the head is written whole:
+    /// until then, a request that fails can go elsewhere with it. The caller bounds the
+    /// wait (`forward.rs`: the body's stalls, then the response timeout).
     pub async fn exchange(
         mut self,
         head: &[u8],
