@@ -269,53 +269,18 @@ async fn each_request_on_a_kept_connection_gets_the_whole_response_timeout() {
 async fn a_connection_idle_past_its_last_deadline_serves_the_next_request() {
     let (backend, conns) =
         raw_backend(|_| Some(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec())).await;
-    let cfg = yaml(backend, OPEN).replace("response_timeout: 2s", "response_timeout: 100ms");
+    let cfg = yaml(backend, OPEN).replace("response_timeout: 2s", "response_timeout: 200ms");
     let gw = TestGateway::start(&cfg, SystemClock::new()).await;
     let c = TestClient::default();
     assert_eq!(c.get(&gw.url("/a")).await.status, StatusCode::OK);
     // Not a wait for the gateway: the condition under test is time passing while the
     // connection is idle, so that its timer fires with no exchange under way.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     for i in 0..3 {
         let a = bounded("an answer on the idle connection", c.get(&gw.url("/b"))).await;
         assert_eq!(a.status, StatusCode::OK, "request {i}: {}", a.body);
     }
     assert_eq!(conns.load(Ordering::SeqCst), 1, "one kept connection");
-}
-
-/// An upstream that floods the connection with `100 Continue` heads keeps the exchange
-/// busy on every poll; the response timeout still ends it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flood_of_interim_answers_still_times_out() {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let backend = l.local_addr().expect("addr");
-    // A thread of its own, writing as fast as the socket takes it: the gateway finds more
-    // to read on every poll.
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        let Ok((mut s, _)) = l.accept() else {
-            return;
-        };
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            match s.read(&mut byte) {
-                Ok(1) => head.push(byte[0]),
-                _ => return,
-            }
-        }
-        let flood = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(4096);
-        // Until the gateway closes the connection.
-        while s.write_all(&flood).is_ok() {}
-    });
-    let cfg = yaml(backend, OPEN).replace("response_timeout: 2s", "response_timeout: 500ms");
-    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
-    let a = bounded(
-        "an answer to the flooded request",
-        TestClient::default().get(&gw.url("/")),
-    )
-    .await;
-    assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT, "{}", a.body);
 }
 
 #[tokio::test]

@@ -172,3 +172,70 @@ fn encodes_heads() {
         )
     );
 }
+
+/// An exchange kept busy until the task's budget is spent (an upstream flooding it with
+/// interim answers) still sees its deadline: the timer is looked at outside the budget.
+/// Without that, this poll would be Pending, and every poll of a flood alike.
+#[tokio::test]
+async fn a_deadline_passed_is_seen_when_the_exchange_spent_the_budget() {
+    use super::super::h1_request::SendError;
+    use std::future::{poll_fn, Future};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::task::coop;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let cap = super::super::cap::Cap::new(4);
+    let pool = Pool::new(
+        &addr,
+        0,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        cap,
+    );
+    let permit = Arc::new(tokio::sync::Semaphore::new(1))
+        .acquire_owned()
+        .await
+        .expect("a permit");
+    let conn = pool.connect(permit).await.expect("connected");
+    let (mut peer, _) = listener.accept().await.expect("accepted");
+    let request = b"GET / HTTP/1.1\r\nhost: t\r\n\r\n";
+    let wait = Duration::from_millis(50);
+    let mut exchange =
+        std::pin::pin!(conn.exchange_whole(request, request.len(), &Method::GET, wait));
+    // Written, then waiting for a head: the timer is set.
+    poll_fn(|cx| {
+        assert!(exchange.as_mut().poll(cx).is_pending());
+        Poll::Ready(())
+    })
+    .await;
+    let mut got = [0u8; 27];
+    peer.read_exact(&mut got).await.expect("the request");
+    peer.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+        .await
+        .expect("an interim answer");
+    // The condition under test: the deadline has passed when the exchange is next polled
+    // (its timer fires in the meantime).
+    tokio::time::sleep(wait * 2).await;
+    // A poll of its own, with the whole budget.
+    tokio::task::yield_now().await;
+    let polled = poll_fn(|cx| {
+        // All but one unit spent: the exchange's read of the interim answer takes the
+        // last, and its next read is refused by the budget.
+        for _ in 0..127 {
+            match coop::poll_proceed(cx) {
+                Poll::Ready(unit) => unit.made_progress(),
+                Poll::Pending => break,
+            }
+        }
+        Poll::Ready(exchange.as_mut().poll(cx))
+    })
+    .await;
+    assert!(
+        matches!(polled, Poll::Ready(Err(SendError::TimedOut))),
+        "{:?}",
+        polled.map(|r| r.map(|(h, _)| h.status))
+    );
+}
