@@ -91,7 +91,7 @@ impl Cache {
             Some(fresh) => {
                 let varies = varies_of(ask.cfg, resp.headers());
                 let key = variant_key(uri, ask, &varies, &sent.headers);
-                let mut headers = store::owned(resp.headers());
+                let mut headers = resp.headers().clone();
                 headers.remove(header::AGE);
                 let status = resp.status();
                 let tags = store::tags(&headers);

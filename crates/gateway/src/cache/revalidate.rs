@@ -64,7 +64,6 @@ impl Cache {
             ask.cfg.default_ttl,
             ask.wall(),
         )?;
-        let headers = store::owned(&headers);
         Some(Entry {
             status: e.status,
             tags: store::tags(&headers),

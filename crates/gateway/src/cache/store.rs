@@ -368,6 +368,8 @@ impl Store {
                 keys.push(key.clone());
             }
         }
+        // What is kept holds its own bytes, whoever stores it.
+        entry.headers = owned(&entry.headers);
         self.entries.insert(key, Arc::new(entry));
         self.metrics.stored.fetch_add(1, Ordering::Relaxed);
         self.sweep_now_and_then();
@@ -461,8 +463,8 @@ pub fn header_for_key(req: &Fields, name: &HeaderName, out: &mut String) {
 
 /// A copy of `h` whose values hold their own bytes: an answer's values may be slices of
 /// its whole head (`upstream::h1`), and what the store keeps must not keep more than it
-/// counts ([`Entry`]'s weight).
-pub fn owned(h: &HeaderMap) -> HeaderMap {
+/// counts ([`Entry`]'s weight). [`Store::put`] keeps only such copies.
+fn owned(h: &HeaderMap) -> HeaderMap {
     // Room for what each hit adds (Age, Cache-Status, the request id, ...): a clone
     // keeps the capacity, and a full map would grow on every hit.
     let mut out = HeaderMap::with_capacity(h.len() + 6);
