@@ -1,7 +1,7 @@
 //! `Fields` held to `http::HeaderMap` on random heads and random edits: the same values for
 //! every name in any case, whatever was removed, set or stripped on the way.
 
-use super::props::in_case;
+use super::props::spelled;
 use crate::exchange::{Fields, Lines};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -18,11 +18,6 @@ const NAMES: [&str; 8] = [
     "x-a",
     "accept",
 ];
-
-/// A name of [`NAMES`] in a case chosen by `mask`.
-fn spelled(i: usize, mask: u32) -> String {
-    in_case(NAMES[i % NAMES.len()], mask)
-}
 
 #[derive(Debug, Clone)]
 enum Edit {
@@ -45,7 +40,7 @@ fn edit() -> impl Strategy<Value = Edit> {
 fn values_of(f: &Fields, mask: u32) -> Vec<Vec<Vec<u8>>> {
     (0..NAMES.len())
         .map(|i| {
-            f.get_all(spelled(i, mask))
+            f.get_all(spelled(&NAMES, i, mask))
                 .map(|v| v.as_bytes().to_vec())
                 .collect()
         })
@@ -76,7 +71,7 @@ proptest! {
         let mut spans = Vec::new();
         let mut map = HeaderMap::new();
         for (i, m, v) in &head {
-            let name = spelled(*i, *m);
+            let name = spelled(&NAMES, *i, *m);
             spans.push((text.len(), text.len() + name.len(), *v));
             text.push_str(&name);
             text.push_str(": ");
@@ -93,7 +88,7 @@ proptest! {
         for e in edits {
             match e {
                 Edit::Remove(i, m) => {
-                    let got = fields.remove(spelled(i, m));
+                    let got = fields.remove(spelled(&NAMES, i, m));
                     prop_assert_eq!(got, map.remove(NAMES[i]));
                 }
                 Edit::Insert(i, v) => {
@@ -108,7 +103,7 @@ proptest! {
                 }
                 Edit::Strip(names) => {
                     // Spelled in any case, as a client's `Connection` names them.
-                    let spelled: Vec<String> = names.iter().map(|(i, m)| spelled(*i, *m)).collect();
+                    let spelled: Vec<String> = names.iter().map(|(i, m)| spelled(&NAMES, *i, *m)).collect();
                     let named = |n: &[u8]| spelled.iter().any(|s| s.as_bytes().eq_ignore_ascii_case(n));
                     fields.strip_where(named);
                     map.strip_where(named);

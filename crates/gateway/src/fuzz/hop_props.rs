@@ -1,7 +1,7 @@
 //! The hop-by-hop strip held to a plain model on random heads: every name lower-cased,
 //! then the fixed names and the listed ones dropped, the protected ones kept.
 
-use super::props::in_case;
+use super::props::spelled;
 use crate::exchange::Fields;
 use crate::inbound::{strip_hop_headers, Owned};
 use bytes::Bytes;
@@ -32,11 +32,6 @@ const FIXED: [&str; 7] = [
     "upgrade",
 ];
 
-/// A name of [`NAMES`] in a case chosen by `mask`.
-fn spelled(i: usize, mask: u32) -> String {
-    in_case(NAMES[i % NAMES.len()], mask)
-}
-
 fn owned() -> Owned {
     Owned {
         consumer_headers: vec![HeaderName::from_static("x-consumer")],
@@ -55,8 +50,8 @@ proptest! {
         let mut list: Vec<String> = listed
             .iter()
             .map(|(i, m, pad)| match pad {
-                0 => spelled(*i, *m),
-                1 => format!(" {}\t", spelled(*i, *m)),
+                0 => spelled(&NAMES, *i, *m),
+                1 => format!(" {}\t", spelled(&NAMES, *i, *m)),
                 2 => String::new(),
                 _ => format!("x-n{i}"),
             })
@@ -67,7 +62,7 @@ proptest! {
         let mut text = format!("Connection: {}\r\n", list.join(","));
         let mut spans = vec![(0, "Connection".len(), list.join(","))];
         for (n, (i, m)) in fields.iter().enumerate() {
-            let name = spelled(*i, *m);
+            let name = spelled(&NAMES, *i, *m);
             spans.push((text.len(), text.len() + name.len(), n.to_string()));
             text.push_str(&format!("{name}: {n}\r\n"));
         }

@@ -9,9 +9,14 @@ use http::StatusCode;
 
 use proptest::prelude::*;
 
+/// The name `i` picks of `names` (wrapping), in the case `mask` picks ([`in_case`]).
+pub(super) fn spelled(names: &[&str], i: usize, mask: u32) -> String {
+    in_case(names[i % names.len()], mask)
+}
+
 /// `name` with the letters `mask` picks (bit i for letter i) upper-cased: a header name
 /// as a client may spell it.
-pub(super) fn in_case(name: &str, mask: u32) -> String {
+fn in_case(name: &str, mask: u32) -> String {
     name.chars()
         .enumerate()
         .map(|(k, c)| {
