@@ -419,7 +419,8 @@ async fn active_checks_take_a_target_out_and_bring_it_back() {
 }
 
 /// An HTTPS backend with `leaf`'s certificate, HTTP/1.1 and h2 by ALPN, answering with its
-/// protocol version and the Host it saw.
+/// protocol version and the Host it saw; on `/coded`, under `Transfer-Encoding: gzip`
+/// (which its HTTP/1.1 server sends as `gzip, chunked`).
 async fn https_backend(leaf: &common::tls::Leaf) -> SocketAddr {
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
@@ -448,7 +449,12 @@ async fn https_backend(leaf: &common::tls::Leaf) -> SocketAddr {
                         .or_else(|| req.uri().authority().map(|a| a.to_string()))
                         .unwrap_or_default();
                     let body = format!("{:?} {host}", req.version());
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+                    let mut resp = Response::new(Full::new(Bytes::from(body)));
+                    if req.uri().path() == "/coded" && req.version() == http::Version::HTTP_11 {
+                        resp.headers_mut()
+                            .insert("transfer-encoding", http::HeaderValue::from_static("gzip"));
+                    }
+                    Ok::<_, Infallible>(resp)
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(s), svc)
@@ -491,6 +497,10 @@ async fn https_upstreams_are_verified_against_their_ca() {
     let a = c.get(&g2.url("/x")).await;
     assert_eq!(a.status, 200, "{}", a.body);
     assert!(a.body.starts_with("HTTP/2.0 localhost:"), "{}", a.body);
+    // A body under a coding the gateway would take off unsaid is not passed on.
+    let a = c.get(&g.url("/coded")).await;
+    assert_eq!(a.status, 502, "{:?} {}", a.headers, a.body);
+    assert_eq!(c.get(&g.url("/x")).await.status, 200);
     // Without the CA, the system's roots do not know the backend's certificate.
     let g3 = TestGateway::start(&y(""), SystemClock::new()).await;
     assert_eq!(c.get(&g3.url("/x")).await.status, 502);

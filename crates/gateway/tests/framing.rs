@@ -61,25 +61,47 @@ async fn a_response_with_length_and_chunks_is_framed_by_chunks_and_its_connectio
 }
 
 #[tokio::test]
-async fn a_length_with_a_coding_other_than_chunked_gets_502_at_once() {
-    let (backend, _) = raw_backend(|_| {
-        Some(
-            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: identity\r\n\r\nok"
-                .to_vec(),
-        )
+async fn a_coding_other_than_chunked_alone_gets_502_at_once() {
+    // Each answer's body would reach the client still coded, with its coding taken off as
+    // hop-by-hop; beside a length, neither framing can be trusted. In any field order.
+    let (backend, _) = raw_backend(|head| {
+        let te = match head.split_whitespace().nth(1) {
+            Some("/identity") => "Content-Length: 2\r\nTransfer-Encoding: identity",
+            Some("/gzip") => "Transfer-Encoding: gzip\r\nContent-Length: 2",
+            Some("/gzip-chunked") => "Transfer-Encoding: gzip, chunked",
+            Some("/twice") => "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
+            _ => "Transfer-Encoding: chunked",
+        };
+        let body = if head.starts_with("HEAD") {
+            ""
+        } else {
+            "2\r\nok\r\n0\r\n\r\n"
+        };
+        Some(format!("HTTP/1.1 200 OK\r\n{te}\r\n\r\n{body}").into_bytes())
     })
     .await;
     let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
-    // The backend keeps its connection open: read until close would wait for read_timeout.
+    for path in ["/identity", "/gzip", "/gzip-chunked", "/twice"] {
+        // The backend keeps its connection open: read until close would wait for read_timeout.
+        let head = format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        let a = bounded("answer", raw(gw.addr, head.as_bytes())).await;
+        assert_eq!(status_of(&a), 502, "{path}: {a}");
+        assert!(!a.contains("ok\r\n"), "{path}: {a}");
+        // A HEAD answer has no body to decode: its head is passed on.
+        let head = head.replacen("GET", "HEAD", 1);
+        let a = bounded("answer", raw(gw.addr, head.as_bytes())).await;
+        assert_eq!(status_of(&a), 200, "HEAD {path}: {a}");
+    }
     let a = bounded(
         "answer",
         raw(
             gw.addr,
-            b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+            b"GET /chunked HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
         ),
     )
     .await;
-    assert_eq!(status_of(&a), 502, "{a}");
+    assert_eq!(status_of(&a), 200, "{a}");
+    assert!(a.ends_with("ok") || a.contains("\r\nok\r\n"), "{a}");
 }
 
 #[tokio::test]

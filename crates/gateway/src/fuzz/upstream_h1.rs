@@ -98,6 +98,18 @@ async fn exchange(
         return;
     };
     assert!(!head.status.is_informational(), "a 1xx head came through");
+    let has_body = *method == Method::GET && !matches!(head.status.as_u16(), 204 | 304);
+    let mut codings = head.headers.get_all(header::TRANSFER_ENCODING).iter();
+    if let (true, Some(first)) = (has_body, codings.next()) {
+        assert!(
+            first
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"chunked")
+                && codings.next().is_none(),
+            "a body read under a coding other than chunked alone: {first:?}"
+        );
+    }
     let mut body: H1Body = body.with_pool(pool.clone());
     let mut total = 0usize;
     let clean = loop {
@@ -108,9 +120,7 @@ async fn exchange(
         }
     };
     assert!(total <= response.len(), "more body than was sent");
-    let framed_by_length = !head.headers.contains_key(header::TRANSFER_ENCODING)
-        && *method == Method::GET
-        && !matches!(head.status.as_u16(), 204 | 304);
+    let framed_by_length = !head.headers.contains_key(header::TRANSFER_ENCODING) && has_body;
     if let (true, true, Some(len)) = (
         clean,
         framed_by_length,

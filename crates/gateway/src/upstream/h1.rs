@@ -158,8 +158,8 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
         Version::HTTP_10
     };
     let mut keep_alive = version == Version::HTTP_11;
-    let mut framing = Framing::UntilClose;
-    let (mut has_length, mut has_te) = (false, false);
+    let mut length: Option<u64> = None;
+    let mut has_te = false;
     // `close` anywhere ends the connection, whatever else a `Connection` header says
     // (RFC 9112 §9.6), as hyper reads it.
     let mut close = false;
@@ -181,24 +181,12 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
         plain &= !crate::inbound::is_hop(h.name.as_bytes());
         if name == http::header::CONTENT_LENGTH {
             let n = parse_length(h.value).ok_or(H1Error::Malformed)?;
-            has_length = true;
-            match framing {
-                Framing::Length(prev) if prev != n => return Err(H1Error::Malformed),
-                Framing::Chunked => {}
-                _ => framing = Framing::Length(n),
+            if length.is_some_and(|prev| prev != n) {
+                return Err(H1Error::Malformed);
             }
+            length = Some(n);
         } else if name == http::header::TRANSFER_ENCODING {
             has_te = true;
-            let chunked = h
-                .value
-                .rsplit(|b| *b == b',')
-                .next()
-                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-            framing = if chunked {
-                Framing::Chunked
-            } else {
-                Framing::UntilClose
-            };
         } else if name == http::header::CONNECTION {
             for token in h.value.split(|b| *b == b',') {
                 let token = token.trim_ascii();
@@ -211,21 +199,27 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
         }
         headers.append(name, value);
     }
+    // Decided once every field is read: the order of the fields changes nothing.
+    let mut framing = match (has_te, length) {
+        (true, _) => Framing::Chunked,
+        (false, Some(n)) => Framing::Length(n),
+        (false, None) => Framing::UntilClose,
+    };
     if *method == Method::HEAD
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
     {
         framing = Framing::Empty;
-    }
-    if has_length && matches!(framing, Framing::UntilClose) && has_te {
-        // A length and a transfer coding that is not chunked (`identity`, `gzip`): no
-        // framing can be trusted (RFC 9112 §6.3 "ought to be handled as an error"), and
-        // reading until close would wait on a kept-alive connection. nginx answers 502 too.
+    } else if has_te && super::headers::coded_beyond_chunked(&headers) {
+        // Coded bytes the client would get labelled as plain: refused, as on every client.
         return Err(H1Error::Malformed);
     }
-    if matches!(framing, Framing::UntilClose) || (has_length && has_te) {
+    if has_te && length.is_some() {
         // Both framings in one message (RFC 9112 §6.3): frame by chunks, then close.
+        keep_alive = false;
+    }
+    if matches!(framing, Framing::UntilClose) {
         keep_alive = false;
     }
     if close || (has_te && version == Version::HTTP_10) {

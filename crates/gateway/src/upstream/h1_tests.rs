@@ -41,7 +41,7 @@ fn framing_and_keep_alive() {
     assert_eq!((h.status, len, ka), (StatusCode::OK, 38, true));
     assert!(matches!(f, Framing::Length(5)));
     let (_, _, f, ka) = parse(
-        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding:  Chunked \r\n\r\n",
         Method::GET,
     );
     assert!(matches!(f, Framing::Chunked) && ka);
@@ -104,6 +104,44 @@ fn framing_and_keep_alive() {
             .expect("ok")
             .is_none()
     );
+}
+
+#[test]
+fn a_coding_other_than_chunked_alone_is_refused_in_any_field_order() {
+    for te in [
+        "Transfer-Encoding: gzip",
+        "Transfer-Encoding: gzip, chunked",
+        "Transfer-Encoding: identity",
+        "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
+        "Transfer-Encoding: gzip\r\nContent-Length: 5",
+        "Content-Length: 5\r\nTransfer-Encoding: gzip",
+    ] {
+        let raw = format!("HTTP/1.1 200 OK\r\n{te}\r\n\r\nhello world");
+        assert!(
+            parse_head(&BytesMut::from(raw.as_str()), &Method::GET).is_err(),
+            "{te:?}"
+        );
+        // No body is read for these: nothing to decode, so nothing to refuse.
+        let raw = format!("HTTP/1.1 200 OK\r\n{te}\r\n\r\n");
+        assert!(
+            matches!(parse(&raw, Method::HEAD).2, Framing::Empty),
+            "{te:?}"
+        );
+        let raw = format!("HTTP/1.1 304 Not Modified\r\n{te}\r\n\r\n");
+        assert!(
+            matches!(parse(&raw, Method::GET).2, Framing::Empty),
+            "{te:?}"
+        );
+    }
+    // Chunked beside a length, in either order: framed by chunks, then closed.
+    for both in [
+        "Transfer-Encoding: chunked\r\nContent-Length: 5",
+        "Content-Length: 5\r\nTransfer-Encoding: chunked",
+    ] {
+        let raw = format!("HTTP/1.1 200 OK\r\n{both}\r\n\r\n");
+        let (_, _, f, ka) = parse(&raw, Method::GET);
+        assert!(matches!(f, Framing::Chunked) && !ka, "{both:?}");
+    }
 }
 
 #[test]

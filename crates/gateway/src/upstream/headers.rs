@@ -117,6 +117,21 @@ pub fn put(h: &mut HeaderMap, set: Forwarding) {
     }
 }
 
+/// Whether an answer names a transfer coding other than `chunked` alone (`gzip`, `gzip,
+/// chunked`, `identity`, `chunked` twice). The gateway takes `Transfer-Encoding` off as
+/// hop-by-hop, so such a body would reach the client coded but labelled as plain; and
+/// beside a length no framing can be trusted (RFC 9112 §6.3). nginx and Envoy answer 502.
+pub fn coded_beyond_chunked(h: &HeaderMap) -> bool {
+    let mut codings = h.get_all(header::TRANSFER_ENCODING).iter();
+    codings.next().is_some_and(|first| {
+        !first
+            .as_bytes()
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"chunked")
+            || codings.next().is_some()
+    })
+}
+
 /// Readies a response head from upstream for the client: a `Content-Length` sent with
 /// `Transfer-Encoding` is stale (the body was framed by chunks, RFC 9112 §6.3) and is
 /// dropped; then the hop-by-hop headers go. Returns whether the message carried both, in

@@ -3,7 +3,7 @@
 
 use super::alt::AltClient;
 use super::body::{check_declared, receive, Received, UpBody};
-use super::headers::rewrite_response;
+use super::headers::{coded_beyond_chunked, rewrite_response};
 use super::response_body::PooledBody;
 use super::target::{log_failure, unasked_switch, Hop, Upstream};
 
@@ -93,6 +93,14 @@ pub(super) async fn forward(
             Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 return Err(unasked_switch(up, hop.route, target));
             }
+            Ok(Ok(resp))
+                if carries_body(&method, resp.status()) && coded_beyond_chunked(resp.headers()) =>
+            {
+                up.outcome(target, false);
+                let refusal = Refusal::Upstream("malformed or truncated response");
+                log_failure(up, hop.route, target, &refusal);
+                return Err(refusal);
+            }
             Ok(Ok(mut resp)) => {
                 up.outcome(target, !resp.status().is_server_error());
                 rewrite_response(resp.headers_mut());
@@ -124,4 +132,12 @@ pub(super) async fn forward(
         }
     }
     Err(last)
+}
+
+/// Whether an answer to `method` with `status` has a body to decode: not to `HEAD`, and not
+/// a 1xx, 204 or 304 (RFC 9112 §6.3).
+fn carries_body(method: &http::Method, status: http::StatusCode) -> bool {
+    *method != http::Method::HEAD
+        && !status.is_informational()
+        && !matches!(status.as_u16(), 204 | 304)
 }
