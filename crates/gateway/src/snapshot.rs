@@ -455,12 +455,16 @@ fn owned_names(config: &Config) -> Owned {
             owned.dashed.push(dashed);
         }
     };
+    // The framing fields too: a backend behind CGI or WSGI reads `Transfer_Encoding` as
+    // `HTTP_TRANSFER_ENCODING`, the name the gateway's own framing has there.
     for n in [
         "x-forwarded-for",
         "x-forwarded-proto",
         "x-forwarded-host",
         "x-real-ip",
         "x-request-id",
+        "content-length",
+        "transfer-encoding",
     ] {
         add(n);
     }

@@ -274,3 +274,27 @@ async fn header_names_are_judged_in_any_case_and_passed_on_as_written() {
     assert_eq!(lower.matches("x-request-id: ").count(), 1, "{got}");
     assert!(got.contains("X-Keep-Case: yes"), "{got}");
 }
+
+#[tokio::test]
+async fn framing_names_spelled_with_underscores_never_reach_the_backend() {
+    // A backend behind CGI or WSGI reads `Transfer_Encoding` as `HTTP_TRANSFER_ENCODING`,
+    // the same name as the framing the gateway chose; nginx drops every such name.
+    let (backend, seen) = recording_backend().await;
+    let g = TestGateway::start(
+        &yaml(
+            backend,
+            "routes:\n  - {path_prefix: /, upstream: backend}\n",
+        ),
+        SystemClock::new(),
+    )
+    .await;
+    let head = "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nTransfer_Encoding: chunked\r\n\
+                CONTENT_length: 99\r\nX_Other_Name: kept\r\nConnection: close\r\n\r\n";
+    let (answer, got) = exchange(g.addr, &seen, head).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let got = got.expect("the backend saw the request");
+    let lower = got.to_ascii_lowercase();
+    assert!(!lower.contains("transfer_encoding"), "{got}");
+    assert!(!lower.contains("content_length"), "{got}");
+    assert!(got.contains("X_Other_Name: kept"), "{got}");
+}
