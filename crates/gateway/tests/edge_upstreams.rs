@@ -218,6 +218,22 @@ async fn a_101_that_does_not_name_the_protocol_asked_for_is_not_joined() {
 }
 
 #[tokio::test]
+async fn a_declined_upgrade_is_held_to_the_same_transfer_codings() {
+    // Declined with an ordinary answer whose body is still gzip-coded: taking off its
+    // `Transfer-Encoding` would hand the client coded bytes labelled as plain.
+    let (_g, _c, head) = upgrade_answered_by(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 502"), "{head:?}");
+    let (_g, _c, head) = upgrade_answered_by(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head:?}");
+}
+
+#[tokio::test]
 async fn a_joined_connection_carries_both_ways_while_one_side_does_not_read() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // More than the socket buffers on the way hold, each way.

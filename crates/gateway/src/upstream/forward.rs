@@ -16,7 +16,7 @@ use super::h1_request::{frame_request, Framing, Outgoing, SendError};
 use super::headers;
 use super::response_body::PooledBody;
 use super::target::{
-    for_hop, is_idempotent, log_failure, unasked_switch, Hop, HopRequest, Tries, Upstream,
+    coded, for_hop, is_idempotent, log_failure, unasked_switch, Hop, HopRequest, Tries, Upstream,
 };
 use super::via_alt;
 use crate::exchange::{Parts, Refusal};
@@ -238,6 +238,7 @@ async fn send(
                 return Err(refusal);
             }
             SendError::H1(H1Error::Switched) => return Err(unasked_switch(up, hop.route, target)),
+            SendError::H1(H1Error::Coded) => return Err(coded(up, hop.route, target)),
             SendError::TimedOut => {
                 up.outcome(target, false);
                 let refusal = Refusal::UpstreamTimeout;

@@ -43,6 +43,10 @@ pub enum H1Error {
     /// A `101` to a request that asked for no upgrade: no answer follows on the connection.
     #[error("a protocol switch nobody asked for")]
     Switched,
+    /// A body under a transfer coding the gateway does not pass on
+    /// ([`super::headers::coded_answer`]): well-formed, so no fault of the target's health.
+    #[error("an answer under a transfer coding other than chunked")]
+    Coded,
 }
 
 /// One kept-alive connection.
@@ -205,15 +209,10 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
         (false, Some(n)) => Framing::Length(n),
         (false, None) => Framing::UntilClose,
     };
-    if *method == Method::HEAD
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
+    if !super::headers::carries_body(method, status) {
         framing = Framing::Empty;
-    } else if has_te && super::headers::coded_beyond_chunked(&headers) {
-        // Coded bytes the client would get labelled as plain: refused, as on every client.
-        return Err(H1Error::Malformed);
+    } else if has_te && super::headers::coded_answer(method, status, &headers) {
+        return Err(H1Error::Coded);
     }
     if has_te && length.is_some() {
         // Both framings in one message (RFC 9112 §6.3): frame by chunks, then close.

@@ -117,11 +117,24 @@ pub fn put(h: &mut HeaderMap, set: Forwarding) {
     }
 }
 
-/// Whether an answer names a transfer coding other than `chunked` alone (`gzip`, `gzip,
-/// chunked`, `identity`, `chunked` twice). The gateway takes `Transfer-Encoding` off as
-/// hop-by-hop, so such a body would reach the client coded but labelled as plain; and
-/// beside a length no framing can be trusted (RFC 9112 §6.3). nginx and Envoy answer 502.
-pub fn coded_beyond_chunked(h: &HeaderMap) -> bool {
+/// Whether an answer to `method` with `status` has a body to read: not one to `HEAD`, and
+/// not a 1xx, 204 or 304 (RFC 9112 §6.3).
+pub fn carries_body(method: &http::Method, status: http::StatusCode) -> bool {
+    *method != http::Method::HEAD
+        && !status.is_informational()
+        && !matches!(status.as_u16(), 204 | 304)
+}
+
+/// Whether an answer must be refused for its transfer coding, on every client: a body
+/// under a coding other than `chunked` alone (`gzip`, `gzip, chunked`, `identity`, `chunked`
+/// twice). The gateway takes `Transfer-Encoding` off as hop-by-hop, so such a body would
+/// reach the client coded but labelled as plain; and beside a length no framing can be
+/// trusted (RFC 9112 §6.3). nginx and Envoy answer 502.
+pub fn coded_answer(method: &http::Method, status: http::StatusCode, h: &HeaderMap) -> bool {
+    carries_body(method, status) && coded_beyond_chunked(h)
+}
+
+fn coded_beyond_chunked(h: &HeaderMap) -> bool {
     let mut codings = h.get_all(header::TRANSFER_ENCODING).iter();
     codings.next().is_some_and(|first| {
         !first

@@ -331,6 +331,15 @@ pub(super) fn unasked_switch(up: &Upstream, route: &str, target: &Target) -> Ref
     refusal
 }
 
+/// The 502 for an answer whose body is under a coding the gateway does not pass on (each
+/// client path's answer to it): logged and counted as any 502, but the target answered, so
+/// its health is not charged.
+pub(super) fn coded(up: &Upstream, route: &str, target: &Target) -> Refusal {
+    let refusal = Refusal::Upstream("answer under a transfer coding other than chunked");
+    log_failure(up, route, target, &refusal);
+    refusal
+}
+
 /// Counts a 502, 503 or 504, and logs it at info at most once a second per upstream.
 pub(super) fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: &Refusal) {
     match refusal {

@@ -63,6 +63,7 @@ pub async fn upgrade(
     h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     h.insert(header::UPGRADE, ask.protocol.clone());
     let mut req = Request::new(UpBody::empty());
+    let method_asked = method.clone();
     *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.headers_mut() = h;
@@ -90,6 +91,10 @@ pub async fn upgrade(
     }
     let read_timeout = up.cfg.read_timeout;
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        // Declined: an ordinary answer, under the same rule as on every other client.
+        if headers::coded_answer(&method_asked, resp.status(), resp.headers()) {
+            return Err(super::target::coded(up, hop.route, target));
+        }
         headers::rewrite_response(resp.headers_mut());
         return Ok(resp.map(|b| PooledBody::plain(b, read_timeout)));
     }

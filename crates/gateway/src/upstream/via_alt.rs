@@ -3,9 +3,9 @@
 
 use super::alt::AltClient;
 use super::body::{check_declared, receive, Received, UpBody};
-use super::headers::{coded_beyond_chunked, rewrite_response};
+use super::headers::{coded_answer, rewrite_response};
 use super::response_body::PooledBody;
-use super::target::{log_failure, unasked_switch, Hop, Upstream};
+use super::target::{coded, log_failure, unasked_switch, Hop, Upstream};
 
 /// Forwards a request on the upstream's [`AltClient`]. A request whose body can be sent
 /// again (none, or read whole) moves on to the next target when a connection cannot be
@@ -93,13 +93,9 @@ pub(super) async fn forward(
             Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 return Err(unasked_switch(up, hop.route, target));
             }
-            Ok(Ok(resp))
-                if carries_body(&method, resp.status()) && coded_beyond_chunked(resp.headers()) =>
-            {
-                up.outcome(target, false);
-                let refusal = Refusal::Upstream("malformed or truncated response");
-                log_failure(up, hop.route, target, &refusal);
-                return Err(refusal);
+            Ok(Ok(resp)) if coded_answer(&method, resp.status(), resp.headers()) => {
+                up.outcome(target, !resp.status().is_server_error());
+                return Err(coded(up, hop.route, target));
             }
             Ok(Ok(mut resp)) => {
                 up.outcome(target, !resp.status().is_server_error());
@@ -132,12 +128,4 @@ pub(super) async fn forward(
         }
     }
     Err(last)
-}
-
-/// Whether an answer to `method` with `status` has a body to decode: not to `HEAD`, and not
-/// a 1xx, 204 or 304 (RFC 9112 §6.3).
-fn carries_body(method: &http::Method, status: http::StatusCode) -> bool {
-    *method != http::Method::HEAD
-        && !status.is_informational()
-        && !matches!(status.as_u16(), 204 | 304)
 }
