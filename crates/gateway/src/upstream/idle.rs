@@ -1,9 +1,11 @@
 //! Idle keep-alive connections of one target, most recently used first, closed once idle
 //! longer than the pool's idle timeout. Shared by both upstream clients.
 
+use crate::clock::coarse;
 use parking_lot::Mutex;
 use std::sync::Weak;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// A list of idle connections.
 pub struct IdleList<T> {
@@ -27,7 +29,7 @@ impl<T: Send + 'static> IdleList<T> {
     pub fn checkout(&self, usable: impl Fn(&T) -> bool) -> Option<T> {
         let mut idle = self.idle.lock();
         while let Some((conn, since)) = idle.pop() {
-            if since.elapsed() < self.idle_timeout && usable(&conn) {
+            if coarse::now().saturating_duration_since(since) < self.idle_timeout && usable(&conn) {
                 return Some(conn);
             }
         }
@@ -43,16 +45,17 @@ impl<T: Send + 'static> IdleList<T> {
     pub fn checkin(&self, conn: T) {
         let mut idle = self.idle.lock();
         if idle.len() < self.max_idle {
-            idle.push((conn, Instant::now()));
+            idle.push((conn, coarse::now()));
         }
     }
 
     /// Closes connections idle for too long, or that `usable` rejects.
     pub fn trim(&self, usable: impl Fn(&T) -> bool) {
         let timeout = self.idle_timeout;
+        let now = coarse::now();
         self.idle
             .lock()
-            .retain(|(c, since)| since.elapsed() < timeout && usable(c));
+            .retain(|(c, since)| now.saturating_duration_since(*since) < timeout && usable(c));
     }
 }
 

@@ -9,7 +9,7 @@ thread_local! {
 
 /// Calls `f` with the current `Date` header value (IMF-fixdate, 29 bytes).
 pub fn with_date<T>(f: impl FnOnce(&[u8]) -> T) -> T {
-    let now = std::time::SystemTime::now();
+    let now = crate::clock::coarse::wall();
     let secs = now
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
