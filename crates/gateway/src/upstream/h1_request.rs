@@ -19,6 +19,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::task::coop;
+use tokio::time::Instant;
 
 /// A deadline past any wait a config can set, for a wait too long to add to now.
 const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -99,7 +100,7 @@ impl H1Conn {
         method: &Method,
         wait: Duration,
     ) -> Result<(Head, H1Body), SendError> {
-        let now = crate::clock::coarse::now();
+        let now = Instant::now();
         let deadline = now.checked_add(wait).unwrap_or(now + FAR);
         let mut timer = match self.timer.take() {
             Some(mut t) => {

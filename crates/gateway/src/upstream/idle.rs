@@ -1,15 +1,15 @@
 //! Idle keep-alive connections of one target, most recently used first, closed once idle
-//! longer than the pool's idle timeout. Shared by both upstream clients.
+//! longer than the pool's idle timeout (ages read on the coarse clock: to within a few
+//! milliseconds). Shared by both upstream clients.
 
 use crate::clock::coarse;
 use parking_lot::Mutex;
 use std::sync::Weak;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// A list of idle connections.
 pub struct IdleList<T> {
-    idle: Mutex<Vec<(T, Instant)>>,
+    idle: Mutex<Vec<(T, Duration)>>,
     max_idle: usize,
     idle_timeout: Duration,
 }
@@ -29,7 +29,7 @@ impl<T: Send + 'static> IdleList<T> {
     pub fn checkout(&self, usable: impl Fn(&T) -> bool) -> Option<T> {
         let mut idle = self.idle.lock();
         while let Some((conn, since)) = idle.pop() {
-            if coarse::now().saturating_duration_since(since) < self.idle_timeout && usable(&conn) {
+            if coarse::since_boot().saturating_sub(since) < self.idle_timeout && usable(&conn) {
                 return Some(conn);
             }
         }
@@ -45,17 +45,17 @@ impl<T: Send + 'static> IdleList<T> {
     pub fn checkin(&self, conn: T) {
         let mut idle = self.idle.lock();
         if idle.len() < self.max_idle {
-            idle.push((conn, coarse::now()));
+            idle.push((conn, coarse::since_boot()));
         }
     }
 
     /// Closes connections idle for too long, or that `usable` rejects.
     pub fn trim(&self, usable: impl Fn(&T) -> bool) {
         let timeout = self.idle_timeout;
-        let now = coarse::now();
+        let now = coarse::since_boot();
         self.idle
             .lock()
-            .retain(|(c, since)| now.saturating_duration_since(*since) < timeout && usable(c));
+            .retain(|(c, since)| now.saturating_sub(*since) < timeout && usable(c));
     }
 }
 

@@ -10,7 +10,6 @@ use super::head::{self, Framing, Head, Limits};
 use super::recv::{self, Pump};
 use super::send::{self, Asked, Sent, Writer};
 use super::upgrade;
-use crate::clock::coarse;
 use crate::exchange::{ConnInfo, Parts};
 use crate::listener::body::RequestBody;
 use crate::listener::handler::Handler;
@@ -53,7 +52,7 @@ where
     let header_timeout = info.listener.header_timeout;
     let mut rbuf = BytesMut::new();
     let mut wbuf: Vec<u8> = Vec::new();
-    let mut due = coarse::now() + header_timeout;
+    let mut due = Instant::now() + header_timeout;
     let mut deadline = pin!(tokio::time::sleep_until(due));
     let mut stopped = pin!(stop.notify.notified());
     stopped.as_mut().enable();
@@ -240,7 +239,7 @@ where
             linger(&mut io, &mut rbuf).await;
             return;
         }
-        due = coarse::now() + header_timeout;
+        due = Instant::now() + header_timeout;
     }
 }
 
