@@ -70,14 +70,9 @@ impl Clock for ManualClock {
     }
 }
 
-/// Whole seconds since the first call: a cheap, coarse clock for rate-limiting log lines.
+/// Whole seconds on the [`coarse`] clock (never 0): for rate-limiting log lines.
 pub fn coarse_secs() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_secs()
-        + 1
+    coarse::since_boot().as_secs() + 1
 }
 
 /// Time to within a few milliseconds, where nothing finer is needed: the upstream pool's
