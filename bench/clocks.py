@@ -47,17 +47,20 @@ int main(void) {
 def count(binary, scenario, requests):
     path, expect, _ = seed.SCENARIOS[scenario]
     url = "http://" + seed.GATEWAY + path
-    tools = str(seed.BIN)
-    backend = subprocess.Popen([tools, "echo", "--listen", seed.BACKEND],
+    tools = seed.BIN
+    backend = subprocess.Popen([str(tools), "echo", "--listen", seed.BACKEND],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     gw = None
     try:
         wait_port(seed.BACKEND, backend)
-        cfg = seed.ROOT / f"examples/seed/scenario-{scenario}.yaml"
-        gw = subprocess.Popen(["taskset", "-c", seed.GW_CPU, str(binary), "run", "--config", str(cfg)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(seed.GATEWAY, gw)
-        load = [tools, "bench", url, "--expect", expect, "-c", "20", "-n"]
+        # seed.py's gateway, pinned as in every bench, on the build under test.
+        seed.BIN = Path(binary)
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                gw = seed.start_gateway("tollgate", scenario, tmp)
+        finally:
+            seed.BIN = tools
+        load = [str(tools), "bench", url, "--expect", expect, "-c", "20", "-n"]
         subprocess.run(load + ["2000"], check=True, capture_output=True)
         with tempfile.NamedTemporaryFile("r", suffix=".csv") as out:
             stat = subprocess.Popen(["perf", "stat", "-x,", "-e", EVENT, "-p", str(gw.pid),
