@@ -9,7 +9,8 @@ of a feature (the same binary on two configs, each serving the scenario's URL): 
 runs every scenario on A then B (the order alternates between rounds), with the pinning of
 bench/seed.py (gateway on CPU 1; echo backend and load generator on CPU 0). The echo
 backend and the load generator are target/release/tollgate for both, so only the gateway
-differs. Prints the medians and the B/A ratios; writes nothing.
+differs. Prints the medians (CPU, its user part, requests/s) and the B/A ratios; writes
+nothing.
 """
 
 import argparse
@@ -73,18 +74,21 @@ def main():
                         r = seed.one_run("tollgate", s, args, tmp)
                         results[(s, k)].append(r)
                         print(f"round {rnd + 1} scenario {s} {k}: {r['rps']:.0f} req/s, "
-                              f"{r['cpu_us']:.2f} µs CPU/req", file=sys.stderr)
+                              f"{r['cpu_us']:.2f} µs CPU/req ({r['user_us']:.2f} user)", file=sys.stderr)
     finally:
         stop(backend)
     print(f"A = {builds['A']} {configs['A'] or ''}\nB = {builds['B']} {configs['B'] or ''}\n"
           f"{args.rounds} interleaved rounds, medians\n")
-    print("| scenario | A µs/req | B µs/req | B/A CPU | A req/s | B req/s | B/A req/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| scenario | A µs/req | B µs/req | B/A CPU | A user µs | B user µs | B/A user "
+          "| A req/s | B req/s | B/A req/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for s in scenarios:
-        med = {k: (statistics.median(r["cpu_us"] for r in results[(s, k)]),
-                   statistics.median(r["rps"] for r in results[(s, k)])) for k in builds}
-        print(f"| {s} | {med['A'][0]:.2f} | {med['B'][0]:.2f} | {med['B'][0] / med['A'][0]:.3f} "
-              f"| {med['A'][1]:.0f} | {med['B'][1]:.0f} | {med['B'][1] / med['A'][1]:.3f} |")
+        med = {k: [statistics.median(r[f] for r in results[(s, k)]) for f in ("cpu_us", "user_us", "rps")]
+               for k in builds}
+        a, b = med["A"], med["B"]
+        print(f"| {s} | {a[0]:.2f} | {b[0]:.2f} | {b[0] / a[0]:.3f} "
+              f"| {a[1]:.2f} | {b[1]:.2f} | {b[1] / a[1]:.3f} "
+              f"| {a[2]:.0f} | {b[2]:.0f} | {b[2] / a[2]:.3f} |")
 
 
 if __name__ == "__main__":

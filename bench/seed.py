@@ -170,13 +170,16 @@ def one_run(system, scenario, args, tmp):
         url = f"http://{GATEWAY}{path}"
         bench(url, expect, args.warmup, args.connections)
         pids = process_tree(proc.pid)
-        before = cpu_seconds(pids)
+        before = cpu_split(pids)
         r = bench(url, expect, args.duration, args.connections)
-        after = cpu_seconds(pids)
+        after = cpu_split(pids)
     finally:
         stop(proc)
         wait_port_free(GATEWAY)
-    return summarize(r, (after - before) * 1e6 / max(r["requests"], 1))
+    n = max(r["requests"], 1)
+    out = summarize(r, (sum(after) - sum(before)) * 1e6 / n)
+    out["user_us"] = (after[0] - before[0]) * 1e6 / n
+    return out
 
 
 def summarize(r, cpu_us):
