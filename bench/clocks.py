@@ -4,12 +4,12 @@
     python3 bench/clocks.py [BINARY ...] [--scenarios 1,6] [--requests 20000]
 
 For each build (default target/release/tollgate) and seed scenario, counts the gateway's
-calls to libc's `clock_gettime` (the precise clock `Instant::now()` and `SystemTime::now()`
-read; the coarse clock is read through the vDSO directly and is not counted) with a perf
-uprobe while `tollgate bench -c 20` sends the scenario's request, and prints the calls per
-request. Then times `CLOCK_MONOTONIC` against `CLOCK_MONOTONIC_COARSE` with a small C loop
-(10 million reads each). Needs root (uprobes), perf and cc. The counts are exact whatever
-else the machine does; the nanoseconds are this machine's. Writes nothing.
+calls to libc's `clock_gettime` for a precise clock (those `Instant::now()` and
+`SystemTime::now()` make; the reads of `CLOCK_*_COARSE` are filtered out by their clock id)
+with a perf uprobe while `tollgate bench -c 20` sends the scenario's request, and prints
+the calls per request. Then times `CLOCK_MONOTONIC` against `CLOCK_MONOTONIC_COARSE` with
+a small C loop (10 million reads each). Needs root (uprobes), perf and cc. The counts are
+exact whatever else the machine does; the nanoseconds are this machine's. Writes nothing.
 """
 
 import argparse
@@ -23,6 +23,8 @@ from procs import die, stop, wait_port
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 EVENT = "probe_libc:clock_gettime"
+# CLOCK_REALTIME_COARSE is 5 and CLOCK_MONOTONIC_COARSE 6 (linux/time.h).
+PRECISE = "clk != 5 && clk != 6"
 
 LOOP = r"""
 #include <stdio.h>
@@ -63,7 +65,7 @@ def count(binary, scenario, requests):
         load = [str(tools), "bench", url, "--expect", expect, "-c", "20", "-n"]
         subprocess.run(load + ["2000"], check=True, capture_output=True)
         with tempfile.NamedTemporaryFile("r", suffix=".csv") as out:
-            stat = subprocess.Popen(["perf", "stat", "-x,", "-e", EVENT, "-p", str(gw.pid),
+            stat = subprocess.Popen(["perf", "stat", "-x,", "-e", EVENT, "--filter", PRECISE, "-p", str(gw.pid),
                                      "-o", out.name])
             time.sleep(0.3)
             subprocess.run(load + [str(requests)], check=True, capture_output=True)
@@ -84,7 +86,7 @@ def main():
     ap.add_argument("--scenarios", default="1,6")
     ap.add_argument("--requests", type=int, default=20000)
     args = ap.parse_args()
-    added = subprocess.run(["perf", "probe", "-x", LIBC, "--add", "clock_gettime"],
+    added = subprocess.run(["perf", "probe", "-x", LIBC, "--add", "clock_gettime clk=%di:s32"],
                            capture_output=True, text=True)
     if added.returncode != 0 and "exists" not in added.stderr:
         die(f"could not add the uprobe (root and perf needed): {added.stderr.strip()}")
