@@ -83,6 +83,31 @@ async fn h2c_serves_http2_and_http1_on_one_port_with_the_same_policies() {
     // HTTP/1.1 on the same listener.
     let a = TestClient::default().get(&g.url("/x")).await;
     assert_eq!(a.status, 200);
+    // Whatever is not a broken preface is HTTP/1.1's, answered as without h2c: an empty
+    // line before the request, a line ended by a bare LF, a version it does not serve.
+    let r = raw(
+        g.addr,
+        b"\r\nGET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&r), 200, "{r}");
+    let r = raw(
+        g.addr,
+        b"GET /a HTTP/1.1\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&r), 200, "{r}");
+    let r = raw(g.addr, b"GET /a HTTP/1.2\r\nHost: x\r\n\r\n").await;
+    assert_eq!(status_of(&r), 400, "{r}");
+    // A broken preface, or a line that is no HTTP/1 request line, gets no answer.
+    for broken in [
+        &b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"[..],
+        b"GET / HTTP/2.0\r\n\r\n",
+        b"INVALID CONNECTION PREFACE\r\n\r\n",
+    ] {
+        let r = raw(g.addr, broken).await;
+        assert!(r.is_empty(), "{r}");
+    }
 }
 
 #[tokio::test]

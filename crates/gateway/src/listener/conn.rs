@@ -197,16 +197,29 @@ async fn first_line(stream: &mut TcpStream, timeout: std::time::Duration) -> (Fi
         if PREFACE.starts_with(&head) {
             continue;
         }
-        let line = match head.windows(2).position(|w| w == b"\r\n") {
-            Some(end)
-                if !(head[..end].ends_with(b" HTTP/1.1")
-                    || head[..end].ends_with(b" HTTP/1.0")) =>
-            {
-                FirstLine::Other
-            }
-            _ => FirstLine::Http1,
-        };
-        return (line, head);
+        return (first_line_of(&head), head);
+    }
+}
+
+/// What the first packet on an h2c listener is, when it is not a whole preface: an HTTP/1
+/// request line (after any empty lines a request may follow, ended by CRLF or a bare LF, or
+/// not ended yet) goes to the HTTP/1.1 server, which answers a version it does not serve
+/// with its precise 400; anything else is a broken preface, closed without an answer.
+fn first_line_of(head: &[u8]) -> FirstLine {
+    let start = head
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(head.len());
+    let rest = &head[start..];
+    let Some(end) = rest.iter().position(|&b| b == b'\n') else {
+        return FirstLine::Http1;
+    };
+    let line = rest[..end].strip_suffix(b"\r").unwrap_or(&rest[..end]);
+    match line.len().checked_sub(9).map(|at| &line[at..]) {
+        Some([b' ', b'H', b'T', b'T', b'P', b'/', b'1', b'.', d]) if d.is_ascii_digit() => {
+            FirstLine::Http1
+        }
+        _ => FirstLine::Other,
     }
 }
 
