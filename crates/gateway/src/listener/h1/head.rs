@@ -353,8 +353,9 @@ pub fn has_token(v: &[u8], token: &[u8]) -> bool {
 }
 
 /// The bytes of a head's answer when it is refused: a JSON body as every answer the gateway
-/// gives itself, and `Connection: close` (the framing is in doubt).
-pub fn refusal_answer(r: Refused, date: &[u8], out: &mut Vec<u8>) {
+/// gives itself (its length alone when the request was a `HEAD`), and `Connection: close`
+/// (the framing is in doubt).
+pub fn refusal_answer(r: Refused, head: bool, date: &[u8], out: &mut Vec<u8>) {
     let body = format!("{{\"status\":{},\"error\":\"{}\"}}\n", r.status, r.reason);
     let reason = http::StatusCode::from_u16(r.status)
         .ok()
@@ -371,5 +372,17 @@ pub fn refusal_answer(r: Refused, date: &[u8], out: &mut Vec<u8>) {
     );
     out.extend_from_slice(date);
     out.extend_from_slice(b"\r\n\r\n");
-    out.extend_from_slice(body.as_bytes());
+    if !head {
+        out.extend_from_slice(body.as_bytes());
+    }
+}
+
+/// Whether a head refused before it parsed whole asked with `HEAD`: its answer then carries
+/// no body (RFC 9110 §9.3.2). The empty lines a request may follow are skipped.
+pub fn asks_head(buf: &[u8]) -> bool {
+    let start = buf
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(buf.len());
+    buf[start..].starts_with(b"HEAD ")
 }

@@ -77,7 +77,8 @@ where
                     Err(r) => {
                         tracing::debug!(peer = ?info.peer_ip, status = r.status, "{}", r.reason);
                         wbuf.clear();
-                        with_date(|d| head::refusal_answer(r, d, &mut wbuf));
+                        let asked_head = head::asks_head(&rbuf);
+                        with_date(|d| head::refusal_answer(r, asked_head, d, &mut wbuf));
                         let _ = io.write_all(&wbuf).await;
                         linger(&mut io, &mut rbuf).await;
                         return;
