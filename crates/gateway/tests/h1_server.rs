@@ -1,5 +1,6 @@
 //! The HTTP/1.1 server as a client meets it on the wire: pipelining, HTTP/1.0 keep-alive,
-//! `100-continue`, `HEAD`, framing it refuses, and the head deadline.
+//! `100-continue`, `HEAD`, framing it refuses, an answer that comes before its request's
+//! body ends, and the head deadline.
 
 mod common;
 
@@ -273,4 +274,90 @@ async fn a_request_read_before_the_client_closes_its_side_is_answered() {
     let r = String::from_utf8_lossy(&out);
     assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
     assert!(r.contains("GET /a"), "{r}");
+}
+
+/// A backend that answers `/early` as soon as it has the head, without reading the body,
+/// and closes; anything else gets `200` with the path, its `Content-Length` body read.
+async fn early_backend() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let Some(head) = read_head(&mut s).await else {
+                    return;
+                };
+                if head.starts_with("POST /early ") {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly")
+                        .await;
+                    return;
+                }
+                let mut s = s;
+                let mut head = Some(head);
+                while let Some(h) = head.take() {
+                    let path = h.split(' ').nth(1).unwrap_or("").to_string();
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{path}",
+                        path.len()
+                    );
+                    if s.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    head = read_request_head(&mut s).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_answer_before_the_body_ends_keeps_the_connection_for_the_next_request() {
+    let backend = early_backend().await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let body = vec![b'z'; 200_000];
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n")
+        .await
+        .expect("write");
+    s.write_all(&body[..100_000]).await.expect("write");
+    // The answer comes while half of the body is still to be sent, and says the
+    // connection stays.
+    let got = read_until(&mut s, "early", 1).await;
+    assert!(got.starts_with("HTTP/1.1 200 OK"), "{got}");
+    assert!(
+        !got.to_ascii_lowercase().contains("connection: close"),
+        "{got}"
+    );
+    // The rest of the body is read and dropped; the request after it is served.
+    s.write_all(&body[100_000..]).await.expect("write");
+    s.write_all(b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let got = read_until(&mut s, "/next", 1).await;
+    assert!(got.starts_with("HTTP/1.1 200 OK"), "{got}");
+}
+
+#[tokio::test]
+async fn a_head_request_refused_before_its_head_parses_gets_the_answer_head_alone() {
+    let gw = setup("").await;
+    for bad in [
+        &b"HEAD /a HTTP/1.1\r\nHost: x\r\nBad Header: x\r\n\r\n"[..],
+        b"\r\nHEAD /a HTTP/1.1\r\nHost: x\r\nX: \x01\r\n\r\n",
+    ] {
+        let r = raw(gw.addr, bad).await;
+        assert_eq!(status_of(&r), 400, "{r}");
+        assert!(r.contains("connection: close\r\n"), "{r}");
+        assert!(r.ends_with("\r\n\r\n"), "a body after the head: {r}");
+    }
+    // The same refusal to a GET carries its JSON body.
+    let r = raw(
+        gw.addr,
+        b"GET /a HTTP/1.1\r\nHost: x\r\nBad Header: x\r\n\r\n",
+    )
+    .await;
+    assert!(r.ends_with("}\n"), "{r}");
 }

@@ -8,10 +8,12 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Frame, SizeHint};
 use parking_lot::Mutex;
+use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// What passes between the body's reader and the connection.
@@ -204,6 +206,12 @@ impl Pump {
         }
     }
 
+    /// Whether the client still waits for a `100 Continue` before it sends its body: an
+    /// answer written now may be all it sends, and the body may never come.
+    pub fn withheld(&self) -> bool {
+        !self.finished && self.continue_left.len() == CONTINUE.len()
+    }
+
     /// The answer's head is about to be written: a `100 Continue` not begun is never
     /// sent (the client learns from the answer); one begun is finished first, so that the
     /// answer does not start inside it.
@@ -243,11 +251,17 @@ impl Pump {
     /// After the answer: reads what is left of the body from what is already buffered,
     /// without waiting. Whether the body ended there (the connection can then be kept).
     pub fn skip_buffered(&mut self, buf: &mut BytesMut) -> bool {
+        self.skip(buf) == Some(true)
+    }
+
+    /// Drops what is buffered of the body: `Some(true)` when it ended there, `Some(false)`
+    /// when it broke, `None` when more is to come.
+    fn skip(&mut self, buf: &mut BytesMut) -> Option<bool> {
         if self.finished {
-            return true;
+            return Some(true);
         }
         if self.slot.lock().broken.is_some() {
-            return false;
+            return Some(false);
         }
         loop {
             match self.decoder.decode(buf) {
@@ -256,9 +270,37 @@ impl Pump {
                     self.finished = true;
                     // A reader still holding the body learns it will see no more of it.
                     self.broke("the body was skipped");
-                    return true;
+                    return Some(true);
                 }
-                Ok(Decoded::Need) | Err(_) => return false,
+                Ok(Decoded::Need) => return None,
+                Err(_) => return Some(false),
+            }
+        }
+    }
+
+    /// After an answer written before the body ended (an upstream that answered without
+    /// reading it all): reads the rest and drops it, as nginx does, so that the connection
+    /// and a request pipelined after the body are kept. Gives up (the connection is then
+    /// closed) on a body that broke, one with more than `most` bytes still to come, or a
+    /// read that waits longer than `wait`. Whether the body ended.
+    pub async fn discard<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut S,
+        buf: &mut BytesMut,
+        most: u64,
+        wait: Duration,
+    ) -> bool {
+        let mut taken: u64 = 0;
+        loop {
+            if let Some(ended) = self.skip(buf) {
+                return ended;
+            }
+            if taken > most || self.decoder.remaining().is_some_and(|n| n > most - taken) {
+                return false;
+            }
+            match tokio::time::timeout(wait, poll_fn(|cx| read_more(io, buf, cx))).await {
+                Ok(Ok(n)) if n > 0 => taken += n as u64,
+                _ => return false,
             }
         }
     }

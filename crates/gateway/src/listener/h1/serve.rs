@@ -38,6 +38,10 @@ enum Waited {
 const LINGER_BYTES: usize = 64 * 1024;
 const LINGER_FOR: Duration = Duration::from_secs(1);
 
+/// The most of a request body read and dropped after its answer to keep the connection
+/// (nginx discards a body of any size; this bounds what one client can make it read).
+const DISCARD_BYTES: u64 = 1024 * 1024;
+
 /// Serves HTTP/1.1 on `io` until the client closes, a request asks to close, the head
 /// deadline passes while waiting, or the server stops (then after the request in hand).
 pub async fn serve<H, S>(gw: Arc<H>, mut io: S, info: Arc<ConnInfo>, stop: Stop)
@@ -173,8 +177,9 @@ where
         let mut keep_alive = head.keep_alive && !stop.flag.load(Ordering::Acquire);
         if let Some(p) = pump.as_mut() {
             // A body no one reads any more: the connection is kept only if its rest is
-            // here, and the answer says so when it is not.
-            if p.abandoned() && !p.skip_buffered(&mut rbuf) {
+            // here, and the answer says so when it is not. So is a body the client holds
+            // back for a `100 Continue` that will not come.
+            if p.withheld() || (p.abandoned() && !p.skip_buffered(&mut rbuf)) {
                 keep_alive = false;
             }
             if poll_fn(|cx| p.poll_answering(&mut io, cx)).await.is_err() {
@@ -224,11 +229,13 @@ where
                 return;
             }
         }
-        // A body the handler did not read whole: the connection is kept only if its rest
-        // is already here.
+        // A body the handler did not read whole (an upstream that answered before it
+        // ended): the answer promised to keep the connection, so the body's rest is read
+        // and dropped, within bounds; past them the connection is closed.
         if let Some(mut p) = pump.take() {
-            if !p.skip_buffered(&mut rbuf) {
-                keep_alive = false;
+            if keep_alive && !p.skip_buffered(&mut rbuf) {
+                let wait = info.listener.body_timeout;
+                keep_alive = p.discard(&mut io, &mut rbuf, DISCARD_BYTES, wait).await;
             }
         }
         // An idle connection keeps a write buffer the size of a small answer, not of the
