@@ -4,6 +4,8 @@ mod common;
 
 use common::*;
 use http::{Method, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tollgate_gateway::SystemClock;
 
 const POLICIES: &str = r#"
@@ -356,7 +358,7 @@ async fn oversized_bodies_get_413() {
     let (backend, hits) = inspect_backend().await;
     let cfg = yaml(backend, POLICIES).replace(
         "listeners: [{address: \"127.0.0.1:0\"}]",
-        "listeners: [{address: \"127.0.0.1:0\", max_body_bytes: 1KiB}]",
+        "listeners: [{address: \"127.0.0.1:0\", max_body_bytes: 1KiB, body_timeout: 60s}]",
     );
     let gw = TestGateway::start(&cfg, SystemClock::new()).await;
     let c = TestClient::default();
@@ -384,4 +386,24 @@ async fn oversized_bodies_get_413() {
     req.push_str("0\r\n\r\n");
     let r = raw(gw.addr, req.as_bytes()).await;
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+
+    // A chunk that announces more than the limit is refused when its first bytes come,
+    // not after waiting for the rest (a 408 at `body_timeout`, which is a minute here).
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"POST /open HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nffffffff\r\nabc")
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    bounded("the 413", s.read_to_end(&mut got))
+        .await
+        .expect("read");
+    let r = String::from_utf8_lossy(&got);
+    assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+    // Within the limit, a chunk is taken whatever its size line's spelling.
+    let r = raw(
+        gw.addr,
+        b"POST /open HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n00000003\r\nabc\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
 }

@@ -199,7 +199,8 @@ pub async fn receive(
                 Some(Ok(f)) => {
                     if let Ok(data) = f.into_data() {
                         len += data.len() as u64;
-                        if len > max {
+                        // What the body announced (a chunk's size) counts before it comes.
+                        if len.saturating_add(incoming.size_hint().lower()) > max {
                             return Err(Refusal::PayloadTooLarge);
                         }
                         chunks.push(data);
@@ -260,7 +261,7 @@ impl Body for UpBody {
                 *rest.watch.moved.lock() = now;
                 rest.sleep.as_mut().reset(now + rest.timeout);
                 let n = frame.data_ref().map_or(0, |d| d.len() as u64);
-                if n > rest.allowed {
+                if n.saturating_add(rest.incoming.size_hint().lower()) > rest.allowed {
                     ClientFault::TooLarge
                 } else if frame.is_trailers() {
                     // Trailers end the body, and the client's are not sent on (as on the

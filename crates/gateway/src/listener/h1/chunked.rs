@@ -92,6 +92,16 @@ impl Decoder {
         }
     }
 
+    /// Bytes announced and not yet taken: the rest of the length, or of the chunk under
+    /// way. A chunk's size counts as soon as its line is read, so that a body that says it
+    /// will be too large is refused then, not when its bytes come.
+    pub fn announced(&self) -> u64 {
+        match self.state {
+            State::Length(n) | State::Data(n) => n,
+            _ => 0,
+        }
+    }
+
     /// The next step, from the bytes in `buf` (what it uses is taken out of it).
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, Broken> {
         loop {

@@ -31,6 +31,9 @@ struct Slot {
     conn: Option<Waker>,
     /// Bytes left, when known, for the size hint.
     left: Option<u64>,
+    /// Bytes a chunk's size line announced that have not come yet: the size hint's lower
+    /// bound, by which a chunk larger than the body may be is refused at once.
+    announced: u64,
 }
 
 /// The body of a request on an HTTP/1.1 connection, as the handler reads it.
@@ -110,9 +113,15 @@ impl H1RecvBody {
     /// What is left, when known.
     pub fn size_hint(&self) -> SizeHint {
         // `left` counts what the reader has not taken, the piece waiting for it included.
-        match self.slot.lock().left {
+        let s = self.slot.lock();
+        match s.left {
             Some(n) => SizeHint::with_exact(n),
-            None => SizeHint::default(),
+            None => {
+                let mut h = SizeHint::new();
+                let waiting = s.data.as_ref().map_or(0, |d| d.len() as u64);
+                h.set_lower(s.announced.saturating_add(waiting));
+                h
+            }
         }
     }
 }
@@ -170,6 +179,7 @@ impl Pump {
             }
             let step = self.decoder.decode(buf);
             let mut s = self.slot.lock();
+            s.announced = self.decoder.announced();
             match step {
                 Ok(Decoded::Data(d)) => {
                     s.data = Some(d);
