@@ -32,7 +32,7 @@ struct Slot {
     /// Bytes left, when known, for the size hint.
     left: Option<u64>,
     /// Bytes a chunk's size line announced that have not come yet: the size hint's lower
-    /// bound, by which a chunk larger than the body may be is refused at once.
+    /// bound, so that a chunk larger than what the body may still hold is refused at once.
     announced: u64,
 }
 
