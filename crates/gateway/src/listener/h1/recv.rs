@@ -291,8 +291,8 @@ impl Pump {
     /// After an answer written before the body ended (an upstream that answered without
     /// reading it all): reads the rest and drops it, as nginx does, so that the connection
     /// and a request pipelined after the body are kept. Gives up (the connection is then
-    /// closed) on a body that broke, one with more than `most` bytes still to come, or a
-    /// read that waits longer than `wait`. Whether the body ended.
+    /// closed) on a body that broke, one with more than `most` bytes still to come, or one
+    /// whose rest takes longer than `wait` in all. Whether the body ended.
     pub async fn discard<S: AsyncRead + AsyncWrite + Unpin>(
         &mut self,
         io: &mut S,
@@ -301,6 +301,9 @@ impl Pump {
         wait: Duration,
     ) -> bool {
         let mut taken: u64 = 0;
+        // One deadline for the whole rest, as nginx's `lingering_time`: a client that
+        // trickles its body does not hold the connection read by read.
+        let until = tokio::time::Instant::now() + wait;
         loop {
             if let Some(ended) = self.skip(buf) {
                 return ended;
@@ -308,7 +311,7 @@ impl Pump {
             if taken > most || self.decoder.remaining().is_some_and(|n| n > most - taken) {
                 return false;
             }
-            match tokio::time::timeout(wait, poll_fn(|cx| read_more(io, buf, cx))).await {
+            match tokio::time::timeout_at(until, poll_fn(|cx| read_more(io, buf, cx))).await {
                 Ok(Ok(n)) if n > 0 => taken += n as u64,
                 _ => return false,
             }

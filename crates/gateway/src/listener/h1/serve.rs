@@ -234,8 +234,10 @@ where
         // and dropped, within bounds; past them the connection is closed.
         if let Some(mut p) = pump.take() {
             if keep_alive && !p.skip_buffered(&mut rbuf) {
+                // A server that stops does not wait on the rest: the connection closes.
                 let wait = info.listener.body_timeout;
-                keep_alive = p.discard(&mut io, &mut rbuf, DISCARD_BYTES, wait).await;
+                keep_alive = !stop.flag.load(Ordering::Acquire)
+                    && p.discard(&mut io, &mut rbuf, DISCARD_BYTES, wait).await;
             }
         }
         // An idle connection keeps a write buffer the size of a small answer, not of the
