@@ -206,11 +206,7 @@ async fn first_line(stream: &mut TcpStream, timeout: std::time::Duration) -> (Fi
 /// not ended yet) goes to the HTTP/1.1 server, which answers a version it does not serve
 /// with its precise 400; anything else is a broken preface, closed without an answer.
 fn first_line_of(head: &[u8]) -> FirstLine {
-    let start = head
-        .iter()
-        .position(|&b| b != b'\r' && b != b'\n')
-        .unwrap_or(head.len());
-    let rest = &head[start..];
+    let rest = super::h1::head::after_empty_lines(head);
     let Some(end) = rest.iter().position(|&b| b == b'\n') else {
         return FirstLine::Http1;
     };

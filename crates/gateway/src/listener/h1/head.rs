@@ -378,11 +378,17 @@ pub fn refusal_answer(r: Refused, head: bool, date: &[u8], out: &mut Vec<u8>) {
 }
 
 /// Whether a head refused before it parsed whole asked with `HEAD`: its answer then carries
-/// no body (RFC 9110 §9.3.2). The empty lines a request may follow are skipped.
+/// no body (RFC 9110 §9.3.2).
 pub fn asks_head(buf: &[u8]) -> bool {
+    after_empty_lines(buf).starts_with(b"HEAD ")
+}
+
+/// `buf` from its first byte that is neither CR nor LF: the empty lines a request line may
+/// follow (RFC 9112 §2.2) are skipped.
+pub fn after_empty_lines(buf: &[u8]) -> &[u8] {
     let start = buf
         .iter()
         .position(|&b| b != b'\r' && b != b'\n')
         .unwrap_or(buf.len());
-    buf[start..].starts_with(b"HEAD ")
+    &buf[start..]
 }
