@@ -295,7 +295,6 @@ async fn early_backend() -> std::net::SocketAddr {
                         .await;
                     return;
                 }
-                let mut s = s;
                 let mut head = Some(head);
                 while let Some(h) = head.take() {
                     let path = h.split(' ').nth(1).unwrap_or("").to_string();
