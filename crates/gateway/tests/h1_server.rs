@@ -1,6 +1,7 @@
 //! The HTTP/1.1 server as a client meets it on the wire: pipelining, HTTP/1.0 keep-alive,
 //! `100-continue`, `HEAD`, framing it refuses, an answer that comes before its request's
-//! body ends, and the head deadline.
+//! body ends (the rest dropped within bounds, or the connection closed), and the head
+//! deadline.
 
 mod common;
 
@@ -359,4 +360,101 @@ async fn a_head_request_refused_before_its_head_parses_gets_the_answer_head_alon
     )
     .await;
     assert!(r.ends_with("}\n"), "{r}");
+}
+
+#[tokio::test]
+async fn an_early_answer_with_over_a_mebibyte_of_body_to_come_says_close_and_closes() {
+    let backend = early_backend().await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000\r\n\r\n")
+        .await
+        .expect("write");
+    s.write_all(&[b'z'; 100_000]).await.expect("write");
+    // More than the gateway drops after an answer is still to come: the answer says the
+    // connection closes, and it does, without the client sending more.
+    let got = read_until(&mut s, "early", 1).await;
+    assert!(got.starts_with("HTTP/1.1 200 OK"), "{got}");
+    assert!(
+        got.to_ascii_lowercase().contains("connection: close\r\n"),
+        "{got}"
+    );
+    let mut rest = Vec::new();
+    // The end may come as a reset: the gateway closes with the body's rest unread.
+    let _ = bounded("close", s.read_to_end(&mut rest)).await;
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("HTTP/1.1"),
+        "a second answer"
+    );
+}
+
+#[tokio::test]
+async fn a_body_trickled_after_an_early_answer_is_dropped_within_one_body_timeout() {
+    let backend = early_backend().await;
+    let cfg = yaml(backend, OPEN).replace(
+        "listeners: [{address: \"127.0.0.1:0\"}]",
+        "listeners: [{address: \"127.0.0.1:0\", body_timeout: 1s}]",
+    );
+    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
+    let s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.set_nodelay(true).expect("nodelay");
+    let (mut rd, mut wr) = s.into_split();
+    // More than the gateway reads before it goes upstream, so that the answer comes while
+    // the body is under way.
+    wr.write_all(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n")
+        .await
+        .expect("write");
+    wr.write_all(&[b'z'; 100_000]).await.expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("early") {
+        let n = bounded("answer", rd.read(&mut buf)).await.expect("read");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    // The rest comes a byte every 100 ms: each read is well within `body_timeout`, the
+    // whole rest is not. The gateway closes while the trickle goes on.
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = sent.clone();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..100 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            if wr.write_all(b"z").await.is_err() {
+                return;
+            }
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let mut rest = Vec::new();
+    let _ = bounded("close", rd.read_to_end(&mut rest)).await;
+    let at_close = sent.load(std::sync::atomic::Ordering::SeqCst);
+    trickle.abort();
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    assert!(
+        at_close < 100,
+        "still open after the whole trickle ({at_close} bytes)"
+    );
+}
+
+#[tokio::test]
+async fn a_refusal_to_a_body_held_back_for_100_continue_says_close() {
+    let (backend, _) = inspect_backend().await;
+    let routes = "routes:\n  - {name: get, path_prefix: /, upstream: backend, methods: [GET]}\n";
+    let gw = TestGateway::start(&yaml(backend, routes), SystemClock::new()).await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(
+        b"POST /a HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1000\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    // The body may never come: no `100 Continue`, and the answer says the connection ends.
+    let mut out = Vec::new();
+    let _ = bounded("answer and close", s.read_to_end(&mut out)).await;
+    let r = String::from_utf8_lossy(&out);
+    assert_eq!(status_of(&r), 405, "{r}");
+    assert!(!r.contains("100 Continue"), "{r}");
+    assert!(
+        r.to_ascii_lowercase().contains("connection: close\r\n"),
+        "{r}"
+    );
 }

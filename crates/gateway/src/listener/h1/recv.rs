@@ -243,6 +243,13 @@ impl Pump {
         Poll::Ready(Ok(()))
     }
 
+    /// Whether more than `most` bytes of the body are known to be still to come (the rest
+    /// of its length, or of the chunk under way): more than would be dropped after an
+    /// answer to keep the connection.
+    pub fn rest_over(&self, most: u64) -> bool {
+        !self.finished && self.decoder.announced() > most
+    }
+
     /// Whether the reader is gone or the body broke: nothing more of it will be read for
     /// the handler.
     pub fn abandoned(&self) -> bool {
@@ -308,7 +315,7 @@ impl Pump {
             if let Some(ended) = self.skip(buf) {
                 return ended;
             }
-            if taken > most || self.decoder.remaining().is_some_and(|n| n > most - taken) {
+            if taken > most || self.decoder.announced() > most - taken {
                 return false;
             }
             match tokio::time::timeout_at(until, poll_fn(|cx| read_more(io, buf, cx))).await {

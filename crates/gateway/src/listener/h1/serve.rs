@@ -178,8 +178,12 @@ where
         if let Some(p) = pump.as_mut() {
             // A body no one reads any more: the connection is kept only if its rest is
             // here, and the answer says so when it is not. So is a body the client holds
-            // back for a `100 Continue` that will not come.
-            if p.withheld() || (p.abandoned() && !p.skip_buffered(&mut rbuf)) {
+            // back for a `100 Continue` that will not come, and one with more still to
+            // come than would be dropped after the answer.
+            if p.withheld()
+                || (p.abandoned() && !p.skip_buffered(&mut rbuf))
+                || p.rest_over(DISCARD_BYTES)
+            {
                 keep_alive = false;
             }
             if poll_fn(|cx| p.poll_answering(&mut io, cx)).await.is_err() {
