@@ -359,7 +359,8 @@ async fn oversized_bodies_get_413() {
     let cfg = yaml(backend, POLICIES).replace(
         "listeners: [{address: \"127.0.0.1:0\"}]",
         "listeners: [{address: \"127.0.0.1:0\", max_body_bytes: 1KiB, body_timeout: 60s}]",
-    );
+    )
+        + "  - {name: streamed, path: /streamed, upstream: backend, request_buffering: false}\n";
     let gw = TestGateway::start(&cfg, SystemClock::new()).await;
     let c = TestClient::default();
     let a = c
@@ -387,18 +388,26 @@ async fn oversized_bodies_get_413() {
     let r = raw(gw.addr, req.as_bytes()).await;
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
 
-    // A chunk that announces more than the limit is refused when its first bytes come,
-    // not after waiting for the rest (a 408 at `body_timeout`, which is a minute here).
-    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
-    s.write_all(b"POST /open HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nffffffff\r\nabc")
-        .await
-        .expect("write");
-    let mut got = Vec::new();
-    bounded("the 413", s.read_to_end(&mut got))
-        .await
-        .expect("read");
-    let r = String::from_utf8_lossy(&got);
-    assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+    // A chunk that announces more than the limit is refused at its size line, whether or
+    // not its first bytes came, not after waiting for the rest (a 408 at `body_timeout`,
+    // which is a minute here).
+    // The same on a route that streams the body upstream as it comes.
+    let cases = [
+        ("/open", &b"5\r\nhello\r\nffffffff\r\nabc"[..]),
+        ("/open", b"5\r\nhello\r\nffffffff\r\n"),
+        ("/open", b"401\r\n"),
+        ("/streamed", b"5\r\nhello\r\nffffffff\r\n"),
+    ];
+    for (path, body) in cases {
+        let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+        let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+        s.write_all(head.as_bytes()).await.expect("write");
+        s.write_all(body).await.expect("write");
+        let mut got = Vec::new();
+        let _ = bounded("the 413", s.read_to_end(&mut got)).await;
+        let r = String::from_utf8_lossy(&got);
+        assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+    }
     // Within the limit, a chunk is taken whatever its size line's spelling.
     let r = raw(
         gw.addr,

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -189,10 +189,16 @@ pub async fn receive(
         // rest streams as it comes.
         incoming.buffering(true);
         while len < BUFFER as u64 && incoming.may_buffer() {
-            let frame =
-                tokio::time::timeout(timeout, http_body_util::BodyExt::frame(&mut incoming))
-                    .await
-                    .map_err(|_| Refusal::RequestTimeout)?;
+            // While it waits, what the body announced (a chunk's size) counts too.
+            let next = poll_fn(|cx| match Pin::new(&mut incoming).poll_frame(cx) {
+                Poll::Pending if len.saturating_add(incoming.size_hint().lower()) > max => {
+                    Poll::Ready(Err(Refusal::PayloadTooLarge))
+                }
+                p => p.map(Ok),
+            });
+            let frame = tokio::time::timeout(timeout, next)
+                .await
+                .map_err(|_| Refusal::RequestTimeout)??;
             match frame {
                 None => return Ok(Received::Whole(chunks.into_pieces(), incoming.keep_held())),
                 Some(Err(_)) => return Err(ClientFault::Malformed.refusal()),
@@ -280,6 +286,9 @@ impl Body for UpBody {
                 }
             }
             Poll::Ready(Some(Err(_))) => ClientFault::Malformed,
+            Poll::Pending if rest.incoming.size_hint().lower() > rest.allowed => {
+                ClientFault::TooLarge
+            }
             Poll::Pending => {
                 rest.watch.waiting_on_client.store(true, Ordering::Relaxed);
                 match rest.sleep.as_mut().poll(cx) {

@@ -179,6 +179,7 @@ impl Pump {
             }
             let step = self.decoder.decode(buf);
             let mut s = self.slot.lock();
+            let before = s.announced;
             s.announced = self.decoder.announced();
             match step {
                 Ok(Decoded::Data(d)) => {
@@ -195,6 +196,14 @@ impl Pump {
                     self.finished = true;
                 }
                 Ok(Decoded::Need) => {
+                    // A size line read with none of its chunk yet: the reader learns what
+                    // it announced, so that a body that says it will be too large is
+                    // refused now, not when (or if) its bytes come.
+                    if s.announced > before {
+                        if let Some(r) = s.reader.take() {
+                            r.wake();
+                        }
+                    }
                     drop(s);
                     match read_more(io, buf, cx) {
                         Poll::Ready(Ok(0)) => return self.broke("client closed mid-body"),
