@@ -353,6 +353,34 @@ async fn unsafe_methods_invalidate_the_uri_and_its_location() {
 }
 
 #[tokio::test]
+async fn a_url_with_a_query_has_its_own_entry_and_unsafe_methods_on_it_invalidate_it() {
+    let s = setup().await;
+    // A `&` in the path is not a query: the two never share an entry.
+    let amp = s.get("/item&id=7").await;
+    assert!(amp.body.ends_with("path=/item&id=7"), "{}", amp.body);
+    let q = s.get("/item?id=7").await;
+    assert!(q.body.ends_with("path=/item?id=7"), "{}", q.body);
+    assert_eq!(s.get("/item?id=7").await.body, q.body, "stored");
+    assert_eq!(s.get("/item&id=7").await.body, amp.body, "stored");
+    for method in [http::Method::PUT, http::Method::POST, http::Method::DELETE] {
+        let before = s.upstream();
+        let p =
+            s.c.request(
+                method.clone(),
+                &s.gw.url("/item?id=7"),
+                &[("X-API-Key", "kb")],
+                "x",
+            )
+            .await;
+        assert_eq!(p.status.as_u16(), 200);
+        let again = s.get("/item?id=7").await;
+        assert_eq!(s.upstream(), before + 2, "{method} invalidated the URL");
+        assert!(again.body.ends_with("path=/item?id=7"), "{}", again.body);
+    }
+    assert_eq!(s.get("/item&id=7").await.body, amp.body, "left alone");
+}
+
+#[tokio::test]
 async fn stale_while_revalidate_serves_stale_and_refreshes_once_in_the_background() {
     let s = setup().await;
     assert_eq!(s.get("/swr").await.body, "n=1");
@@ -637,7 +665,10 @@ async fn purges_by_url_prefix_tag_and_everything() {
         );
         raw(admin, req.as_bytes()).await
     };
-    for p in ["/fresh", "/a/x", "/a/y", "/tagged", "/other"] {
+    let paths = [
+        "/fresh", "/a/x", "/a/y", "/tagged", "/other", "/q?x=1", "/h?y=2",
+    ];
+    for p in paths {
         s.get(p).await;
     }
     let stored = s.upstream();
@@ -645,19 +676,24 @@ async fn purges_by_url_prefix_tag_and_everything() {
     let url = format!("{{\"url\": \"http://{host}/fresh\"}}");
     let url: &'static str = Box::leak(url.into_boxed_str());
     assert!(purge(url).await.contains("\"purged\":1"));
+    // A URL with its query, as a path or whole.
+    assert!(purge(r#"{"url": "/q?x=1"}"#).await.contains("\"purged\":1"));
+    let url = format!("{{\"url\": \"http://{host}/h?y=2\"}}");
+    let url: &'static str = Box::leak(url.into_boxed_str());
+    assert!(purge(url).await.contains("\"purged\":1"));
     assert!(purge(r#"{"prefix": "/a/"}"#).await.contains("\"purged\":2"));
     assert!(purge(r#"{"tag": "t2"}"#).await.contains("\"purged\":1"));
-    for p in ["/fresh", "/a/x", "/a/y", "/tagged", "/other"] {
+    for p in paths {
         s.get(p).await;
     }
-    assert_eq!(s.upstream(), stored + 4, "only /other was left");
+    assert_eq!(s.upstream(), stored + 6, "only /other was left");
     let stats = raw(
         admin,
         b"GET /cache HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     .await;
-    assert!(stats.contains("\"entries\":5"), "{stats}");
-    assert!(purge(r#"{"all": true}"#).await.contains("\"purged\":5"));
+    assert!(stats.contains("\"entries\":7"), "{stats}");
+    assert!(purge(r#"{"all": true}"#).await.contains("\"purged\":7"));
     assert!(purge(r#"{"nothing": 1}"#).await.starts_with("HTTP/1.1 400"));
 }
 

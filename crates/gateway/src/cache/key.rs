@@ -193,6 +193,8 @@ pub(super) fn url_of(path: &str, query: Option<&str>, ask: &Ask<'_>) -> String {
 /// Names are matched as backends read them ([`crate::query`]).
 pub(super) fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut String) -> bool {
     url.push_str(path);
+    // Where the query starts: `url` may already hold the key's first parts.
+    let query_at = url.len();
     let Some(q) = query else { return false };
     let mut ambiguous = false;
     // The first raw spelling seen of each keyed name.
@@ -232,8 +234,7 @@ pub(super) fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut
         // A credential alone (on a route that keeps its keys) is never keyed; one beside a
         // keyed name stays in its piece, which only keys more apart.
         if keep {
-            let first = url.len() == path.len();
-            url.push(if first { '?' } else { '&' });
+            url.push(if url.len() == query_at { '?' } else { '&' });
             url.push_str(piece);
         }
     }
