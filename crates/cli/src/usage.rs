@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use tollgate_config::Config;
 use tollgate_gateway::analytics::{self, Query, Row, Step};
-use tollgate_gateway::usage::{usage, LimitUsage};
+use tollgate_gateway::usage::{usage, LimitUsage, UsageError};
 use tollgate_gateway::Cluster;
 use tollgate_gateway::Now;
 use tollgate_gateway::{Registry, Snapshot};
@@ -57,6 +57,7 @@ pub fn run(path: &Path, consumer: &str, json: bool) -> ExitCode {
 }
 
 async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String> {
+    let admin = cfg.admin.clone();
     if let Some(c) = cfg.cluster.clone() {
         // Shared limits: read the counters in Redis directly, no node needed.
         let cluster = Cluster::new(c);
@@ -65,12 +66,15 @@ async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String>
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        let u = usage(&snap, Some(&cluster), consumer, Now { mono: 0, wall: now })
-            .await
-            .map_err(|e| e.to_string())?;
-        return serde_json::to_value(u).map_err(|e| e.to_string());
+        match usage(&snap, Some(&cluster), consumer, Now { mono: 0, wall: now }).await {
+            Ok(u) => return serde_json::to_value(u).map_err(|e| e.to_string()),
+            // Not in the file: it may be managed through the admin API, which a node
+            // knows of; asked below when the config names one.
+            Err(UsageError::UnknownConsumer(_)) if admin.is_some() => {}
+            Err(e) => return Err(e.to_string()),
+        }
     }
-    let Some(admin_cfg) = cfg.admin else {
+    let Some(admin_cfg) = admin else {
         return Err("this config keeps its counters in the running node; add `admin: {address: 127.0.0.1:9901}` to it and ask that node".into());
     };
     crate::admin::call(

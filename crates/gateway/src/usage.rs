@@ -40,22 +40,27 @@ pub enum UsageError {
     /// No consumer by that name.
     #[error("no consumer named {0:?}")]
     UnknownConsumer(String),
+    /// The consumer is managed through the admin API on another plan than its listed
+    /// one, and the table of such consumers is full.
+    #[error("too many consumers on plans other than their listed ones to count one more")]
+    TooManyGuests,
     /// Redis could not be read.
     #[error("cannot read the shared counters from Redis: {0}")]
     Redis(#[from] redis::RedisError),
 }
 
-/// Usage of `consumer` now, from `snap`'s counters (and Redis for shared limits).
+/// Usage of `consumer` (listed, or managed through the admin API) now, from `snap`'s
+/// counters (and Redis for shared limits).
 pub async fn usage(
     snap: &Snapshot,
     cluster: Option<&Cluster>,
     consumer: &str,
     now: Now,
 ) -> Result<Usage, UsageError> {
+    // Listed in the config or managed through the admin API, as a request finds it.
     let index = snap
-        .config
-        .consumers
-        .find(consumer)
+        .find_consumer(consumer)
+        .map_err(|_| UsageError::TooManyGuests)?
         .ok_or_else(|| UsageError::UnknownConsumer(consumer.to_string()))?;
     let group = snap.counters.group(index, now);
     let mut limits = Vec::new();

@@ -85,6 +85,15 @@ async fn changes_apply_to_the_next_request_and_survive_a_restart() {
         "the key itself is never shown again"
     );
     assert_eq!(shown["metadata"]["team"], "b");
+    // Its usage, as for a listed consumer: gold's limit, the one request counted.
+    let (s, u) = admin(ad, Method::GET, "/usage/bob", None).await;
+    assert_eq!(s, 200, "{u}");
+    let limit = &u["limits"][0];
+    assert_eq!(
+        (&limit["requests"], &limit["used"]),
+        (&json!(100), &json!(1)),
+        "{u}"
+    );
 
     // A listed consumer moved to gold: its listed key now meets gold's limits and `allow`.
     assert_eq!(call(&gw, "/gold/x", "ka").await.status, 403);
@@ -119,6 +128,7 @@ async fn changes_apply_to_the_next_request_and_survive_a_restart() {
         admin(ad, Method::GET, "/consumers/alice", None).await.0,
         404
     );
+    assert_eq!(admin(ad, Method::GET, "/usage/alice", None).await.0, 404);
 
     // What the API refuses, with the reason.
     let (s, v) = admin(
