@@ -284,8 +284,8 @@ pub fn demo(args: DemoArgs, log: LogFormat) -> ExitCode {
              \x20 curl -i http://{gw}/api/hello                         # 401, no key\n\
              \x20 curl -i 'http://{gw}/api/hello?apikey=nope'          # 401, unknown key\n\
              \x20 curl -i -X DELETE 'http://{gw}/api/hello?apikey=demo-key' # 405\n\
-             \x20 for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{{http_code}}\\n' 'http://{gw}/api/hello?apikey=demo-key'; done  # ... 429\n\
              \x20 curl -si 'http://{gw}/cached/x?apikey=demo-key' | grep -i cache-status  # twice: the second is a hit\n\
+             \x20 for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{{http_code}}\\n' 'http://{gw}/api/hello?apikey=demo-key'; done  # ... 429\n\
              Dashboard, metrics and status: http://{admin}/ (also /metrics, /status, /usage/demo)\n\
              Access log below; usage history in {}. Stop with Ctrl-C.",
             history.display()
