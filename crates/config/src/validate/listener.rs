@@ -175,7 +175,11 @@ fn http2(
     let at = format!("{at}.http2");
     let size =
         |p: &mut Problems, field: &str, v: Option<crate::units::Size>, def: u64, min: u64| {
-            let v = v.map_or(def, |s| s.0);
+            // A default drawn from another field (the header list from
+            // `max_header_bytes`) is that field's to report: it is only brought in range.
+            let Some(v) = v.map(|s| s.0) else {
+                return u32::try_from(def.clamp(min, (1 << 31) - 1)).unwrap_or(u32::MAX);
+            };
             // HTTP/2 windows are at most 2^31-1 (RFC 9113 §6.9.1).
             if v < min || v > (1 << 31) - 1 {
                 p.add(

@@ -490,3 +490,30 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_bad_value_is_reported_once_not_again_through_a_default_drawn_from_it() {
+    let bad = GOOD.replace(
+        r#"listeners: [{address: "127.0.0.1:8080"}]"#,
+        r#"listeners: [{address: "127.0.0.1:8080", max_header_bytes: 512}]"#,
+    );
+    let err = from_yaml(&bad).expect_err("invalid");
+    let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+    assert_eq!(text.len(), 1, "{text:#?}");
+    assert!(
+        text[0].starts_with("listeners[0].max_header_bytes"),
+        "{text:#?}"
+    );
+    // Set itself, the header list is still checked.
+    let bad = GOOD.replace(
+        r#"listeners: [{address: "127.0.0.1:8080"}]"#,
+        r#"listeners: [{address: "127.0.0.1:8080", http2: {max_header_list_size: 512}}]"#,
+    );
+    let err = from_yaml(&bad).expect_err("invalid");
+    let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("listeners[0].http2.max_header_list_size")),
+        "{text:#?}"
+    );
+}
