@@ -353,6 +353,14 @@ async fn a_head_request_refused_before_its_head_parses_gets_the_answer_head_alon
         assert!(r.contains("connection: close\r\n"), "{r}");
         assert!(r.ends_with("\r\n\r\n"), "a body after the head: {r}");
     }
+    // Refused for a field once the head has parsed: the same.
+    let r = raw(
+        gw.addr,
+        b"HEAD /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&r), 501, "{r}");
+    assert!(r.ends_with("\r\n\r\n"), "a body after the head: {r}");
     // The same refusal to a GET carries its JSON body.
     let r = raw(
         gw.addr,

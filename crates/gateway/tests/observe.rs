@@ -165,6 +165,28 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
     assert_eq!(unknown.status, StatusCode::UNAUTHORIZED);
     let nowhere = c.get(&gw.url("/nowhere")).await;
     assert_eq!(nowhere.status, StatusCode::NOT_FOUND);
+    // A request refused before its head could be read is named, counted and logged too.
+    let bad = raw(
+        gw.addr,
+        b"POST /api/items?apikey=alice-key HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&bad), 501, "{bad}");
+    let bad_id = bad
+        .lines()
+        .find_map(|l| l.strip_prefix("x-request-id: "))
+        .expect("an id")
+        .to_string();
+    assert!(
+        bad.contains(&format!(r#""request_id":"{bad_id}"}}"#)),
+        "{bad}"
+    );
+    let m = gw.gw.metrics_text();
+    assert!(
+        m.lines()
+            .any(|l| l == r#"tollgate_responses_total{code="501"} 1"#),
+        "{m}"
+    );
     assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
 
     let text = std::fs::read_to_string(&path).expect("log file");
@@ -173,7 +195,7 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
         "{text}"
     );
     let lines = log_lines(&path);
-    assert_eq!(lines.len(), 5, "{text}");
+    assert_eq!(lines.len(), 6, "{text}");
     let first = &lines[0];
     assert_eq!(first["request_id"], ok.header("x-request-id"));
     assert_eq!(first["method"], "GET");
@@ -197,6 +219,11 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
     assert_eq!(lines[3]["consumer"], serde_json::Value::Null);
     assert_eq!(lines[4]["route"], serde_json::Value::Null);
     assert_eq!(lines[4]["refusal"], "no_route");
+    assert_eq!(lines[5]["request_id"], bad_id.as_str());
+    assert_eq!(lines[5]["status"], 501);
+    assert_eq!(lines[5]["method"], "POST");
+    assert_eq!(lines[5]["path"], "/api/items");
+    assert_eq!(lines[5]["refusal"], "bad_request");
 
     // logrotate: the file is moved away, the gateway reopens on request (SIGUSR1).
     let rotated = dir.join("access.log.1");
@@ -206,7 +233,7 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
     assert!(gw.gw.sync_logs(DEADLINE));
     let _ = c.get(&gw.url("/open/after-rotation")).await;
     assert!(gw.gw.sync_logs(DEADLINE));
-    assert_eq!(log_lines(&rotated).len(), 5);
+    assert_eq!(log_lines(&rotated).len(), 6);
     let fresh = log_lines(&path);
     assert_eq!(fresh.len(), 1);
     assert_eq!(fresh[0]["path"], "/open/after-rotation");

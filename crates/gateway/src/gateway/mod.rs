@@ -6,6 +6,7 @@ mod pipeline;
 mod reload;
 mod start;
 mod state;
+mod unread;
 
 pub use state::{Gateway, ReloadStatus};
 pub use tollgate_config::fingerprint;

@@ -513,6 +513,15 @@ impl crate::listener::Handler for Gateway {
         Gateway::tls_for(self, address)
     }
 
+    fn refused_unread(
+        &self,
+        status: u16,
+        request_line: &[u8],
+        conn: &Arc<ConnInfo>,
+    ) -> Option<HeaderValue> {
+        Some(self.note_unread(status, request_line, conn))
+    }
+
     fn opened(&self) {
         self.metrics.connections_total.inc();
         self.metrics.connections_open.inc();

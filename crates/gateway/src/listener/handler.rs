@@ -29,6 +29,18 @@ pub trait Handler: Send + Sync + 'static {
     /// The TLS config the listener at `address` serves now (certificates renew on reload).
     fn tls_for(&self, address: SocketAddr) -> Option<Arc<rustls::ServerConfig>>;
 
+    /// A request the listener refused before its head could be read whole (framing in
+    /// doubt, a head too large), with what came of its request line: the handler counts
+    /// and logs it as it does its own refusals. The id the answer names, if any.
+    fn refused_unread(
+        &self,
+        _status: u16,
+        _request_line: &[u8],
+        _conn: &Arc<ConnInfo>,
+    ) -> Option<http::HeaderValue> {
+        None
+    }
+
     /// A connection was accepted.
     fn opened(&self) {}
 

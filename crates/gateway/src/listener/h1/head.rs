@@ -4,7 +4,7 @@
 //! so it refuses what is ambiguous rather than guess (RFC 9112 §6).
 
 use crate::exchange::Fields;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::{Method, Uri, Version};
 use smallvec::SmallVec;
@@ -212,6 +212,36 @@ fn parse_with(
         return Ok(None);
     };
     let head = buf.split_to(len).freeze();
+    let read = Located {
+        len,
+        method,
+        target,
+        version,
+        count,
+    };
+    match head_of(head.clone(), read, fields) {
+        Ok(h) => Ok(Some(h)),
+        Err(r) => {
+            // Refused once taken out of the buffer: the head is put back, so that its
+            // answer (a `HEAD` gets none of the body) and its log read its request line.
+            let mut whole = BytesMut::with_capacity(head.len() + buf.len());
+            whole.extend_from_slice(&head);
+            whole.extend_from_slice(buf);
+            *buf = whole;
+            Err(r)
+        }
+    }
+}
+
+/// The head located in `head` (its bytes, taken out of the buffer), its fields checked.
+fn head_of(head: Bytes, read: Located, fields: &Spots) -> Result<Head, Refused> {
+    let Located {
+        method,
+        target,
+        version,
+        count,
+        ..
+    } = read;
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.1))
         .map_err(|_| refused(400, "invalid request target"))?;
     // Room for what the gateway adds on the way (forwarding headers, request id, consumer).
@@ -299,7 +329,7 @@ fn parse_with(
     if framing != Framing::Empty && !connect {
         upgrade = false;
     }
-    Ok(Some(Head {
+    Ok(Head {
         method,
         uri,
         version,
@@ -309,7 +339,7 @@ fn parse_with(
         expect_continue,
         upgrade,
         te_trailers,
-    }))
+    })
 }
 
 /// Where `part` (a sub-slice of `whole`) lies in it.
@@ -353,10 +383,18 @@ pub fn has_token(v: &[u8], token: &[u8]) -> bool {
 }
 
 /// The bytes of a head's answer when it is refused: a JSON body as every answer the gateway
-/// gives itself (its length alone when the request was a `HEAD`), and `Connection: close`
-/// (the framing is in doubt).
-pub fn refusal_answer(r: Refused, head: bool, date: &[u8], out: &mut Vec<u8>) {
-    let body = format!("{{\"status\":{},\"error\":\"{}\"}}\n", r.status, r.reason);
+/// gives itself (its length alone when the request was a `HEAD`), naming the request's
+/// `id` when it has one, and `Connection: close` (the framing is in doubt).
+pub fn refusal_answer(r: Refused, head: bool, id: Option<&[u8]>, date: &[u8], out: &mut Vec<u8>) {
+    // An id is made of hex digits (or checked printable when a trusted client gave it).
+    let id = id.map(String::from_utf8_lossy);
+    let body = match &id {
+        Some(id) => format!(
+            "{{\"status\":{},\"error\":\"{}\",\"request_id\":\"{id}\"}}\n",
+            r.status, r.reason
+        ),
+        None => format!("{{\"status\":{},\"error\":\"{}\"}}\n", r.status, r.reason),
+    };
     let reason = http::StatusCode::from_u16(r.status)
         .ok()
         .and_then(|s| s.canonical_reason())
@@ -371,10 +409,23 @@ pub fn refusal_answer(r: Refused, head: bool, date: &[u8], out: &mut Vec<u8>) {
         .as_bytes(),
     );
     out.extend_from_slice(date);
+    if let Some(id) = &id {
+        out.extend_from_slice(b"\r\nx-request-id: ");
+        out.extend_from_slice(id.as_bytes());
+    }
     out.extend_from_slice(b"\r\n\r\n");
     if !head {
         out.extend_from_slice(body.as_bytes());
     }
+}
+
+/// What came of a request line (after any empty lines), for the log of a head refused
+/// before it parsed: at most 2 KiB of it, without its line end.
+pub fn request_line(buf: &[u8]) -> &[u8] {
+    let b = after_empty_lines(buf);
+    let b = &b[..b.len().min(2048)];
+    let end = b.iter().position(|&c| c == b'\n').unwrap_or(b.len());
+    b[..end].strip_suffix(b"\r").unwrap_or(&b[..end])
 }
 
 /// Whether a head refused before it parsed whole asked with `HEAD`: its answer then carries

@@ -82,7 +82,10 @@ where
                         tracing::debug!(peer = ?info.peer_ip, status = r.status, "{}", r.reason);
                         wbuf.clear();
                         let asked_head = head::asks_head(&rbuf);
-                        with_date(|d| head::refusal_answer(r, asked_head, d, &mut wbuf));
+                        let line = head::request_line(&rbuf);
+                        let id = gw.refused_unread(r.status, line, &info);
+                        let id = id.as_ref().map(|v| v.as_bytes());
+                        with_date(|d| head::refusal_answer(r, asked_head, id, d, &mut wbuf));
                         let _ = io.write_all(&wbuf).await;
                         linger(&mut io, &mut rbuf).await;
                         return;
