@@ -373,6 +373,7 @@ async fn a_url_with_a_query_has_its_own_entry_and_unsafe_methods_on_it_invalidat
             )
             .await;
         assert_eq!(p.status.as_u16(), 200);
+        assert_eq!(p.header("cache-status"), "tollgate; fwd=method");
         let again = s.get("/item?id=7").await;
         assert_eq!(s.upstream(), before + 2, "{method} invalidated the URL");
         assert!(again.body.ends_with("path=/item?id=7"), "{}", again.body);

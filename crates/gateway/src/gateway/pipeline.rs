@@ -344,11 +344,20 @@ impl Gateway {
         };
         if !(matches!(parts.method, Method::GET | Method::HEAD) && body.is_end_stream()) {
             let sent = cache::is_unsafe(&parts.method).then(|| parts.copy());
-            let resp = forward_timed(ctx, route, parts, body, hop).await?;
+            // RFC 9211: forwarded for its method, or (a GET or HEAD with a body) not
+            // handled by the cache at all.
+            let status = if sent.is_some() {
+                "tollgate; fwd=method"
+            } else {
+                "tollgate; fwd=bypass"
+            };
+            let mut resp = forward_timed(ctx, route, parts, body, hop).await?;
             let ok = resp.status().is_success() || resp.status().is_redirection();
             if let (Some(sent), true) = (sent, ok) {
                 self.cache.invalidate(&ask, &sent, resp.headers());
             }
+            resp.headers_mut()
+                .insert(cache::CACHE_STATUS, HeaderValue::from_static(status));
             return Ok(resp.map(Either::Left));
         }
         let key = cache::Key::of(&ask, &parts);
