@@ -346,10 +346,10 @@ impl Gateway {
             let sent = cache::is_unsafe(&parts.method).then(|| parts.copy());
             // RFC 9211: forwarded for its method, or (a GET or HEAD with a body) not
             // handled by the cache at all.
-            let status = if sent.is_some() {
-                "tollgate; fwd=method"
-            } else {
+            let status = if matches!(parts.method, Method::GET | Method::HEAD) {
                 "tollgate; fwd=bypass"
+            } else {
+                "tollgate; fwd=method"
             };
             let mut resp = forward_timed(ctx, route, parts, body, hop).await?;
             let ok = resp.status().is_success() || resp.status().is_redirection();
