@@ -1,7 +1,7 @@
 //! A request the listener refused before its head could be read whole (framing in doubt,
-//! a head too large): counted in the metrics and written to the access log as every
-//! refusal is, and named by an id in its answer, so that an operator sees 400s, 431s and
-//! 501s where the others are.
+//! a head too large): counted among the answers and refusals and written to the access
+//! log, and named by an id in its answer, so that an operator sees 400s, 431s and 501s
+//! where the others are.
 
 use super::state::Gateway;
 use crate::exchange::{ConnInfo, Fields, REASONS};
@@ -30,8 +30,8 @@ impl Gateway {
             .and_then(|m| Method::from_bytes(m).ok())
             .unwrap_or_else(|| Method::from_bytes(b"-").unwrap_or_default());
         let target = words.next().unwrap_or(b"");
+        // Not in a route's counts: it never had one, and its time would be no latency.
         self.metrics.response(status);
-        self.metrics.unrouted().record(&method, status, 0.0);
         // Every one of them is a request the gateway could not take as one.
         self.metrics.refusal(0);
         if let Some(log) = self.access_log.load_full() {
