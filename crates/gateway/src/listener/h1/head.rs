@@ -219,7 +219,7 @@ fn parse_with(
         version,
         count,
     };
-    match head_of(head.clone(), read, fields) {
+    match head_of(&head, read, fields) {
         Ok(h) => Ok(Some(h)),
         Err(r) => {
             // Refused once taken out of the buffer: the head is put back, so that its
@@ -234,7 +234,7 @@ fn parse_with(
 }
 
 /// The head located in `head` (its bytes, taken out of the buffer), its fields checked.
-fn head_of(head: Bytes, read: Located, fields: &Spots) -> Result<Head, Refused> {
+fn head_of(head: &Bytes, read: Located, fields: &Spots) -> Result<Head, Refused> {
     let Located {
         method,
         target,
