@@ -386,7 +386,7 @@ pub fn has_token(v: &[u8], token: &[u8]) -> bool {
 /// gives itself (its length alone when the request was a `HEAD`), naming the request's
 /// `id` when it has one, and `Connection: close` (the framing is in doubt).
 pub fn refusal_answer(r: Refused, head: bool, id: Option<&[u8]>, date: &[u8], out: &mut Vec<u8>) {
-    // An id is made of hex digits (or checked printable when a trusted client gave it).
+    // The id is one the handler made (the gateway's: 32 hex digits): it needs no escaping.
     let id = id.map(String::from_utf8_lossy);
     let body = match &id {
         Some(id) => format!(
