@@ -41,6 +41,10 @@ fn answer(head: &str, n: usize, failing: bool) -> (Vec<u8>, bool) {
     match p {
         "/fresh" | "/a/x" | "/a/y" => ok("Cache-Control: max-age=60\r\n", format!("n={n}")),
         "/plain" => ok("", format!("n={n}")),
+        "/chained" => ok(
+            "Cache-Control: max-age=60\r\nCache-Status: origin-cache; hit\r\nCache-Status: edge; fwd=miss\r\n",
+            format!("n={n}"),
+        ),
         "/nostore" => ok("Cache-Control: no-store\r\n", format!("n={n}")),
         "/private" => ok("Cache-Control: private, max-age=60\r\n", format!("n={n}")),
         "/malformed" => ok("Cache-Control: max-age=soon\r\n", format!("n={n}")),
@@ -192,6 +196,38 @@ async fn a_fresh_response_is_served_from_the_cache_until_it_goes_stale() {
     let c = s.get("/fresh").await;
     assert_eq!(c.body, "n=2", "stale: fetched again");
     assert_eq!(s.upstream(), 2);
+}
+
+#[tokio::test]
+async fn the_gateway_adds_its_cache_status_after_the_upstreams() {
+    // RFC 9211 §2: each cache keeps the field and adds its member at the end.
+    let s = setup().await;
+    let a = s.get("/chained").await;
+    assert_eq!(
+        a.header("cache-status"),
+        "origin-cache; hit, edge; fwd=miss, tollgate; fwd=uri-miss; stored"
+    );
+    let b = s.get("/chained").await;
+    assert_eq!(b.body, "n=1");
+    assert_eq!(
+        b.header("cache-status"),
+        "origin-cache; hit, edge; fwd=miss, tollgate; hit; ttl=60"
+    );
+    assert_eq!(b.headers.get_all("cache-status").iter().count(), 1);
+    let p =
+        s.c.request(
+            http::Method::POST,
+            &s.gw.url("/chained"),
+            &[("X-API-Key", "ka")],
+            "x",
+        )
+        .await;
+    assert_eq!(p.header("cache-status"), "tollgate; fwd=method");
+    assert_eq!(
+        s.get("/chained").await.body,
+        "n=3",
+        "the POST invalidated it"
+    );
 }
 
 #[tokio::test]

@@ -11,6 +11,37 @@ use http::{Method, Response, StatusCode};
 /// `Cache-Status` (RFC 9211).
 pub const CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache-status");
 
+/// Adds the gateway's member to `Cache-Status`, after what a cache nearer the origin wrote
+/// there (RFC 9211 §2: a cache keeps the field's value and adds its own at the end), so
+/// the whole chain can be read. One field line: the upstream's lines joined, then ours.
+pub fn add_status(h: &mut HeaderMap, ours: HeaderValue) {
+    let mut upstream = h.get_all(&CACHE_STATUS).iter().peekable();
+    if upstream.peek().is_none() {
+        h.insert(CACHE_STATUS, ours);
+        return;
+    }
+    let mut joined = Vec::new();
+    for v in upstream {
+        let v = v.as_bytes().trim_ascii();
+        if !v.is_empty() {
+            joined.extend_from_slice(v);
+            joined.extend_from_slice(b", ");
+        }
+    }
+    joined.extend_from_slice(ours.as_bytes());
+    // Every byte came from a header value or from ours, so this holds; ours alone if not.
+    let v = HeaderValue::from_bytes(&joined).unwrap_or(ours);
+    h.insert(CACHE_STATUS, v);
+}
+
+/// The gateway's own member of a `Cache-Status` value: its last (the gateway's never holds
+/// a comma).
+pub fn own_status(v: &HeaderValue) -> &[u8] {
+    let v = v.as_bytes();
+    let start = v.iter().rposition(|&b| b == b',').map_or(0, |i| i + 1);
+    v[start..].trim_ascii()
+}
+
 pub(super) fn etag_matches(inm: &str, etag: &str) -> bool {
     let weak = |t: &str| t.trim().trim_start_matches("W/").to_string();
     inm.split(',')
@@ -49,7 +80,7 @@ pub(super) fn not_modified_from<B>(resp: &Response<B>, status: &'static str) -> 
     *h = resp.headers().clone();
     h.remove(header::CONTENT_LENGTH);
     h.remove(header::TRANSFER_ENCODING);
-    h.insert(CACHE_STATUS, HeaderValue::from_static(status));
+    add_status(h, HeaderValue::from_static(status));
     r
 }
 
@@ -170,13 +201,37 @@ pub(super) fn answer(e: &Entry, req: &Parts, now_ns: u64, status: String) -> Res
     }
     h.insert(header::AGE, HeaderValue::from(e.age(now_ns).as_secs()));
     if let Ok(v) = HeaderValue::from_str(&status) {
-        h.insert(CACHE_STATUS, v);
+        add_status(h, v);
     }
     r
 }
 
 pub(super) fn with_status(mut r: Response<Body>, status: &'static str) -> Response<Body> {
-    r.headers_mut()
-        .insert(CACHE_STATUS, HeaderValue::from_static(status));
+    add_status(r.headers_mut(), HeaderValue::from_static(status));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateways_member_goes_last_and_is_read_back_alone() {
+        let mut h = HeaderMap::new();
+        add_status(&mut h, HeaderValue::from_static("tollgate; hit"));
+        assert_eq!(h[&CACHE_STATUS], "tollgate; hit");
+        assert_eq!(own_status(&h[&CACHE_STATUS]), b"tollgate; hit");
+
+        let mut h = HeaderMap::new();
+        h.append(CACHE_STATUS, HeaderValue::from_static("a; hit "));
+        h.append(CACHE_STATUS, HeaderValue::from_static(""));
+        h.append(CACHE_STATUS, HeaderValue::from_static("b; fwd=miss"));
+        add_status(&mut h, HeaderValue::from_static("tollgate; fwd=method"));
+        assert_eq!(h.get_all(&CACHE_STATUS).iter().count(), 1);
+        assert_eq!(
+            h[&CACHE_STATUS],
+            "a; hit, b; fwd=miss, tollgate; fwd=method"
+        );
+        assert_eq!(own_status(&h[&CACHE_STATUS]), b"tollgate; fwd=method");
+    }
 }

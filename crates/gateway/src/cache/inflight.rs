@@ -1,7 +1,7 @@
 //! The cache's state: the store, and the requests on their way upstream for a key (one
 //! goes, the others wait for it); what a purge or an unsafe method removes.
 
-use super::answer::CACHE_STATUS;
+use super::answer::{own_status, CACHE_STATUS};
 use super::key::{host_of, uri_key, url_of, Ask, Key};
 use super::store::Store;
 use crate::exchange::{Parts, Refusal};
@@ -76,7 +76,7 @@ pub enum Purge {
 /// stale entry revalidated in line), by its `Cache-Status`; coalesced answers did not.
 pub fn went_upstream<B>(resp: &http::Response<B>) -> bool {
     resp.headers().get(CACHE_STATUS).is_some_and(|v| {
-        let v = v.as_bytes();
+        let v = own_status(v);
         let has = |n: &[u8]| v.windows(n.len()).any(|w| w == n);
         has(b"fwd=") && !has(b"collapsed")
     })

@@ -25,7 +25,7 @@ mod revalidate;
 mod serve;
 pub mod store;
 
-pub use answer::CACHE_STATUS;
+pub use answer::{add_status, own_status, CACHE_STATUS};
 pub use fill::PASS_STATUS;
 pub use inflight::{is_unsafe, went_upstream};
 pub use inflight::{Cache, Fetch, Purge};

@@ -356,8 +356,7 @@ impl Gateway {
             if let (Some(sent), true) = (sent, ok) {
                 self.cache.invalidate(&ask, &sent, resp.headers());
             }
-            resp.headers_mut()
-                .insert(cache::CACHE_STATUS, HeaderValue::from_static(status));
+            cache::add_status(resp.headers_mut(), HeaderValue::from_static(status));
             return Ok(resp.map(Either::Left));
         }
         let key = cache::Key::of(&ask, &parts);
@@ -366,8 +365,8 @@ impl Gateway {
             let mut resp = forward_timed(ctx, route, parts, body, hop)
                 .await?
                 .map(Either::Left);
-            resp.headers_mut().insert(
-                cache::CACHE_STATUS,
+            cache::add_status(
+                resp.headers_mut(),
                 HeaderValue::from_static(cache::PASS_STATUS),
             );
             return Ok(resp);
@@ -445,9 +444,9 @@ impl Gateway {
             .route
             .filter(|r| r.cfg.cache.is_some())
             .and_then(|_| resp.headers().get(cache::CACHE_STATUS))
-            // Its own bytes: an upstream's value is a slice of that answer's whole head,
-            // and a record may wait in the access log's queue.
-            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+            // The gateway's member alone, in bytes of its own: an upstream's value is a
+            // slice of that answer's whole head, and a record may wait in the log's queue.
+            .and_then(|v| HeaderValue::from_bytes(cache::own_status(v)).ok());
         let route = ctx.route.map(|r| r.name.clone());
         let Ctx {
             start,
