@@ -156,6 +156,9 @@ fn check(path: &std::path::Path) -> ExitCode {
             for p in &problems {
                 eprintln!("{}: {p}", path.display());
             }
+            for w in e.warnings() {
+                eprintln!("{}: warning: {w}", path.display());
+            }
             eprintln!(
                 "{}: {} problem(s); not valid",
                 path.display(),

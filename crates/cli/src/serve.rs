@@ -65,6 +65,9 @@ pub fn run(path: &Path, log: LogFormat) -> ExitCode {
             for p in e.problems() {
                 eprintln!("{}: {p}", path.display());
             }
+            for w in e.warnings() {
+                eprintln!("{}: warning: {w}", path.display());
+            }
             eprintln!(
                 "not starting; check the file with `tollgate check --config {}`",
                 path.display()

@@ -112,6 +112,31 @@ fn check_prints_every_problem_with_its_place() {
         "{err}"
     );
     assert!(!err.contains("methods[0]"), "{err}");
+
+    // Warnings are printed beside the errors of a file that is not valid.
+    let f = dir.join("both.yaml");
+    std::fs::write(
+        &f,
+        "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend, methods: [GET, FETCH]}\n  - {path_prefix: /b/, upstream: orders}\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&f)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("routes[1].upstream: unknown upstream \"orders\""),
+        "{err}"
+    );
+    assert!(
+        err.contains("warning: routes[0].methods[1]: \"FETCH\" is not a registered HTTP method")
+            && err.contains("(line 4"),
+        "{err}"
+    );
+    assert!(err.contains("1 problem(s); not valid"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

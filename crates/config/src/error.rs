@@ -45,9 +45,15 @@ pub enum ConfigError {
     /// The YAML is malformed or does not fit the schema (unknown field, wrong type).
     #[error("{0}")]
     Syntax(Problem),
-    /// The file parsed but its content is not valid; every problem found is listed.
-    #[error("{}", list(.0))]
-    Invalid(Vec<Problem>),
+    /// The file parsed but its content is not valid; every problem found is listed, and
+    /// beside them what would only have been warned of had the file been valid.
+    #[error("{}", list(problems))]
+    Invalid {
+        /// What makes the file invalid.
+        problems: Vec<Problem>,
+        /// What is taken as written but is likely a mistake.
+        warnings: Vec<Problem>,
+    },
 }
 
 impl ConfigError {
@@ -56,7 +62,23 @@ impl ConfigError {
         match self {
             ConfigError::Read { .. } => vec![Problem::new("", self.to_string())],
             ConfigError::Syntax(p) => vec![p.clone()],
-            ConfigError::Invalid(ps) => ps.clone(),
+            ConfigError::Invalid { problems, .. } => problems.clone(),
+        }
+    }
+
+    /// What validation warned of beside the problems (none for a file it did not reach).
+    pub fn warnings(&self) -> &[Problem] {
+        match self {
+            ConfigError::Invalid { warnings, .. } => warnings,
+            _ => &[],
+        }
+    }
+
+    /// Problems alone, no warnings: what a file that cannot be parsed or read reports.
+    pub fn invalid(problems: Vec<Problem>) -> Self {
+        ConfigError::Invalid {
+            problems,
+            warnings: Vec::new(),
         }
     }
 }

@@ -40,11 +40,14 @@ pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
 /// Every problem is reported, parse-level ones included, each with its place in the file.
 pub fn from_yaml_in(text: &str, base: &Path) -> Result<Config, ConfigError> {
     // Positions take a second parse of the text: only for a file with problems.
-    let placed = |ps: Vec<Problem>| {
+    let placed = |ps: Vec<Problem>, ws: Vec<Problem>| {
         let positions = parse::Positions::of(text);
-        ConfigError::Invalid(ps.into_iter().map(|p| positions.place(p)).collect())
+        ConfigError::Invalid {
+            problems: ps.into_iter().map(|p| positions.place(p)).collect(),
+            warnings: ws.into_iter().map(|w| positions.place(w)).collect(),
+        }
     };
-    let parsed = parse::file_types(text).map_err(placed)?;
+    let parsed = parse::file_types(text).map_err(|ps| placed(ps, Vec::new()))?;
     let mut problems: Vec<Problem> = parsed.problems;
     let covered = parsed.covered;
     let under = |path: &str| {
@@ -57,7 +60,7 @@ pub fn from_yaml_in(text: &str, base: &Path) -> Result<Config, ConfigError> {
                     .is_some_and(|rest| rest.starts_with(['.', '[']))
         })
     };
-    match validate::validate(parsed.file, base) {
+    let warnings = match validate::validate(parsed.file, base) {
         Ok(mut cfg) if problems.is_empty() => {
             if !cfg.warnings.is_empty() {
                 let positions = parse::Positions::of(text);
@@ -68,13 +71,17 @@ pub fn from_yaml_in(text: &str, base: &Path) -> Result<Config, ConfigError> {
             }
             return Ok(cfg);
         }
-        Ok(_) => {}
-        Err(ConfigError::Invalid(ps)) => {
+        Ok(cfg) => cfg.warnings,
+        Err(ConfigError::Invalid {
+            problems: ps,
+            warnings: ws,
+        }) => {
             problems.extend(ps.into_iter().filter(|p| !under(&p.path)));
+            ws
         }
         Err(e) => return Err(e),
-    }
-    Err(placed(problems))
+    };
+    Err(placed(problems, warnings))
 }
 
 /// Reads, parses and validates a config file.

@@ -129,7 +129,10 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
     };
 
     if !p.0.is_empty() {
-        return Err(ConfigError::Invalid(p.0));
+        return Err(ConfigError::Invalid {
+            problems: p.0,
+            warnings: p.1,
+        });
     }
     Ok(Config {
         cache,

@@ -140,7 +140,7 @@ impl Gateway {
             .unwrap_or(Path::new("."));
         let parsed = std::str::from_utf8(bytes)
             .map_err(|_| {
-                ConfigError::Invalid(vec![tollgate_config::Problem::new(
+                ConfigError::invalid(vec![tollgate_config::Problem::new(
                     "",
                     "the file is not UTF-8 text",
                 )])
@@ -162,6 +162,9 @@ impl Gateway {
                 self.metrics.reload_errors.inc();
                 for p in e.problems() {
                     tracing::error!(path = %path.display(), "config rejected, old config keeps serving: {p}");
+                }
+                for w in e.warnings() {
+                    tracing::warn!(path = %path.display(), "{w}");
                 }
                 self.status
                     .send_modify(|s| s.last_error = Some(e.to_string()));
