@@ -198,9 +198,10 @@ pub(super) fn write_line(rec: &Record, arrived_ns: u64, clock: &mut Clock, out: 
     j.plain(b",\"trace_id\":", trace_id.as_ref().map(|t| &t[..]));
     j.plain(b",\"client\":", Some(rec.client.as_bytes()));
     j.plain(b",\"method\":", Some(rec.method.as_str().as_bytes()));
-    // A copy of a `&str`: always UTF-8.
-    let uri = std::str::from_utf8(&rec.uri).unwrap_or("");
-    j.target(b",\"path\":", uri, rec.snap.credential_params());
+    // A routed target is a copy of a `&str`; one refused before its head parsed may hold
+    // other bytes, logged as U+FFFD rather than lost.
+    let uri = String::from_utf8_lossy(&rec.uri);
+    j.target(b",\"path\":", &uri, rec.snap.credential_params());
     j.str(b",\"route\":", rec.route.as_deref());
     j.str(
         b",\"consumer\":",
@@ -270,7 +271,7 @@ mod tests {
             }
         }
         let snap = Arc::new(Snap);
-        let rec = Record {
+        let mut rec = Record {
             start: Instant::now(),
             request_id: SmallVec::from_slice(b"abc"),
             client: HeaderValue::from_static("10.0.0.7"),
@@ -321,5 +322,12 @@ mod tests {
         assert_eq!(v["upstream_ms"], 5.0);
         assert_eq!(v["bytes_in"], serde_json::Value::Null);
         assert!(text.contains("\"upstream_ms\":5.000,"), "{text}");
+
+        // A target refused before its head parsed may not be UTF-8: kept, not emptied.
+        rec.uri = SmallVec::from_slice(b"/a\xffb?apikey=s");
+        let mut out = Vec::new();
+        write_line(&rec, 0, &mut Clock::default(), &mut out);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["path"], "/a\u{fffd}b");
     }
 }
