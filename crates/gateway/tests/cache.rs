@@ -679,7 +679,12 @@ async fn hits_count_against_the_consumers_limits() {
 
 #[tokio::test]
 async fn purges_by_url_prefix_tag_and_everything() {
-    let s = setup().await;
+    // A second route keys only `id`, and takes its key in the query.
+    let s = setup_with(
+        false,
+        "  - name: keyed\n    path_prefix: /k/\n    upstream: backend\n    auth: {query: [apikey]}\n    cache: {default_ttl: 10s, key_query: [id]}\n",
+    )
+    .await;
     let admin_cfg = tollgate_config::AdminConfig {
         address: "127.0.0.1:0".parse().expect("addr"),
         token: None,
@@ -708,7 +713,6 @@ async fn purges_by_url_prefix_tag_and_everything() {
     for p in paths {
         s.get(p).await;
     }
-    let stored = s.upstream();
     let host = s.gw.addr.ip().to_string();
     let url = format!("{{\"url\": \"http://{host}/fresh\"}}");
     let url: &'static str = Box::leak(url.into_boxed_str());
@@ -718,6 +722,30 @@ async fn purges_by_url_prefix_tag_and_everything() {
     let url = format!("{{\"url\": \"http://{host}/h?y=2\"}}");
     let url: &'static str = Box::leak(url.into_boxed_str());
     assert!(purge(url).await.contains("\"purged\":1"));
+    // A URL as a client wrote it finds the entry the keyed route stored for it: the
+    // API key and the parameters the route does not key are left out, as in its key.
+    let keyed = s.gw.url("/k/item?id=7&utm=mail&apikey=ka");
+    let first = s.c.request(http::Method::GET, &keyed, &[], "").await;
+    assert_eq!(
+        first.header("cache-status"),
+        "tollgate; fwd=uri-miss; stored"
+    );
+    let hit = s.c.request(http::Method::GET, &keyed, &[], "").await;
+    assert!(
+        hit.header("cache-status").contains("hit"),
+        "{:?}",
+        hit.headers
+    );
+    let url = format!("{{\"url\": \"http://{host}/k/item?utm=web&id=7&apikey=other\"}}");
+    let url: &'static str = Box::leak(url.into_boxed_str());
+    assert!(purge(url).await.contains("\"purged\":1"));
+    let again = s.c.request(http::Method::GET, &keyed, &[], "").await;
+    assert!(
+        again.header("cache-status").contains("fwd="),
+        "{:?}",
+        again.headers
+    );
+    let stored = s.upstream();
     assert!(purge(r#"{"prefix": "/a/"}"#).await.contains("\"purged\":2"));
     assert!(purge(r#"{"tag": "t2"}"#).await.contains("\"purged\":1"));
     for p in paths {
@@ -729,8 +757,8 @@ async fn purges_by_url_prefix_tag_and_everything() {
         b"GET /cache HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     .await;
-    assert!(stats.contains("\"entries\":7"), "{stats}");
-    assert!(purge(r#"{"all": true}"#).await.contains("\"purged\":7"));
+    assert!(stats.contains("\"entries\":8"), "{stats}");
+    assert!(purge(r#"{"all": true}"#).await.contains("\"purged\":8"));
     assert!(purge(r#"{"nothing": 1}"#).await.starts_with("HTTP/1.1 400"));
 }
 

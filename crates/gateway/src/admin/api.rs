@@ -1,7 +1,7 @@
 //! The admin endpoints' answers, each a small JSON document.
 
 use super::answer::{error, json, Answer};
-use crate::cache::Purge;
+use crate::cache::{Keying, Purge};
 use crate::gateway::Gateway;
 use crate::observe::analytics::{Query, Step, MAX_BUCKETS};
 use crate::usage::{usage as consumer_usage, UsageError};
@@ -231,7 +231,19 @@ pub async fn purge(gw: &Gateway, req: Request<Incoming>) -> Answer {
     } else {
         return bad("name what to purge: url, prefix, tag, or all: true");
     };
-    let n = gw.cache().purge(what);
+    let snap = gw.snapshot();
+    let routes: Vec<Keying<'_>> = snap
+        .routes
+        .iter()
+        .filter_map(|r| {
+            Some(Keying {
+                route: &r.cfg.name,
+                cfg: r.cfg.cache.as_ref()?,
+                credentials: r.cfg.auth.as_ref().map_or(&[], |a| a.query.as_slice()),
+            })
+        })
+        .collect();
+    let n = gw.cache().purge(what, &routes);
     json(StatusCode::OK, &j!({"purged": n}))
 }
 

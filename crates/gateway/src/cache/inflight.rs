@@ -2,7 +2,7 @@
 //! goes, the others wait for it); what a purge or an unsafe method removes.
 
 use super::answer::{own_status, CACHE_STATUS};
-use super::key::{host_of, uri_key, url_of, Ask, Key};
+use super::key::{host_of, keyed_url, uri_key, url_of, Ask, Key};
 use super::store::Store;
 use crate::exchange::{Parts, Refusal};
 use crate::upstream::PooledBody;
@@ -57,6 +57,17 @@ pub trait Fetch: Send + Sync + 'static {
         &self,
         parts: Parts,
     ) -> impl Future<Output = Result<Response<PooledBody>, Refusal>> + Send;
+}
+
+/// How one route keys its URLs: what a purge by URL needs to find that route's entries
+/// whatever else the URL it names holds (the API key, parameters the route does not key).
+pub struct Keying<'a> {
+    /// The route's name: the first part of its keys.
+    pub route: &'a str,
+    /// Its caching (which query parameters it keys).
+    pub cfg: &'a tollgate_config::RouteCacheConfig,
+    /// The query parameters that carry its API key.
+    pub credentials: &'a [String],
 }
 
 /// What a purge removes.
@@ -138,22 +149,48 @@ impl Cache {
 
     /// Removes what a purge names: `url` (`http://host/path?query`, or a path for every
     /// host), a path `prefix`, a surrogate-key `tag`, or everything. Returns how many.
-    pub fn purge(&self, what: Purge) -> u64 {
+    /// A URL finds the entries it names as written, and on each of `routes` as that route
+    /// keys it: the API key's and unkeyed parameters left out, as a request's key leaves them.
+    pub fn purge(&self, what: Purge, routes: &[Keying<'_>]) -> u64 {
         match what {
             Purge::All => self.store.purge_all(),
             Purge::Tag(t) => self.store.purge_where(move |_, e| e.tags.contains(&t)),
             Purge::Prefix(p) => self.store.purge_where(move |_, e| e.path.starts_with(&p)),
             Purge::Url(u) => {
-                let (host, path) = match u.parse::<http::Uri>() {
-                    Ok(uri) if uri.host().is_some() => (
+                let parsed = u.parse::<http::Uri>().ok();
+                let (host, path) = match &parsed {
+                    Some(uri) if uri.host().is_some() => (
                         uri.host().map(str::to_ascii_lowercase),
                         uri.path_and_query()
                             .map_or("/".to_string(), |p| p.to_string()),
                     ),
-                    _ => (None, u),
+                    _ => (None, u.clone()),
                 };
-                self.store.purge_where(move |_, e| {
-                    e.path == path && host.as_ref().is_none_or(|h| *h == e.host)
+                // Each route's form of the URL, beside its route's name and separator.
+                let keyed: Vec<(String, String)> = parsed
+                    .as_ref()
+                    .map(|uri| {
+                        let p = if uri.path().is_empty() {
+                            "/"
+                        } else {
+                            uri.path()
+                        };
+                        routes
+                            .iter()
+                            .map(|r| {
+                                let url = keyed_url(p, uri.query(), r.cfg, r.credentials);
+                                (format!("{}\u{0}", r.route), url)
+                            })
+                            .filter(|(_, url)| *url != path)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                self.store.purge_where(move |k, e| {
+                    host.as_ref().is_none_or(|h| *h == e.host)
+                        && (e.path == path
+                            || keyed
+                                .iter()
+                                .any(|(r, url)| e.path == *url && k.starts_with(r.as_str())))
                 })
             }
         }

@@ -32,7 +32,12 @@ impl Key {
         authority_into(ask, &parts.headers, &mut plain);
         plain.push('\u{0}');
         let url_start = plain.len();
-        let ambiguous = url_into(parts.uri.path(), parts.uri.query(), ask, &mut plain);
+        let ambiguous = url_into(
+            parts.uri.path(),
+            parts.uri.query(),
+            (ask.cfg, ask.credentials),
+            &mut plain,
+        );
         let uri_len = plain.len();
         variant_into(ask, &ask.cfg.key_headers, &parts.headers, &mut plain);
         Key {
@@ -178,8 +183,19 @@ pub(super) fn host_of(parts: &Parts) -> String {
 
 /// Path + the query parameters the route keys on (credentials left out).
 pub(super) fn url_of(path: &str, query: Option<&str>, ask: &Ask<'_>) -> String {
+    keyed_url(path, query, ask.cfg, ask.credentials)
+}
+
+/// Path + the query parameters a route with `cfg` keys on, its API key's parameters
+/// (`credentials`) left out: the URL part of that route's keys.
+pub fn keyed_url(
+    path: &str,
+    query: Option<&str>,
+    cfg: &RouteCacheConfig,
+    credentials: &[String],
+) -> String {
     let mut url = String::with_capacity(path.len() + 32);
-    url_into(path, query, ask, &mut url);
+    url_into(path, query, (cfg, credentials), &mut url);
     url
 }
 
@@ -191,7 +207,12 @@ pub(super) fn url_of(path: &str, query: Option<&str>, ask: &Ask<'_>) -> String {
 /// in it is keyed: its own, or one after a `;` inside it (`page=1;x=evil` is one value to
 /// Python, Node and PHP and two parameters to Java servers, so it never meets `page=1`).
 /// Names are matched as backends read them ([`crate::query`]).
-pub(super) fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut String) -> bool {
+pub(super) fn url_into(
+    path: &str,
+    query: Option<&str>,
+    (cfg, credentials): (&RouteCacheConfig, &[String]),
+    url: &mut String,
+) -> bool {
     url.push_str(path);
     // Where the query starts: `url` may already hold the key's first parts.
     let query_at = url.len();
@@ -207,14 +228,13 @@ pub(super) fn url_into(path: &str, query: Option<&str>, ask: &Ask<'_>, url: &mut
         for sub in piece.split(';') {
             let raw = crate::query::split_pair(sub).0;
             let name = crate::query::param_name(raw);
-            if ask
-                .credentials
+            if credentials
                 .iter()
                 .any(|c| crate::query::same_param(&name, c))
             {
                 continue;
             }
-            match &ask.cfg.key_query {
+            match &cfg.key_query {
                 KeyQuery::All => keep = true,
                 KeyQuery::None => {}
                 KeyQuery::Only(names) => {

@@ -28,5 +28,5 @@ pub mod store;
 pub use answer::{add_status, own_status, CACHE_STATUS};
 pub use fill::PASS_STATUS;
 pub use inflight::{is_unsafe, went_upstream};
-pub use inflight::{Cache, Fetch, Purge};
+pub use inflight::{Cache, Fetch, Keying, Purge};
 pub use key::{Ask, Key};
