@@ -57,10 +57,13 @@ pub async fn usage(
     consumer: &str,
     now: Now,
 ) -> Result<Usage, UsageError> {
-    // Listed in the config or managed through the admin API, as a request finds it.
+    // Listed in the config or managed through the admin API, as a request finds it; else
+    // a caller a token named (on its plan or the route's `anonymous_plan`) since the
+    // last reload.
     let index = snap
         .find_consumer(consumer)
         .map_err(|_| UsageError::TooManyGuests)?
+        .or_else(|| snap.counters.guest_named(consumer))
         .ok_or_else(|| UsageError::UnknownConsumer(consumer.to_string()))?;
     let group = snap.counters.group(index, now);
     let mut limits = Vec::new();

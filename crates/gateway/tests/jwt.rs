@@ -433,6 +433,18 @@ async fn unlisted_callers_get_the_plan_of_their_token_or_the_anonymous_plan() {
     }
     let a = call(&gw, &zed).await;
     assert_eq!(a.status, 429, "{}", a.body);
+    // Its usage, as for a listed consumer: gold's limit, both requests counted.
+    let u = tollgate_gateway::usage::usage(&gw.gw.snapshot(), None, "zed", gw.gw.now())
+        .await
+        .expect("zed's usage");
+    let l = &u.limits[0];
+    assert_eq!((l.requests, l.used, l.remaining), (2, 2, 0), "{u:?}");
+    assert!(
+        tollgate_gateway::usage::usage(&gw.gw.snapshot(), None, "nobody", gw.gw.now())
+            .await
+            .is_err(),
+        "a name no token brought stays unknown"
+    );
     // No plan in the token: the anonymous plan (free: 1 a minute), counted apart.
     let yve = key.sign(&claims(&iss, "yve"));
     assert_eq!(call(&gw, &yve).await.status, 200);

@@ -99,6 +99,13 @@ impl<S: Default> Guests<S> {
 }
 
 impl<S> Guests<S> {
+    /// The number of guest `name` made last (a guest on two plans has two), or `None`
+    /// when no caller of that name came.
+    pub fn find(&self, name: &str) -> Option<usize> {
+        let by_name = self.by_name.read();
+        by_name.get(name)?.last().map(|(_, n)| *n as usize)
+    }
+
     /// Guest number `n`.
     pub fn get(&self, n: usize) -> Option<&Guest<S>> {
         self.chunks.get(n / CHUNK)?.get()?.get(n % CHUNK)?.get()

@@ -162,6 +162,12 @@ impl Counters {
         Some(self.lines.len() + self.guests.add(name, plan)?)
     }
 
+    /// The index of the guest `name` as it last came (see [`Guests::find`]), without
+    /// making one: what its usage is read from.
+    pub fn guest_named(&self, name: &str) -> Option<usize> {
+        Some(self.lines.len() + self.guests.find(name)?)
+    }
+
     /// A stable identity of consumer `i` for the usage history: the table and index of a
     /// listed consumer, or for a guest its name's address.
     pub fn identity(&self, i: usize) -> (usize, u32) {
