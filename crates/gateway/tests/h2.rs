@@ -111,6 +111,31 @@ async fn h2c_serves_http2_and_http1_on_one_port_with_the_same_policies() {
 }
 
 #[tokio::test]
+async fn the_gateways_own_answers_carry_the_date() {
+    let (backend, _) = inspect_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;
+    let mut tx = h2_client(g.addr).await;
+    let req = Request::builder()
+        .uri("http://api.test/keyed/x")
+        .body(Empty::<Bytes>::new())
+        .expect("req");
+    let resp = bounded("h2c request", tx.send_request(req))
+        .await
+        .expect("response");
+    assert_eq!(resp.status(), 401);
+    let date = resp
+        .headers()
+        .get("date")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| httpdate::parse_http_date(v).ok())
+        .expect("a Date in IMF-fixdate");
+    let off = date
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_else(|e| e.duration());
+    assert!(off < std::time::Duration::from_secs(5), "{off:?}");
+}
+
+#[tokio::test]
 async fn cookie_fields_reach_an_http1_backend_as_one_header() {
     let (backend, _) = inspect_backend().await;
     let g = TestGateway::start(&h2c_yaml(backend, ""), SystemClock::new()).await;

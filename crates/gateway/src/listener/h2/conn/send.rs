@@ -113,7 +113,8 @@ where
             }
         }
         if !date {
-            let now = std::time::SystemTime::now();
+            // The coarse clock, as HTTP/1.1's `Date`: a second's precision is all it shows.
+            let now = crate::clock::coarse::wall();
             let secs = now
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
