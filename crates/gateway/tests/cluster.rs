@@ -135,6 +135,29 @@ async fn one_per_30s_admits_exactly_one_request_per_window_cluster_wide() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_calling_slowly_on_every_node_is_never_refused_below_its_limit() {
+    // 100 per 10 s on 3 nodes: no credit (1% of 100 is less than one a node), and one call
+    // a second on each node meets a new sub-window each time, with no token in hand. The
+    // call waits for its lease instead of being refused.
+    let redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(backend, &redis.url(), "{requests: 100, per: 10s}", "open");
+    let nodes = nodes(3, &cfg, &clock).await;
+    let c = TestClient::default();
+    for second in 0..8 {
+        for (i, node) in nodes.iter().enumerate() {
+            let a = c.get(&node.url("/test/?apikey=k1")).await;
+            assert_eq!(a.status, StatusCode::OK, "second {second}, node {i}: {}", a.body);
+        }
+        clock.advance(Duration::from_secs(1));
+    }
+    // All 24 counted in Redis (tokens leased; unused ones given back later).
+    let counted = redis.hsum(&limit_key("100-per-10s:100:10"));
+    assert!(counted >= 24, "{counted} counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_and_restarted_mid_run_fails_open_then_resumes() {
     let mut redis = RedisServer::start();
     let backend = echo_backend().await;

@@ -2,6 +2,7 @@
 //! path it serves, phase by phase ([`pipeline`]).
 
 mod fetch;
+mod logged_head;
 mod pipeline;
 mod reload;
 mod start;

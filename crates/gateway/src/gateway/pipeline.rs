@@ -16,6 +16,7 @@
 //! One [`Ctx`] carries a request through them all.
 
 use super::fetch::{nanos, share_for, UpFetch};
+use super::logged_head::Head;
 use super::state::Gateway;
 use crate::cache::{self, Ask};
 use crate::exchange::{ConnInfo, Parts, Refusal, UpstreamWork, REASONS};
@@ -24,7 +25,8 @@ use crate::listener::RequestBody;
 use crate::observe::logged::{Logged, Pending};
 use crate::observe::record::Record;
 use crate::observe::request_id::{self, X_REQUEST_ID};
-use crate::observe::trace::{RequestTrace, SpanHead};
+use crate::observe::trace::RequestTrace;
+use crate::policy::limits::{self, Limited};
 use crate::policy::{self, cors, Admitted, Verdict};
 use crate::response::{refuse, Body};
 use crate::route;
@@ -97,6 +99,14 @@ impl<'s> Ctx<'s> {
         }
     }
 
+    /// What an admitted request carries upstream from the gateway: its id, its trace.
+    fn going_on(&self, parts: &mut Parts) {
+        parts.headers.insert(X_REQUEST_ID, self.request_id.clone());
+        if let Some(t) = &self.trace {
+            t.prepare(&mut parts.headers);
+        }
+    }
+
     /// Phase 2: how the request goes to `route`'s upstream.
     fn upstream_peer(&self, route: &'s Route) -> Hop<'s> {
         let conn = self.conn;
@@ -138,57 +148,21 @@ impl<'s> Ctx<'s> {
     }
 }
 
-/// What the access log (and a recorded span) needs of the request head, copied before the
-/// head is consumed.
-struct Head {
-    uri: SmallVec<[u8; 96]>,
-    bytes_in: Option<u64>,
-    span: Option<Box<SpanHead>>,
+/// What the request filter made of a request it did not refuse.
+enum Filtered {
+    /// It goes on upstream.
+    Forward,
+    /// Answered here (a CORS preflight).
+    Answer(Box<Response<Body>>),
+    /// A shared limit's lease is on its way: the limits are checked again when it lands.
+    Leasing,
 }
 
-impl Head {
-    /// What `req` leaves for the access log (when `logged`) and its span (when `sampled`).
-    fn of(req: &Parts, conn: &ConnInfo, logged: bool, sampled: bool) -> Self {
-        let span = sampled.then(|| {
-            let h = &req.headers;
-            Box::new(SpanHead {
-                host: h
-                    .get(http::header::HOST)
-                    .map(HeaderValue::as_bytes)
-                    .or_else(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
-                    .map(SpanHead::copy),
-                user_agent: h
-                    .get(http::header::USER_AGENT)
-                    .map(|v| SpanHead::copy(v.as_bytes())),
-                version: req.version,
-                https: conn.listener.tls.is_some(),
-                port: conn.listener.address.port(),
-                route_path: None,
-            })
-        });
-        // Only the access log says how large the request was (a span leaves the
-        // conventions' opt-in sizes out).
-        let bytes_in = logged
-            .then(|| {
-                req.headers
-                    .get(http::header::CONTENT_LENGTH)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse().ok())
-                    .or_else(|| {
-                        (!req.headers.contains_key(http::header::TRANSFER_ENCODING)).then_some(0)
-                    })
-            })
-            .flatten();
-        let uri = req.uri.path_and_query().map_or_else(
-            || SmallVec::from_slice(req.uri.path().as_bytes()),
-            |pq| SmallVec::from_slice(pq.as_str().as_bytes()),
-        );
-        Head {
-            uri,
-            bytes_in,
-            span,
-        }
-    }
+/// The longest a request waits for a shared limit's lease: three sync rounds and a Redis
+/// round trip's margin, never more than half a second (a slow Redis then answers 429,
+/// not a slow request).
+fn lease_wait(sync_interval: Duration) -> Duration {
+    (sync_interval * 3 + Duration::from_millis(50)).min(Duration::from_millis(500))
 }
 
 impl Gateway {
@@ -231,12 +205,18 @@ impl Gateway {
         if head.is_some() {
             ctx.note_target = Some(&answered);
         }
-        let mut resp = match self.request_filter(&mut ctx, &mut parts) {
-            Ok(None) => match self.proxy(&mut ctx, parts, body).await {
+        let mut filtered = self.request_filter(&mut ctx, &mut parts);
+        if matches!(filtered, Ok(Filtered::Leasing)) {
+            filtered = self.after_lease(&mut ctx, &mut parts).await;
+        }
+        let mut resp = match filtered {
+            Ok(Filtered::Forward) => match self.proxy(&mut ctx, parts, body).await {
                 Ok(resp) => resp,
                 Err(r) => self.fail_to_proxy(&mut ctx, r),
             },
-            Ok(Some(answer)) => answer,
+            Ok(Filtered::Answer(answer)) => *answer,
+            // `after_lease` ends in one of the others.
+            Ok(Filtered::Leasing) => self.fail_to_proxy(&mut ctx, Refusal::LimitStoreDown),
             Err(r) => self.fail_to_proxy(&mut ctx, r),
         };
         ctx.response_filter(&mut resp);
@@ -258,13 +238,12 @@ impl Gateway {
     }
 
     /// Phase 1: makes the request head safe, finds the route and runs the policies.
-    /// `Ok(None)`: the request goes on; `Ok(Some)`: answered here (a CORS preflight);
     /// `Err`: refused.
     fn request_filter<'s>(
         &self,
         ctx: &mut Ctx<'s>,
         parts: &mut Parts,
-    ) -> Result<Option<Response<Body>>, Refusal> {
+    ) -> Result<Filtered, Refusal> {
         // Read before `prepare` strips the hop-by-hop headers that ask for it.
         ctx.upgrade = inbound::upgrade_asked(parts);
         inbound::prepare(&ctx.snap.owned, parts)?;
@@ -286,14 +265,47 @@ impl Gateway {
             ctx.conn.client_names.as_deref(),
             &mut ctx.admitted.consumer,
         )? {
-            Verdict::Answer(r) => Ok(Some(*r)),
+            Verdict::Answer(r) => Ok(Filtered::Answer(r)),
             Verdict::Forward(admitted) => {
                 ctx.admitted = admitted;
-                parts.headers.insert(X_REQUEST_ID, ctx.request_id.clone());
-                if let Some(t) = &ctx.trace {
-                    t.prepare(&mut parts.headers);
-                }
-                Ok(None)
+                ctx.going_on(parts);
+                Ok(Filtered::Forward)
+            }
+            Verdict::Leasing(admitted) => {
+                ctx.admitted = admitted;
+                Ok(Filtered::Leasing)
+            }
+        }
+    }
+
+    /// Phase 1's end for a request a shared limit could not count yet: waits for the
+    /// cluster's rounds, a few sync intervals at most, and checks the limits again after
+    /// each. A lease that does not come in time is a 429 with a short `Retry-After`.
+    async fn after_lease(&self, ctx: &mut Ctx<'_>, parts: &mut Parts) -> Result<Filtered, Refusal> {
+        let (Some(route), Some(consumer)) = (ctx.route, ctx.admitted.consumer) else {
+            return Err(Refusal::NoRoute);
+        };
+        let cluster = self.cluster();
+        let mut rounds = cluster.map(|c| c.rounds());
+        let wait = cluster.map_or(Duration::ZERO, |c| lease_wait(c.cfg.sync_interval));
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let landed = match rounds.as_mut() {
+                Some(r) => matches!(
+                    tokio::time::timeout_at(until, r.changed()).await,
+                    Ok(Ok(()))
+                ),
+                None => false,
+            };
+            let may_wait = landed && tokio::time::Instant::now() < until;
+            let slot = ctx.admitted.plan_slot;
+            let clock = self.clock.as_ref();
+            if let Limited::Admitted(s) =
+                limits::check(ctx.snap, route, consumer, slot, clock, may_wait)?
+            {
+                ctx.admitted.standing = s;
+                ctx.going_on(parts);
+                return Ok(Filtered::Forward);
             }
         }
     }

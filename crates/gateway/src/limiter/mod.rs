@@ -284,7 +284,8 @@ impl Tally {
     /// Limit `index` is used up until `wait` nanoseconds from now.
     fn full(&mut self, index: usize, wait: u64) {
         let later = match self.refused {
-            None => true,
+            // A limit used up outweighs one whose lease is still to come.
+            None | Some(Refused::Leasing(_)) => true,
             Some(Refused::Limit(r)) => wait > r.reset.as_nanos() as u64,
             Some(_) => false,
         };
@@ -299,14 +300,19 @@ impl Tally {
 
     /// A shared limit refused with `r`.
     fn shared(&mut self, index: usize, r: Refused) {
+        // Down outweighs used up, which outweighs a lease still to come: the request may
+        // wait for a lease only when every other limit has room.
         let replace = match (self.refused, r) {
             (None, _) | (_, Refused::StoreDown) => true,
             (Some(Refused::Limit(old)), Refused::Limit(new)) => new.reset > old.reset,
+            (Some(Refused::Leasing(_)), Refused::Limit(_)) => true,
+            (Some(Refused::Leasing(old)), Refused::Leasing(new)) => new.reset > old.reset,
             (Some(_), _) => false,
         };
         if replace {
             self.refused = Some(match r {
                 Refused::Limit(s) => Refused::Limit(Standing { index, ..s }),
+                Refused::Leasing(s) => Refused::Leasing(Standing { index, ..s }),
                 other => other,
             });
         }

@@ -286,9 +286,13 @@ impl<C> SharedLimit<C> {
                 return Ok(Admit::Credit);
             }
             queue(c.as_ref(), cell, l);
-            // Waiting for a lease: retry soon.
+            // Waiting for a lease: the caller may wait for the round, else retry soon.
             let sub_end = (l.sub + 1).saturating_mul(sub_ns).saturating_sub(wall);
-            return Err(refuse(sub_end.min(1_000_000_000)));
+            return Err(Refused::Leasing(Standing {
+                index: 0,
+                remaining: 0,
+                reset: Duration::from_nanos(sub_end.min(1_000_000_000)),
+            }));
         }
         if !c.fail_open() {
             return Err(Refused::StoreDown);

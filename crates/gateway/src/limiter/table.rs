@@ -430,6 +430,7 @@ fn check_cells(group: &Group, positions: &[usize], now: Now) -> Result<Option<St
     match super::check(&cells, now) {
         Ok(s) => Ok(s.map(place)),
         Err(Refused::Limit(s)) => Err(Refused::Limit(place(s))),
+        Err(Refused::Leasing(s)) => Err(Refused::Leasing(place(s))),
         Err(other) => Err(other),
     }
 }

@@ -18,6 +18,10 @@ pub struct Standing {
 pub enum Refused {
     /// A limit is used up.
     Limit(Standing),
+    /// A shared limit has no token in hand and no credit, and its lease is on its way:
+    /// checked again once the cluster's next round lands, the request may pass. Nothing
+    /// was counted. `reset`: when to retry if it does not.
+    Leasing(Standing),
     /// A shared limit cannot be checked (Redis unreachable, `on_redis_down: closed`).
     StoreDown,
     /// A cell was retired while the request held it: nothing was counted; look the

@@ -24,29 +24,42 @@ fn ratelimit_value(prefix: &str, remaining: u64, reset: Duration) -> HeaderValue
     HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("\"limit\";r=0;t=1"))
 }
 
+/// What the limits said of a request they did not refuse.
+#[derive(Debug)]
+pub enum Limited {
+    /// Counted; the tightest limit's standing, if the route has limits.
+    Admitted(Option<Standing>),
+    /// Nothing counted: a shared limit waits on its lease, which the cluster's next round
+    /// brings. Checked again then, the request may pass.
+    Leasing,
+}
+
 /// Counts the request against all of the consumer's limits (those of its plan's slot),
-/// or refuses with 429.
+/// or refuses with 429. With `may_wait`, a shared limit whose lease is on its way says
+/// [`Limited::Leasing`] instead of refusing.
 pub fn check(
     snap: &Snapshot,
     route: &Route,
     consumer: usize,
     slot: usize,
     clock: &dyn Clock,
-) -> Result<Option<Standing>, Refusal> {
+    may_wait: bool,
+) -> Result<Limited, Refusal> {
     let Some(set) = route
         .limit_sets
         .get(slot)
         .filter(|s| !s.positions.is_empty())
     else {
-        return Ok(None);
+        return Ok(Limited::Admitted(None));
     };
     let now = Now {
         mono: clock.now_nanos(),
         wall: clock.wall_nanos(),
     };
     match snap.counters.check(consumer, &set.positions, now) {
-        Ok(s) => Ok(s),
-        Err(Refused::Limit(s)) => {
+        Ok(s) => Ok(Limited::Admitted(s)),
+        Err(Refused::Leasing(_)) if may_wait => Ok(Limited::Leasing),
+        Err(Refused::Limit(s) | Refused::Leasing(s)) => {
             let Some(info) = set.info.get(s.index) else {
                 return Err(Refusal::LimitStoreDown);
             };

@@ -39,6 +39,9 @@ pub struct Admitted {
 pub enum Verdict {
     /// Forward the request.
     Forward(Admitted),
+    /// Every policy let the request pass but a shared limit, whose lease is on its way:
+    /// run [`limits::check`] again once the cluster's round lands.
+    Leasing(Admitted),
     /// Answer with this (a CORS preflight).
     Answer(Box<Response<Body>>),
 }
@@ -67,7 +70,10 @@ pub fn run(
     if let Some(c) = consumer {
         authz::authorize(snap, route, c)?;
         admitted.plan_slot = snap.counters.plan_slot(c);
-        admitted.standing = limits::check(snap, route, c, admitted.plan_slot, clock)?;
+        match limits::check(snap, route, c, admitted.plan_slot, clock, true)? {
+            limits::Limited::Admitted(s) => admitted.standing = s,
+            limits::Limited::Leasing => return Ok(Verdict::Leasing(admitted)),
+        }
     }
     Ok(Verdict::Forward(admitted))
 }

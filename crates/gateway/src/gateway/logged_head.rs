@@ -1,0 +1,59 @@
+//! What the access log and a recorded span keep of a request head before it goes on.
+
+use crate::exchange::{ConnInfo, Parts};
+use crate::observe::trace::SpanHead;
+use http::HeaderValue;
+use smallvec::SmallVec;
+
+/// What the access log (and a recorded span) needs of the request head, copied before the
+/// head is consumed.
+pub(super) struct Head {
+    pub(super) uri: SmallVec<[u8; 96]>,
+    pub(super) bytes_in: Option<u64>,
+    pub(super) span: Option<Box<SpanHead>>,
+}
+
+impl Head {
+    /// What `req` leaves for the access log (when `logged`) and its span (when `sampled`).
+    pub(super) fn of(req: &Parts, conn: &ConnInfo, logged: bool, sampled: bool) -> Self {
+        let span = sampled.then(|| {
+            let h = &req.headers;
+            Box::new(SpanHead {
+                host: h
+                    .get(http::header::HOST)
+                    .map(HeaderValue::as_bytes)
+                    .or_else(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
+                    .map(SpanHead::copy),
+                user_agent: h
+                    .get(http::header::USER_AGENT)
+                    .map(|v| SpanHead::copy(v.as_bytes())),
+                version: req.version,
+                https: conn.listener.tls.is_some(),
+                port: conn.listener.address.port(),
+                route_path: None,
+            })
+        });
+        // Only the access log says how large the request was (a span leaves the
+        // conventions' opt-in sizes out).
+        let bytes_in = logged
+            .then(|| {
+                req.headers
+                    .get(http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .or_else(|| {
+                        (!req.headers.contains_key(http::header::TRANSFER_ENCODING)).then_some(0)
+                    })
+            })
+            .flatten();
+        let uri = req.uri.path_and_query().map_or_else(
+            || SmallVec::from_slice(req.uri.path().as_bytes()),
+            |pq| SmallVec::from_slice(pq.as_str().as_bytes()),
+        );
+        Head {
+            uri,
+            bytes_in,
+            span,
+        }
+    }
+}
