@@ -148,7 +148,12 @@ async fn a_consumer_calling_slowly_on_every_node_is_never_refused_below_its_limi
     for second in 0..8 {
         for (i, node) in nodes.iter().enumerate() {
             let a = c.get(&node.url("/test/?apikey=k1")).await;
-            assert_eq!(a.status, StatusCode::OK, "second {second}, node {i}: {}", a.body);
+            assert_eq!(
+                a.status,
+                StatusCode::OK,
+                "second {second}, node {i}: {}",
+                a.body
+            );
         }
         clock.advance(Duration::from_secs(1));
     }

@@ -240,6 +240,56 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
 }
 
 #[tokio::test]
+async fn the_access_log_names_the_target_of_a_cache_miss_and_of_a_failure() {
+    let dir = tempdir("access-log-targets");
+    let path = dir.join("access.log");
+    let backend = echo_backend().await;
+    // A port nothing listens on: the connection is refused.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let cfg = format!(
+        r#"listeners: [{{address: "127.0.0.1:0"}}]
+upstreams:
+  backend: {{targets: ["{backend}"], response_timeout: 2s}}
+  gone: {{targets: ["{dead}"], connect_timeout: 1s}}
+access_log: {{path: {}}}
+routes:
+  - {{name: cached, path_prefix: /cached/, upstream: backend, cache: {{default_ttl: 10s}}}}
+  - {{name: gone, path_prefix: /gone/, upstream: gone}}
+"#,
+        path.display()
+    );
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let c = TestClient::default();
+    let miss = c.get(&gw.url("/cached/x")).await;
+    assert!(
+        miss.header("cache-status").contains("fwd=uri-miss"),
+        "{:?}",
+        miss.headers
+    );
+    let hit = c.get(&gw.url("/cached/x")).await;
+    assert!(
+        hit.header("cache-status").contains("hit"),
+        "{:?}",
+        hit.headers
+    );
+    assert_eq!(
+        c.get(&gw.url("/gone/x")).await.status,
+        StatusCode::BAD_GATEWAY
+    );
+    assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
+    let lines = log_lines(&path);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    // The miss went to the backend, the hit nowhere, the failure to the target it tried.
+    assert_eq!(lines[0]["upstream_target"], backend.to_string());
+    assert!(lines[0]["upstream_ms"].as_f64().is_some(), "{}", lines[0]);
+    assert_eq!(lines[1]["upstream_target"], serde_json::Value::Null);
+    assert_eq!(lines[2]["status"], 502);
+    assert_eq!(lines[2]["upstream_target"], dead.to_string());
+}
+
+#[tokio::test]
 async fn an_unwritable_access_log_is_counted_and_never_blocks_requests() {
     let backend = echo_backend().await;
     let cfg = format!(

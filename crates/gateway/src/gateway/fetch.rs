@@ -31,6 +31,9 @@ pub(super) struct UpFetch {
     /// The `traceparent` of the request that made it (a background refresh keeps its
     /// trace).
     traceparent: Option<[u8; 55]>,
+    /// The target the last fetch went to, and its retries: the request that went upstream
+    /// logs them.
+    pub(super) answered: upstream::AnsweredBy,
 }
 
 impl UpFetch {
@@ -49,6 +52,7 @@ impl UpFetch {
             took_ns: AtomicU64::new(0),
             conn: conn.clone(),
             traceparent,
+            answered: upstream::AnsweredBy::default(),
         }
     }
 }
@@ -65,7 +69,7 @@ impl cache::Fetch for UpFetch {
             body_timeout: self.body_timeout,
             stream_body: false,
             route: &self.route,
-            note_target: None,
+            note_target: Some(&self.answered),
             traceparent: self.traceparent,
         };
         let share = share_for(&self.conn, parts.version, &self.upstream).await?;

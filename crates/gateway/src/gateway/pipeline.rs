@@ -392,11 +392,18 @@ impl Gateway {
                 .get_or_init(|| Arc::new(UpFetch::new(route, conn, traceparent)))
                 .clone()
         };
-        let resp = Box::pin(self.cache.serve(ask, key, parts, make)).await?;
-        if let (true, Some(f)) = (cache::went_upstream(&resp), fetch.get()) {
-            ctx.upstream_ns = Some(f.took_ns.load(Ordering::Relaxed));
+        let resp = Box::pin(self.cache.serve(ask, key, parts, make)).await;
+        // The request's own fetch, if it made one and it was answered from it (or failed).
+        let went = resp.as_ref().map_or(true, cache::went_upstream);
+        if let (true, Some(f)) = (went, fetch.get()) {
+            if resp.is_ok() {
+                ctx.upstream_ns = Some(f.took_ns.load(Ordering::Relaxed));
+            }
+            if let Some(n) = ctx.note_target {
+                n.take_from(&f.answered);
+            }
         }
-        Ok(resp)
+        resp
     }
 
     /// Phase 4: a refusal, from whichever phase, noted and made into its answer.

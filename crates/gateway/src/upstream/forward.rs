@@ -159,6 +159,9 @@ async fn send(
             }
         };
         last_target = Some(target);
+        if let Some(n) = hop.note_target {
+            n.tried(&target.name);
+        }
         if encoded_for != Some(key) {
             let added = h1::Added {
                 host: (!hop.preserve_host).then_some(&target.host),
@@ -214,9 +217,6 @@ async fn send(
                 *resp.headers_mut() = h.headers;
                 if !h.plain {
                     headers::rewrite_response(resp.headers_mut());
-                }
-                if let Some(n) = hop.note_target {
-                    n.answered(&target.name);
                 }
                 return Ok(resp);
             }

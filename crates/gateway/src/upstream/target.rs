@@ -72,17 +72,28 @@ pub struct Upstream {
 /// the access log and the request's span).
 #[derive(Debug, Default)]
 pub struct AnsweredBy {
-    /// The target that answered (a lock taken once, uncontended: cheaper than a
-    /// `OnceLock`'s initialisation).
+    /// The target that answered or, when none did, the last one tried (as nginx's
+    /// `$upstream_addr`). A lock taken once a try, uncontended.
     pub target: parking_lot::Mutex<Option<Arc<str>>>,
     /// Tries after the first.
     pub retries: std::sync::atomic::AtomicU32,
 }
 
 impl AnsweredBy {
-    /// Notes the target that answered.
-    pub fn answered(&self, target: &Arc<str>) {
-        self.target.lock().get_or_insert_with(|| target.clone());
+    /// Notes the target a try goes to: the last one noted is the one that answered, or
+    /// the last that failed.
+    pub fn tried(&self, target: &Arc<str>) {
+        *self.target.lock() = Some(target.clone());
+    }
+
+    /// Adds what `other` noted (a fetch made for the request) to this.
+    pub fn take_from(&self, other: &AnsweredBy) {
+        if let Some(t) = other.target.lock().clone() {
+            self.tried(&t);
+        }
+        let n = other.retries.load(std::sync::atomic::Ordering::Relaxed);
+        self.retries
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Notes one more try.

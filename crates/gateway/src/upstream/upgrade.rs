@@ -67,6 +67,9 @@ pub async fn upgrade(
     *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.headers_mut() = h;
+    if let Some(n) = hop.note_target {
+        n.tried(&target.name);
+    }
     let mut resp = match tokio::time::timeout(up.cfg.response_timeout, client.send(req)).await {
         Err(_) => {
             up.outcome(target, false);
@@ -86,9 +89,6 @@ pub async fn upgrade(
         Ok(Ok(r)) => r,
     };
     up.outcome(target, !resp.status().is_server_error());
-    if let Some(n) = hop.note_target {
-        n.answered(&target.name);
-    }
     let read_timeout = up.cfg.read_timeout;
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // Declined: an ordinary answer, under the same rule as on every other client.

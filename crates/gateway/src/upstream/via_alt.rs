@@ -57,6 +57,9 @@ pub(super) async fn forward(
                 break;
             }
         };
+        if let Some(n) = hop.note_target {
+            n.tried(&target.name);
+        }
         let body = match (&whole, streaming.take()) {
             (Some(chunks), _) => UpBody::whole(chunks),
             (None, Some(b)) => b,
@@ -100,9 +103,6 @@ pub(super) async fn forward(
             Ok(Ok(mut resp)) => {
                 up.outcome(target, !resp.status().is_server_error());
                 rewrite_response(resp.headers_mut());
-                if let Some(n) = hop.note_target {
-                    n.answered(&target.name);
-                }
                 let read_timeout = up.cfg.read_timeout;
                 return Ok(resp.map(|b| PooledBody::plain(b, read_timeout)));
             }
