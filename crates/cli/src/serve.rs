@@ -55,11 +55,7 @@ pub fn run(path: &Path, log: LogFormat) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let base = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let cfg = match tollgate_config::from_yaml_in(&text, base) {
+    let cfg = match tollgate_config::from_text_of(&text, path) {
         Ok(c) => c,
         Err(e) => {
             for p in e.problems() {

@@ -113,6 +113,36 @@ fn check_prints_every_problem_with_its_place() {
     );
     assert!(!err.contains("methods[0]"), "{err}");
 
+    // The change log needs a file of its own: not the consumers file, not the config.
+    std::fs::write(
+        dir.join("people.jsonl"),
+        "{\"name\": \"c1\", \"keys\": [\"k1\"]}\n",
+    )
+    .expect("write");
+    let head = "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend}\nconsumers_file: people.jsonl\n";
+    for (name, log, says) in [
+        (
+            "log-people.yaml",
+            "people.jsonl",
+            "names the consumers file",
+        ),
+        ("log-self.yaml", "log-self.yaml", "names this config file"),
+    ] {
+        let f = dir.join(name);
+        std::fs::write(&f, format!("{head}consumers_log: {log}\n")).expect("write");
+        let out = Command::new(BIN)
+            .args(["check", "--config"])
+            .arg(&f)
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        assert!(
+            err.contains(&format!("consumers_log: {says}")),
+            "{name}: {err}"
+        );
+    }
+
     // Warnings are printed beside the errors of a file that is not valid.
     let f = dir.join("both.yaml");
     std::fs::write(

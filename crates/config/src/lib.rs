@@ -90,8 +90,26 @@ pub fn from_path(path: &Path) -> Result<Config, ConfigError> {
         path: path.display().to_string(),
         source: e,
     })?;
+    from_text_of(&text, path)
+}
+
+/// Parses and validates `text`, read from the config file at `path` (relative file names
+/// in it are read beside it), and checks that the files it writes are not the file itself.
+pub fn from_text_of(text: &str, path: &Path) -> Result<Config, ConfigError> {
     let base = path.parent().filter(|p| !p.as_os_str().is_empty());
-    from_yaml_in(&text, base.unwrap_or(Path::new(".")))
+    let cfg = from_yaml_in(text, base.unwrap_or(Path::new(".")))?;
+    // The change log is appended to: naming the config file itself would spoil it.
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if cfg.consumers_log.as_deref().is_some_and(|l| same(l, path)) {
+        return Err(ConfigError::invalid(vec![Problem::new(
+            "consumers_log",
+            "names this config file: the change log is appended to, so it needs a file of its own",
+        )]));
+    }
+    Ok(cfg)
 }
 
 /// A fingerprint of file content, to tell a change from the content running.

@@ -123,6 +123,13 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
             p.add("consumers_log", "name the file");
             None
         }
+        (Some(l), Some(f)) if base.join(l) == base.join(f) => {
+            p.add(
+                "consumers_log",
+                "names the consumers file: the change log is appended to, so it needs a file of its own",
+            );
+            None
+        }
         (Some(l), _) => Some(base.join(l)),
         (None, Some(f)) => Some(base.join(format!("{f}.changes"))),
         (None, None) => None,

@@ -134,10 +134,6 @@ impl Gateway {
     /// read beside it). Blocking: a config with a large consumers file takes a moment to
     /// load, so async callers run this on a blocking thread.
     pub fn reload_bytes(&self, path: &Path, bytes: &[u8]) -> Result<(), ConfigError> {
-        let base = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
         let parsed = std::str::from_utf8(bytes)
             .map_err(|_| {
                 ConfigError::invalid(vec![tollgate_config::Problem::new(
@@ -145,7 +141,7 @@ impl Gateway {
                     "the file is not UTF-8 text",
                 )])
             })
-            .and_then(|text| tollgate_config::from_yaml_in(text, base));
+            .and_then(|text| tollgate_config::from_text_of(text, path));
         match parsed {
             Ok(cfg) => {
                 for w in &cfg.warnings {

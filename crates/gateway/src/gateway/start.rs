@@ -85,7 +85,14 @@ impl Gateway {
             store
         });
         let roster = match &config.consumers_log {
-            None => crate::roster::Roster::in_memory(),
+            None => {
+                if config.admin.is_some() {
+                    tracing::warn!(
+                        "consumers managed through the admin API are kept in memory only and lost on restart; name a file in consumers_log: to keep them"
+                    );
+                }
+                crate::roster::Roster::in_memory()
+            }
             Some(path) => crate::roster::Roster::open(path).unwrap_or_else(|e| {
                 let why = format!(
                     "cannot read the consumer change log {}: {e}",
