@@ -63,7 +63,12 @@ pub async fn usage(
     let index = snap
         .find_consumer(consumer)
         .map_err(|_| UsageError::TooManyGuests)?
-        .or_else(|| snap.counters.guest_named(consumer))
+        .or_else(|| {
+            // Only a name neither listed nor managed: a deleted consumer stays unknown.
+            let known = snap.config.consumers.find(consumer).is_some()
+                || snap.roster.get(consumer).is_some();
+            (!known).then(|| snap.counters.guest_named(consumer)).flatten()
+        })
         .ok_or_else(|| UsageError::UnknownConsumer(consumer.to_string()))?;
     let group = snap.counters.group(index, now);
     let mut limits = Vec::new();
