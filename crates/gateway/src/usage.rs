@@ -67,7 +67,9 @@ pub async fn usage(
             // Only a name neither listed nor managed: a deleted consumer stays unknown.
             let known = snap.config.consumers.find(consumer).is_some()
                 || snap.roster.get(consumer).is_some();
-            (!known).then(|| snap.counters.guest_named(consumer)).flatten()
+            (!known)
+                .then(|| snap.counters.guest_named(consumer))
+                .flatten()
         })
         .ok_or_else(|| UsageError::UnknownConsumer(consumer.to_string()))?;
     let group = snap.counters.group(index, now);

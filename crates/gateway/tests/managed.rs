@@ -139,6 +139,17 @@ async fn changes_apply_to_the_next_request_and_survive_a_restart() {
     )
     .await;
     assert_eq!(s, 400, "{v}");
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/carol",
+        Some(json!({"key_sha256": ["cd".repeat(32), "CD".repeat(32)]})),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"].as_str().unwrap_or("")),
+        (400, "key_sha256[1] repeats key_sha256[0]")
+    );
     let digest = "ab".repeat(32);
     let (s, _) = admin(
         ad,
