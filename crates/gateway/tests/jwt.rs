@@ -64,8 +64,14 @@ impl Signer {
     }
 
     fn sign(&self, claims: &Value) -> String {
+        self.sign_with(claims, |_| {})
+    }
+
+    /// Signed with a header `shape` changes.
+    fn sign_with(&self, claims: &Value, shape: impl FnOnce(&mut Header)) -> String {
         let mut h = Header::new(self.alg);
         h.kid = Some(self.kid.clone());
+        shape(&mut h);
         jsonwebtoken::encode(&h, claims, &self.key).expect("sign")
     }
 }
@@ -319,7 +325,13 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
             ps.sign(&claims(&iss, "alice")),
             "signing algorithm not accepted",
         ),
-        (unsigned, "malformed token"),
+        (unsigned, "signing algorithm not accepted"),
+        (
+            good.sign_with(&claims(&iss, "alice"), |h| {
+                h.crit = Some(vec!["exp-hint".to_string()]);
+            }),
+            "critical header not supported",
+        ),
         (huge, "token too large"),
         (good.sign(&claims(&iss, "mallory")), "unknown consumer"),
         ("not.a.token".to_string(), "malformed token"),
@@ -345,7 +357,7 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
     assert_eq!(a.status, 400);
     assert!(challenge(&a).starts_with(r#"Bearer error="invalid_request""#));
     let m = gw.gw.metrics_text();
-    assert!(m.contains(r#"reason="invalid_token"} 13"#), "{m}");
+    assert!(m.contains(r#"reason="invalid_token"} 14"#), "{m}");
 }
 
 #[tokio::test]

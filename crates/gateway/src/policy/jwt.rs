@@ -109,6 +109,27 @@ fn in_time(exp: Option<u64>, nbf: Option<u64>, now: u64, skew: u64) -> Result<()
     Ok(())
 }
 
+/// Why a token's header could not be read: an algorithm the library does not know (`none`
+/// among them) is named as such, anything else is malformed.
+fn unreadable_header(token: &str) -> Refusal {
+    use base64::Engine;
+    let alg_named = token
+        .split('.')
+        .next()
+        .and_then(|h| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(h)
+                .ok()
+        })
+        .and_then(|h| serde_json::from_slice::<Map<String, Value>>(&h).ok())
+        .is_some_and(|h| h.get("alg").is_some_and(Value::is_string));
+    Refusal::InvalidToken(if alg_named {
+        "signing algorithm not accepted"
+    } else {
+        "malformed token"
+    })
+}
+
 /// The full check of a token not seen before.
 fn check(
     snap: &Snapshot,
@@ -117,8 +138,11 @@ fn check(
     (generation, roster): (u64, u64),
     now: u64,
 ) -> Result<Verified, Refusal> {
-    let header =
-        jsonwebtoken::decode_header(token).map_err(|_| Refusal::InvalidToken("malformed token"))?;
+    let header = jsonwebtoken::decode_header(token).map_err(|_| unreadable_header(token))?;
+    // RFC 7515 §4.1.11: extensions the recipient must understand; none are understood here.
+    if header.crit.is_some() {
+        return Err(Refusal::InvalidToken("critical header not supported"));
+    }
     let alg = header.alg;
     if !jwt.algorithms.contains(&alg) {
         return Err(Refusal::InvalidToken("signing algorithm not accepted"));
