@@ -57,6 +57,17 @@ impl JwtAlgorithm {
             JwtAlgorithm::HS256 | JwtAlgorithm::HS384 | JwtAlgorithm::HS512
         )
     }
+
+    /// The shortest secret an HMAC algorithm may be used with: its hash's size (RFC 7518
+    /// §3.2); 0 for the others.
+    pub fn min_secret(self) -> usize {
+        match self {
+            JwtAlgorithm::HS256 => 32,
+            JwtAlgorithm::HS384 => 48,
+            JwtAlgorithm::HS512 => 64,
+            _ => 0,
+        }
+    }
 }
 
 /// Where a route's token signing keys come from.

@@ -82,7 +82,29 @@ pub(super) fn jwt(
         }
     };
     let symmetric = matches!(keys, JwtKeys::Secret(_));
-    let algorithms = algorithms(j.algorithms.as_deref(), symmetric, at, p);
+    let mut algorithms = algorithms(j.algorithms.as_deref(), symmetric, at, p);
+    if let JwtKeys::Secret(s) = &keys {
+        // RFC 7518 §3.2: a secret at least as long as the hash. Listed algorithms the secret
+        // is too short for are refused; left to the default, they are left out.
+        match &j.algorithms {
+            Some(raw) => {
+                for (i, name) in raw.iter().enumerate() {
+                    let fits = JwtAlgorithm::ALL.iter().find(|(n, _)| n == name);
+                    if let Some(&(_, a)) = fits.filter(|(_, a)| s.len() < a.min_secret()) {
+                        p.add(
+                            format!("{at}.algorithms[{i}]"),
+                            format!(
+                                "{name} needs a secret of at least {} bytes (RFC 7518 §3.2); the secret has {}",
+                                a.min_secret(),
+                                s.len()
+                            ),
+                        );
+                    }
+                }
+            }
+            None => algorithms.retain(|a| s.len() >= a.min_secret()),
+        }
+    }
 
     let consumer_claim = j.consumer_claim.clone().unwrap_or_else(|| "sub".into());
     if consumer_claim.is_empty() {

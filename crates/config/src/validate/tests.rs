@@ -322,6 +322,7 @@ fn token_settings_are_checked_with_their_place() {
     let dir = std::env::temp_dir().join(format!("tollgate-jwt-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(dir.join("short.secret"), "too short\n").expect("write");
+    std::fs::write(dir.join("forty.secret"), "x".repeat(40)).expect("write");
     std::fs::write(dir.join("set.json"), r#"{"kids": []}"#).expect("write");
     std::fs::write(
         dir.join("oct.json"),
@@ -349,6 +350,7 @@ routes:
         clock_skew: 1h
   - {name: f, path_prefix: /f/, upstream: backend, auth: {jwt: {jwks_url: "http://x/j", secret_file: s}}}
   - {name: g, path_prefix: /g/, upstream: backend, auth: {jwt: {jwks_file: oct.json}}}
+  - {name: h, path_prefix: /h/, upstream: backend, auth: {jwt: {secret_file: forty.secret, algorithms: [HS256, HS384]}}}
 "#;
     let err = crate::from_yaml_in(bad, &dir)
         .expect_err("invalid")
@@ -370,9 +372,26 @@ routes:
         "routes[4].auth.jwt.clock_skew: must be at most 10m",
         "routes[5].auth.jwt: give one of `jwks_url`, `jwks_file` and `secret_file`, not several",
         "holds no public key (only shared-secret `oct` keys, or none)",
+        "routes[7].auth.jwt.algorithms[1]: HS384 needs a secret of at least 48 bytes (RFC 7518 §3.2); the secret has 40",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
+    assert!(!err.contains("routes[7].auth.jwt.algorithms[0]"), "{err}");
+    // Left to the default, the algorithms are those the secret is long enough for.
+    let good = r#"
+listeners: [{address: "127.0.0.1:8080"}]
+upstreams:
+  backend: {targets: ["127.0.0.1:1337"]}
+routes:
+  - {name: h, path_prefix: /h/, upstream: backend, auth: {jwt: {secret_file: forty.secret}}}
+"#;
+    let cfg = crate::from_yaml_in(good, &dir).expect("valid");
+    let jwt = cfg.routes[0]
+        .auth
+        .as_ref()
+        .and_then(|a| a.jwt.as_ref())
+        .expect("jwt");
+    assert_eq!(jwt.algorithms, vec![crate::JwtAlgorithm::HS256]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
