@@ -60,6 +60,10 @@ impl FileProblems<'_> {
 }
 
 /// What a key field must be: printable ASCII, no spaces (it is compared as sent).
+/// Why `-` is no consumer's name.
+pub(crate) const NO_CONSUMER_TAKEN: &str =
+    "`-` stands for requests without a consumer in the usage history and the access log; choose another name";
+
 pub(crate) fn valid_token(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| (0x21..0x7f).contains(&b))
 }
@@ -98,6 +102,8 @@ fn add(
             line,
             "name must be non-empty printable ASCII without spaces (it is sent upstream in a header)",
         );
+    } else if name == crate::NO_CONSUMER {
+        probs.add(line, NO_CONSUMER_TAKEN);
     }
     let plan = match plan {
         None => None,

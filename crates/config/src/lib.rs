@@ -112,6 +112,10 @@ pub fn from_text_of(text: &str, path: &Path) -> Result<Config, ConfigError> {
     Ok(cfg)
 }
 
+/// What the usage history and the access log name a request without a consumer: never a
+/// consumer's name.
+pub const NO_CONSUMER: &str = "-";
+
 /// A fingerprint of file content, to tell a change from the content running.
 pub fn fingerprint(bytes: &[u8]) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};

@@ -385,6 +385,12 @@ fn consumers(
                 "must be non-empty printable ASCII (it is sent upstream in a header)",
             );
             ok = false;
+        } else if c.name == crate::NO_CONSUMER {
+            p.add(
+                format!("{at}.name"),
+                crate::consumers_file::NO_CONSUMER_TAKEN,
+            );
+            ok = false;
         }
         if c.keys.is_empty() && c.key_sha256.is_empty() {
             p.add(format!("{at}.keys"), "at least one key is required");

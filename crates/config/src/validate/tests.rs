@@ -34,6 +34,7 @@ upstreams:
 consumers:
   - {name: alice, keys: [k1], plan: bronze}
   - {name: bob, keys: [k1]}
+  - {name: "-", keys: [k3]}
 routes:
   - {path_prefix: /a/, upstream: backend}
   - {path_prefix: b, upstream: orders, methods: [GET, "B@D"]}
@@ -46,6 +47,7 @@ routes:
         "upstreams.backend.targets[0]: \"127.0.0.1\" is not a host:port target",
         "consumers[0].plan: unknown plan \"bronze\"",
         "consumers[1].keys[0]: this key is already used by consumers[0]",
+        "consumers[2].name: `-` stands for requests without a consumer",
         "routes[1].path_prefix: \"b\" must start with '/'",
         "routes[1].upstream: unknown upstream \"orders\"",
         "routes[1].methods[1]: \"B@D\" is not an HTTP method",

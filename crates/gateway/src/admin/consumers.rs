@@ -260,7 +260,7 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
     let bad = |why: String| error(StatusCode::BAD_REQUEST, &why);
     if !valid_name(name) {
         return bad(format!(
-            "{name:?} is not a consumer name: 1 to 256 visible ASCII characters, no quote, backslash or /"
+            "{name:?} is not a consumer name: 1 to 256 visible ASCII characters, no quote, backslash or /, and not - (no consumer)"
         ));
     }
     let Value::Object(fields) = body else {

@@ -24,7 +24,7 @@ const MINUTES_KEPT: u64 = 7 * 86_400;
 /// A query may ask for at most this many buckets.
 pub const MAX_BUCKETS: u64 = 10_000;
 /// The consumer or route of requests that had none.
-pub const NONE: &str = "-";
+pub const NONE: &str = tollgate_config::NO_CONSUMER;
 
 /// Why the history cannot be kept or read.
 #[derive(Debug, thiserror::Error)]

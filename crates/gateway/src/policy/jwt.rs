@@ -264,6 +264,7 @@ fn consumer(
         .and_then(Value::as_str)
         .filter(|n| {
             !n.is_empty()
+                && *n != tollgate_config::NO_CONSUMER
                 && n.len() <= MAX_NAME
                 && n.bytes()
                     .all(|b| (0x21..0x7f).contains(&b) && b != b'"' && b != b'\\')

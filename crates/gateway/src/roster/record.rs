@@ -61,9 +61,10 @@ pub fn hex(d: &[u8; 32]) -> String {
 }
 
 /// Whether `name` may name a consumer: 1 to 256 visible ASCII characters, no quote,
-/// backslash or `/` (it is a path segment of the admin API).
+/// backslash or `/` (it is a path segment of the admin API), and not `-` (no consumer).
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
+    name != tollgate_config::NO_CONSUMER
+        && !name.is_empty()
         && name.len() <= 256
         && name
             .bytes()
@@ -82,6 +83,7 @@ mod tests {
         assert_eq!(parse_digest(&"zz".repeat(32)), None);
         assert!(valid_name("alice@example.com"));
         assert!(!valid_name("a/b") && !valid_name("") && !valid_name("a b"));
+        assert!(!valid_name("-") && valid_name("--"));
         let r = Managed {
             name: "alice".into(),
             plan: None,
