@@ -30,6 +30,9 @@ pub struct Usage {
     pub consumer: String,
     /// Whether the counts are shared by the cluster (read from Redis).
     pub shared: bool,
+    /// What `used` counts: `requests` admitted (on one node), or tokens `granted` to the
+    /// nodes (shared: leased ahead of requests, some maybe not yet used).
+    pub counted: &'static str,
     /// One entry per limit.
     pub limits: Vec<LimitUsage>,
 }
@@ -118,6 +121,7 @@ pub async fn usage(
     Ok(Usage {
         consumer: consumer.to_string(),
         shared,
+        counted: if shared { "granted" } else { "requests" },
         limits,
     })
 }

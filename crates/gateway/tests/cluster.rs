@@ -157,9 +157,21 @@ async fn a_consumer_calling_slowly_on_every_node_is_never_refused_below_its_limi
         }
         clock.advance(Duration::from_secs(1));
     }
-    // All 24 counted in Redis (tokens leased; unused ones given back later).
+    // All 24 counted in Redis (tokens leased; unused ones given back later), and usage
+    // says what it reads there is tokens granted.
     let counted = redis.hsum(&limit_key("100-per-10s:100:10"));
     assert!(counted >= 24, "{counted} counted");
+    let g = &nodes[0].gw;
+    let u = tollgate_gateway::usage::usage(
+        &g.snapshot(),
+        g.cluster().map(|c| c.as_ref()),
+        "alice",
+        g.now(),
+    )
+    .await
+    .expect("usage");
+    assert_eq!((u.shared, u.counted), (true, "granted"));
+    assert!(u.limits[0].used >= 24, "{u:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

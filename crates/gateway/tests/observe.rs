@@ -444,6 +444,7 @@ async fn the_admin_api_asks_for_its_token_everywhere_but_health_and_the_page() {
     assert!(!page.body.contains("src=\"http"), "no external scripts");
     let ok = admin_call(&c, addr, Method::GET, "/usage/alice").await;
     assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    assert_eq!(json(&ok)["counted"], "requests", "{}", ok.body);
     let bad = admin_call(&c, addr, Method::GET, "/reload").await;
     assert_eq!(bad.status, StatusCode::METHOD_NOT_ALLOWED);
     let bad = admin_call(&c, addr, Method::GET, "/analytics?step=5m").await;
