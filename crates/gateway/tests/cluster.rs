@@ -175,6 +175,30 @@ async fn a_consumer_calling_slowly_on_every_node_is_never_refused_below_its_limi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_limit_on_one_node_admits_every_call_below_it() {
+    // 20 per 10 s, one call a second: the node must not lease the whole limit at once and
+    // then take itself for full after giving the unused tokens back.
+    let redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(backend, &redis.url(), "{requests: 20, per: 10s}", "open");
+    let nodes = nodes(1, &cfg, &clock).await;
+    let c = TestClient::default();
+    for second in 0..15 {
+        for i in 0..(1 + second % 2) {
+            let a = c.get(&nodes[0].url("/test/?apikey=k1")).await;
+            assert_eq!(
+                a.status,
+                StatusCode::OK,
+                "second {second}, call {i}: {}",
+                a.body
+            );
+        }
+        clock.advance(Duration::from_secs(1));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_and_restarted_mid_run_fails_open_then_resumes() {
     let mut redis = RedisServer::start();
     let backend = echo_backend().await;

@@ -207,10 +207,12 @@ fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
         };
         l.queued = false;
         l.roll(wall / sub_ns);
-        // Recent rate × horizon, within a fair share of what is left.
+        // Recent rate × horizon, within a fair share of what is left. A first lease knows no
+        // rate: it asks for what came in (its requests wait for it), not for the whole
+        // limit, which would leave it "full" for every other node and for this one.
         let elapsed = l
             .last_lease
-            .map_or(Duration::from_millis(1), |t| t.elapsed())
+            .map_or(Duration::from_nanos(horizon_ns), |t| t.elapsed())
             .max(Duration::from_millis(1));
         let rate_size =
             (l.demand as f64 * horizon_ns as f64 / elapsed.as_nanos() as f64).ceil() as u64 + 1;
@@ -381,7 +383,14 @@ async fn round(
             l.settled(*s, *k);
         }
         l.granted = total;
-        l.full_until = l.full_until.max(free_at);
+        // The store's latest word on the window: tokens given back since it last said "full"
+        // (this node's own, unused) may have made room again. A lease for the next
+        // sub-window speaks of a later window only, so it never clears it.
+        l.full_until = if a.next {
+            l.full_until.max(free_at)
+        } else {
+            free_at
+        };
         if granted > 0 {
             l.link = link;
         }
