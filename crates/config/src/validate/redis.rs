@@ -23,6 +23,8 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
             let mut db = 0;
             let mut cluster_nodes = Vec::new();
             let mut tls = None;
+            // A list given but wrong has its own problems: "needs one of" would repeat them.
+            let mut listed = false;
             for (k, v) in m {
                 let key = k.as_str().unwrap_or("?");
                 let here = format!("{AT}.{key}");
@@ -34,6 +36,7 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                         _ => p.add(here, "must be a database number from 0 to 15"),
                     },
                     "sentinels" => {
+                        listed = true;
                         sentinels = host_ports(v, &here, "sentinel", "10.0.0.1:26379", p);
                     }
                     "password_file" => {
@@ -52,6 +55,7 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                         None => p.add(here, "must be true or false"),
                     },
                     "cluster_nodes" => {
+                        listed = true;
                         cluster_nodes =
                             host_ports(v, &here, "node of the Redis Cluster", "10.0.1.1:6379", p);
                     }
@@ -115,8 +119,13 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                 }
                 (None, false) => {
                     let Some(master_name) = master_name.filter(|n| !n.is_empty()) else {
+                        let at = if m.contains_key("master_name") {
+                            format!("{AT}.master_name")
+                        } else {
+                            AT.to_string()
+                        };
                         p.add(
-                            AT,
+                            at,
                             "with `sentinels`, name the master they watch (`master_name`)",
                         );
                         return RedisTarget::Url(String::new());
@@ -130,10 +139,12 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                     }
                 }
                 (None, true) => {
-                    p.add(
-                        AT,
-                        "needs `url`, `sentinels` (with `master_name`) or `cluster_nodes`",
-                    );
+                    if !listed {
+                        p.add(
+                            AT,
+                            "needs `url`, `sentinels` (with `master_name`) or `cluster_nodes`",
+                        );
+                    }
                     RedisTarget::Url(String::new())
                 }
             }
@@ -165,10 +176,15 @@ fn host_ports(v: &Value, here: &str, name: &str, example: &str, p: &mut Problems
         return Vec::new();
     };
     let mut out = Vec::with_capacity(list.len());
+    // Each good address with its place in the list.
+    let mut at = Vec::with_capacity(list.len());
     for (i, s) in list.iter().enumerate() {
         let s = text(s, &format!("{here}[{i}]"), p);
-        if host_port(&s) {
+        if let Some(j) = out.iter().position(|o| *o == s) {
+            p.add(format!("{here}[{i}]"), format!("repeats {here}[{}]", at[j]));
+        } else if host_port(&s) {
             out.push(s);
+            at.push(i);
         } else {
             p.add(
                 format!("{here}[{i}]"),
@@ -179,9 +195,15 @@ fn host_ports(v: &Value, here: &str, name: &str, example: &str, p: &mut Problems
     out
 }
 
+/// `host:port` or `[v6]:port`: no scheme, user, path or space (`redis://h:1` is a URL, not
+/// an address the sentinels or the cluster's nodes are asked at).
 fn host_port(s: &str) -> bool {
-    s.rsplit_once(':')
-        .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok_and(|n| n > 0))
+    s.rsplit_once(':').is_some_and(|(h, port)| {
+        let plain = !h.is_empty()
+            && !h.contains(['/', '@', ' ', '\t'])
+            && (!h.contains(':') || (h.starts_with('[') && h.ends_with(']')));
+        plain && port.parse::<u16>().is_ok_and(|n| n > 0)
+    })
 }
 
 /// A `redis://` or `rediss://` URL, with the password from a file put in it when it has

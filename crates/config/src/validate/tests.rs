@@ -502,6 +502,27 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
         err.contains("cluster.redis: give one of `url`, `sentinels` or `cluster_nodes`"),
         "{err}"
     );
+    // A URL where an address goes, a repeated node, an empty master name: each at its
+    // place, and no "needs one of" beside them.
+    let err = with(
+        "{sentinels: [\"redis://10.0.0.1:26379\", \"[::1]:26379\", \"[::1]:26379\"], master_name: \"\"}",
+    )
+    .expect_err("bad sentinels");
+    let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+    for want in [
+        "cluster.redis.sentinels[0]: \"redis://10.0.0.1:26379\" must be host:port",
+        "cluster.redis.sentinels[2]: repeats cluster.redis.sentinels[1]",
+        "cluster.redis.master_name: with `sentinels`, name the master",
+    ] {
+        assert!(
+            text.iter().any(|t| t.starts_with(want)),
+            "missing {want:?} in {text:#?}"
+        );
+    }
+    assert_eq!(text.len(), 3, "{text:#?}");
+    let err = with("{cluster_nodes: [\"user@h:1\"]}").expect_err("bad node");
+    let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+    assert_eq!(text.len(), 1, "{text:#?}");
     let err = with("{url: \"http://x\"}")
         .expect_err("bad url")
         .to_string();
