@@ -323,6 +323,14 @@ async fn head_is_served_from_a_stored_get_and_conditional_requests_get_304() {
     assert_eq!(c.status.as_u16(), 304);
     assert_eq!(c.header("etag"), "\"v1\"");
     assert_eq!(s.upstream(), 1);
+    // A conditional miss (bob's entries are his own): the whole answer is fetched and
+    // stored, the client gets its 304, and Cache-Status says so once.
+    let m = s
+        .get_as("kb", "/etag", &[("If-None-Match", "\"v1\"")])
+        .await;
+    assert_eq!(m.status.as_u16(), 304);
+    assert_eq!(m.header("cache-status"), "tollgate; fwd=uri-miss; stored");
+    assert_eq!(s.upstream(), 2);
 }
 
 #[tokio::test]

@@ -70,17 +70,16 @@ pub(super) fn satisfied(req: &Fields, headers: &HeaderMap) -> bool {
     matches!((since, modified), (Some(s), Some(m)) if m <= s)
 }
 
-/// A 304 for a client whose conditional the upstream's fresh 200 satisfies: its headers
-/// without the body's length, and `status` as `Cache-Status`. The body is stored on its
-/// own (see [`crate::upstream::PooledBody::read_ahead`]).
-pub(super) fn not_modified_from<B>(resp: &Response<B>, status: &'static str) -> Response<Body> {
+/// A 304 for a client whose conditional the upstream's fresh 200 satisfies: that answer's
+/// headers (its `Cache-Status` already says how it was had) without the body's length.
+/// The body is stored on its own (see [`crate::upstream::PooledBody::read_ahead`]).
+pub(super) fn not_modified_from<B>(resp: &Response<B>) -> Response<Body> {
     let mut r = Response::new(full(Bytes::new()));
     *r.status_mut() = StatusCode::NOT_MODIFIED;
     let h = r.headers_mut();
     *h = resp.headers().clone();
     h.remove(header::CONTENT_LENGTH);
     h.remove(header::TRANSFER_ENCODING);
-    add_status(h, HeaderValue::from_static(status));
     r
 }
 

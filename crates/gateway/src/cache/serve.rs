@@ -137,7 +137,7 @@ impl Cache {
                 && !conditional.is_empty()
                 && answer::satisfied(&conditional, resp.headers())
             {
-                return Ok(answer::not_modified_from(&resp, miss.status(true)));
+                return Ok(answer::not_modified_from(&resp));
             }
             return Ok(resp);
         }
