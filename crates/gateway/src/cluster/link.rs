@@ -35,6 +35,8 @@ pub struct Cluster {
     pub(super) nodes: AtomicU64,
     pub(super) rtt_us: AtomicU64,
     pub(super) rounds: watch::Sender<u64>,
+    /// Starts the next round before its tick: a request waits for a lease.
+    pub(super) hurry: Arc<tokio::sync::Notify>,
     /// Connections made to Redis so far: tokens are given back only on the connection
     /// that granted them.
     pub(super) link: AtomicU32,
@@ -77,6 +79,7 @@ impl Cluster {
             nodes: AtomicU64::new(1),
             rtt_us: AtomicU64::new(1_000),
             rounds: watch::channel(0).0,
+            hurry: Arc::new(tokio::sync::Notify::new()),
             link: AtomicU32::new(0),
             server: parking_lot::Mutex::default(),
             metrics: ClusterMetrics::default(),
@@ -194,6 +197,10 @@ impl SharedStore<LimitCell> for Cluster {
 
     fn enqueue(&self, cell: &Arc<LimitCell>) {
         self.queue.lock().push(cell.clone());
+    }
+
+    fn hurry(&self) {
+        self.hurry.notify_one();
     }
 
     fn admitted_fail_open(&self) {

@@ -109,9 +109,14 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
         let Some(c) = weak.upgrade() else { return };
         let mut tick = tokio::time::interval(c.cfg.sync_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let hurry = c.hurry.clone();
         drop(c);
         loop {
-            tick.tick().await;
+            // Every sync interval, or at once when a request waits for a lease.
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = hurry.notified() => tick.reset(),
+            }
             let Some(c) = weak.upgrade() else { return };
             if conn.is_none() {
                 match connect(&c).await {

@@ -26,7 +26,7 @@ use crate::observe::logged::{Logged, Pending};
 use crate::observe::record::Record;
 use crate::observe::request_id::{self, X_REQUEST_ID};
 use crate::observe::trace::RequestTrace;
-use crate::policy::limits::{self, Limited};
+use crate::policy::limits::{self, Attempt, Limited};
 use crate::policy::{self, cors, Admitted, Verdict};
 use crate::response::{refuse, Body};
 use crate::route;
@@ -158,11 +158,12 @@ enum Filtered {
     Leasing,
 }
 
-/// The longest a request waits for a shared limit's lease: three sync rounds and a Redis
-/// round trip's margin, never more than half a second (a slow Redis then answers 429,
-/// not a slow request).
+/// The longest a request waits for a shared limit's lease. The request starts a round at
+/// once, so the wait is one Redis round trip when Redis answers; a round that fails (its
+/// commands time out after 1 s) tells the limits Redis is down, and the request is then
+/// decided as `on_redis_down` says. This bound is a backstop past that.
 fn lease_wait(sync_interval: Duration) -> Duration {
-    (sync_interval * 3 + Duration::from_millis(50)).min(Duration::from_millis(500))
+    Duration::from_secs(1) + (sync_interval * 2).min(Duration::from_secs(1))
 }
 
 impl Gateway {
@@ -300,8 +301,9 @@ impl Gateway {
             let may_wait = landed && tokio::time::Instant::now() < until;
             let slot = ctx.admitted.plan_slot;
             let clock = self.clock.as_ref();
+            let attempt = Attempt::Again { may_wait };
             if let Limited::Admitted(s) =
-                limits::check(ctx.snap, route, consumer, slot, clock, may_wait)?
+                limits::check(ctx.snap, route, consumer, slot, clock, attempt)?
             {
                 ctx.admitted.standing = s;
                 ctx.going_on(parts);

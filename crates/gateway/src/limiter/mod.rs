@@ -331,12 +331,23 @@ impl Tally {
     }
 }
 
+/// [`check_as`] for a request's first check.
+#[cfg(test)]
+pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Refused> {
+    check_as(cells, now, false)
+}
+
 /// Checks every limit together. If all have room, counts the request in each and returns
 /// the standing of the tightest one; otherwise counts nothing and returns the standing of
-/// the limit that refused (the one that frees up last).
+/// the limit that refused (the one that frees up last). `again`: the request checks again
+/// after waiting for a shared limit's lease (it is not counted twice in the lease sizing).
 ///
 /// `cells` must be sorted by id, so locks are always taken in the same order.
-pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Refused> {
+pub fn check_as(
+    cells: &[&Arc<LimitCell>],
+    now: Now,
+    again: bool,
+) -> Result<Option<Standing>, Refused> {
     if cells.is_empty() {
         return Ok(None);
     }
@@ -356,7 +367,7 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
                 Room::Local
             }
             Counter::Shared(l) => match cell.shared.as_ref() {
-                Some(shared) => match shared.room(cell, cell.shape(), l, now.wall) {
+                Some(shared) => match shared.room(cell, cell.shape(), l, now.wall, again) {
                     Ok(admit) => Room::Shared(admit),
                     Err(r) => {
                         tally.shared(index, r);

@@ -47,6 +47,8 @@ pub trait SharedStore<C>: Send + Sync + std::fmt::Debug {
     fn lead_ns(&self) -> u64;
     /// Queues `cell` for the next round with the store.
     fn enqueue(&self, cell: &Arc<C>);
+    /// Starts the next round now rather than at its tick: a request waits for a lease.
+    fn hurry(&self);
     /// Counts a request admitted while the store was down.
     fn admitted_fail_open(&self);
     /// The counting handle for one limit of one consumer (and route, for a route's limit).
@@ -248,17 +250,22 @@ impl<C> SharedLimit<C> {
     }
 
     /// Decides whether a request fits, without counting it. Never waits on the store.
+    /// `again`: the request asked before and waited for a lease; it is not counted in the
+    /// rate the leases are sized by a second time.
     pub(crate) fn room(
         &self,
         cell: &Arc<C>,
         limit: Limit,
         l: &mut Lease,
         wall: u64,
+        again: bool,
     ) -> Result<Admit, Refused> {
         let c = &self.store;
         let sub_ns = limit.sub_ns();
         l.roll(wall / sub_ns);
-        l.demand += 1;
+        if !again {
+            l.demand += 1;
+        }
         if !l.back.is_empty() || l.debt > 0 {
             // Tokens of a sub-window that ended go back, and what was admitted without a
             // grant is counted, in the next round (also when this request is refused).
@@ -279,13 +286,24 @@ impl<C> SharedLimit<C> {
             if l.full() {
                 // Used up until the store said room opens.
                 let wait = l.full_until.saturating_mul(sub_ns).saturating_sub(wall);
-                return Err(refuse(wait));
+                if l.back.is_empty() {
+                    return Err(refuse(wait));
+                }
+                // The store counted tokens this node has since given up unused: once they
+                // are back, it may have room. The request waits for that round's word.
+                c.hurry();
+                return Err(Refused::Leasing(Standing {
+                    index: 0,
+                    remaining: 0,
+                    reset: Duration::from_nanos(wait),
+                }));
             }
             let credit = (self.credit_base / c.nodes() as f64).floor() as u64;
             if l.debt < credit {
                 return Ok(Admit::Credit);
             }
             queue(c.as_ref(), cell, l);
+            c.hurry();
             // Waiting for a lease: the caller may wait for the round, else retry soon.
             let sub_end = (l.sub + 1).saturating_mul(sub_ns).saturating_sub(wall);
             return Err(Refused::Leasing(Standing {

@@ -228,6 +228,18 @@ impl Counters {
         positions: &[usize],
         now: Now,
     ) -> Result<Option<Standing>, Refused> {
+        self.check_as(i, positions, now, false)
+    }
+
+    /// [`Counters::check`], for a request that asks `again` after waiting for a shared
+    /// limit's lease (not counted twice in the rate leases are sized by).
+    pub fn check_as(
+        &self,
+        i: usize,
+        positions: &[usize],
+        now: Now,
+        again: bool,
+    ) -> Result<Option<Standing>, Refused> {
         let Some((line, ls)) = self.at(i) else {
             return Err(Refused::Retired);
         };
@@ -264,7 +276,7 @@ impl Counters {
             let Slot::Cells(group) = &*slot else {
                 continue;
             };
-            match check_cells(group, positions, now) {
+            match check_cells(group, positions, now, again) {
                 Err(Refused::Retired) => *slot = Slot::Unknown,
                 checked => return checked,
             }
@@ -411,7 +423,12 @@ impl Counters {
 
 /// [`super::check`] on the cells of `group` at `positions`, locked in id order; a
 /// standing's `index` is its place in `positions`.
-fn check_cells(group: &Group, positions: &[usize], now: Now) -> Result<Option<Standing>, Refused> {
+fn check_cells(
+    group: &Group,
+    positions: &[usize],
+    now: Now,
+    again: bool,
+) -> Result<Option<Standing>, Refused> {
     // `order[k]`: the id of the k-th cell locked and the place of its limit in `positions`.
     let mut order: SmallVec<[(u64, usize); 4]> = positions
         .iter()
@@ -427,7 +444,7 @@ fn check_cells(group: &Group, positions: &[usize], now: Now) -> Result<Option<St
         index: order.get(s.index).map_or(0, |o| o.1),
         ..s
     };
-    match super::check(&cells, now) {
+    match super::check_as(&cells, now, again) {
         Ok(s) => Ok(s.map(place)),
         Err(Refused::Limit(s)) => Err(Refused::Limit(place(s))),
         Err(Refused::Leasing(s)) => Err(Refused::Leasing(place(s))),

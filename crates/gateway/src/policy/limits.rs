@@ -34,8 +34,21 @@ pub enum Limited {
     Leasing,
 }
 
+/// How a request meets its limits: for the first time, or again after waiting for a lease
+/// (and whether it may wait once more).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The first check: it may wait for a lease.
+    First,
+    /// A check after a wait; `may_wait`: the wait is not over.
+    Again {
+        /// Whether a shared limit still leasing says [`Limited::Leasing`] (else 429).
+        may_wait: bool,
+    },
+}
+
 /// Counts the request against all of the consumer's limits (those of its plan's slot),
-/// or refuses with 429. With `may_wait`, a shared limit whose lease is on its way says
+/// or refuses with 429. While it may wait, a shared limit whose lease is on its way says
 /// [`Limited::Leasing`] instead of refusing.
 pub fn check(
     snap: &Snapshot,
@@ -43,7 +56,7 @@ pub fn check(
     consumer: usize,
     slot: usize,
     clock: &dyn Clock,
-    may_wait: bool,
+    attempt: Attempt,
 ) -> Result<Limited, Refusal> {
     let Some(set) = route
         .limit_sets
@@ -56,7 +69,11 @@ pub fn check(
         mono: clock.now_nanos(),
         wall: clock.wall_nanos(),
     };
-    match snap.counters.check(consumer, &set.positions, now) {
+    let (again, may_wait) = match attempt {
+        Attempt::First => (false, true),
+        Attempt::Again { may_wait } => (true, may_wait),
+    };
+    match snap.counters.check_as(consumer, &set.positions, now, again) {
         Ok(s) => Ok(Limited::Admitted(s)),
         Err(Refused::Leasing(_)) if may_wait => Ok(Limited::Leasing),
         Err(Refused::Limit(s) | Refused::Leasing(s)) => {

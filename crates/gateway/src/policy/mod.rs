@@ -70,7 +70,14 @@ pub fn run(
     if let Some(c) = consumer {
         authz::authorize(snap, route, c)?;
         admitted.plan_slot = snap.counters.plan_slot(c);
-        match limits::check(snap, route, c, admitted.plan_slot, clock, true)? {
+        match limits::check(
+            snap,
+            route,
+            c,
+            admitted.plan_slot,
+            clock,
+            limits::Attempt::First,
+        )? {
             limits::Limited::Admitted(s) => admitted.standing = s,
             limits::Limited::Leasing => return Ok(Verdict::Leasing(admitted)),
         }
