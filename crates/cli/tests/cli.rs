@@ -120,10 +120,16 @@ fn check_prints_every_problem_with_its_place() {
     )
     .expect("write");
     let head = "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend}\nconsumers_file: people.jsonl\n";
+    let absolute = dir.join("people.jsonl").display().to_string();
     for (name, log, says) in [
         (
             "log-people.yaml",
             "people.jsonl",
+            "names the consumers file",
+        ),
+        (
+            "log-abs.yaml",
+            absolute.as_str(),
             "names the consumers file",
         ),
         ("log-self.yaml", "log-self.yaml", "names this config file"),

@@ -327,6 +327,14 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
         ),
         (unsigned, "signing algorithm not accepted"),
         (
+            // A known algorithm, a header wrong elsewhere (`kid` a number).
+            format!("eyJhbGciOiJFUzI1NiIsImtpZCI6N30.{}.", {
+                let t = good.sign(&claims(&iss, "alice"));
+                t.split('.').nth(1).unwrap_or("").to_string()
+            }),
+            "malformed token",
+        ),
+        (
             good.sign_with(&claims(&iss, "alice"), |h| {
                 h.crit = Some(vec!["exp-hint".to_string()]);
             }),
@@ -357,7 +365,7 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
     assert_eq!(a.status, 400);
     assert!(challenge(&a).starts_with(r#"Bearer error="invalid_request""#));
     let m = gw.gw.metrics_text();
-    assert!(m.contains(r#"reason="invalid_token"} 14"#), "{m}");
+    assert!(m.contains(r#"reason="invalid_token"} 15"#), "{m}");
 }
 
 #[tokio::test]

@@ -102,7 +102,24 @@ pub(super) fn jwt(
                     }
                 }
             }
-            None => algorithms.retain(|a| s.len() >= a.min_secret()),
+            None => {
+                let dropped: Vec<&str> = JwtAlgorithm::ALL
+                    .iter()
+                    .filter(|(_, a)| algorithms.contains(a) && s.len() < a.min_secret())
+                    .map(|(n, _)| *n)
+                    .collect();
+                if !dropped.is_empty() {
+                    p.warn(
+                        format!("{at}.secret_file"),
+                        format!(
+                            "the secret has {} bytes, too short for {} (RFC 7518 §3.2): tokens signed so are refused",
+                            s.len(),
+                            dropped.join(", ")
+                        ),
+                    );
+                }
+                algorithms.retain(|a| s.len() >= a.min_secret());
+            }
         }
     }
 

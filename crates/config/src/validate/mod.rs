@@ -123,7 +123,7 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
             p.add("consumers_log", "name the file");
             None
         }
-        (Some(l), Some(f)) if base.join(l) == base.join(f) => {
+        (Some(l), Some(f)) if same_file(&base.join(l), &base.join(f)) => {
             p.add(
                 "consumers_log",
                 "names the consumers file: the change log is appended to, so it needs a file of its own",
@@ -504,3 +504,9 @@ impl HeaderValueCheck {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether two paths name one file: the same text, or (when both exist) the same file
+/// once links and `..` are resolved.
+fn same_file(a: &Path, b: &Path) -> bool {
+    a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}

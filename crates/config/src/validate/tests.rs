@@ -394,6 +394,13 @@ routes:
         .and_then(|a| a.jwt.as_ref())
         .expect("jwt");
     assert_eq!(jwt.algorithms, vec![crate::JwtAlgorithm::HS256]);
+    let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warned.iter().any(|w| w.starts_with(
+            "routes[0].auth.jwt.secret_file: the secret has 40 bytes, too short for HS384, HS512"
+        )),
+        "{warned:#?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -110,10 +110,10 @@ fn in_time(exp: Option<u64>, nbf: Option<u64>, now: u64, skew: u64) -> Result<()
 }
 
 /// Why a token's header could not be read: an algorithm the library does not know (`none`
-/// among them) is named as such, anything else is malformed.
+/// among them) is named as such; a header wrong elsewhere is malformed.
 fn unreadable_header(token: &str) -> Refusal {
     use base64::Engine;
-    let alg_named = token
+    let unknown_alg = token
         .split('.')
         .next()
         .and_then(|h| {
@@ -122,8 +122,10 @@ fn unreadable_header(token: &str) -> Refusal {
                 .ok()
         })
         .and_then(|h| serde_json::from_slice::<Map<String, Value>>(&h).ok())
-        .is_some_and(|h| h.get("alg").is_some_and(Value::is_string));
-    Refusal::InvalidToken(if alg_named {
+        .and_then(|h| h.get("alg").and_then(Value::as_str).map(str::to_string))
+        // A name the library knows means the header is wrong elsewhere.
+        .is_some_and(|alg| alg.parse::<jsonwebtoken::Algorithm>().is_err());
+    Refusal::InvalidToken(if unknown_alg {
         "signing algorithm not accepted"
     } else {
         "malformed token"
