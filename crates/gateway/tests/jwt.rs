@@ -342,6 +342,10 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
         ),
         (huge, "token too large"),
         (good.sign(&claims(&iss, "mallory")), "unknown consumer"),
+        (
+            good.sign(&claims(&iss, "two words")),
+            "consumer claim is not a usable name",
+        ),
         ("not.a.token".to_string(), "malformed token"),
     ];
     for (token, why) in cases {
@@ -365,7 +369,7 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
     assert_eq!(a.status, 400);
     assert!(challenge(&a).starts_with(r#"Bearer error="invalid_request""#));
     let m = gw.gw.metrics_text();
-    assert!(m.contains(r#"reason="invalid_token"} 15"#), "{m}");
+    assert!(m.contains(r#"reason="invalid_token"} 16"#), "{m}");
 }
 
 #[tokio::test]

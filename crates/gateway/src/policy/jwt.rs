@@ -264,14 +264,17 @@ fn consumer(
     let name = claims
         .get(&jwt.cfg.consumer_claim)
         .and_then(Value::as_str)
-        .filter(|n| {
-            !n.is_empty()
-                && *n != tollgate_config::NO_CONSUMER
-                && n.len() <= MAX_NAME
-                && n.bytes()
-                    .all(|b| (0x21..0x7f).contains(&b) && b != b'"' && b != b'\\')
-        })
+        .filter(|n| !n.is_empty())
         .ok_or(Refusal::InvalidToken("no consumer claim"))?;
+    // It is sent upstream in a header and logged: visible ASCII, no quote or backslash.
+    let usable = name != tollgate_config::NO_CONSUMER
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| (0x21..0x7f).contains(&b) && b != b'"' && b != b'\\');
+    if !usable {
+        return Err(Refusal::InvalidToken("consumer claim is not a usable name"));
+    }
     if snap.roster.get(name).is_some_and(|m| m.deleted) {
         return Err(Refusal::InvalidToken("consumer deleted"));
     }
