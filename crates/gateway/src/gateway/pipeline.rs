@@ -280,8 +280,8 @@ impl Gateway {
     }
 
     /// Phase 1's end for a request a shared limit could not count yet: waits for the
-    /// cluster's rounds, a few sync intervals at most, and checks the limits again after
-    /// each. A lease that does not come in time is a 429 with a short `Retry-After`.
+    /// round it started (bounded by [`lease_wait`]) and checks the limits again after each
+    /// round. A lease that does not come in time is a 429 with a short `Retry-After`.
     async fn after_lease(&self, ctx: &mut Ctx<'_>, parts: &mut Parts) -> Result<Filtered, Refusal> {
         let (Some(route), Some(consumer)) = (ctx.route, ctx.admitted.consumer) else {
             return Err(Refusal::NoRoute);
