@@ -99,11 +99,11 @@ pub fn from_text_of(text: &str, path: &Path) -> Result<Config, ConfigError> {
     let base = path.parent().filter(|p| !p.as_os_str().is_empty());
     let cfg = from_yaml_in(text, base.unwrap_or(Path::new(".")))?;
     // The change log is appended to: naming the config file itself would spoil it.
-    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    };
-    if cfg.consumers_log.as_deref().is_some_and(|l| same(l, path)) {
+    if cfg
+        .consumers_log
+        .as_deref()
+        .is_some_and(|l| validate::same_file(l, path))
+    {
         return Err(ConfigError::invalid(vec![Problem::new(
             "consumers_log",
             "names this config file: the change log is appended to, so it needs a file of its own",

@@ -507,6 +507,6 @@ mod tests;
 
 /// Whether two paths name one file: the same text, or (when both exist) the same file
 /// once links and `..` are resolved.
-fn same_file(a: &Path, b: &Path) -> bool {
+pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
     a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }
