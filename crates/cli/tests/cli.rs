@@ -38,11 +38,7 @@ fn check_accepts_every_shipped_example() {
     }
     assert!(files.len() >= 13, "{files:?}");
     for f in files {
-        let out = Command::new(BIN)
-            .args(["check", "--config"])
-            .arg(&f)
-            .output()
-            .expect("run");
+        let out = check_config(&f);
         assert!(
             out.status.success(),
             "{}: {}",
@@ -51,6 +47,15 @@ fn check_accepts_every_shipped_example() {
         );
         assert!(String::from_utf8_lossy(&out.stdout).contains("valid"));
     }
+}
+
+/// `tollgate check --config FILE`, run to its end.
+fn check_config(file: impl AsRef<std::ffi::OsStr>) -> std::process::Output {
+    Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(file)
+        .output()
+        .expect("run")
 }
 
 #[test]
@@ -62,11 +67,7 @@ fn check_prints_every_problem_with_its_place() {
         "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend}\n  - {path_prefix: /b/, upstream: backend}\n  - {path_prefix: /c/, upstream: orders}\nconsumers:\n  - {name: x, keys: [k], plan: gold}\n",
     )
     .expect("write");
-    let out = Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(&f)
-        .output()
-        .expect("run");
+    let out = check_config(&f);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -94,11 +95,7 @@ fn check_prints_every_problem_with_its_place() {
         "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend, methods: [GET, FETCH, PURGE, CONNECT]}\n",
     )
     .expect("write");
-    let out = Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(&f)
-        .output()
-        .expect("run");
+    let out = check_config(&f);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(
@@ -136,11 +133,7 @@ fn check_prints_every_problem_with_its_place() {
     ] {
         let f = dir.join(name);
         std::fs::write(&f, format!("{head}consumers_log: {log}\n")).expect("write");
-        let out = Command::new(BIN)
-            .args(["check", "--config"])
-            .arg(&f)
-            .output()
-            .expect("run");
+        let out = check_config(&f);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{name}: {err}");
         assert!(
@@ -156,11 +149,7 @@ fn check_prints_every_problem_with_its_place() {
         "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend, methods: [GET, FETCH]}\n  - {path_prefix: /b/, upstream: orders}\n",
     )
     .expect("write");
-    let out = Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(&f)
-        .output()
-        .expect("run");
+    let out = check_config(&f);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
