@@ -3,6 +3,8 @@
 //! (asked of them at every connection, so that a failover is followed by the next
 //! reconnect), or to a Redis Cluster (keys routed by hash slot, MOVED / ASK followed).
 
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
@@ -170,48 +172,67 @@ pub fn slot_of(key: &str) -> redis::cluster_routing::Slot {
     redis::cluster_routing::Slot::for_key(key)
 }
 
-/// Runs `cmds`, each on the key it names, and returns their answers in order: one
-/// pipeline on one server; on a Redis Cluster, one pipeline per hash slot, all at once.
+/// One hash slot's part of [`query_by_slot`]: where its commands stood in the call, and
+/// their answers (or why the slot's master did not give them).
+pub type SlotAnswers = (Vec<usize>, redis::RedisResult<Vec<Value>>);
+
+/// Runs `cmds`, each on the key it names, and yields the answers as they come: one
+/// pipeline on one server; on a Redis Cluster, one pipeline per hash slot, all at once, so
+/// that a master that is dead or slow fails or delays its own slots' part alone.
+pub fn query_by_slot(
+    conn: &RedisConn,
+    cmds: Vec<(String, Cmd)>,
+) -> FuturesUnordered<BoxFuture<'static, SlotAnswers>> {
+    let mut groups: Vec<(Pipeline, Vec<usize>)> = Vec::new();
+    match conn {
+        RedisConn::One(_) => {
+            let mut pipe = redis::pipe();
+            let mut at = Vec::with_capacity(cmds.len());
+            for (i, (_, cmd)) in cmds.into_iter().enumerate() {
+                pipe.add_command(cmd);
+                at.push(i);
+            }
+            groups.push((pipe, at));
+        }
+        RedisConn::Cluster(_) => {
+            let mut by_slot: std::collections::HashMap<_, (Pipeline, Vec<usize>)> =
+                std::collections::HashMap::new();
+            for (i, (key, cmd)) in cmds.into_iter().enumerate() {
+                let g = by_slot.entry(slot_of(&key)).or_default();
+                g.0.add_command(cmd);
+                g.1.push(i);
+            }
+            groups.extend(by_slot.into_values());
+        }
+    }
+    groups
+        .into_iter()
+        .filter(|(_, at)| !at.is_empty())
+        .map(|(pipe, at)| {
+            let mut c = conn.clone();
+            let asked: BoxFuture<'static, SlotAnswers> = Box::pin(async move {
+                let answers = pipe.query_async(&mut c).await;
+                (at, answers)
+            });
+            asked
+        })
+        .collect()
+}
+
+/// Runs `cmds`, each on the key it names, and returns their answers in order; fails if any
+/// part fails ([`query_by_slot`] gives each part on its own).
 pub async fn query_keyed(
     conn: &RedisConn,
     cmds: Vec<(String, Cmd)>,
 ) -> redis::RedisResult<Vec<Value>> {
-    match conn {
-        RedisConn::One(c) => {
-            if cmds.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut pipe = redis::pipe();
-            for (_, cmd) in cmds {
-                pipe.add_command(cmd);
-            }
-            pipe.query_async(&mut c.clone()).await
-        }
-        RedisConn::Cluster(c) => {
-            let n = cmds.len();
-            let mut groups: std::collections::HashMap<_, (Pipeline, Vec<usize>)> =
-                std::collections::HashMap::new();
-            for (i, (key, cmd)) in cmds.into_iter().enumerate() {
-                let g = groups.entry(slot_of(&key)).or_default();
-                g.0.add_command(cmd);
-                g.1.push(i);
-            }
-            let asked = groups.into_values().map(|(pipe, at)| {
-                let mut c = c.clone();
-                async move {
-                    let v: Vec<Value> = pipe.query_async(&mut c).await?;
-                    Ok::<_, redis::RedisError>((at, v))
-                }
-            });
-            let mut out = vec![Value::Nil; n];
-            for (at, values) in futures_util::future::try_join_all(asked).await? {
-                for (i, v) in at.into_iter().zip(values) {
-                    out[i] = v;
-                }
-            }
-            Ok(out)
+    let mut out = vec![Value::Nil; cmds.len()];
+    let mut parts = query_by_slot(conn, cmds);
+    while let Some((at, answers)) = parts.next().await {
+        for (i, v) in at.into_iter().zip(answers?) {
+            out[i] = v;
         }
     }
+    Ok(out)
 }
 
 /// `redis://:secret@host` → `redis://MARK@host`: a Redis URL without its credentials, for

@@ -199,6 +199,58 @@ async fn a_killed_master_is_replaced_by_its_replica_without_a_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_sends_only_the_consumers_it_keeps_to_on_redis_down() {
+    // No replica to promote, and the other masters serve the slots they keep, as
+    // `cluster-require-full-coverage no` tells them to.
+    let mut cluster = RedisCluster::start_with(
+        "redis-cluster-dead-master",
+        false,
+        &["--cluster-require-full-coverage", "no"],
+    );
+    let backend = echo_backend().await;
+    let clock = clock();
+    let yaml = cfg(backend, &cluster).replace(
+        "  sync_interval: 5ms\n",
+        "  sync_interval: 5ms\n  on_redis_down: closed\n",
+    );
+    assert!(yaml.contains("on_redis_down: closed"), "{yaml}");
+    let node = TestGateway::start(&yaml, clock.clone()).await;
+    let nodes = [node];
+    up(&nodes).await;
+    let c = TestClient::default();
+    let dead = cluster.owner(&key("c0"));
+    let alive = CONSUMERS
+        .into_iter()
+        .find(|c| cluster.owner(&key(c)) != dead)
+        .expect("a consumer on another master");
+    assert_eq!(drive(&nodes, &c, "c0", 10).await, 10);
+
+    cluster.nodes[dead].kill();
+    // c0's limit is kept by the dead master: its calls get 503 (`closed`) once the tokens
+    // in hand are spent.
+    bounded("c0 refused while its master is down", async {
+        loop {
+            let a = c.get(&nodes[0].url("/test/?apikey=kc0")).await;
+            match a.status {
+                StatusCode::SERVICE_UNAVAILABLE => break,
+                StatusCode::OK => synced(&nodes[0]).await,
+                s => panic!("unexpected {s} for c0: {}", a.body),
+            }
+        }
+    })
+    .await;
+    // Another consumer's limit is still shared through its own master, exactly: 100 of
+    // 130 admitted, the rest 429, none 503.
+    assert_eq!(drive(&nodes, &c, alive, 130).await, 100, "{alive}");
+    let owner = cluster.owner(&key(alive));
+    assert_eq!(cluster.nodes[owner].hsum(&key(alive)), 100, "{alive}");
+    assert!(nodes[0].gw.cluster().is_some_and(|c| c.is_up()));
+    // c0 is still refused: the dead master's slots have no other home.
+    let a = c.get(&nodes[0].url("/test/?apikey=kc0")).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_made_on_one_node_reaches_the_other_through_the_cluster() {
     let cluster = RedisCluster::start("redis-cluster-managed", false);
     let backend = echo_backend().await;

@@ -35,6 +35,9 @@ pub struct Cluster {
     pub(super) nodes: AtomicU64,
     pub(super) rtt_us: AtomicU64,
     pub(super) rounds: watch::Sender<u64>,
+    /// Moves on at each part of a round settled (a hash slot's answers on a Redis
+    /// Cluster) and at each round's end.
+    pub(super) answers: watch::Sender<u64>,
     /// Starts the next round before its tick: a request waits for a lease.
     pub(super) hurry: Arc<tokio::sync::Notify>,
     /// Connections made to Redis so far: tokens are given back only on the connection
@@ -79,6 +82,7 @@ impl Cluster {
             nodes: AtomicU64::new(1),
             rtt_us: AtomicU64::new(1_000),
             rounds: watch::channel(0).0,
+            answers: watch::channel(0).0,
             hurry: Arc::new(tokio::sync::Notify::new()),
             link: AtomicU32::new(0),
             server: parking_lot::Mutex::default(),
@@ -105,21 +109,24 @@ impl Cluster {
     }
 
     /// Records the masters of a Redis Cluster and how many slots they serve; a changed set
-    /// of masters (a failover, a resharding) counts as a switch.
-    pub(super) fn connected_to_cluster(&self, (masters, slots): (Vec<String>, u32)) {
+    /// of masters (a failover, a resharding) counts as a switch, and is returned true.
+    pub(super) fn connected_to_cluster(&self, (masters, slots): (Vec<String>, u32)) -> bool {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let mut s = self.server.lock();
+        let mut switched = false;
         if s.masters != masters {
             if !s.masters.is_empty() {
                 s.switched_at = Some(now);
+                switched = true;
             }
             s.connected_at = Some(now);
         }
         s.address = Some(masters.join(","));
         s.masters = masters;
         s.slots = slots;
+        switched
     }
 
     /// Whether the last exchange with Redis succeeded.
@@ -135,6 +142,19 @@ impl Cluster {
     /// Follows completed sync rounds (each round: leases asked and answered, or failed).
     pub fn rounds(&self) -> watch::Receiver<u64> {
         self.rounds.subscribe()
+    }
+
+    /// Follows what settles leases: each part of a round answered or failed (a hash slot's
+    /// on a Redis Cluster, whose other parts may still be on their way), and each round's
+    /// end. A request waiting for its lease checks again at each.
+    pub fn answers(&self) -> watch::Receiver<u64> {
+        self.answers.subscribe()
+    }
+
+    /// Marks the end of a round, settled or failed.
+    pub(super) fn round_done(&self) {
+        self.answers.send_modify(|r| *r += 1);
+        self.rounds.send_modify(|r| *r += 1);
     }
 
     /// The round trip of the last sync round with Redis, in microseconds (a smoothed value).
@@ -220,11 +240,26 @@ impl SharedStore<LimitCell> for Cluster {
 }
 
 /// The masters of a Redis Cluster (`host:port`, sorted) and how many slots they serve,
-/// from `CLUSTER SLOTS`.
+/// from `CLUSTER SLOTS` as the first master to answer sees them: it fails only when no
+/// master answers.
 pub(super) async fn cluster_masters(
     conn: &mut crate::redis_link::RedisConn,
 ) -> Result<(Vec<String>, u32), redis::RedisError> {
-    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+    let crate::redis_link::RedisConn::Cluster(cluster) = conn else {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "not a Redis Cluster",
+        )));
+    };
+    let mut ask = redis::cmd("CLUSTER");
+    ask.arg("SLOTS");
+    let any_master = RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllMasters,
+        Some(ResponsePolicy::OneSucceeded),
+    ));
+    let ranges: Vec<redis::Value> =
+        redis::from_redis_value(cluster.route_command(ask, any_master).await?)?;
     let mut masters = Vec::new();
     let mut slots = 0u32;
     for r in ranges {

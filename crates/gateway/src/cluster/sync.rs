@@ -5,6 +5,7 @@ use crate::clock::Clock;
 use crate::limiter::shared::SPAN;
 use crate::limiter::{Counter, LimitCell};
 use crate::redis_link::RedisConn;
+use futures_util::StreamExt;
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -106,6 +107,8 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
         let mut conn: Option<(RedisConn, String)> = None;
         let mut backoff = Duration::from_millis(100);
         let mut last_heartbeat: Option<Instant> = None;
+        // Part of a Redis Cluster failed in the last round that asked anything.
+        let mut partly = false;
         let Some(c) = weak.upgrade() else { return };
         let mut tick = tokio::time::interval(c.cfg.sync_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -137,7 +140,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                                 "cluster: Redis unreachable ({e}); retrying with backoff"
                             );
                         }
-                        c.rounds.send_modify(|r| *r += 1);
+                        c.round_done();
                         let most = crate::redis_link::max_backoff(&c.cfg.redis);
                         drop(c);
                         tokio::time::sleep(backoff).await;
@@ -151,12 +154,34 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
             };
             let heartbeat = last_heartbeat.is_none_or(|t| t.elapsed() >= HEARTBEAT);
             match round(&c, link, sha, clock.as_ref(), heartbeat).await {
-                Ok(()) => {
+                Ok(settled) => {
                     if heartbeat {
                         last_heartbeat = Some(Instant::now());
                     }
                     if !c.up.swap(true, Ordering::Relaxed) {
                         tracing::info!("cluster: Redis answers; shared counting resumed");
+                    }
+                    match (&settled.failed, partly) {
+                        (Some(e), false) => tracing::warn!(
+                            policy = ?c.cfg.on_redis_down,
+                            "cluster: part of the Redis Cluster failed ({e}); the consumers it keeps fall back, the others share on"
+                        ),
+                        (None, true) if settled.asked => {
+                            tracing::info!(
+                                "cluster: every part of the Redis Cluster answers again"
+                            );
+                        }
+                        _ => {}
+                    }
+                    if settled.failed.is_some() {
+                        partly = true;
+                    } else if settled.asked {
+                        partly = false;
+                    }
+                    if partly && settled.switched {
+                        // A master was replaced while part of the cluster failed: a new
+                        // connection learns the slots' new masters.
+                        conn = None;
                     }
                 }
                 Err(e) => {
@@ -167,7 +192,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                     conn = None;
                 }
             }
-            c.rounds.send_modify(|r| *r += 1);
+            c.round_done();
         }
     })
 }
@@ -176,12 +201,20 @@ async fn connect(c: &Cluster) -> Result<(RedisConn, String), redis::RedisError> 
     let (mut conn, address) =
         crate::redis_link::redis_connection_at(&c.cfg.redis, Duration::from_secs(1)).await?;
     c.link.fetch_add(1, Ordering::Relaxed);
-    // On a Redis Cluster this goes to every node.
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(LEASE)
-        .query_async(&mut conn)
-        .await?;
+    // On a Redis Cluster this goes to every master.
+    let sha = match load_script(&mut conn).await {
+        Ok(sha) => sha,
+        Err(e) if conn.is_cluster() => {
+            // A master that is down fails its slots' part of each round until it is back or
+            // replaced (and a part that finds no script loads it again); the other masters
+            // share their consumers' limits meanwhile.
+            tracing::warn!(
+                "cluster: loading the lease script failed on part of the Redis Cluster ({e})"
+            );
+            redis::Script::new(LEASE).get_hash().to_string()
+        }
+        Err(e) => return Err(e),
+    };
     if conn.is_cluster() {
         // For `/status` only: the heartbeat asks again.
         if let Ok(masters) = super::link::cluster_masters(&mut conn).await {
@@ -191,6 +224,15 @@ async fn connect(c: &Cluster) -> Result<(RedisConn, String), redis::RedisError> 
         c.connected_to(address);
     }
     Ok((conn, sha))
+}
+
+/// Loads the lease script (on every master of a Redis Cluster) and returns its digest.
+async fn load_script(conn: &mut RedisConn) -> Result<String, redis::RedisError> {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(LEASE)
+        .query_async(conn)
+        .await
 }
 
 /// What one queued limit needs now.
@@ -276,18 +318,20 @@ fn key_of(cell: &LimitCell) -> String {
         .map_or_else(String::new, |s| s.key().to_string())
 }
 
+/// One round with the store: every queued limit's lease, counts and give-backs (and the
+/// heartbeat when due), each part settled as it answers. Fails only when no part answered.
 async fn round(
     c: &Cluster,
     conn: &mut RedisConn,
     sha: &str,
     clock: &dyn Clock,
     heartbeat: bool,
-) -> Result<(), redis::RedisError> {
+) -> Result<Settled, redis::RedisError> {
     let wall = clock.wall_nanos();
     let mut asks = Vec::new();
     collect(c, wall, &mut asks);
     if asks.is_empty() && !heartbeat {
-        return Ok(());
+        return Ok(Settled::default());
     }
     let mut cmds = Vec::with_capacity(asks.len() + 4);
     for a in &asks {
@@ -333,98 +377,157 @@ async fn round(
         }
     }
     let started = Instant::now();
-    let values = match crate::redis_link::query_keyed(conn, cmds).await {
-        Ok(v) => v,
-        Err(e) => {
-            // Some of the round may have run (a timeout after Redis answered, one slot's
-            // pipeline of several): ask again, count again what is owed (at worst twice,
-            // which only under-admits), and drop the give-backs (sending one twice would
-            // take back another node's count).
-            for a in asks {
-                if let Counter::Shared(l) = &mut a.cell.state.lock().counter {
-                    if a.next {
-                        l.next_requested = false;
-                    }
-                    requeue(c, &a.cell, l);
-                }
-            }
-            return Err(e);
-        }
-    };
-    let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-    let old = c.rtt_us.load(Ordering::Relaxed);
-    c.rtt_us.store((old * 7 + rtt) / 8, Ordering::Relaxed);
-
-    let mut values = values.into_iter();
-    let wall = clock.wall_nanos();
     let link = c.link.load(Ordering::Relaxed);
-    for a in &asks {
-        let answer = values
-            .next()
-            .and_then(|v| redis::from_redis_value::<(u64, u64, u64, u64)>(v).ok());
-        let Some((granted, total, free_at, over)) = answer else {
-            // Not an answer of the script: nothing is known to be settled.
-            c.metrics.errors.fetch_add(1, Ordering::Relaxed);
-            if let Counter::Shared(l) = &mut a.cell.state.lock().counter {
-                if a.next {
-                    l.next_requested = false;
+    let mut parts = crate::redis_link::query_by_slot(conn, cmds);
+    let mut settled = Settled {
+        asked: !asks.is_empty(),
+        ..Settled::default()
+    };
+    let mut answered: Option<Duration> = None;
+    let mut unanswered = Vec::new();
+    let mut nodes = None;
+    while let Some((at, answers)) = parts.next().await {
+        match answers {
+            Ok(values) => {
+                answered = Some(started.elapsed());
+                let wall = clock.wall_nanos();
+                for (i, v) in at.into_iter().zip(values) {
+                    match asks.get(i) {
+                        Some(a) => settle(c, a, v, wall, link),
+                        None if i == asks.len() + 3 => nodes = Some(v),
+                        None => {}
+                    }
                 }
-                requeue(c, &a.cell, l);
+                // A request waiting for one of these leases need not wait for the rest.
+                c.answers.send_modify(|r| *r += 1);
             }
-            continue;
-        };
-        c.metrics.granted.fetch_add(granted, Ordering::Relaxed);
-        let owed: u64 = a.owed.iter().map(|(_, k)| k).sum();
-        let over = over.min(owed);
-        if over > 0 {
-            c.metrics.overadmitted.fetch_add(over, Ordering::Relaxed);
-        }
-        let mut state = a.cell.state.lock();
-        let Counter::Shared(l) = &mut state.counter else {
-            continue;
-        };
-        l.roll(wall / a.cell.slot_ns());
-        for (s, k) in &a.owed {
-            l.settled(*s, *k);
-        }
-        l.granted = total;
-        // The store's latest word on the window: tokens given back since it last said "full"
-        // (this node's own, unused) may have made room again. A lease for the next
-        // sub-window speaks of a later window only, so it never clears it.
-        l.full_until = if a.next {
-            l.full_until.max(free_at)
-        } else {
-            free_at
-        };
-        if granted > 0 {
-            l.link = link;
-        }
-        if a.at == l.sub {
-            l.tokens += granted;
-        } else if a.at == l.sub + 1 {
-            l.next_tokens += granted;
-        } else if granted > 0 {
-            // The sub-window ended while asking: the tokens go back.
-            l.back.push((a.at, granted));
-        }
-        requeue(c, &a.cell, l);
-    }
-    if heartbeat {
-        let mut rest = values.skip(3);
-        if let Some(v) = rest.next() {
-            if let Ok(n) = redis::from_redis_value::<u64>(v) {
-                c.nodes.store(n.max(1), Ordering::Relaxed);
-            }
-        }
-        if conn.is_cluster() {
-            // For `/status` only: the round stands whatever this answers.
-            match super::link::cluster_masters(conn).await {
-                Ok(masters) => c.connected_to_cluster(masters),
-                Err(e) => tracing::debug!("cluster: CLUSTER SLOTS failed: {e}"),
+            Err(e) => {
+                unanswered.extend(at.into_iter().filter(|&i| i < asks.len()));
+                settled.failed = Some(e);
             }
         }
     }
-    Ok(())
+    // When a part failed and none answered, a Redis Cluster may still be alive elsewhere
+    // (the parts asked all live on one master): then only those parts are down.
+    let mut masters = None;
+    if settled.failed.is_some() && answered.is_none() && conn.is_cluster() {
+        masters = super::link::cluster_masters(conn).await.ok();
+    }
+    let alive = answered.is_some() || masters.is_some();
+    // Some of a failed part may have run (a timeout after Redis answered): ask again, count
+    // again what is owed (at worst twice, which only under-admits), and drop the give-backs
+    // (sending one twice would take back another node's count). When the rest of the
+    // store is alive, the failed part's limits count as the store being down until their
+    // part answers.
+    for i in unanswered {
+        let a = &asks[i];
+        if let Counter::Shared(l) = &mut a.cell.state.lock().counter {
+            if a.next {
+                l.next_requested = false;
+            }
+            l.cut_off = alive;
+            requeue(c, &a.cell, l);
+        }
+    }
+    if !alive {
+        return match settled.failed {
+            Some(e) => Err(e),
+            None => Ok(settled),
+        };
+    }
+    if let Some(rtt) = answered {
+        let rtt = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
+        let old = c.rtt_us.load(Ordering::Relaxed);
+        c.rtt_us.store((old * 7 + rtt) / 8, Ordering::Relaxed);
+    }
+    if settled
+        .failed
+        .as_ref()
+        .is_some_and(|e| e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+    {
+        // A replica promoted since the connection was made lacks the script.
+        if let Err(e) = load_script(conn).await {
+            tracing::debug!("cluster: loading the lease script again failed: {e}");
+        }
+    }
+    if let Some(n) = nodes.and_then(|v| redis::from_redis_value::<u64>(v).ok()) {
+        c.nodes.store(n.max(1), Ordering::Relaxed);
+    }
+    if heartbeat && conn.is_cluster() {
+        // The round stands whatever this answers.
+        let masters = match masters {
+            Some(m) => Ok(m),
+            None => super::link::cluster_masters(conn).await,
+        };
+        match masters {
+            Ok(masters) => settled.switched = c.connected_to_cluster(masters),
+            Err(e) => tracing::debug!("cluster: CLUSTER SLOTS failed: {e}"),
+        }
+    }
+    Ok(settled)
+}
+
+/// How a round went, when any of it answered.
+#[derive(Default)]
+struct Settled {
+    /// It asked for a limit (not only the heartbeat).
+    asked: bool,
+    /// Why a part failed (a dead master of a Redis Cluster) while the rest answered.
+    failed: Option<redis::RedisError>,
+    /// The Redis Cluster's masters are not those of the last heartbeat.
+    switched: bool,
+}
+
+/// Applies the store's answer `v` to one ask.
+fn settle(c: &Cluster, a: &Ask, v: redis::Value, wall: u64, link: u32) {
+    let Ok((granted, total, free_at, over)) = redis::from_redis_value::<(u64, u64, u64, u64)>(v)
+    else {
+        // Not an answer of the script: nothing is known to be settled.
+        c.metrics.errors.fetch_add(1, Ordering::Relaxed);
+        if let Counter::Shared(l) = &mut a.cell.state.lock().counter {
+            if a.next {
+                l.next_requested = false;
+            }
+            requeue(c, &a.cell, l);
+        }
+        return;
+    };
+    c.metrics.granted.fetch_add(granted, Ordering::Relaxed);
+    let owed: u64 = a.owed.iter().map(|(_, k)| k).sum();
+    let over = over.min(owed);
+    if over > 0 {
+        c.metrics.overadmitted.fetch_add(over, Ordering::Relaxed);
+    }
+    let mut state = a.cell.state.lock();
+    let Counter::Shared(l) = &mut state.counter else {
+        return;
+    };
+    l.cut_off = false;
+    l.roll(wall / a.cell.slot_ns());
+    for (s, k) in &a.owed {
+        l.settled(*s, *k);
+    }
+    l.granted = total;
+    // The store's latest word on the window: tokens given back since it last said "full"
+    // (this node's own, unused) may have made room again. A lease for the next
+    // sub-window speaks of a later window only, so it never clears it.
+    l.full_until = if a.next {
+        l.full_until.max(free_at)
+    } else {
+        free_at
+    };
+    if granted > 0 {
+        l.link = link;
+    }
+    if a.at == l.sub {
+        l.tokens += granted;
+    } else if a.at == l.sub + 1 {
+        l.next_tokens += granted;
+    } else if granted > 0 {
+        // The sub-window ended while asking: the tokens go back.
+        l.back.push((a.at, granted));
+    }
+    requeue(c, &a.cell, l);
 }
 
 /// Queues `cell` again when it still owes counts or has tokens to give back.

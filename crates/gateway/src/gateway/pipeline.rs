@@ -280,14 +280,14 @@ impl Gateway {
     }
 
     /// Phase 1's end for a request a shared limit could not count yet: waits for the
-    /// round it started (bounded by [`lease_wait`]) and checks the limits again after each
-    /// round. A lease that does not come in time is a 429 with a short `Retry-After`.
+    /// round it started (bounded by [`lease_wait`]) and checks the limits again as each part
+    /// of a round settles. A lease that does not come in time is a 429 with a short `Retry-After`.
     async fn after_lease(&self, ctx: &mut Ctx<'_>, parts: &mut Parts) -> Result<Filtered, Refusal> {
         let (Some(route), Some(consumer)) = (ctx.route, ctx.admitted.consumer) else {
             return Err(Refusal::NoRoute);
         };
         let cluster = self.cluster();
-        let mut rounds = cluster.map(|c| c.rounds());
+        let mut rounds = cluster.map(|c| c.answers());
         let wait = cluster.map_or(Duration::ZERO, |c| lease_wait(c.cfg.sync_interval));
         let until = tokio::time::Instant::now() + wait;
         loop {

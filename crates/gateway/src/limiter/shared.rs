@@ -110,6 +110,10 @@ pub struct Lease {
     /// Ask for more when tokens fall to this.
     pub(crate) refill_at: u64,
     pub(crate) queued: bool,
+    /// The part of the store that keeps this limit failed the last round while the rest
+    /// answered (a dead master of a Redis Cluster): the limit counts as the store being
+    /// down until its part answers again.
+    pub(crate) cut_off: bool,
 }
 
 /// `k mod SLOTS`, as a ring index.
@@ -281,7 +285,7 @@ impl<C> SharedLimit<C> {
         if l.tokens > 0 {
             return Ok(Admit::Token);
         }
-        if c.is_up() {
+        if c.is_up() && !l.cut_off {
             l.share = 0;
             if l.full() {
                 // Used up until the store said room opens.
@@ -311,6 +315,10 @@ impl<C> SharedLimit<C> {
                 remaining: 0,
                 reset: Duration::from_nanos(sub_end.min(1_000_000_000)),
             }));
+        }
+        if l.cut_off {
+            // Only this limit's part of the store failed: the next round asks it again.
+            queue(c.as_ref(), cell, l);
         }
         if !c.fail_open() {
             return Err(Refused::StoreDown);

@@ -23,6 +23,18 @@ impl Node {
         }
     }
 
+    /// Stops (`SIGSTOP`, a hung server: connections open, nothing answered) or resumes it.
+    pub fn pause(&self, stop: bool) {
+        if let Some(c) = &self.child {
+            let sig = if stop { "-STOP" } else { "-CONT" };
+            let done = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status()
+                .expect("kill runs");
+            assert!(done.success(), "kill {sig}");
+        }
+    }
+
     /// A connection to it alone (no redirections followed).
     pub fn conn(&self) -> Option<redis::Connection> {
         let client = redis::Client::open(format!("redis://127.0.0.1:{}/0", self.port)).ok()?;
@@ -94,6 +106,11 @@ impl RedisCluster {
     /// Starts three masters (each with a replica if `replicas`) and waits until every node
     /// says the cluster is ok.
     pub fn start(name: &str, replicas: bool) -> RedisCluster {
+        RedisCluster::start_with(name, replicas, &[])
+    }
+
+    /// [`RedisCluster::start`], each server also given `args`.
+    pub fn start_with(name: &str, replicas: bool, args: &[&str]) -> RedisCluster {
         let dir = super::tempdir(name);
         let count = if replicas { 6 } else { 3 };
         let mut nodes = Vec::new();
@@ -118,6 +135,7 @@ impl RedisCluster {
                     "0",
                 ])
                 .args(["--dir", &dir.display().to_string()])
+                .args(args)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
