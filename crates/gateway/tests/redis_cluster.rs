@@ -198,31 +198,31 @@ async fn a_killed_master_is_replaced_by_its_replica_without_a_restart() {
     assert!(after.switched_at.is_some(), "{after:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_master_sends_only_the_consumers_it_keeps_to_on_redis_down() {
-    // No replica to promote, and the other masters serve the slots they keep, as
-    // `cluster-require-full-coverage no` tells them to.
-    let mut cluster = RedisCluster::start_with(
-        "redis-cluster-dead-master",
-        false,
-        &["--cluster-require-full-coverage", "no"],
-    );
+/// A Redis Cluster of three masters without replicas whose masters serve the slots they
+/// keep when one fails (`cluster-require-full-coverage no`), one node on it with
+/// `on_redis_down: closed`, the master that keeps c0, and a consumer another master keeps.
+async fn one_master_apart(name: &str) -> (RedisCluster, [TestGateway; 1], usize, &'static str) {
+    let cluster = RedisCluster::start_with(name, false, &["--cluster-require-full-coverage", "no"]);
     let backend = echo_backend().await;
-    let clock = clock();
     let yaml = cfg(backend, &cluster).replace(
         "  sync_interval: 5ms\n",
         "  sync_interval: 5ms\n  on_redis_down: closed\n",
     );
     assert!(yaml.contains("on_redis_down: closed"), "{yaml}");
-    let node = TestGateway::start(&yaml, clock.clone()).await;
-    let nodes = [node];
+    let nodes = [TestGateway::start(&yaml, clock()).await];
     up(&nodes).await;
-    let c = TestClient::default();
-    let dead = cluster.owner(&key("c0"));
+    let apart = cluster.owner(&key("c0"));
     let alive = CONSUMERS
         .into_iter()
-        .find(|c| cluster.owner(&key(c)) != dead)
+        .find(|c| cluster.owner(&key(c)) != apart)
         .expect("a consumer on another master");
+    (cluster, nodes, apart, alive)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_sends_only_the_consumers_it_keeps_to_on_redis_down() {
+    let (mut cluster, nodes, dead, alive) = one_master_apart("redis-cluster-dead-master").await;
+    let c = TestClient::default();
     assert_eq!(drive(&nodes, &c, "c0", 10).await, 10);
 
     cluster.nodes[dead].kill();
@@ -248,6 +248,51 @@ async fn a_dead_master_sends_only_the_consumers_it_keeps_to_on_redis_down() {
     // c0 is still refused: the dead master's slots have no other home.
     let a = c.get(&nodes[0].url("/test/?apikey=kc0")).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_holds_back_only_the_consumers_it_keeps() {
+    let (cluster, nodes, hung, alive) = one_master_apart("redis-cluster-hung-master").await;
+    let c = TestClient::default();
+    let owner = cluster.owner(&key(alive));
+    assert_eq!(drive(&nodes, &c, "c0", 10).await, 10);
+
+    // The master stops answering, its connections open: c0's asks stay in flight until
+    // they time out, then c0 gets 503 (`closed`).
+    cluster.nodes[hung].pause(true);
+    bounded("c0 refused while its master hangs", async {
+        while c.get(&nodes[0].url("/test/?apikey=kc0")).await.status
+            != StatusCode::SERVICE_UNAVAILABLE
+        {
+            synced(&nodes[0]).await;
+        }
+    })
+    .await;
+    // Each call of c0 sends its limit's ask to the hung master again (each stays in flight
+    // for the 1 s timeout), and none of them holds back the rounds that lease for the other
+    // consumer: its 100 calls, each waiting for its lease, pass well within the deadline
+    // (rounds held back by the hung part would take about a second each).
+    bounded("the other consumer's calls", async {
+        for admitted in 0..100 {
+            let a = c.get(&nodes[0].url("/test/?apikey=kc0")).await;
+            assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "c0: {}", a.body);
+            let a = c
+                .get(&nodes[0].url(&format!("/test/?apikey=k{alive}")))
+                .await;
+            assert_eq!(
+                a.status,
+                StatusCode::OK,
+                "{alive} after {admitted}: {}",
+                a.body
+            );
+        }
+    })
+    .await;
+    let a = c
+        .get(&nodes[0].url(&format!("/test/?apikey=k{alive}")))
+        .await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS, "{}", a.body);
+    assert_eq!(cluster.nodes[owner].hsum(&key(alive)), 100, "{alive}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,6 +24,7 @@
 //! so the others see it. Reconnects back off from 100 ms to 5 s (1 s with Sentinel or a
 //! Redis Cluster, to follow a failover quickly).
 
+mod asks;
 mod link;
 mod report;
 mod sync;

@@ -114,6 +114,8 @@ pub struct Lease {
     /// answered (a dead master of a Redis Cluster): the limit counts as the store being
     /// down until its part answers again.
     pub(crate) cut_off: bool,
+    /// An ask for this limit is on its way to the store: no other is sent until it lands.
+    pub(crate) asking: bool,
 }
 
 /// `k mod SLOTS`, as a ring index.

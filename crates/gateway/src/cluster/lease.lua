@@ -1,0 +1,50 @@
+local n = tonumber(ARGV[1])
+local span = tonumber(ARGV[2])
+local at = tonumber(ARGV[5])
+local want = tonumber(ARGV[6])
+local t = redis.call('TIME')
+local server = math.floor((tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / tonumber(ARGV[7]))
+local now = math.min(tonumber(ARGV[4]), server)
+if at > server + 1 then want = 0 end
+for i = 8, #ARGV, 2 do
+  local s = tonumber(ARGV[i])
+  if s >= now - span and s <= server + 1 then
+    local v = redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+    if v <= 0 then redis.call('HDEL', KEYS[1], ARGV[i]) end
+  end
+end
+local flat = redis.call('HGETALL', KEYS[1])
+local counts = {}
+local total = 0
+for i = 1, #flat, 2 do
+  local s = tonumber(flat[i])
+  if s < now - span then
+    redis.call('HDEL', KEYS[1], flat[i])
+  elseif s >= at - span then
+    local c = tonumber(flat[i + 1])
+    total = total + c
+    counts[#counts + 1] = {s, c}
+  end
+end
+local over = math.max(0, total - n)
+local grant = 0
+if want > 0 and total < n then
+  grant = math.min(want, n - total)
+  redis.call('HINCRBY', KEYS[1], ARGV[5], grant)
+  total = total + grant
+  counts[#counts + 1] = {at, grant}
+end
+local free_at = 0
+if total >= n then
+  table.sort(counts, function(a, b) return a[1] < b[1] end)
+  local left = total
+  for _, sc in ipairs(counts) do
+    left = left - sc[2]
+    if left < n then
+      free_at = sc[1] + span + 1
+      break
+    end
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {grant, total, free_at, over}
