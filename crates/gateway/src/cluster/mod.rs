@@ -18,7 +18,8 @@
 //! > cluster-wide admitted in any interval of length W ≤ N + nodes × floor(N × max_overadmission / nodes)
 //! > ≤ N × (1 + max_overadmission)
 //!
-//! While Redis is unreachable, `on_redis_down: open` lets each node admit up to its share
+//! While Redis is unreachable (on a Redis Cluster: the master that keeps the limit, each
+//! master's part of a round being settled on its own), `on_redis_down: open` lets each node admit up to its share
 //! (its own last window plus an even split of the room left); `closed` answers 503. When
 //! Redis is back, what a node admitted alone is added to the sub-windows it was admitted in,
 //! so the others see it. Reconnects back off from 100 ms to 5 s (1 s with Sentinel or a
