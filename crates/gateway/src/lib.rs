@@ -35,7 +35,7 @@ pub mod usage;
 pub mod watch;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use cluster::{Cluster, ClusterMetrics};
+pub use cluster::{Cluster, ClusterMetrics, LEASE};
 pub use exchange::ConnInfo;
 pub use gateway::{Gateway, ReloadStatus};
 /// Makes ring verify token signatures in this process (the gateway does so when it first

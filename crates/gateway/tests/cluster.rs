@@ -537,3 +537,55 @@ async fn a_burst_at_a_window_boundary_does_not_double_the_limit() {
     clock.advance(Duration::from_secs(10));
     assert_eq!(burst("a window later", 40).await, 10);
 }
+
+/// The lease script as a node calls it: limit `key` of 100, sub-windows of 1 s (on this
+/// host's clock, which Redis shares), `want` tokens for the current sub-window and `change`
+/// applied to it, as ask `seq` of `node`. Returns (granted, counted).
+fn lease(redis: &RedisServer, node: &str, seq: u64, want: u64, change: i64) -> (u64, u64) {
+    let sub = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs();
+    let client = ::redis::Client::open(redis.url()).expect("url");
+    let mut c = client.get_connection().expect("connect");
+    let key = "tollgate:consumer:{k}:l:100:10";
+    let mut cmd = ::redis::cmd("EVAL");
+    cmd.arg(tollgate_gateway::LEASE)
+        .arg(2)
+        .arg(key)
+        .arg(format!("{key}:asks"))
+        .arg(100)
+        .arg(10)
+        .arg(60_000)
+        .arg(sub)
+        .arg(sub)
+        .arg(want)
+        .arg(1_000)
+        .arg(node)
+        .arg(seq);
+    if change != 0 {
+        cmd.arg(sub).arg(change);
+    }
+    let (granted, counted, _, _): (u64, u64, u64, u64) = cmd.query(&mut c).expect("EVAL");
+    (granted, counted)
+}
+
+#[test]
+fn the_lease_script_runs_each_ask_once_however_often_it_arrives() {
+    let redis = RedisServer::start();
+    let key = "tollgate:consumer:{k}:l:100:10";
+    // 5 tokens granted and 3 requests admitted on credit counted.
+    assert_eq!(lease(&redis, "n1", 1, 5, 3), (5, 8));
+    // The same ask again (a client's retry after a timeout): nothing granted or counted.
+    assert_eq!(lease(&redis, "n1", 1, 5, 3), (0, 8));
+    // 2 tokens given back, once however often the ask arrives.
+    assert_eq!(lease(&redis, "n1", 2, 0, -2), (0, 6));
+    assert_eq!(lease(&redis, "n1", 2, 0, -2), (0, 6));
+    // An older ask arriving after a newer one changes nothing either.
+    assert_eq!(lease(&redis, "n1", 1, 5, 3), (0, 6));
+    assert_eq!(redis.hsum(key), 6);
+    // Each node numbers its own asks.
+    assert_eq!(lease(&redis, "n2", 1, 4, 0), (4, 10));
+    assert_eq!(lease(&redis, "n1", 3, 1, 0), (1, 11));
+    assert_eq!(redis.hsum(key), 11);
+}

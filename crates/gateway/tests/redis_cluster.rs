@@ -199,9 +199,25 @@ async fn a_killed_master_is_replaced_by_its_replica_without_a_restart() {
 }
 
 /// A Redis Cluster of three masters without replicas whose masters serve the slots they
-/// keep when one fails (`cluster-require-full-coverage no`), one node on it with
-/// `on_redis_down: closed`, the master that keeps c0, and a consumer another master keeps.
-async fn one_master_apart(name: &str) -> (RedisCluster, [TestGateway; 1], usize, &'static str) {
+/// keep when one fails (`cluster-require-full-coverage no`), and one node on it with
+/// `on_redis_down: closed`.
+struct Apart {
+    cluster: RedisCluster,
+    nodes: [TestGateway; 1],
+    /// A master that keeps neither the live nodes' set nor `alive`'s limit.
+    master: usize,
+    /// A consumer whose limit `master` keeps.
+    gone: &'static str,
+    /// A consumer whose limit another master keeps.
+    alive: &'static str,
+}
+
+/// One call of `who` on `node`.
+async fn call(node: &TestGateway, c: &TestClient, who: &str) -> Answer {
+    c.get(&node.url(&format!("/test/?apikey=k{who}"))).await
+}
+
+async fn one_master_apart(name: &str) -> Apart {
     let cluster = RedisCluster::start_with(name, false, &["--cluster-require-full-coverage", "no"]);
     let backend = echo_backend().await;
     let yaml = cfg(backend, &cluster).replace(
@@ -211,30 +227,48 @@ async fn one_master_apart(name: &str) -> (RedisCluster, [TestGateway; 1], usize,
     assert!(yaml.contains("on_redis_down: closed"), "{yaml}");
     let nodes = [TestGateway::start(&yaml, clock()).await];
     up(&nodes).await;
-    let apart = cluster.owner(&key("c0"));
+    // The heartbeat stays answered, so the node's rounds end as they would.
+    let heartbeat = cluster.owner("tgc:nodes");
+    let gone = CONSUMERS
+        .into_iter()
+        .find(|c| cluster.owner(&key(c)) != heartbeat)
+        .expect("a consumer on another master than the heartbeat's");
+    let master = cluster.owner(&key(gone));
     let alive = CONSUMERS
         .into_iter()
-        .find(|c| cluster.owner(&key(c)) != apart)
+        .find(|c| cluster.owner(&key(c)) != master)
         .expect("a consumer on another master");
-    (cluster, nodes, apart, alive)
+    Apart {
+        cluster,
+        nodes,
+        master,
+        gone,
+        alive,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_master_sends_only_the_consumers_it_keeps_to_on_redis_down() {
-    let (mut cluster, nodes, dead, alive) = one_master_apart("redis-cluster-dead-master").await;
+    let Apart {
+        mut cluster,
+        nodes,
+        master,
+        gone,
+        alive,
+    } = one_master_apart("redis-cluster-dead-master").await;
     let c = TestClient::default();
-    assert_eq!(drive(&nodes, &c, "c0", 10).await, 10);
+    assert_eq!(drive(&nodes, &c, gone, 10).await, 10);
 
-    cluster.nodes[dead].kill();
-    // c0's limit is kept by the dead master: its calls get 503 (`closed`) once the tokens
-    // in hand are spent.
-    bounded("c0 refused while its master is down", async {
+    cluster.nodes[master].kill();
+    // `gone`'s limit is kept by the dead master: its calls get 503 (`closed`) once the
+    // tokens in hand are spent.
+    bounded("refused while its master is down", async {
         loop {
-            let a = c.get(&nodes[0].url("/test/?apikey=kc0")).await;
+            let a = call(&nodes[0], &c, gone).await;
             match a.status {
                 StatusCode::SERVICE_UNAVAILABLE => break,
                 StatusCode::OK => synced(&nodes[0]).await,
-                s => panic!("unexpected {s} for c0: {}", a.body),
+                s => panic!("unexpected {s} for {gone}: {}", a.body),
             }
         }
     })
@@ -245,40 +279,54 @@ async fn a_dead_master_sends_only_the_consumers_it_keeps_to_on_redis_down() {
     let owner = cluster.owner(&key(alive));
     assert_eq!(cluster.nodes[owner].hsum(&key(alive)), 100, "{alive}");
     assert!(nodes[0].gw.cluster().is_some_and(|c| c.is_up()));
-    // c0 is still refused: the dead master's slots have no other home.
-    let a = c.get(&nodes[0].url("/test/?apikey=kc0")).await;
+    // `gone` is still refused: the dead master's slots have no other home.
+    let a = call(&nodes[0], &c, gone).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_master_holds_back_only_the_consumers_it_keeps() {
-    let (cluster, nodes, hung, alive) = one_master_apart("redis-cluster-hung-master").await;
+    let Apart {
+        cluster,
+        nodes,
+        master,
+        gone,
+        alive,
+    } = one_master_apart("redis-cluster-hung-master").await;
     let c = TestClient::default();
     let owner = cluster.owner(&key(alive));
-    assert_eq!(drive(&nodes, &c, "c0", 10).await, 10);
+    assert_eq!(drive(&nodes, &c, gone, 10).await, 10);
 
-    // The master stops answering, its connections open: c0's asks stay in flight until
-    // they time out, then c0 gets 503 (`closed`).
-    cluster.nodes[hung].pause(true);
-    bounded("c0 refused while its master hangs", async {
-        while c.get(&nodes[0].url("/test/?apikey=kc0")).await.status
-            != StatusCode::SERVICE_UNAVAILABLE
-        {
-            synced(&nodes[0]).await;
+    // The master stops answering, its connections open: `gone`'s asks stay in flight
+    // until they time out, then it gets 503 (`closed`).
+    cluster.nodes[master].pause(true);
+    bounded("refused while its master hangs", async {
+        loop {
+            // Tokens in hand first, then a wait for a lease that ends in 429 or, once the
+            // ask has timed out, 503.
+            let a = call(&nodes[0], &c, gone).await;
+            match a.status {
+                StatusCode::SERVICE_UNAVAILABLE => break,
+                StatusCode::OK | StatusCode::TOO_MANY_REQUESTS => {}
+                s => panic!("unexpected {s} for {gone}: {}", a.body),
+            }
         }
     })
     .await;
-    // Each call of c0 sends its limit's ask to the hung master again (each stays in flight
-    // for the 1 s timeout), and none of them holds back the rounds that lease for the other
-    // consumer: its 100 calls, each waiting for its lease, pass well within the deadline
-    // (rounds held back by the hung part would take about a second each).
+    // Each call of `gone` sends a probe of its limit to the hung master (each stays in
+    // flight for its timeout), and none of them holds back the rounds that lease for the
+    // other consumer: its 100 calls, each waiting for its lease, pass well within the
+    // deadline (rounds held back by the hung part would take a second or more each).
     bounded("the other consumer's calls", async {
         for admitted in 0..100 {
-            let a = c.get(&nodes[0].url("/test/?apikey=kc0")).await;
-            assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "c0: {}", a.body);
-            let a = c
-                .get(&nodes[0].url(&format!("/test/?apikey=k{alive}")))
-                .await;
+            let a = call(&nodes[0], &c, gone).await;
+            assert_eq!(
+                a.status,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "{gone}: {}",
+                a.body
+            );
+            let a = call(&nodes[0], &c, alive).await;
             assert_eq!(
                 a.status,
                 StatusCode::OK,
@@ -288,9 +336,7 @@ async fn a_hung_master_holds_back_only_the_consumers_it_keeps() {
         }
     })
     .await;
-    let a = c
-        .get(&nodes[0].url(&format!("/test/?apikey=k{alive}")))
-        .await;
+    let a = call(&nodes[0], &c, alive).await;
     assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS, "{}", a.body);
     assert_eq!(cluster.nodes[owner].hsum(&key(alive)), 100, "{alive}");
 }

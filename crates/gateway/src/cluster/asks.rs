@@ -10,11 +10,17 @@ use std::time::{Duration, Instant};
 
 /// Counts one limit's sub-windows and grants tokens for one of them, atomically.
 ///
-/// KEYS[1]: the limit's hash, sub-window → requests counted. ARGV: N, span (sub-windows
-/// counting beside the current one), ttl (ms), the node's current sub-window, the
-/// sub-window to grant in, tokens wanted, the sub-window's length (ms); then pairs
-/// (sub-window, change) applied first: requests admitted without a grant (+), tokens given
-/// back unused (−).
+/// KEYS[1]: the limit's hash, sub-window → requests counted; KEYS[2]: node → the number of
+/// its last ask run (in the same hash slot). ARGV: N, span (sub-windows counting beside the
+/// current one), ttl (ms), the node's current sub-window, the sub-window to grant in,
+/// tokens wanted, the sub-window's length (ms), the node's id, the ask's number (rising per
+/// node); then pairs (sub-window, change) applied first: requests admitted without a grant
+/// (+), tokens given back unused (−).
+///
+/// An ask whose number is not above the node's last one changes nothing and is granted
+/// nothing: a client's retry of an ask that timed out, or an old ask that arrives after a
+/// newer one, is run at most once, so no give-back is taken twice and no count is added
+/// more than the node sends it.
 ///
 /// Grants `min(want, N − counted)`, where `counted` sums every sub-window from `at − span`
 /// on, later ones included: after any grant, no span of `span + 1` sub-windows holds more
@@ -24,7 +30,7 @@ use std::time::{Duration, Instant};
 /// Returns {granted, counted, free_at, over}: `free_at` is the sub-window from which room
 /// opens again when the limit is used up (else 0), `over` how far the changes pushed the
 /// count past N.
-pub(crate) const LEASE: &str = include_str!("lease.lua");
+pub const LEASE: &str = include_str!("lease.lua");
 /// How long a node counts as alive after its last heartbeat.
 const NODE_TTL_MS: u64 = 3_000;
 
@@ -65,6 +71,21 @@ pub(super) fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
             continue;
         }
         l.roll(wall / sub_ns);
+        if l.cut_off {
+            // Its part of the store failed: a probe that changes nothing goes first, so
+            // that asks stuck on a hung master and run when it resumes hold no counts or
+            // give-backs. Those wait for the probe's answer.
+            l.asking = true;
+            asks.push(Ask {
+                cell: cell.clone(),
+                at: l.sub,
+                want: 0,
+                owed: SmallVec::new(),
+                back: SmallVec::new(),
+                next: false,
+            });
+            continue;
+        }
         // Recent rate × horizon, within a fair share of what is left. A first lease knows no
         // rate: it asks for what came in (its requests wait for it), not for the whole
         // limit, which would leave it "full" for every other node and for this one.
@@ -132,7 +153,12 @@ fn key_of(cell: &LimitCell) -> String {
 }
 
 /// The lease script's call for each ask, with the key it names.
-pub(super) fn commands(asks: &[Ask], sha: &str, wall: u64) -> Vec<(String, redis::Cmd)> {
+pub(super) fn commands(
+    c: &Cluster,
+    asks: &[Ask],
+    sha: &str,
+    wall: u64,
+) -> Vec<(String, redis::Cmd)> {
     let mut cmds = Vec::with_capacity(asks.len() + 4);
     for a in asks {
         let n = a.cell.requests;
@@ -140,17 +166,21 @@ pub(super) fn commands(asks: &[Ask], sha: &str, wall: u64) -> Vec<(String, redis
         let ttl_ms = (a.cell.window_ns / 1_000_000).saturating_mul(2).max(10_000);
         let now = wall / a.cell.slot_ns();
         let key = key_of(&a.cell);
+        let seq = c.asks.fetch_add(1, Ordering::Relaxed) + 1;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha)
-            .arg(1)
+            .arg(2)
             .arg(&key)
+            .arg(format!("{key}:asks"))
             .arg(n)
             .arg(SPAN)
             .arg(ttl_ms)
             .arg(now)
             .arg(a.at)
             .arg(a.want)
-            .arg((a.cell.slot_ns() / 1_000_000).max(1));
+            .arg((a.cell.slot_ns() / 1_000_000).max(1))
+            .arg(&c.node_id)
+            .arg(seq);
         for (s, k) in &a.owed {
             cmd.arg(*s).arg(*k);
         }
@@ -185,8 +215,9 @@ pub(super) fn heartbeat_commands(c: &Cluster, wall: u64) -> Vec<(String, redis::
 
 /// An ask whose part failed. Some of it may have run (a timeout after Redis answered): ask
 /// again, count again what is owed (at worst twice, which only under-admits), and drop the
-/// give-backs (sending one twice would take back another node's count). `cut_off`: the
-/// rest of the store answers, so this limit alone counts as the store being down.
+/// give-backs (one sent again could take back another node's count if the first ran late).
+/// `cut_off`: the rest of the store answers, so this limit alone counts as the store being
+/// down, and is probed before anything else is sent for it.
 pub(super) fn unsettled(c: &Cluster, a: &Ask, cut_off: bool) {
     if let Counter::Shared(l) = &mut a.cell.state.lock().counter {
         l.asking = false;
@@ -194,6 +225,12 @@ pub(super) fn unsettled(c: &Cluster, a: &Ask, cut_off: bool) {
             l.next_requested = false;
         }
         l.cut_off = cut_off;
+        if cut_off {
+            // Tokens it holds were granted by a part that has failed since (a master that
+            // may come back empty): they are never given back.
+            l.link = u32::MAX;
+            l.back.clear();
+        }
         requeue(c, &a.cell, l);
     }
 }

@@ -6,12 +6,21 @@ local t = redis.call('TIME')
 local server = math.floor((tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / tonumber(ARGV[7]))
 local now = math.min(tonumber(ARGV[4]), server)
 if at > server + 1 then want = 0 end
-for i = 8, #ARGV, 2 do
-  local s = tonumber(ARGV[i])
-  if s >= now - span and s <= server + 1 then
-    local v = redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
-    if v <= 0 then redis.call('HDEL', KEYS[1], ARGV[i]) end
+local seq = tonumber(ARGV[9])
+local fresh = seq > tonumber(redis.call('HGET', KEYS[2], ARGV[8]) or '0')
+if fresh then
+  if redis.call('HLEN', KEYS[2]) > 64 then redis.call('DEL', KEYS[2]) end
+  redis.call('HSET', KEYS[2], ARGV[8], ARGV[9])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  for i = 10, #ARGV, 2 do
+    local s = tonumber(ARGV[i])
+    if s >= now - span and s <= server + 1 then
+      local v = redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+      if v <= 0 then redis.call('HDEL', KEYS[1], ARGV[i]) end
+    end
   end
+else
+  want = 0
 end
 local flat = redis.call('HGETALL', KEYS[1])
 local counts = {}
@@ -26,7 +35,8 @@ for i = 1, #flat, 2 do
     counts[#counts + 1] = {s, c}
   end
 end
-local over = math.max(0, total - n)
+local over = 0
+if fresh then over = math.max(0, total - n) end
 local grant = 0
 if want > 0 and total < n then
   grant = math.min(want, n - total)

@@ -43,6 +43,9 @@ pub struct Cluster {
     /// Connections made to Redis so far: tokens are given back only on the connection
     /// that granted them.
     pub(super) link: AtomicU32,
+    /// Asks sent to the store so far: each carries its number, so that the store runs it
+    /// at most once.
+    pub(super) asks: AtomicU64,
     /// The Redis server the syncer last connected to, and when it switched to another.
     pub(super) server: parking_lot::Mutex<Server>,
     /// Counters for metrics.
@@ -85,6 +88,7 @@ impl Cluster {
             answers: watch::channel(0).0,
             hurry: Arc::new(tokio::sync::Notify::new()),
             link: AtomicU32::new(0),
+            asks: AtomicU64::new(0),
             server: parking_lot::Mutex::default(),
             metrics: ClusterMetrics::default(),
         })
@@ -139,7 +143,9 @@ impl Cluster {
         self.nodes.load(Ordering::Relaxed).max(1)
     }
 
-    /// Follows completed sync rounds (each round: leases asked and answered, or failed).
+    /// Follows ended sync rounds (each round: leases asked and answered, or failed), counted
+    /// as each ends with every earlier round: two more than now means a round that started
+    /// after now has ended.
     pub fn rounds(&self) -> watch::Receiver<u64> {
         self.rounds.subscribe()
     }
@@ -149,12 +155,6 @@ impl Cluster {
     /// end. A request waiting for its lease checks again at each.
     pub fn answers(&self) -> watch::Receiver<u64> {
         self.answers.subscribe()
-    }
-
-    /// Marks the end of a round, settled or failed.
-    pub(super) fn round_done(&self) {
-        self.answers.send_modify(|r| *r += 1);
-        self.rounds.send_modify(|r| *r += 1);
     }
 
     /// The round trip of the last sync round with Redis, in microseconds (a smoothed value).

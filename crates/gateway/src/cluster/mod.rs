@@ -30,5 +30,6 @@ mod link;
 mod report;
 mod sync;
 
+pub use asks::LEASE;
 pub use link::{Cluster, ClusterMetrics};
 pub use sync::spawn_syncer;

@@ -4,7 +4,7 @@ use super::asks::{collect, commands, heartbeat_commands, settle, unsettled, Ask,
 use super::link::Cluster;
 use crate::clock::Clock;
 use crate::redis_link::RedisConn;
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, FutureExt, Shared};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -36,7 +36,10 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
             last_heartbeat: None,
             partly: None,
             rounds: 0,
+            ended: 0,
             pending: HashMap::new(),
+            probe: Probe::default(),
+            reloaded: None,
         };
         let mut flight: FuturesUnordered<BoxFuture<'static, Landed>> = FuturesUnordered::new();
         let mut backoff = Duration::from_millis(100);
@@ -75,7 +78,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                                 "cluster: Redis unreachable ({e}); retrying with backoff"
                             );
                         }
-                        c.round_done();
+                        s.failed(&c);
                         let most = crate::redis_link::max_backoff(&c.cfg.redis);
                         drop(c);
                         tokio::time::sleep(backoff).await;
@@ -99,8 +102,47 @@ struct Syncer {
     partly: Option<Instant>,
     /// Rounds started so far (each one's number).
     rounds: u64,
+    /// Rounds ended, each after every earlier one (what [`Cluster::rounds`] counts).
+    ended: u64,
     /// The rounds with parts still in flight.
     pending: HashMap<u64, Pending>,
+    /// Whether any master answers, asked once for the parts that fail together.
+    probe: Probe,
+    /// When the lease script was last loaded again after a master said it lacked it.
+    reloaded: Option<Instant>,
+}
+
+/// One question "does any master of the Redis Cluster answer?", shared by every part that
+/// fails within [`PROBE_FRESH`] of it, so that an incident costs one `CLUSTER SLOTS` a while
+/// rather than one per failed part.
+#[derive(Clone, Default)]
+struct Probe(Arc<parking_lot::Mutex<Option<(Instant, Asked)>>>);
+
+/// A probe on its way or answered, for every part that asks.
+type Asked = Shared<BoxFuture<'static, Masters>>;
+
+/// The masters of a Redis Cluster and the slots they serve, if any master answered.
+type Masters = Option<(Vec<String>, u32)>;
+
+/// How long one probe's answer stands for later failures.
+const PROBE_FRESH: Duration = Duration::from_millis(500);
+
+impl Probe {
+    /// The latest probe if it is fresh, else a new one on `conn`.
+    fn ask(&self, conn: &RedisConn) -> Asked {
+        let mut last = self.0.lock();
+        if let Some((at, probe)) = last.as_ref() {
+            if at.elapsed() < PROBE_FRESH {
+                return probe.clone();
+            }
+        }
+        let mut conn = conn.clone();
+        let probe: BoxFuture<'static, Masters> =
+            Box::pin(async move { super::link::cluster_masters(&mut conn).await.ok() });
+        let probe = probe.shared();
+        *last = Some((Instant::now(), probe.clone()));
+        probe
+    }
 }
 
 /// A round's asks, kept until each of its parts has landed.
@@ -148,20 +190,20 @@ impl Syncer {
         let wall = self.clock.wall_nanos();
         let mut asks = Vec::new();
         collect(c, wall, &mut asks);
+        let round = self.rounds;
+        self.rounds += 1;
         if asks.is_empty() && !heartbeat {
             // Nothing settled: a request waiting for an ask still in flight sleeps on.
-            c.rounds.send_modify(|r| *r += 1);
+            self.ended(c);
             return;
         }
-        let mut cmds = commands(&asks, sha, wall);
+        let mut cmds = commands(c, &asks, sha, wall);
         let mut nodes_at = None;
         if heartbeat {
             self.last_heartbeat = Some(Instant::now());
             nodes_at = Some(cmds.len() + 3);
             cmds.extend(heartbeat_commands(c, wall));
         }
-        let round = self.rounds;
-        self.rounds += 1;
         let parts = crate::redis_link::query_by_slot(conn, cmds);
         self.pending.insert(
             round,
@@ -174,15 +216,23 @@ impl Syncer {
             },
         );
         for part in parts {
-            let mut probe = conn.clone();
+            let (probe, conn) = (self.probe.clone(), conn.clone());
             flight.push(Box::pin(async move {
                 let started = Instant::now();
                 let (at, answers) = part.await;
                 let took = started.elapsed();
-                let others = if answers.is_err() && probe.is_cluster() {
-                    super::link::cluster_masters(&mut probe).await.ok()
-                } else {
-                    None
+                // A cluster that says it is down is down, whoever says it.
+                let others = match &answers {
+                    Err(e)
+                        if conn.is_cluster()
+                            && e.kind()
+                                != redis::ErrorKind::Server(
+                                    redis::ServerErrorKind::ClusterDown,
+                                ) =>
+                    {
+                        probe.ask(&conn).await
+                    }
+                    _ => None,
                 };
                 Landed::Part(Part {
                     round,
@@ -229,22 +279,29 @@ impl Syncer {
         let Some(p) = self.pending.get_mut(&round) else {
             return;
         };
+        // A part sent on an earlier connection says nothing of the one in use now.
+        let current = p.link == c.link.load(Ordering::Relaxed);
         match answers {
             Ok(values) => {
                 let rtt = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
                 let old = c.rtt_us.load(Ordering::Relaxed);
                 c.rtt_us.store((old * 7 + rtt) / 8, Ordering::Relaxed);
-                if !c.up.swap(true, Ordering::Relaxed) {
+                if current && !c.up.swap(true, Ordering::Relaxed) {
                     tracing::info!("cluster: Redis answers; shared counting resumed");
                 }
                 let wall = self.clock.wall_nanos();
-                for (i, v) in at.into_iter().zip(values) {
-                    if let Some(a) = p.asks.get(i) {
-                        settle(c, a, v, wall, p.link);
-                    } else if Some(i) == p.nodes_at {
-                        if let Ok(n) = redis::from_redis_value::<u64>(v) {
-                            c.nodes.store(n.max(1), Ordering::Relaxed);
+                let mut values = values.into_iter();
+                for i in at {
+                    match (p.asks.get(i), values.next()) {
+                        (Some(a), Some(v)) => settle(c, a, v, wall, p.link),
+                        // Fewer answers than asks: nothing is known of the rest.
+                        (Some(a), None) => unsettled(c, a, false),
+                        (None, Some(v)) if Some(i) == p.nodes_at => {
+                            if let Ok(n) = redis::from_redis_value::<u64>(v) {
+                                c.nodes.store(n.max(1), Ordering::Relaxed);
+                            }
                         }
+                        (None, _) => {}
                     }
                 }
             }
@@ -259,37 +316,44 @@ impl Syncer {
                 }
                 let no_script =
                     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript);
-                if let Some(masters) = others {
-                    if self.partly.is_none() {
-                        tracing::warn!(
-                            policy = ?c.cfg.on_redis_down,
-                            "cluster: part of the Redis Cluster failed ({e}); the consumers it keeps fall back, the others share on"
-                        );
-                    }
-                    self.partly = Some(Instant::now());
-                    if c.connected_to_cluster(masters) {
-                        // A replica was promoted: a new connection learns the slots' masters.
-                        self.conn = None;
-                    }
-                    if no_script {
-                        // A replica promoted since the connection was made lacks the script.
-                        if let Some((conn, _)) = &self.conn {
-                            let mut conn = conn.clone();
-                            flight.push(Box::pin(async move {
-                                if let Err(e) = load_script(&mut conn).await {
-                                    tracing::debug!(
-                                        "cluster: loading the lease script failed: {e}"
-                                    );
-                                }
-                                Landed::Loaded
-                            }));
+                match others {
+                    Some(masters) if current => {
+                        if self.partly.is_none() {
+                            tracing::warn!(
+                                policy = ?c.cfg.on_redis_down,
+                                "cluster: part of the Redis Cluster failed ({e}); the consumers it keeps fall back, the others share on"
+                            );
+                        }
+                        self.partly = Some(Instant::now());
+                        if c.connected_to_cluster(masters) {
+                            // A replica was promoted: a new connection learns the slots'
+                            // masters.
+                            self.conn = None;
+                        }
+                        if no_script && self.reloaded.is_none_or(|t| t.elapsed() >= HEARTBEAT) {
+                            // A replica promoted since the connection was made lacks the
+                            // script: loaded again on every master, once a while.
+                            self.reloaded = Some(Instant::now());
+                            if let Some((conn, _)) = &self.conn {
+                                let mut conn = conn.clone();
+                                flight.push(Box::pin(async move {
+                                    if let Err(e) = load_script(&mut conn).await {
+                                        tracing::debug!(
+                                            "cluster: loading the lease script failed: {e}"
+                                        );
+                                    }
+                                    Landed::Loaded
+                                }));
+                            }
                         }
                     }
-                } else {
-                    if c.up.swap(false, Ordering::Relaxed) {
-                        tracing::warn!(policy = ?c.cfg.on_redis_down, "cluster: Redis failed ({e}); reconnecting");
+                    None if current => {
+                        if c.up.swap(false, Ordering::Relaxed) {
+                            tracing::warn!(policy = ?c.cfg.on_redis_down, "cluster: Redis failed ({e}); reconnecting");
+                        }
+                        self.conn = None;
                     }
-                    self.conn = None;
+                    _ => {}
                 }
             }
         }
@@ -305,7 +369,28 @@ impl Syncer {
             tracing::info!("cluster: every part of the Redis Cluster answers again");
             self.partly = None;
         }
-        c.round_done();
+        c.answers.send_modify(|r| *r += 1);
+        self.ended(c);
+    }
+
+    /// Moves [`Cluster::rounds`] on to the rounds that have ended with every round before
+    /// them: a request or test that waits for rounds after its call waits for the round
+    /// that took it.
+    fn ended(&mut self, c: &Cluster) {
+        let upto = self.pending.keys().min().copied().unwrap_or(self.rounds);
+        if upto > self.ended {
+            let more = upto - self.ended;
+            self.ended = upto;
+            c.rounds.send_modify(|r| *r += more);
+        }
+    }
+
+    /// A round that could not be sent (no connection to Redis): it ends at once, and a
+    /// request waiting for a lease checks again (and finds the store down).
+    fn failed(&mut self, c: &Cluster) {
+        self.rounds += 1;
+        c.answers.send_modify(|r| *r += 1);
+        self.ended(c);
     }
 
     /// Records the Redis Cluster's masters. When they changed while part of the cluster

@@ -290,14 +290,19 @@ impl Gateway {
         let mut rounds = cluster.map(|c| c.answers());
         let wait = cluster.map_or(Duration::ZERO, |c| lease_wait(c.cfg.sync_interval));
         let until = tokio::time::Instant::now() + wait;
+        // Checked once more at once: an answer that landed before the watch was taken up
+        // would not wake it.
+        let mut first = true;
         loop {
             let landed = match rounds.as_mut() {
+                Some(_) if first => true,
                 Some(r) => matches!(
                     tokio::time::timeout_at(until, r.changed()).await,
                     Ok(Ok(()))
                 ),
                 None => false,
             };
+            first = false;
             let may_wait = landed && tokio::time::Instant::now() < until;
             let slot = ctx.admitted.plan_slot;
             let clock = self.clock.as_ref();

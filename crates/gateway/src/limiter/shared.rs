@@ -131,10 +131,11 @@ impl Lease {
     pub(crate) fn roll(&mut self, sub: u64) {
         if sub <= self.sub {
             if self.sub - sub > SPAN {
-                let queued = self.queued;
                 *self = Lease {
                     sub,
-                    queued,
+                    queued: self.queued,
+                    asking: self.asking,
+                    cut_off: self.cut_off,
                     ..Lease::default()
                 };
             }
@@ -179,7 +180,7 @@ impl Lease {
     /// Whether nothing is counted or owed in the window and no lease is in flight: the
     /// state can go (tokens in hand are given up, which only under-admits).
     pub(crate) fn idle(&self) -> bool {
-        self.debt == 0 && !self.queued && self.own.iter().all(|&n| n == 0)
+        self.debt == 0 && !self.queued && !self.asking && self.own.iter().all(|&n| n == 0)
     }
 
     /// Whether this node admitted anything in the current sub-window.
