@@ -1,4 +1,5 @@
-//! What the edge must not pass on: the whole `X-Forwarded-*` family from untrusted clients,
+//! What the edge must not pass on: the whole `X-Forwarded-*` family from untrusted clients
+//! (and the headers that name another URL or host),
 //! credentials in PHP's spellings, a protocol switch nobody asked for, `TRACE` and
 //! `CONNECT`, an upgrade asked with a body, an admin port without a token reached from a
 //! web page, and any of the headers the gateway removes or sets, written in another case.
@@ -30,6 +31,10 @@ async fn untrusted_clients_send_no_forwarding_header_upstream() {
         "X-Forwarded-Path: /admin",
         "X_Forwarded_Port: 2",
         "X-Forwarded_Prefix: /x",
+        "X-Original-URL: /admin",
+        "X_Rewrite_URL: /admin",
+        "X-Host: evil",
+        "X-Original-Host: evil",
     ];
     let head = format!(
         "GET /x HTTP/1.1\r\nHost: a\r\n{}\r\nConnection: close\r\n\r\n",
@@ -41,6 +46,15 @@ async fn untrusted_clients_send_no_forwarding_header_upstream() {
     for h in ["port", "prefix", "scheme", "ssl", "server", "uri", "path"] {
         assert!(!seen.contains(&format!("x-forwarded-{h}")), "{h}: {a}");
         assert!(!seen.contains(&format!("x_forwarded_{h}")), "{h}: {a}");
+    }
+    // The headers that name another URL or host, which Symfony, Zend and IIS act on.
+    for h in [
+        "x-original-url",
+        "x_rewrite_url",
+        "x-host:",
+        "x-original-host",
+    ] {
+        assert!(!seen.contains(h), "{h}: {a}");
     }
     assert!(seen.contains("x-forwarded-for: 127.0.0.1"), "{a}");
 }

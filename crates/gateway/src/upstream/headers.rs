@@ -10,9 +10,18 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 
 /// Whether `b` (in any case) names one of the headers a proxy tells its upstream about the
 /// client with: `Forwarded`, `X-Real-IP` and the whole `X-Forwarded-*` family (`-Port`,
-/// `-Prefix`, `-Scheme`, `-Ssl`, ... which Spring and Rack act on), in `-` or `_` spelling.
+/// `-Prefix`, `-Scheme`, `-Ssl`, ... which Spring and Rack act on), and those that tell it
+/// the URL or host the client asked for (`X-Original-URL` and `X-Rewrite-URL`, which
+/// Symfony, Zend and IIS act on, `X-Host`, `X-Original-Host`), in `-` or `_` spelling.
 pub fn forwarding_name(b: &[u8]) -> bool {
     const FAMILY: &[u8] = b"x-forwarded-";
+    const WHOLE: [&[u8]; 5] = [
+        b"x-real-ip",
+        b"x-original-url",
+        b"x-rewrite-url",
+        b"x-host",
+        b"x-original-host",
+    ];
     let dashed = |a: &[u8], want: &[u8]| {
         a.len() >= want.len()
             && a.iter()
@@ -20,8 +29,8 @@ pub fn forwarding_name(b: &[u8]) -> bool {
                 .all(|(&c, &w)| c.to_ascii_lowercase() == w || (w == b'-' && c == b'_'))
     };
     b.eq_ignore_ascii_case(b"forwarded")
-        || dashed(b, b"x-real-ip") && b.len() == 9
         || dashed(b, FAMILY)
+        || WHOLE.iter().any(|n| b.len() == n.len() && dashed(b, n))
 }
 
 /// What the hop sends for a request header: the client's value as it is, nothing, or a
@@ -176,6 +185,11 @@ mod tests {
             "x_real_ip",
             "forwarded",
             "x-forwardedness",
+            "x-original-url",
+            "X_Rewrite_URL",
+            "x-host",
+            "x-original-host",
+            "x-hostile",
         ] {
             h.insert(
                 HeaderName::from_bytes(name.as_bytes()).expect("name"),
@@ -191,7 +205,12 @@ mod tests {
         left.sort_unstable();
         assert_eq!(
             left,
-            ["x-forwarded-for", "x-forwarded-proto", "x-forwardedness"],
+            [
+                "x-forwarded-for",
+                "x-forwarded-proto",
+                "x-forwardedness",
+                "x-hostile"
+            ],
             "{left:?}"
         );
     }
