@@ -241,6 +241,17 @@ async fn default_ttl_applies_only_when_the_response_states_no_lifetime() {
 }
 
 #[tokio::test]
+async fn an_answer_that_sets_a_cookie_is_not_stored_for_one_consumer_either() {
+    // One key may serve many end users: a session cookie is never replayed from the cache.
+    let s = setup().await;
+    let before = s.upstream();
+    s.get("/cookie").await;
+    let again = s.get("/cookie").await;
+    assert_eq!(s.upstream(), before + 2, "served from the cache");
+    assert!(!again.header("cache-status").contains("hit"), "{again:?}");
+}
+
+#[tokio::test]
 async fn what_a_shared_cache_must_not_store_is_never_served_from_it() {
     let s = setup_with(true, "").await;
     for path in ["/nostore", "/private", "/malformed", "/cookie", "/star"] {

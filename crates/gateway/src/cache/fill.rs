@@ -157,7 +157,10 @@ impl Cache {
         resp: &Response<PooledBody>,
     ) -> Option<control::Freshness> {
         let h = resp.headers();
-        if ask.cfg.shared && h.contains_key(header::SET_COOKIE) {
+        // A cookie is one client's session: never stored, on any route (as nginx and
+        // Varnish do by default). One key may serve many end users, and a route without
+        // keys shares its entries with every caller.
+        if h.contains_key(header::SET_COOKIE) {
             return None;
         }
         let too_big = h

@@ -78,15 +78,14 @@ impl Cache {
     }
 
     /// Whether a 304 may refresh `e`. Not when it names another representation by its
-    /// `ETag` (RFC 9111 §4.3.4), nor when on a shared route it sets a cookie (one client's
-    /// session must not reach the others through the stored headers): then the whole answer
-    /// is asked for, and judged as any answer is.
-    pub(super) fn refreshes(&self, ask: &Ask<'_>, e: &Entry, not_modified: &HeaderMap) -> bool {
+    /// `ETag` (RFC 9111 §4.3.4), nor when it sets a cookie (one client's session must not
+    /// reach the others through the stored headers): then the whole answer is asked for,
+    /// and judged as any answer is.
+    pub(super) fn refreshes(&self, e: &Entry, not_modified: &HeaderMap) -> bool {
         let another = not_modified
             .get(header::ETAG)
             .is_some_and(|new| e.headers.get(header::ETAG) != Some(new));
-        let cookie = ask.cfg.shared && not_modified.contains_key(header::SET_COOKIE);
-        !another && !cookie
+        !another && !not_modified.contains_key(header::SET_COOKIE)
     }
 
     /// A stale entry: asked about upstream, served again after a 304, served stale when
@@ -116,7 +115,7 @@ impl Cache {
         let (sent, fetched) = match fetched {
             Ok(r)
                 if r.status() == StatusCode::NOT_MODIFIED
-                    && !self.refreshes(ask, &e, r.headers()) =>
+                    && !self.refreshes(&e, r.headers()) =>
             {
                 // Its body holds a place among the connection's upstream streams.
                 drop(r);
@@ -227,7 +226,7 @@ impl Cache {
                 return;
             };
             if resp.status() == StatusCode::NOT_MODIFIED {
-                if !cache.refreshes(&ask, &e, resp.headers()) {
+                if !cache.refreshes(&e, resp.headers()) {
                     // Left for the next request to fetch whole.
                     return;
                 }
