@@ -306,6 +306,12 @@ async fn a_client_that_does_not_read_stalls_no_one() {
     // An answer that turns out larger than max_object_size marks its key to pass.
     let huge = get(&s, "a", "/huge", "").await;
     assert_eq!(body(&huge).matches('h').count(), 400_000);
+    // Its length was unknown when the head went out: it was not said to be stored.
+    assert!(
+        huge.contains("cache-status: tollgate; fwd=uri-miss\r\n"),
+        "{:.300}",
+        huge
+    );
     let again = get(&s, "a", "/huge", "").await;
     assert!(
         again.contains("cache-status: tollgate; fwd=uri-miss\r\n"),

@@ -138,7 +138,12 @@ impl Cache {
                     body.collect_into(collector);
                     body.read_ahead()
                 });
-                let r = with_status(resp.map(http_body_util::Either::Left), stored_status);
+                // `stored` is said only of an answer whose length is known to fit: one of
+                // unknown length may yet turn out too large (then it is not kept).
+                let sized = resp.headers().contains_key(header::CONTENT_LENGTH)
+                    || matches!(resp.status().as_u16(), 204 | 304);
+                let status = if sized { stored_status } else { passed_status };
+                let r = with_status(resp.map(http_body_util::Either::Left), status);
                 (r, true)
             }
             None => {
