@@ -88,7 +88,7 @@ fn answer(head: &str, n: usize) -> (Vec<u8>, bool) {
             &format!("n={n}"),
         ),
         "/surrogate" => ok(
-            "Cache-Control: no-store\r\nSurrogate-Control: max-age=60\r\n",
+            "Cache-Control: no-store\r\nSurrogate-Control: max-age=60, max-age=5;edge2\r\n",
             &format!("n={n}"),
         ),
         "/cdn" => ok(
@@ -376,11 +376,17 @@ async fn the_rest_of_rfc_9111() {
         !a.contains("tollgate; hit"),
         "Age 7200, 10 is 7200: {a:.300}"
     );
-    // Targeted fields take over from Cache-Control.
-    get(&s, "a", "/surrogate", "").await;
-    assert!(get(&s, "a", "/surrogate", "")
-        .await
-        .contains("tollgate; hit"));
+    // Targeted fields take over from Cache-Control. What of Surrogate-Control is the
+    // gateway's is not passed on; what is another device's is.
+    let miss = get(&s, "a", "/surrogate", "").await;
+    let hit = get(&s, "a", "/surrogate", "").await;
+    assert!(hit.contains("tollgate; hit"), "{hit:.300}");
+    for a in [&miss, &hit] {
+        assert!(
+            a.contains("surrogate-control: max-age=5;edge2\r\n"),
+            "{a:.300}"
+        );
+    }
     get(&s, "a", "/cdn", "").await;
     assert!(!get(&s, "a", "/cdn", "").await.contains("tollgate; hit"));
     // must-understand on a status it knows: no-store is ignored.

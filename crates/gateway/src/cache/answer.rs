@@ -179,6 +179,9 @@ pub(super) fn answer(e: &Entry, req: &Parts, now_ns: u64, status: String) -> Res
     *r.status_mut() = code;
     let h = r.headers_mut();
     *h = e.headers.clone();
+    if e.fresh.surrogate {
+        super::control::strip_surrogate(h);
+    }
     if not_mod {
         h.remove(header::CONTENT_LENGTH);
     } else {
@@ -205,7 +208,10 @@ pub(super) fn answer(e: &Entry, req: &Parts, now_ns: u64, status: String) -> Res
     r
 }
 
+/// An upstream's answer as a client gets it: with the gateway's `Cache-Status` member, and
+/// without the `Surrogate-Control` directives this cache acts on.
 pub(super) fn with_status(mut r: Response<Body>, status: &'static str) -> Response<Body> {
+    super::control::strip_surrogate(r.headers_mut());
     add_status(r.headers_mut(), HeaderValue::from_static(status));
     r
 }

@@ -97,11 +97,14 @@ fn directives_of(headers: &impl Lines, name: &header::HeaderName) -> Directives 
                 Some((n, v)) => (n.trim(), Some(v.trim())),
                 None => (item, None),
             };
+            // A directive given twice keeps its first value (RFC 9111 §4.2.1).
             let timed =
                 |d: &mut Directives, slot: fn(&mut Directives) -> &mut Option<u64>| match seconds(
                     value,
                 ) {
-                    Some(s) => *slot(d) = Some(s),
+                    Some(s) => {
+                        slot(d).get_or_insert(s);
+                    }
                     None => d.malformed = true,
                 };
             match name.to_ascii_lowercase().as_str() {
@@ -171,6 +174,8 @@ pub struct Freshness {
     pub stale_while_revalidate: Duration,
     /// Served stale when the upstream fails, this long past its lifetime.
     pub stale_if_error: Duration,
+    /// It came with a `Surrogate-Control`: what of it is this cache's is not passed on.
+    pub surrogate: bool,
 }
 
 /// Whether a response to `method` may be stored by a shared cache, and for how long it is
@@ -243,7 +248,36 @@ pub fn storable(
         no_cache: d.no_cache,
         stale_while_revalidate: Duration::from_secs(d.stale_while_revalidate.unwrap_or(0)),
         stale_if_error: Duration::from_secs(d.stale_if_error.unwrap_or(0)),
+        surrogate: resp.contains_key(SURROGATE_CONTROL),
     })
+}
+
+/// Removes from an answer to a client the `Surrogate-Control` directives this cache acted
+/// on (Edge Architecture §3: they are for gateway caches, not for clients), keeping those
+/// aimed at another device (`max-age=60;edge2`).
+pub fn strip_surrogate(h: &mut HeaderMap) {
+    let Some(first) = h.get(&SURROGATE_CONTROL) else {
+        return;
+    };
+    let mut others = Vec::new();
+    for line in std::iter::once(first).chain(h.get_all(&SURROGATE_CONTROL).iter().skip(1)) {
+        for item in line.as_bytes().split(|&b| b == b',') {
+            let item = item.trim_ascii();
+            if item.contains(&b';') {
+                if !others.is_empty() {
+                    others.extend_from_slice(b", ");
+                }
+                others.extend_from_slice(item);
+            }
+        }
+    }
+    h.remove(&SURROGATE_CONTROL);
+    // Every byte came from a header value, so this holds.
+    if let Ok(v) = header::HeaderValue::from_bytes(&others) {
+        if !others.is_empty() {
+            h.insert(SURROGATE_CONTROL, v);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -337,6 +371,22 @@ mod tests {
         );
         assert_eq!(
             fresh_for(200, &[("cache-control", "max-age=60, s-maxage=30")], false),
+            Some(30)
+        );
+        // Given twice, the first counts (§4.2.1), in one line or across lines.
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=0, max-age=60")], false),
+            None
+        );
+        assert_eq!(
+            fresh_for(
+                200,
+                &[
+                    ("cache-control", "max-age=30"),
+                    ("cache-control", "max-age=0")
+                ],
+                false
+            ),
             Some(30)
         );
         assert_eq!(

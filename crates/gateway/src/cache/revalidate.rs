@@ -113,10 +113,7 @@ impl Cache {
         let born = self.store.born(uri);
         let fetched = up.fetch(sent.copy()).await;
         let (sent, fetched) = match fetched {
-            Ok(r)
-                if r.status() == StatusCode::NOT_MODIFIED
-                    && !self.refreshes(&e, r.headers()) =>
-            {
+            Ok(r) if r.status() == StatusCode::NOT_MODIFIED && !self.refreshes(&e, r.headers()) => {
                 // Its body holds a place among the connection's upstream streams.
                 drop(r);
                 let whole = Self::whole(&parts);
