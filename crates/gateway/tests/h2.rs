@@ -973,6 +973,11 @@ async fn one_connection_takes_a_bounded_share_of_an_upstream() {
     .await;
     let line = String::from_utf8_lossy(&line).into_owned();
     assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    // Each client's three other streams found no place within connect_timeout: 503, counted
+    // with the upstream's busy answers.
+    let busy = "tollgate_upstream_failures_total{upstream=\"backend\",kind=\"busy\"} 6";
+    let m = metrics_with(&g.gw, busy).await;
+    assert!(m.lines().any(|l| l == busy), "{m}");
 }
 
 #[tokio::test]

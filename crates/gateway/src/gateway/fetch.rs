@@ -94,10 +94,13 @@ pub(super) async fn share_for(
     if version != http::Version::HTTP_2 {
         return Ok(None);
     }
-    conn.upstream_share(up.cfg.connect_timeout)
-        .await
-        .map(Some)
-        .ok_or(Refusal::UpstreamBusy)
+    match conn.upstream_share(up.cfg.connect_timeout).await {
+        Some(share) => Ok(Some(share)),
+        None => {
+            up.count_busy();
+            Err(Refusal::UpstreamBusy)
+        }
+    }
 }
 
 /// Nanoseconds since `since`.

@@ -152,6 +152,13 @@ impl Upstream {
         }
     }
 
+    /// Counts a 503 for a request that found no place among its HTTP/2 connection's
+    /// streams holding an upstream connection (`max_upstream_streams`), as the upstream's
+    /// own busy 503s are counted.
+    pub fn count_busy(&self) {
+        self.stats.busy.inc();
+    }
+
     /// Per target: its name, connections open, idle connections in the pools, and
     /// whether it is in rotation.
     pub fn pool_figures(&self) -> Vec<(String, usize, usize, bool)> {
