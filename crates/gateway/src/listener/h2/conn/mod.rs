@@ -322,7 +322,8 @@ where
                 next = next.min(since + self.limits.send_timeout);
             }
         }
-        if self.streams.is_empty() {
+        // A header block on its way is not idle: its own deadline (above) bounds it.
+        if self.streams.is_empty() && self.cont.is_none() {
             let idle_until = self.idle_since + self.limits.idle;
             if idle_until <= now {
                 // Idle too long: GOAWAY, then the close once it is written.
