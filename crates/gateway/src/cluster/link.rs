@@ -176,12 +176,13 @@ impl Cluster {
         consumer: &str,
         limit: &LimitConfig,
     ) -> SharedLimit<LimitCell> {
-        let route = route.map_or_else(String::new, |r| format!("route:{r}:"));
+        let route = route.map_or_else(String::new, |r| format!("route:{}:", key_part(r)));
         SharedLimit::new(
             self.clone(),
             format!(
-                "{}:{route}consumer:{{{consumer}}}:{}:{}:{}",
+                "{}:{route}consumer:{{{}}}:{}:{}:{}",
                 self.cfg.key_prefix,
+                key_part(consumer),
                 limit.name,
                 limit.requests,
                 limit.window.as_secs()
@@ -239,6 +240,26 @@ impl SharedStore<LimitCell> for Cluster {
     }
 }
 
+/// `name` as a part of a Redis key: `%`, `{` and `}` percent-encoded. The consumer's braces
+/// are then the key's hash tag whatever the names hold, and every key made from it (the
+/// limit's counts, its asks) lies in one hash slot: a name that began with `}` would leave
+/// an empty tag, and the keys in slots of their own.
+pub(crate) fn key_part(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.contains(['%', '{', '}']) {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len() + 6);
+    for c in name.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// The masters of a Redis Cluster (`host:port`, sorted) and how many slots they serve,
 /// from `CLUSTER SLOTS` as the first master to answer sees them: it fails only when no
 /// master answers.
@@ -286,4 +307,47 @@ pub(super) async fn cluster_masters(
     masters.sort();
     masters.dedup();
     Ok((masters, slots))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis_link::slot_of;
+
+    #[test]
+    fn a_limits_keys_share_one_slot_whatever_the_names_hold() {
+        let cfg = tollgate_config::from_yaml(
+            "listeners: [{address: \"127.0.0.1:0\"}]\nupstreams: {b: {targets: [\"127.0.0.1:1\"]}}\ncluster: {redis: {url: \"redis://127.0.0.1:1\"}}\nroutes: [{name: r, path_prefix: /, upstream: b}]\n",
+        )
+        .expect("config");
+        let c = Cluster::new(cfg.cluster.expect("cluster"));
+        let limit = LimitConfig {
+            name: "per-second".into(),
+            requests: 10,
+            window: std::time::Duration::from_secs(1),
+        };
+        for (route, consumer) in [
+            (None, "alice"),
+            (None, "}x"),
+            (None, "{}"),
+            (Some("r{}"), "bob"),
+            (Some("}"), "a}b{c"),
+            (None, "100%"),
+        ] {
+            let l = c.limit(route, consumer, &limit);
+            let key = l.key();
+            assert_eq!(
+                slot_of(key),
+                slot_of(&format!("{key}:asks")),
+                "{route:?} {consumer}: {key}"
+            );
+            // The tag is the consumer's name alone.
+            assert_eq!(
+                slot_of(key),
+                slot_of(&format!("{{{}}}", key_part(consumer)))
+            );
+        }
+        assert_eq!(key_part("alice"), "alice");
+        assert_eq!(key_part("}x{%"), "%7Dx%7B%25");
+    }
 }
