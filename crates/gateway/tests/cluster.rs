@@ -540,8 +540,8 @@ async fn a_burst_at_a_window_boundary_does_not_double_the_limit() {
 
 /// The lease script as a node calls it: limit `key` of 100, sub-windows of 1 s (on this
 /// host's clock, which Redis shares), `want` tokens for the current sub-window and `change`
-/// applied to it, as ask `seq` of `node`. Returns (granted, counted).
-fn lease(redis: &RedisServer, node: &str, seq: u64, want: u64, change: i64) -> (u64, u64) {
+/// applied to it, as ask `seq` of `node`. Returns (granted, counted, whether it ran).
+fn lease(redis: &RedisServer, node: &str, seq: u64, want: u64, change: i64) -> (u64, u64, bool) {
     let sub = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970")
@@ -566,8 +566,8 @@ fn lease(redis: &RedisServer, node: &str, seq: u64, want: u64, change: i64) -> (
     if change != 0 {
         cmd.arg(sub).arg(change);
     }
-    let (granted, counted, _, _): (u64, u64, u64, u64) = cmd.query(&mut c).expect("EVAL");
-    (granted, counted)
+    let (granted, counted, _, _, ran): (u64, u64, u64, u64, u64) = cmd.query(&mut c).expect("EVAL");
+    (granted, counted, ran == 1)
 }
 
 #[test]
@@ -575,17 +575,18 @@ fn the_lease_script_runs_each_ask_once_however_often_it_arrives() {
     let redis = RedisServer::start();
     let key = "tollgate:consumer:{k}:l:100:10";
     // 5 tokens granted and 3 requests admitted on credit counted.
-    assert_eq!(lease(&redis, "n1", 1, 5, 3), (5, 8));
-    // The same ask again (a client's retry after a timeout): nothing granted or counted.
-    assert_eq!(lease(&redis, "n1", 1, 5, 3), (0, 8));
+    assert_eq!(lease(&redis, "n1", 1, 5, 3), (5, 8, true));
+    // The same ask again (a client's retry after a timeout): nothing granted or counted,
+    // and the answer says so.
+    assert_eq!(lease(&redis, "n1", 1, 5, 3), (0, 8, false));
     // 2 tokens given back, once however often the ask arrives.
-    assert_eq!(lease(&redis, "n1", 2, 0, -2), (0, 6));
-    assert_eq!(lease(&redis, "n1", 2, 0, -2), (0, 6));
+    assert_eq!(lease(&redis, "n1", 2, 0, -2), (0, 6, true));
+    assert_eq!(lease(&redis, "n1", 2, 0, -2), (0, 6, false));
     // An older ask arriving after a newer one changes nothing either.
-    assert_eq!(lease(&redis, "n1", 1, 5, 3), (0, 6));
+    assert_eq!(lease(&redis, "n1", 1, 5, 3), (0, 6, false));
     assert_eq!(redis.hsum(key), 6);
     // Each node numbers its own asks.
-    assert_eq!(lease(&redis, "n2", 1, 4, 0), (4, 10));
-    assert_eq!(lease(&redis, "n1", 3, 1, 0), (1, 11));
+    assert_eq!(lease(&redis, "n2", 1, 4, 0), (4, 10, true));
+    assert_eq!(lease(&redis, "n1", 3, 1, 0), (1, 11, true));
     assert_eq!(redis.hsum(key), 11);
 }

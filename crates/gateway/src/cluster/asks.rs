@@ -17,19 +17,20 @@ use std::time::{Duration, Instant};
 /// node); then pairs (sub-window, change) applied first: requests admitted without a grant
 /// (+), tokens given back unused (−).
 ///
-/// An ask whose number is not above the node's last one changes nothing and is granted
-/// nothing: a client's retry of an ask that timed out, or an old ask that arrives after a
-/// newer one, is run at most once, so no give-back is taken twice and no count is added
-/// more than the node sends it.
+/// An ask whose number is not above the node's last one changes nothing, is granted
+/// nothing and says it did not run: a client's retry of an ask that timed out, or an old
+/// ask that arrives after a newer one, is run at most once, so no give-back is taken twice
+/// and no count is added more than the node sends it. Nodes not heard from for an hour are
+/// forgotten once more than 64 are kept.
 ///
 /// Grants `min(want, N − counted)`, where `counted` sums every sub-window from `at − span`
 /// on, later ones included: after any grant, no span of `span + 1` sub-windows holds more
 /// than N grants. Redis's own clock bounds what a node may ask for: nothing is granted or
 /// counted more than one sub-window ahead of it, and nothing is dropped that still counts
 /// by it, so one node's clock running ahead cannot block a limit for the others.
-/// Returns {granted, counted, free_at, over}: `free_at` is the sub-window from which room
-/// opens again when the limit is used up (else 0), `over` how far the changes pushed the
-/// count past N.
+/// Returns {granted, counted, free_at, over, ran}: `free_at` is the sub-window from which
+/// room opens again when the limit is used up (else 0), `over` how far the changes pushed
+/// the count past N, `ran` 1 if the ask ran.
 pub const LEASE: &str = include_str!("lease.lua");
 /// How long a node counts as alive after its last heartbeat.
 const NODE_TTL_MS: u64 = 3_000;
@@ -237,10 +238,13 @@ pub(super) fn unsettled(c: &Cluster, a: &Ask, cut_off: bool) {
 
 /// Applies the store's answer `v` to one ask.
 pub(super) fn settle(c: &Cluster, a: &Ask, v: redis::Value, wall: u64, link: u32) {
-    let Ok((granted, total, free_at, over)) = redis::from_redis_value::<(u64, u64, u64, u64)>(v)
-    else {
-        // Not an answer of the script: nothing is known to be settled.
-        c.metrics.errors.fetch_add(1, Ordering::Relaxed);
+    let answer = redis::from_redis_value::<(u64, u64, u64, u64, u64)>(v);
+    let Ok((granted, total, free_at, over, 1)) = answer else {
+        // Not an answer of the script, or the answer to a copy of an ask that ran before
+        // (whose own answer never came): nothing is known to be settled.
+        if answer.is_err() {
+            c.metrics.errors.fetch_add(1, Ordering::Relaxed);
+        }
         unsettled(c, a, false);
         return;
     };
@@ -270,6 +274,12 @@ pub(super) fn settle(c: &Cluster, a: &Ask, v: redis::Value, wall: u64, link: u32
         free_at
     };
     if granted > 0 {
+        if l.link != link {
+            // Tokens held from another connection, or from a part that failed since: they
+            // are spent no more, so none of them is given back through this one.
+            l.tokens = 0;
+            l.next_tokens = 0;
+        }
         l.link = link;
     }
     if a.at == l.sub {

@@ -7,10 +7,19 @@ local server = math.floor((tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1
 local now = math.min(tonumber(ARGV[4]), server)
 if at > server + 1 then want = 0 end
 local seq = tonumber(ARGV[9])
-local fresh = seq > tonumber(redis.call('HGET', KEYS[2], ARGV[8]) or '0')
+local ms = tonumber(t[1]) * 1000
+local last = redis.call('HGET', KEYS[2], ARGV[8])
+local fresh = seq > (last and tonumber(string.match(last, '^(%d+)')) or 0)
 if fresh then
-  if redis.call('HLEN', KEYS[2]) > 64 then redis.call('DEL', KEYS[2]) end
-  redis.call('HSET', KEYS[2], ARGV[8], ARGV[9])
+  if redis.call('HLEN', KEYS[2]) > 64 then
+    -- Nodes gone for an hour (restarted under another id) have no ask in flight.
+    local seen = redis.call('HGETALL', KEYS[2])
+    for i = 1, #seen, 2 do
+      local at = tonumber(string.match(seen[i + 1], ':(%d+)$') or '0')
+      if at < ms - 3600000 then redis.call('HDEL', KEYS[2], seen[i]) end
+    end
+  end
+  redis.call('HSET', KEYS[2], ARGV[8], ARGV[9] .. ':' .. ms)
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
   for i = 10, #ARGV, 2 do
     local s = tonumber(ARGV[i])
@@ -57,4 +66,6 @@ if total >= n then
   end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {grant, total, free_at, over}
+local ran = 0
+if fresh then ran = 1 end
+return {grant, total, free_at, over, ran}
