@@ -53,6 +53,15 @@ pub fn cache_control(data: &[u8]) {
     {
         assert!(v <= 1 << 31, "{v} seconds");
     }
+    // What of Surrogate-Control is this cache's never reaches a client; another device's
+    // members pass.
+    let mut out = resp.clone();
+    control::strip_surrogate(&mut out);
+    for v in out.get_all("surrogate-control") {
+        for item in v.as_bytes().split(|&b| b == b',') {
+            assert!(item.contains(&b';'), "{v:?}");
+        }
+    }
     let status = [200, 203, 204, 206, 301, 304, 404, 418, 500, 101][usize::from(knob(0)) % 10];
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
     let method = if knob(1) & 1 == 0 {
