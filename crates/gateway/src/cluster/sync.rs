@@ -276,7 +276,9 @@ impl Syncer {
             }
             Landed::Loaded => return,
         };
-        let Some(p) = self.pending.get_mut(&round) else {
+        // Taken out while it is settled (the syncer's other state stays free to change),
+        // and put back while parts of it are still in flight.
+        let Some(mut p) = self.pending.remove(&round) else {
             return;
         };
         // A part sent on an earlier connection says nothing of the one in use now.
@@ -325,11 +327,7 @@ impl Syncer {
                             );
                         }
                         self.partly = Some(Instant::now());
-                        if c.connected_to_cluster(masters) {
-                            // A replica was promoted: a new connection learns the slots'
-                            // masters.
-                            self.conn = None;
-                        }
+                        self.switched(c, masters);
                         if no_script && self.reloaded.is_none_or(|t| t.elapsed() >= HEARTBEAT) {
                             // A replica promoted since the connection was made lacks the
                             // script: loaded again on every master, once a while.
@@ -359,12 +357,12 @@ impl Syncer {
         }
         p.left = p.left.saturating_sub(1);
         if p.left > 0 {
+            self.pending.insert(round, p);
             // A request waiting for one of these leases need not wait for the rest.
             c.answers.send_modify(|r| *r += 1);
             return;
         }
         let whole = p.whole && !p.asks.is_empty();
-        self.pending.remove(&round);
         if whole && self.partly.is_some_and(|t| t.elapsed() >= QUIET) {
             tracing::info!("cluster: every part of the Redis Cluster answers again");
             self.partly = None;
