@@ -256,11 +256,11 @@ pub fn storable(
 /// on (Edge Architecture §3: they are for gateway caches, not for clients), keeping those
 /// aimed at another device (`max-age=60;edge2`).
 pub fn strip_surrogate(h: &mut HeaderMap) {
-    let Some(first) = h.get(&SURROGATE_CONTROL) else {
+    if !h.contains_key(&SURROGATE_CONTROL) {
         return;
-    };
+    }
     let mut others = Vec::new();
-    for line in std::iter::once(first).chain(h.get_all(&SURROGATE_CONTROL).iter().skip(1)) {
+    for line in h.get_all(&SURROGATE_CONTROL) {
         for item in line.as_bytes().split(|&b| b == b',') {
             let item = item.trim_ascii();
             if item.contains(&b';') {
