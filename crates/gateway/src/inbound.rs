@@ -224,15 +224,16 @@ pub fn host_only(raw: &str) -> &str {
 }
 
 /// The path routes are matched against: without `;` segment parameters (`/admin;x=1/y` is
-/// `/admin/y`), as Tomcat, Jetty and Spring resolve it before they route. The request is
-/// forwarded with its parameters.
+/// `/admin/y`), as Tomcat, Jetty and Spring resolve it before they route. A segment that
+/// was a parameter alone leaves no empty segment (`/api/;/admin` is `/api/admin`), since
+/// those servers merge the slashes after. The request is forwarded with its parameters.
 pub fn routing_path(path: &str) -> Cow<'_, str> {
     if !path.contains(';') {
         return Cow::Borrowed(path);
     }
     let mut out = String::with_capacity(path.len());
     for (i, seg) in path.split('/').enumerate() {
-        if i > 0 {
+        if i > 0 && !out.ends_with('/') {
             out.push('/');
         }
         out.push_str(seg.split(';').next().unwrap_or(""));
@@ -431,6 +432,10 @@ mod tests {
     fn routes_see_paths_without_segment_parameters() {
         assert_eq!(routing_path("/admin;x=1/y;v=2"), "/admin/y");
         assert_eq!(routing_path("/admin;/y"), "/admin/y");
+        assert_eq!(routing_path("/api/;/admin/users"), "/api/admin/users");
+        assert_eq!(routing_path("/api/;x=1/admin"), "/api/admin");
+        assert_eq!(routing_path("/;/;x/admin/"), "/admin/");
+        assert_eq!(routing_path("/api/;"), "/api/");
         assert!(matches!(routing_path("/plain/path"), Cow::Borrowed(_)));
     }
 

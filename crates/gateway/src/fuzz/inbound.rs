@@ -14,7 +14,8 @@ pub fn path_host(data: &[u8]) {
 }
 
 /// What a normalized path must be: a fixed point of `normalize_path`, without `.` or `..`
-/// segments (`;` parameters aside), empty segments, backslashes or encoded slashes.
+/// segments (`;` parameters aside), empty segments, backslashes or encoded slashes; and
+/// its routing path without dot-segments or empty segments.
 pub fn check_path(path: &str) {
     let normal = match inbound::normalize_path(path) {
         Err(_) => return,
@@ -43,9 +44,15 @@ pub fn check_path(path: &str) {
             "dot-segment in {normal:?} (from {path:?})"
         );
     }
-    for seg in inbound::routing_path(&normal).split('/') {
+    let routed = inbound::routing_path(&normal);
+    for seg in routed.split('/') {
         assert!(seg != "." && seg != "..", "dot-segment routed: {normal:?}");
     }
+    // A backend that drops `;` parameters merges the slashes they leave: so does routing.
+    assert!(
+        !routed.contains("//"),
+        "empty segment routed: {normal:?} → {routed:?}"
+    );
 }
 
 /// What a host `valid_host` accepts must be: ASCII, without userinfo, percent-escapes,
