@@ -26,6 +26,7 @@ pub(crate) const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-c
 
 /// Checks and rewrites the request head in place; a refusal is a 400.
 pub fn prepare(owned: &Owned, parts: &mut Parts) -> Result<(), Refusal> {
+    check_method(parts.method.as_str())?;
     check_host(parts)?;
     if let Some(path) = normalize_path(parts.uri.path())? {
         let pq = match parts.uri.query() {
@@ -48,6 +49,23 @@ pub fn prepare(owned: &Owned, parts: &mut Parts) -> Result<(), Refusal> {
     remove_owned(&mut parts.headers, owned);
     if parts.version == Version::HTTP_2 {
         join_cookies(&mut parts.headers)?;
+    }
+    Ok(())
+}
+
+/// Refuses a registered method spelled in another case (`post`, `Get`). Methods are
+/// case-sensitive (RFC 9110 §9.1), so no route's `methods` takes `post`, yet a backend
+/// that reads methods in any case would act on it as `POST`: a route's method filter or a
+/// more specific route for `POST` could be passed by. nginx refuses every lower-case
+/// method; an extension method of another name still goes through as written.
+fn check_method(m: &str) -> Result<(), Refusal> {
+    const REGISTERED: [&str; 9] = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+    ];
+    if m.bytes().any(|b| b.is_ascii_lowercase())
+        && REGISTERED.iter().any(|r| r.eq_ignore_ascii_case(m))
+    {
+        return Err(Refusal::BadRequest("method must be in upper case"));
     }
     Ok(())
 }
