@@ -35,6 +35,13 @@ async fn untrusted_clients_send_no_forwarding_header_upstream() {
         "X_Rewrite_URL: /admin",
         "X-Host: evil",
         "X-Original-Host: evil",
+        "X-Client-IP: 10.0.0.1",
+        "True-Client-IP: 10.0.0.1",
+        "CF-Connecting-IP: 10.0.0.1",
+        "X-Cluster-Client-IP: 10.0.0.1",
+        "Fastly-Client-IP: 10.0.0.1",
+        "X-Original-Forwarded-For: 10.0.0.1",
+        "X-Forwarded: for=10.0.0.1",
     ];
     let head = format!(
         "GET /x HTTP/1.1\r\nHost: a\r\n{}\r\nConnection: close\r\n\r\n",
@@ -56,6 +63,8 @@ async fn untrusted_clients_send_no_forwarding_header_upstream() {
     ] {
         assert!(!seen.contains(h), "{h}: {a}");
     }
+    // Nor any header that client-address libraries read the client from.
+    assert!(!seen.contains("10.0.0.1"), "{a}");
     assert!(seen.contains("x-forwarded-for: 127.0.0.1"), "{a}");
 }
 

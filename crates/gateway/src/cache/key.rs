@@ -125,12 +125,19 @@ pub(super) fn authority_into(ask: &Ask<'_>, req: &Fields, out: &mut String) {
     if ask.trusted {
         // The rest of the family a trusted proxy sends goes upstream too, and frameworks
         // build links from it (`X-Forwarded-Prefix`, `-Port`, `Forwarded`): keyed. Who the
-        // client is (`X-Forwarded-For`, `X-Real-IP`) is not part of a URL.
-        const NOT_KEYED: [&str; 4] = [
+        // client is (`X-Forwarded-For`, `X-Real-IP`, the CDNs' client-address headers) is
+        // not part of a URL.
+        const NOT_KEYED: [&str; 10] = [
             "x-forwarded-for",
             "x-real-ip",
             "x-forwarded-proto",
             "x-forwarded-host",
+            "x-client-ip",
+            "true-client-ip",
+            "cf-connecting-ip",
+            "fastly-client-ip",
+            "x-cluster-client-ip",
+            "x-original-forwarded-for",
         ];
         for (name, value) in req.iter() {
             if crate::upstream::forwarding_name(name)

@@ -9,14 +9,24 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Whether `b` (in any case) names one of the headers a proxy tells its upstream about the
-/// client with: `Forwarded`, `X-Real-IP` and the whole `X-Forwarded-*` family (`-Port`,
-/// `-Prefix`, `-Scheme`, `-Ssl`, ... which Spring and Rack act on), and those that tell it
-/// the URL or host the client asked for (`X-Original-URL` and `X-Rewrite-URL`, which
-/// Symfony, Zend and IIS act on, `X-Host`, `X-Original-Host`), in `-` or `_` spelling.
+/// client with: `Forwarded`, `X-Forwarded`, `X-Real-IP` and the whole `X-Forwarded-*`
+/// family (`-Port`, `-Prefix`, `-Scheme`, `-Ssl`, ... which Spring and Rack act on), the
+/// client-address headers of CDNs and load balancers that client-IP libraries read
+/// (`X-Client-IP`, `True-Client-IP`, `CF-Connecting-IP`, `Fastly-Client-IP`,
+/// `X-Cluster-Client-IP`, `X-Original-Forwarded-For`), and those that tell it the URL or
+/// host the client asked for (`X-Original-URL` and `X-Rewrite-URL`, which Symfony, Zend
+/// and IIS act on, `X-Host`, `X-Original-Host`), in `-` or `_` spelling.
 pub fn forwarding_name(b: &[u8]) -> bool {
     const FAMILY: &[u8] = b"x-forwarded-";
-    const WHOLE: [&[u8]; 5] = [
+    const WHOLE: [&[u8]; 12] = [
         b"x-real-ip",
+        b"x-forwarded",
+        b"x-client-ip",
+        b"true-client-ip",
+        b"cf-connecting-ip",
+        b"fastly-client-ip",
+        b"x-cluster-client-ip",
+        b"x-original-forwarded-for",
         b"x-original-url",
         b"x-rewrite-url",
         b"x-host",
@@ -190,6 +200,13 @@ mod tests {
             "x-host",
             "x-original-host",
             "x-hostile",
+            "x-forwarded",
+            "X-Client-IP",
+            "true_client_ip",
+            "cf-connecting-ip",
+            "fastly-client-ip",
+            "x-cluster-client-ip",
+            "x-original-forwarded-for",
         ] {
             h.insert(
                 HeaderName::from_bytes(name.as_bytes()).expect("name"),
