@@ -42,6 +42,9 @@ impl std::fmt::Debug for AccessLog {
 /// every line would cost a context switch per request.
 const BATCH_EVERY: Duration = Duration::from_millis(50);
 
+/// How long a file that could not be opened waits before lines try it again.
+const RETRY_OPEN: Duration = Duration::from_secs(1);
+
 impl AccessLog {
     /// Starts the writer thread for `cfg`. A file that cannot be opened is reported (once)
     /// and its lines are dropped and counted until a reopen succeeds.
@@ -123,6 +126,8 @@ struct Writer {
     metrics: Arc<Metrics>,
     /// A failure was reported and nothing has succeeded since: stay quiet.
     failing: bool,
+    /// When a file that could not be opened is tried again ([`RETRY_OPEN`] apart).
+    retry_at: Option<Instant>,
     /// Lines formatted and not yet written, and how many.
     buf: Vec<u8>,
     lines: u64,
@@ -139,6 +144,7 @@ impl Writer {
             out: None,
             metrics,
             failing: false,
+            retry_at: None,
             buf: Vec::with_capacity(WRITE_AT + 4096),
             lines: 0,
             clock: Clock::default(),
@@ -148,6 +154,13 @@ impl Writer {
     }
 
     fn open(&mut self) {
+        if let Err(e) = self.try_open() {
+            self.failed(&e);
+        }
+    }
+
+    /// Opens the target; on failure the writer has no file until the retry, which is set.
+    fn try_open(&mut self) -> std::io::Result<()> {
         let out: std::io::Result<Box<dyn Write + Send>> = match &self.target {
             // Lines are written in batches from the writer's own buffer: no second buffer.
             LogTarget::Stdout => Ok(Box::new(std::io::stdout())),
@@ -160,14 +173,26 @@ impl Writer {
         match out {
             Ok(o) => {
                 self.out = Some(o);
+                self.retry_at = None;
                 if std::mem::take(&mut self.failing) {
                     tracing::info!(path = %self.path(), "access log writable again");
                 }
+                Ok(())
             }
             Err(e) => {
                 self.out = None;
-                self.failed(&e);
+                self.retry_at = Some(Instant::now() + RETRY_OPEN);
+                Err(e)
             }
+        }
+    }
+
+    /// Opens the file again if it could not be opened and its retry is due, so that a
+    /// directory made later, or permissions mended, bring the log back by themselves. A
+    /// retry that fails is the failure already reported and counted: it stays quiet.
+    fn retry_open(&mut self) {
+        if self.out.is_none() && self.retry_at.is_some_and(|at| Instant::now() >= at) {
+            let _ = self.try_open();
         }
     }
 
@@ -194,6 +219,9 @@ impl Writer {
             let syncs = std::mem::take(&mut *shared.syncs.lock());
             let reopen = shared.reopen.swap(false, Ordering::AcqRel);
             std::mem::swap(&mut batch, &mut *shared.queue.lock());
+            if !batch.is_empty() {
+                self.retry_open();
+            }
             let (wall, mono) = (SystemTime::now(), Instant::now());
             let wall_ns = wall
                 .duration_since(SystemTime::UNIX_EPOCH)
