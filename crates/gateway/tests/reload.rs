@@ -83,6 +83,9 @@ async fn a_bad_file_is_rejected_and_the_old_config_keeps_serving() {
     let status = gw.gw.reloads().borrow().clone();
     assert_eq!(status.generation, 1);
     assert!(status.last_error.is_some());
+    // The file watcher passes over what was just rejected (reported once, not twice).
+    let bad = std::fs::read(&path).expect("read");
+    assert!(gw.gw.rejected_last(&bad));
     let c = TestClient::default();
     assert_eq!(c.get(&gw.url("/a/?apikey=t1")).await.status, StatusCode::OK);
     assert_eq!(c.get(&gw.url("/b/")).await.status, StatusCode::OK);
@@ -90,6 +93,10 @@ async fn a_bad_file_is_rejected_and_the_old_config_keeps_serving() {
     std::fs::write(&path, two_routes(backend, 100, false)).expect("write");
     gw.gw.reload_file(&path).expect("valid");
     assert_eq!(gw.gw.reloads().borrow().generation, 2);
+    assert!(
+        !gw.gw.rejected_last(&bad),
+        "a success forgets the rejection"
+    );
     assert_eq!(c.get(&gw.url("/b/")).await.status, StatusCode::NOT_FOUND);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -92,6 +92,11 @@ impl Gateway {
         *self.source.lock() = Some(path.to_path_buf());
     }
 
+    /// Whether `bytes` is the content the last reload rejected, with no success since.
+    pub fn rejected_last(&self, bytes: &[u8]) -> bool {
+        self.rejected.load(Ordering::Relaxed) == fingerprint(bytes)
+    }
+
     /// The fingerprint of the content the running config was read from (0 when unknown).
     pub fn running_fingerprint(&self) -> u64 {
         self.running.load(Ordering::Relaxed)
@@ -150,11 +155,13 @@ impl Gateway {
                 // Recorded before the swap, so whoever sees the new generation also sees
                 // its content as running (and does not apply it again).
                 self.loaded_from(bytes);
+                self.rejected.store(0, Ordering::Relaxed);
                 self.apply(cfg);
                 tracing::info!(path = %path.display(), generation = self.status.borrow().generation, "config reloaded");
                 Ok(())
             }
             Err(e) => {
+                self.rejected.store(fingerprint(bytes), Ordering::Relaxed);
                 self.metrics.reload_errors.inc();
                 for p in e.problems() {
                     tracing::error!(path = %path.display(), "config rejected, old config keeps serving: {p}");

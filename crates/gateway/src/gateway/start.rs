@@ -150,6 +150,7 @@ impl Gateway {
             snapshot: ArcSwap::from_pointee(snapshot),
             cache,
             running: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
             registry,
             clock,
             status,

@@ -33,6 +33,9 @@ pub struct Gateway {
     pub(super) cache: Arc<Cache>,
     /// Fingerprint of the file content the running config came from.
     pub(super) running: AtomicU64,
+    /// The fingerprint of the content a reload last rejected (0: none since the last
+    /// success), so that the file watcher does not reject again what `SIGHUP` just did.
+    pub(super) rejected: AtomicU64,
     pub(super) registry: Registry,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) status: watch::Sender<ReloadStatus>,
