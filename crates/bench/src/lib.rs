@@ -269,7 +269,18 @@ async fn connection(plan: Arc<Plan>) -> Tally {
         }
         let intended = match (&plan.due, plan.rate) {
             (Some(due), Some(r)) => match due.recv().await {
-                Ok(ticket) => plan.start + Duration::from_secs_f64(ticket as f64 / r),
+                Ok(ticket) => {
+                    let at = plan.start + Duration::from_secs_f64(ticket as f64 / r);
+                    // The run is over: what is still queued was due, but no connection was
+                    // free to send it. Counted, not sent (as wrk2 stops at its duration).
+                    if plan.end.is_some_and(|e| Instant::now() >= e) {
+                        if at >= plan.record_from {
+                            t.unsent += 1;
+                        }
+                        continue;
+                    }
+                    at
+                }
                 Err(_) => break,
             },
             _ => {

@@ -44,6 +44,9 @@ pub struct Stats {
     pub latency_ms: Option<Latency>,
     /// Open loop: how late requests left against their schedule.
     pub send_lag_ms: Option<Latency>,
+    /// Open loop: requests due before the end that were never sent, because every
+    /// connection was still busy when the run ended (the rate was not kept).
+    pub unsent: u64,
 }
 
 /// The whole report.
@@ -133,6 +136,7 @@ impl Stats {
             errors,
             latency_ms: latency(&t.latency),
             send_lag_ms: latency(&t.lag),
+            unsent: t.unsent,
         }
     }
 }
@@ -184,7 +188,15 @@ impl Report {
         if s.errors_per_second > 0.0 {
             let _ = writeln!(o, "  Errors/s:      {:.1} (no answer)", s.errors_per_second);
         }
-        if s.statuses.is_empty() && s.requests > 0 {
+        if s.unsent > 0 {
+            let _ = writeln!(
+                o,
+                "  Not sent:      {} due before the end, every connection busy: the rate was not kept",
+                s.unsent
+            );
+        }
+        // Only when nothing connected: a timeout or a reset means something is listening.
+        if s.statuses.is_empty() && s.requests > 0 && s.errors.keys().all(|k| k == "connect") {
             let _ = writeln!(
                 o,
                 "  No request was answered: is anything listening at the URL?"

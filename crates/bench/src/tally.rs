@@ -9,6 +9,8 @@ pub struct Tally {
     pub(crate) lag: Histogram<u64>,
     pub(crate) statuses: Vec<u64>,
     pub(crate) errors: [u64; ErrorKind::ALL.len()],
+    /// Open loop: requests due before the end that no connection was free to send in time.
+    pub(crate) unsent: u64,
 }
 
 impl Tally {
@@ -23,6 +25,7 @@ impl Tally {
             lag: h(),
             statuses: vec![0; 600],
             errors: [0; ErrorKind::ALL.len()],
+            unsent: 0,
         }
     }
 
@@ -35,5 +38,6 @@ impl Tally {
         for (a, b) in self.errors.iter_mut().zip(&o.errors) {
             *a += b;
         }
+        self.unsent += o.unsent;
     }
 }

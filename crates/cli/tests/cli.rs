@@ -564,6 +564,45 @@ fn bench_reports_errors_by_kind() {
     );
 }
 
+#[test]
+fn an_open_loop_run_stops_at_its_duration_and_counts_what_it_could_not_send() {
+    // A server that takes connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = silent.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in silent.incoming().take(8) {
+            held.push(c);
+        }
+    });
+    let url = format!("http://{addr}/");
+    // 20 requests are due within the second; the one connection's first waits out its
+    // 1 s timeout, and the run ends there instead of sending the other 19 one by one.
+    let (code, v) = bench_json(&[
+        "--rate",
+        "20",
+        "-d",
+        "1s",
+        "-c",
+        "1",
+        "--timeout",
+        "1s",
+        &url,
+    ]);
+    assert_eq!(code, Some(1), "{v}");
+    assert_eq!(v["errors"]["timeout"], 1, "{v}");
+    assert_eq!(v["requests"], 1, "{v}");
+    assert_eq!(v["unsent"], 19, "{v}");
+    // A timeout says something listens: no "is anything listening" question.
+    let out = Command::new(BIN)
+        .args(["bench", "-n", "1", "-c", "1", "--timeout", "200ms", &url])
+        .output()
+        .expect("bench");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("timeout: 1"), "{text}");
+    assert!(!text.contains("listening"), "{text}");
+}
+
 /// `tollgate usage … --history 1h`, its stdout.
 fn history(file: &Path, json: bool) -> String {
     let mut cmd = Command::new(BIN);
