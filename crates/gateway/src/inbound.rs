@@ -53,18 +53,12 @@ pub fn prepare(owned: &Owned, parts: &mut Parts) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Refuses a registered method spelled in another case (`post`, `Get`). Methods are
-/// case-sensitive (RFC 9110 §9.1), so no route's `methods` takes `post`, yet a backend
-/// that reads methods in any case would act on it as `POST`: a route's method filter or a
-/// more specific route for `POST` could be passed by. nginx refuses every lower-case
-/// method; an extension method of another name still goes through as written.
+/// Refuses a method with a lower-case letter (`post`, `Get`, `move`), as nginx does.
+/// Methods are case-sensitive (RFC 9110 §9.1) and every method a route lists is upper
+/// case, so no route's `methods` takes `post`; yet a backend that reads methods in any
+/// case would act on it as `POST`, past a route's method filter or a more specific route.
 fn check_method(m: &str) -> Result<(), Refusal> {
-    const REGISTERED: [&str; 9] = [
-        "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
-    ];
-    if m.bytes().any(|b| b.is_ascii_lowercase())
-        && REGISTERED.iter().any(|r| r.eq_ignore_ascii_case(m))
-    {
+    if m.bytes().any(|b| b.is_ascii_lowercase()) {
         return Err(Refusal::BadRequest("method must be in upper case"));
     }
     Ok(())

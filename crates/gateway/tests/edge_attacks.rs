@@ -229,20 +229,22 @@ async fn connect_is_refused_whatever_a_route_lists() {
         );
         assert_eq!(a.matches("HTTP/1.1 ").count(), 1, "{target}: {a}");
     }
-    // A registered method in another case is refused before any route is looked at: a
-    // backend reading methods in any case would act on `connect` or `post` as on its
-    // upper-case name.
-    for method in ["connect", "trace", "Trace", "post", "Get", "dElEtE"] {
+    // A method with a lower-case letter is refused before any route is looked at: a
+    // backend reading methods in any case would act on `connect` or `move` as on its
+    // upper-case name, and routes list methods in upper case.
+    for method in [
+        "connect", "trace", "Trace", "post", "Get", "dElEtE", "move", "purge",
+    ] {
         let req = format!("{method} /listed/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
         let a = raw(g.addr, req.as_bytes()).await;
         assert!(a.starts_with("HTTP/1.1 400"), "{method}: {a}");
         assert!(a.contains("upper case"), "{method}: {a}");
     }
     assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0);
-    // An extension method of another name goes on as written.
+    // An extension method in upper case goes on as written.
     let a = raw(
         g.addr,
-        b"report /open/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        b"REPORT /open/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert!(a.starts_with("HTTP/1.1 200"), "{a}");

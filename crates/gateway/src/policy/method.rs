@@ -10,7 +10,7 @@ use http::Method;
 /// (which echoes the request, credentials included, back) is taken only by a route that
 /// lists it. `CONNECT` is taken by none: the gateway opens no tunnels (nginx answers it
 /// 405 too), and one forwarded as an ordinary request would be read as a tunnel's start.
-/// Methods are matched as written (RFC 9110 §9.1); a registered method in another case
+/// Methods are matched as written (RFC 9110 §9.1); a method with a lower-case letter
 /// (`connect`, `post`) was refused before routing ([`crate::inbound::prepare`]), and
 /// `CONNECT` and `TRACE` are compared in any case here all the same.
 pub fn allows(route: &Route, method: &Method, preflight: bool) -> bool {
