@@ -155,18 +155,9 @@ pub fn watch_file(
             let file = snap.config.consumers_file.clone();
             drop(snap);
             if let Some(read) = config.look(&path, gw.running_fingerprint()).await {
-                let read = match read {
-                    Some(b) => Some(b),
-                    None => tokio::fs::read(&path).await.ok(),
-                };
-                if read.as_deref().is_some_and(|b| gw.rejected_last(b)) {
-                    // `SIGHUP` or `POST /reload` tried this content already, and reported it.
-                    tracing::debug!(path = %path.display(), "config file changed to what was just rejected");
-                } else {
-                    tracing::info!(path = %path.display(), "config file changed");
-                    if reload(&gw, &path, read).await {
-                        continue;
-                    }
+                tracing::info!(path = %path.display(), "config file changed");
+                if reload(&gw, &path, read).await {
+                    continue;
                 }
             }
             // Renewed certificates: tried once per content, so that a renewal caught

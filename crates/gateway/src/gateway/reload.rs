@@ -92,11 +92,6 @@ impl Gateway {
         *self.source.lock() = Some(path.to_path_buf());
     }
 
-    /// Whether `bytes` is the content the last reload rejected, with no success since.
-    pub fn rejected_last(&self, bytes: &[u8]) -> bool {
-        self.rejected.load(Ordering::Relaxed) == fingerprint(bytes)
-    }
-
     /// The fingerprint of the content the running config was read from (0 when unknown).
     pub fn running_fingerprint(&self) -> u64 {
         self.running.load(Ordering::Relaxed)
@@ -161,7 +156,17 @@ impl Gateway {
                 Ok(())
             }
             Err(e) => {
-                self.rejected.store(fingerprint(bytes), Ordering::Relaxed);
+                let text = e.to_string();
+                let fp = fingerprint(bytes);
+                // The same content failing the same way (`SIGHUP` after the watcher, or the
+                // other way round) is one rejection: counted and logged once. A file it
+                // names may have been mended since, so the content is always tried.
+                let again = self.rejected.swap(fp, Ordering::Relaxed) == fp
+                    && self.status.borrow().last_error.as_deref() == Some(text.as_str());
+                if again {
+                    tracing::info!(path = %path.display(), "config rejected again, with the same problems as before; old config keeps serving");
+                    return Err(e);
+                }
                 self.metrics.reload_errors.inc();
                 for p in e.problems() {
                     tracing::error!(path = %path.display(), "config rejected, old config keeps serving: {p}");
@@ -169,8 +174,7 @@ impl Gateway {
                 for w in e.warnings() {
                     tracing::warn!(path = %path.display(), "{w}");
                 }
-                self.status
-                    .send_modify(|s| s.last_error = Some(e.to_string()));
+                self.status.send_modify(|s| s.last_error = Some(text));
                 Err(e)
             }
         }

@@ -34,7 +34,7 @@ pub struct Gateway {
     /// Fingerprint of the file content the running config came from.
     pub(super) running: AtomicU64,
     /// The fingerprint of the content a reload last rejected (0: none since the last
-    /// success), so that the file watcher does not reject again what `SIGHUP` just did.
+    /// success), so that the same rejection from `SIGHUP` and the watcher counts once.
     pub(super) rejected: AtomicU64,
     pub(super) registry: Registry,
     pub(super) clock: Arc<dyn Clock>,
