@@ -42,6 +42,12 @@ async fn untrusted_clients_send_no_forwarding_header_upstream() {
         "Fastly-Client-IP: 10.0.0.1",
         "X-Original-Forwarded-For: 10.0.0.1",
         "X-Forwarded: for=10.0.0.1",
+        "Client-IP: 10.0.0.1",
+        "Forwarded-For: 10.0.0.1",
+        "X-Originating-IP: 10.0.0.1",
+        "X-Remote-Addr: 10.0.0.1",
+        "WL-Proxy-Client-IP: 10.0.0.1",
+        "HTTP_X_FORWARDED_FOR: 10.0.0.1",
     ];
     let head = format!(
         "GET /x HTTP/1.1\r\nHost: a\r\n{}\r\nConnection: close\r\n\r\n",

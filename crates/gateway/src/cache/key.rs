@@ -127,24 +127,37 @@ pub(super) fn authority_into(ask: &Ask<'_>, req: &Fields, out: &mut String) {
         // build links from it (`X-Forwarded-Prefix`, `-Port`, `Forwarded`): keyed. Who the
         // client is (`X-Forwarded-For`, `X-Real-IP`, the CDNs' client-address headers) is
         // not part of a URL.
-        const NOT_KEYED: [&str; 10] = [
-            "x-forwarded-for",
-            "x-real-ip",
-            "x-forwarded-proto",
-            "x-forwarded-host",
-            "x-client-ip",
-            "true-client-ip",
-            "cf-connecting-ip",
-            "fastly-client-ip",
-            "x-cluster-client-ip",
-            "x-original-forwarded-for",
+        const NOT_KEYED: [&[u8]; 20] = [
+            b"x-forwarded-for",
+            b"x-real-ip",
+            b"x-forwarded-proto",
+            b"x-forwarded-host",
+            b"x-forwarded",
+            b"x-client-ip",
+            b"client-ip",
+            b"true-client-ip",
+            b"cf-connecting-ip",
+            b"fastly-client-ip",
+            b"x-cluster-client-ip",
+            b"x-original-forwarded-for",
+            b"forwarded-for",
+            b"x-originating-ip",
+            b"x-remote-ip",
+            b"x-remote-addr",
+            b"proxy-client-ip",
+            b"wl-proxy-client-ip",
+            b"http-x-forwarded-for",
+            b"http-client-ip",
         ];
+        // In any case, and `_` for `-`, as the hop reads them.
+        let same = |a: &[u8], n: &[u8]| {
+            a.len() == n.len()
+                && a.iter()
+                    .zip(n)
+                    .all(|(&c, &w)| c.to_ascii_lowercase() == w || (w == b'-' && c == b'_'))
+        };
         for (name, value) in req.iter() {
-            if crate::upstream::forwarding_name(name)
-                && !NOT_KEYED
-                    .iter()
-                    .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
-            {
+            if crate::upstream::forwarding_name(name) && !NOT_KEYED.iter().any(|n| same(name, n)) {
                 out.push('\u{0}');
                 // Lower-cased with the rest below.
                 out.push_str(&String::from_utf8_lossy(name));

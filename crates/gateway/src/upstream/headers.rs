@@ -11,9 +11,11 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 /// Whether `b` (in any case) names one of the headers a proxy tells its upstream about the
 /// client with: `Forwarded`, `X-Forwarded`, `X-Real-IP` and the whole `X-Forwarded-*`
 /// family (`-Port`, `-Prefix`, `-Scheme`, `-Ssl`, ... which Spring and Rack act on), the
-/// client-address headers of CDNs and load balancers that client-IP libraries read
-/// (`X-Client-IP`, `True-Client-IP`, `CF-Connecting-IP`, `Fastly-Client-IP`,
-/// `X-Cluster-Client-IP`, `X-Original-Forwarded-For`), and those that tell it the URL or
+/// client-address headers of CDNs and load balancers that client-IP libraries and
+/// snippets read (`X-Client-IP`, `Client-IP`, `True-Client-IP`, `CF-Connecting-IP`,
+/// `Fastly-Client-IP`, `X-Cluster-Client-IP`, `X-Original-Forwarded-For`, `Forwarded-For`,
+/// `X-Originating-IP`, `X-Remote-IP`, `X-Remote-Addr`, `Proxy-Client-IP`,
+/// `WL-Proxy-Client-IP`, and `HTTP_CLIENT_IP` and `HTTP_X_FORWARDED_FOR` as names), and those that tell it the URL or
 /// host the client asked for (`X-Original-URL` and `X-Rewrite-URL`, which Symfony, Zend
 /// and IIS act on, `X-Host`, `X-Original-Host`), in `-` or `_` spelling.
 pub fn forwarding_name(b: &[u8]) -> bool {
@@ -28,13 +30,19 @@ pub fn forwarding_name(b: &[u8]) -> bool {
     // an untrusted client.
     let whole: &[&[u8]] = match b.len() {
         6 => &[b"x-host"],
-        9 => &[b"x-real-ip", b"forwarded"],
-        11 => &[b"x-forwarded", b"x-client-ip"],
-        13 => &[b"x-rewrite-url"],
-        14 => &[b"true-client-ip", b"x-original-url"],
-        15 => &[b"x-original-host"],
-        16 => &[b"cf-connecting-ip", b"fastly-client-ip"],
+        9 => &[b"x-real-ip", b"forwarded", b"client-ip"],
+        11 => &[b"x-forwarded", b"x-client-ip", b"x-remote-ip"],
+        13 => &[b"x-rewrite-url", b"forwarded-for", b"x-remote-addr"],
+        14 => &[b"true-client-ip", b"x-original-url", b"http-client-ip"],
+        15 => &[b"x-original-host", b"proxy-client-ip"],
+        16 => &[
+            b"cf-connecting-ip",
+            b"fastly-client-ip",
+            b"x-originating-ip",
+        ],
+        18 => &[b"wl-proxy-client-ip"],
         19 => &[b"x-cluster-client-ip"],
+        20 => &[b"http-x-forwarded-for"],
         24 => &[b"x-original-forwarded-for"],
         _ => &[],
     };
@@ -205,6 +213,15 @@ mod tests {
             "fastly-client-ip",
             "x-cluster-client-ip",
             "x-original-forwarded-for",
+            "client-ip",
+            "forwarded-for",
+            "x-originating-ip",
+            "x-remote-ip",
+            "x-remote-addr",
+            "proxy-client-ip",
+            "wl-proxy-client-ip",
+            "http_client_ip",
+            "http_x_forwarded_for",
         ] {
             h.insert(
                 HeaderName::from_bytes(name.as_bytes()).expect("name"),
