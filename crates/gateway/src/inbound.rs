@@ -278,7 +278,10 @@ pub fn normalize_path(path: &str) -> Result<Option<String>, Refusal> {
         ));
     }
     let b = path.as_bytes();
-    let plain = !path.contains(['%', '\\']) && !path.contains("//") && !path.contains("/.");
+    let plain = !path.contains(['%', '\\'])
+        && !path.contains("//")
+        && !path.contains("/.")
+        && !path.contains("/;");
     if plain {
         return Ok(None);
     }
@@ -316,11 +319,20 @@ pub fn normalize_path(path: &str) -> Result<Option<String>, Refusal> {
             }
         }
     }
-    for seg in out.split(|c| *c == b'/') {
+    let last = out.split(|c| *c == b'/').count() - 1;
+    for (i, seg) in out.split(|c| *c == b'/').enumerate() {
         // `..;x` counts too: some servers drop `;` parameters before resolving dots.
         let name = seg.split(|c| *c == b';').next().unwrap_or(seg);
         if name == b"." || name == b".." {
             return Err(Refusal::BadRequest("path contains dot-segments"));
+        }
+        // A segment of parameters alone (`/a/;x/b`): Tomcat and Spring drop it and merge
+        // the slashes, other servers keep an empty segment, so no routing agrees with
+        // every backend. As the last segment (`/a/;jsessionid=1`) every reading agrees.
+        if name.is_empty() && !seg.is_empty() && i < last {
+            return Err(Refusal::BadRequest(
+                "path has a segment of parameters alone",
+            ));
         }
     }
     let out = String::from_utf8(out).map_err(|_| Refusal::BadRequest("invalid path"))?;
@@ -430,6 +442,9 @@ mod tests {
             "/test/a%5cb",
             "/test/a\\b",
             "/x/..;/admin",
+            "/api/;/admin",
+            "/api/;x=1/admin/",
+            "//;//admin",
             "/a%00b",
             "/a%zz",
             "/a%4",
