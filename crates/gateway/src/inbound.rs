@@ -119,13 +119,18 @@ pub struct Owned {
 impl Owned {
     /// Whether `name` (in any case) is an owned name, with `_` and `-` taken as the same.
     fn matches(&self, name: &[u8]) -> bool {
-        self.dashed.iter().any(|d| {
-            d.len() == name.len()
-                && d.bytes()
-                    .zip(name.iter().map(u8::to_ascii_lowercase))
-                    .all(|(a, b)| a == b || (a == b'-' && b == b'_'))
-        })
+        self.dashed.iter().any(|d| spells(name, d.as_bytes()))
     }
+}
+
+/// Whether header `name` spells `want` (lower case, with `-`) in any case and with `_` for
+/// `-`, as CGI and WSGI backends read names (`X_Real_IP` is `HTTP_X_REAL_IP`).
+pub(crate) fn spells(name: &[u8], want: &[u8]) -> bool {
+    name.len() == want.len()
+        && name
+            .iter()
+            .zip(want)
+            .all(|(&c, &w)| c.to_ascii_lowercase() == w || (w == b'-' && c == b'_'))
 }
 
 fn check_host(parts: &mut Parts) -> Result<(), Refusal> {

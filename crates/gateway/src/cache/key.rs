@@ -150,14 +150,10 @@ pub(super) fn authority_into(ask: &Ask<'_>, req: &Fields, out: &mut String) {
             b"http-client-ip",
         ];
         // In any case, and `_` for `-`, as the hop reads them.
-        let same = |a: &[u8], n: &[u8]| {
-            a.len() == n.len()
-                && a.iter()
-                    .zip(n)
-                    .all(|(&c, &w)| c.to_ascii_lowercase() == w || (w == b'-' && c == b'_'))
-        };
         for (name, value) in req.iter() {
-            if crate::upstream::forwarding_name(name) && !NOT_KEYED.iter().any(|n| same(name, n)) {
+            if crate::upstream::forwarding_name(name)
+                && !NOT_KEYED.iter().any(|n| crate::inbound::spells(name, n))
+            {
                 out.push('\u{0}');
                 // Lower-cased with the rest below.
                 out.push_str(&String::from_utf8_lossy(name));

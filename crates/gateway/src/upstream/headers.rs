@@ -2,6 +2,7 @@
 //! Hop-by-hop headers were removed on the way in ([`crate::inbound`]).
 
 use crate::exchange::Fields;
+use crate::inbound::spells;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -20,12 +21,6 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 /// and IIS act on, `X-Host`, `X-Original-Host`), in `-` or `_` spelling.
 pub fn forwarding_name(b: &[u8]) -> bool {
     const FAMILY: &[u8] = b"x-forwarded-";
-    let dashed = |a: &[u8], want: &[u8]| {
-        a.len() >= want.len()
-            && a.iter()
-                .zip(want)
-                .all(|(&c, &w)| c.to_ascii_lowercase() == w || (w == b'-' && c == b'_'))
-    };
     // The length picks the whole names to compare: this runs for every request field of
     // an untrusted client.
     let whole: &[&[u8]] = match b.len() {
@@ -46,7 +41,7 @@ pub fn forwarding_name(b: &[u8]) -> bool {
         24 => &[b"x-original-forwarded-for"],
         _ => &[],
     };
-    whole.iter().any(|n| dashed(b, n)) || dashed(b, FAMILY)
+    whole.iter().any(|n| spells(b, n)) || b.get(..FAMILY.len()).is_some_and(|p| spells(p, FAMILY))
 }
 
 /// What the hop sends for a request header: the client's value as it is, nothing, or a
