@@ -155,7 +155,7 @@ pub struct Route {
     /// Its name, shared cheaply (the cache's background work keeps it).
     pub name: Arc<str>,
     /// The prefix removed before forwarding, if the route strips one.
-    pub strip: Option<Arc<str>>,
+    pub strip: Option<crate::upstream::Strip>,
     /// Its upstream.
     pub upstream: Arc<Upstream>,
     /// The limits of its consumers (plan + route limits), by plan slot (see
@@ -275,7 +275,10 @@ impl Snapshot {
                     HeaderValue::from_str(&list.join(", ")).ok()
                 });
                 let strip = match (&r.path, r.strip_prefix) {
-                    (tollgate_config::PathMatch::Prefix(p), true) => Some(Arc::from(p.as_str())),
+                    (tollgate_config::PathMatch::Prefix(p), true) => Some(crate::upstream::Strip {
+                        prefix: Arc::from(p.as_str()),
+                        any_case: r.case_insensitive,
+                    }),
                     _ => None,
                 };
                 let template = match &r.path {

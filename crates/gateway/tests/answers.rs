@@ -31,6 +31,11 @@ routes:
     path_prefix: /v1/
     strip_prefix: true
     upstream: backend
+  - name: stripped-any-case
+    path_prefix: /V2/
+    strip_prefix: true
+    case_insensitive: true
+    upstream: backend
   - name: kept
     path_prefix: /kept/
     upstream: backend
@@ -163,6 +168,20 @@ async fn open_routes_strip_prefix_and_preserve_host() {
 
     let a = c.get(&gw.url("/v1/users/7?q=1")).await;
     assert!(a.body.starts_with("GET /users/7?q=1\n"), "{}", a.body);
+    // The prefix is removed as routing matched it: with the stripped segment's `;`
+    // parameters, and in any case on a case-insensitive route.
+    for (path, upstream) in [
+        ("/v1;v=3/users/7", "GET /users/7\n"),
+        ("/v1/users;v=3/7", "GET /users;v=3/7\n"),
+        ("/v1/;jsessionid=1", "GET /;jsessionid=1\n"),
+        ("/v2/users/7", "GET /users/7\n"),
+        ("/V2/users/7", "GET /users/7\n"),
+        ("/v2;x=1/users", "GET /users\n"),
+    ] {
+        let a = c.get(&gw.url(path)).await;
+        assert_eq!(a.status, StatusCode::OK, "{path}: {}", a.body);
+        assert!(a.body.starts_with(upstream), "{path}: {}", a.body);
+    }
     assert!(
         !a.body.contains(&format!("\nhost: {}", gw.addr)),
         "Host goes to the target by default"

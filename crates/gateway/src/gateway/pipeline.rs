@@ -114,7 +114,7 @@ impl<'s> Ctx<'s> {
             peer_ip: &conn.peer_ip,
             trusted: conn.trusted,
             https: conn.listener.tls.is_some(),
-            strip_prefix: route.strip.as_deref(),
+            strip_prefix: route.strip.as_ref(),
             preserve_host: route.cfg.preserve_host,
             max_body: conn.listener.max_body_bytes,
             body_timeout: conn.listener.body_timeout,

@@ -28,5 +28,5 @@ mod via_alt;
 pub use forward::{fetch, forward};
 pub use headers::{forwarding_name, sent, Sent};
 pub use response_body::{Collector, PooledBody};
-pub use target::{AnsweredBy, Hop, Upstream};
+pub use target::{AnsweredBy, Hop, Strip, Upstream};
 pub use upgrade::{upgrade, UpgradeAsk};

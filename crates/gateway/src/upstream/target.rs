@@ -226,6 +226,15 @@ impl Upstream {
     }
 }
 
+/// A route's path prefix removed before forwarding.
+#[derive(Clone, Debug)]
+pub struct Strip {
+    /// The route's `path_prefix`.
+    pub prefix: Arc<str>,
+    /// The route matches its path in any ASCII case, so the prefix is removed in any case.
+    pub any_case: bool,
+}
+
 /// How to rewrite a request for its hop upstream.
 pub struct Hop<'a> {
     /// The client's IP, appended to `X-Forwarded-For`.
@@ -235,7 +244,7 @@ pub struct Hop<'a> {
     /// The client came over TLS (`X-Forwarded-Proto: https`).
     pub https: bool,
     /// Prefix to remove from the path, if the route strips one.
-    pub strip_prefix: Option<&'a str>,
+    pub strip_prefix: Option<&'a Strip>,
     /// Keep the client's `Host`.
     pub preserve_host: bool,
     /// Largest body accepted.
@@ -273,15 +282,16 @@ pub(super) fn is_idempotent(m: &Method) -> bool {
     )
 }
 
-pub(super) fn path_and_query(uri: &Uri, strip: Option<&str>) -> PathAndQuery {
+pub(super) fn path_and_query(uri: &Uri, strip: Option<&Strip>) -> PathAndQuery {
     let pq = uri
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let Some(prefix) = strip else {
+    let Some(strip) = strip else {
         return pq;
     };
-    let rest = pq.path().strip_prefix(prefix).unwrap_or(pq.path());
+    let path = pq.path();
+    let rest = prefix_end(path, &strip.prefix, strip.any_case).map_or(path, |end| &path[end..]);
     let mut s = String::with_capacity(pq.as_str().len() + 1);
     if !rest.starts_with('/') {
         s.push('/');
@@ -292,6 +302,35 @@ pub(super) fn path_and_query(uri: &Uri, strip: Option<&str>) -> PathAndQuery {
         s.push_str(q);
     }
     PathAndQuery::try_from(s).unwrap_or(pq)
+}
+
+/// Where `prefix` ends in `path`, matched as routing matches it: a segment's `;`
+/// parameters are not part of its name, and `any_case` compares ASCII letters in any case.
+/// A segment the prefix takes whole takes its parameters with it (`/orders;v=1/7` less
+/// `/orders` is `/7`); an empty segment's (`/cart/;jsessionid=1` less `/cart/`) stay.
+fn prefix_end(path: &str, prefix: &str, any_case: bool) -> Option<usize> {
+    let (p, want) = (path.as_bytes(), prefix.as_bytes());
+    let params_end = |i: usize| {
+        p[i..]
+            .iter()
+            .position(|&b| b == b'/')
+            .map_or(p.len(), |n| i + n)
+    };
+    let mut i = 0;
+    for &w in want {
+        if p.get(i) == Some(&b';') && i > 0 && p[i - 1] != b'/' {
+            i = params_end(i);
+        }
+        let c = *p.get(i)?;
+        if c != w && !(any_case && c.eq_ignore_ascii_case(&w)) {
+            return None;
+        }
+        i += 1;
+    }
+    if p.get(i) == Some(&b';') && i > 0 && p[i - 1] != b'/' {
+        i = params_end(i);
+    }
+    Some(i)
 }
 
 /// A request readied for the hop, once; only `Host` changes from one target to the next.
@@ -446,5 +485,26 @@ pub(super) fn connect_refusal(up: &Upstream, e: &ConnectError) -> Refusal {
     match e {
         ConnectError::Timeout => Refusal::UpstreamTimeout,
         _ => Refusal::Upstream("connection refused"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn a_prefix_ends_where_routing_matched_it() {
+        let end = |path: &'static str, prefix, any_case| {
+            prefix_end(path, prefix, any_case).map(|i| &path[i..])
+        };
+        assert_eq!(end("/v1/users", "/v1/", false), Some("users"));
+        assert_eq!(end("/v1;v=3/users", "/v1/", false), Some("users"));
+        assert_eq!(end("/v1;v=3/users", "/v1", false), Some("/users"));
+        assert_eq!(end("/v1;v=3", "/v1", false), Some(""));
+        assert_eq!(end("/v1/;j=1", "/v1/", false), Some(";j=1"));
+        assert_eq!(end("/v1x;p/y", "/v1", false), Some("x;p/y"));
+        assert_eq!(end("/V1/users", "/v1/", false), None);
+        assert_eq!(end("/V1/users", "/v1/", true), Some("users"));
+        assert_eq!(end("/v", "/v1/", false), None);
     }
 }
