@@ -209,6 +209,10 @@ pub enum RedisTarget {
         password: Option<String>,
         /// The database number.
         db: i64,
+        /// The sentinels' own ACL user, if they ask for one.
+        sentinel_username: Option<String>,
+        /// The sentinels' own password (their `requirepass`), if they have one.
+        sentinel_password: Option<String>,
     },
     /// A Redis Cluster, found through any of its nodes; keys are spread over its masters
     /// by hash slot, and MOVED / ASK redirections are followed.

@@ -1,7 +1,8 @@
 //! How every Redis link of the gateway opens (limits, usage history, managed consumers,
 //! `tollgate usage`): to one server by URL, to the master a set of Redis Sentinels names
-//! (asked of them at every connection, so that a failover is followed by the next
-//! reconnect), or to a Redis Cluster (keys routed by hash slot, MOVED / ASK followed).
+//! (asked of them at every connection, and once a second while it is in use: when they
+//! name another master, the connection fails its commands and its owner reconnects), or to
+//! a Redis Cluster (keys routed by hash slot, MOVED / ASK followed).
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -9,14 +10,21 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tollgate_config::RedisTarget;
+
+/// How often a connection to the master the sentinels named asks them whether they still
+/// name it: a planned failover (`SENTINEL FAILOVER`) leaves the old master taking writes
+/// until the sentinels demote it, which can take ten seconds, and what it takes then is
+/// lost.
+const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
 /// A connection to the Redis a config names. Cheap to clone (both kinds multiplex).
 #[derive(Clone)]
 pub enum RedisConn {
-    /// One server (by URL, or the master the sentinels named).
-    One(MultiplexedConnection),
+    /// One server (by URL, or the master the sentinels named, with what they name now).
+    One(MultiplexedConnection, Option<Arc<Followed>>),
     /// A Redis Cluster: every command goes to the master of its key's slot. A pipeline
     /// must keep to one slot ([`RedisConn::is_cluster`] tells callers to group by slot).
     Cluster(ClusterConnection),
@@ -27,12 +35,40 @@ impl RedisConn {
     pub fn is_cluster(&self) -> bool {
         matches!(self, RedisConn::Cluster(_))
     }
+
+    /// Whether the sentinels name another master than the one this connection reached:
+    /// its commands fail, and its owner should connect again.
+    pub fn is_stale(&self) -> bool {
+        matches!(self, RedisConn::One(_, Some(f)) if f.is_stale())
+    }
+}
+
+/// The master a connection reached through the sentinels, and the one they name now.
+pub struct Followed {
+    reached: String,
+    named: parking_lot::Mutex<String>,
+}
+
+impl Followed {
+    fn is_stale(&self) -> bool {
+        *self.named.lock() != self.reached
+    }
+}
+
+fn stale<T: Send + 'static>() -> RedisFuture<'static, T> {
+    Box::pin(async {
+        Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "the sentinels name another master",
+        )))
+    })
 }
 
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            RedisConn::One(c) => c.req_packed_command(cmd),
+            RedisConn::One(_, Some(f)) if f.is_stale() => stale(),
+            RedisConn::One(c, _) => c.req_packed_command(cmd),
             RedisConn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -44,14 +80,15 @@ impl ConnectionLike for RedisConn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            RedisConn::One(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::One(_, Some(f)) if f.is_stale() => stale(),
+            RedisConn::One(c, _) => c.req_packed_commands(pipeline, offset, count),
             RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            RedisConn::One(c) => c.get_db(),
+            RedisConn::One(c, _) => c.get_db(),
             RedisConn::Cluster(c) => c.get_db(),
         }
     }
@@ -122,7 +159,114 @@ pub async fn redis_connection_at(
     let conn = client
         .get_multiplexed_async_connection_with_config(&cfg)
         .await?;
-    Ok((RedisConn::One(conn), addr))
+    let followed = match target {
+        RedisTarget::Sentinel {
+            sentinels,
+            master_name,
+            ..
+        } => Some(follow(
+            sentinel_urls(target, sentinels),
+            master_name.clone(),
+            addr.clone(),
+        )),
+        _ => None,
+    };
+    Ok((RedisConn::One(conn, followed), addr))
+}
+
+/// Each sentinel as a URL, with the sentinels' own credentials when they ask for them.
+fn sentinel_urls(target: &RedisTarget, sentinels: &[String]) -> Vec<String> {
+    let auth = match target {
+        RedisTarget::Sentinel {
+            sentinel_username,
+            sentinel_password: Some(pw),
+            ..
+        } => format!(
+            "{}:{}@",
+            tollgate_config::percent_encode(sentinel_username.as_deref().unwrap_or("")),
+            tollgate_config::percent_encode(pw)
+        ),
+        _ => String::new(),
+    };
+    sentinels
+        .iter()
+        .map(|s| format!("redis://{auth}{s}"))
+        .collect()
+}
+
+/// Asks the sentinels once a second which master they name, for as long as the connection
+/// that reached `reached` is in use.
+fn follow(sentinels: Vec<String>, master_name: String, reached: String) -> Arc<Followed> {
+    let followed = Arc::new(Followed {
+        named: parking_lot::Mutex::new(reached.clone()),
+        reached,
+    });
+    let weak: Weak<Followed> = Arc::downgrade(&followed);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(FOLLOW_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let mut asking: Option<(usize, MultiplexedConnection)> = None;
+        loop {
+            tick.tick().await;
+            if weak.strong_count() == 0 {
+                return;
+            }
+            let named = named_master(&sentinels, &master_name, &mut asking).await;
+            let Some(f) = weak.upgrade() else { return };
+            if let Some(named) = named {
+                if named != f.reached && *f.named.lock() == f.reached {
+                    tracing::info!(
+                        "Redis: the sentinels name {named} as master {master_name:?} now (was {}); moving to it",
+                        f.reached
+                    );
+                }
+                *f.named.lock() = named;
+            }
+        }
+    });
+    followed
+}
+
+/// The master the first sentinel to answer names (`host:port`), asked on the connection
+/// kept from the last time; `None` when none of them answers.
+async fn named_master(
+    sentinels: &[String],
+    master_name: &str,
+    asking: &mut Option<(usize, MultiplexedConnection)>,
+) -> Option<String> {
+    let start = asking.as_ref().map_or(0, |(i, _)| *i);
+    for n in 0..sentinels.len() {
+        let i = (start + n) % sentinels.len();
+        let mut conn = match asking.take() {
+            Some((at, c)) if at == i => c,
+            _ => {
+                let cfg = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(FOLLOW_EVERY))
+                    .set_response_timeout(Some(FOLLOW_EVERY));
+                let client = redis::Client::open(sentinels[i].as_str()).ok()?;
+                match client
+                    .get_multiplexed_async_connection_with_config(&cfg)
+                    .await
+                {
+                    Ok(c) => c,
+                    Err(_) => continue,
+                }
+            }
+        };
+        let asked: redis::RedisResult<Option<(String, u16)>> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(master_name)
+            .query_async(&mut conn)
+            .await;
+        if let Ok(answer) = asked {
+            *asking = Some((i, conn));
+            if let Some((host, port)) = answer {
+                return Some(format!("{host}:{port}"));
+            }
+        }
+    }
+    None
 }
 
 /// The client of the server to use now: the URL's, or the master the sentinels name.
@@ -135,6 +279,7 @@ async fn client(target: &RedisTarget, timeout: Duration) -> redis::RedisResult<r
             username,
             password,
             db,
+            ..
         } => {
             let mut info = redis::RedisConnectionInfo::default().set_db(*db);
             if let Some(u) = username {
@@ -144,7 +289,7 @@ async fn client(target: &RedisTarget, timeout: Duration) -> redis::RedisResult<r
                 info = info.set_password(p);
             }
             let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(info);
-            let urls: Vec<String> = sentinels.iter().map(|s| format!("redis://{s}")).collect();
+            let urls = sentinel_urls(target, sentinels);
             let mut sc = SentinelClient::build(
                 urls,
                 master_name.clone(),
@@ -185,7 +330,7 @@ pub fn query_by_slot(
 ) -> FuturesUnordered<BoxFuture<'static, SlotAnswers>> {
     let mut groups: Vec<(Pipeline, Vec<usize>)> = Vec::new();
     match conn {
-        RedisConn::One(_) => {
+        RedisConn::One(..) => {
             let mut pipe = redis::pipe();
             let mut at = Vec::with_capacity(cmds.len());
             for (i, (_, cmd)) in cmds.into_iter().enumerate() {

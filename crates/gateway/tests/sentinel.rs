@@ -1,6 +1,8 @@
 //! Limits shared through the master Redis Sentinel names: a master, its replica and three
-//! sentinels on loopback; the master is killed and the gateway follows the one the
-//! sentinels promote, without a restart.
+//! sentinels on loopback. The master is killed and the gateway follows the one the
+//! sentinels promote, without a restart; a planned failover (`SENTINEL FAILOVER`) is
+//! followed before the sentinels demote the old master, through sentinels that ask for a
+//! password.
 
 mod common;
 
@@ -32,7 +34,12 @@ fn spawn(args: &[String]) -> Proc {
 }
 
 fn conn(port: u16) -> Option<::redis::Connection> {
-    let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}/0")).ok()?;
+    conn_as(port, "")
+}
+
+/// A connection to `port` with `auth` (`:password@`, or empty).
+fn conn_as(port: u16, auth: &str) -> Option<::redis::Connection> {
+    let client = ::redis::Client::open(format!("redis://{auth}127.0.0.1:{port}/0")).ok()?;
     client
         .get_connection_with_timeout(Duration::from_secs(1))
         .ok()
@@ -57,9 +64,20 @@ fn role(port: u16) -> Option<String> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failover_is_followed_without_a_restart() {
-    let dir = tempdir("sentinel");
+/// A master, its replica in sync, and three sentinels watching the master as `tg` (with
+/// `password`, the sentinels ask for it, of clients and of each other).
+struct Sentinels {
+    dir: std::path::PathBuf,
+    m: u16,
+    r: u16,
+    master: Option<Proc>,
+    _replica: Proc,
+    ports: Vec<u16>,
+    _sentinels: Vec<Proc>,
+}
+
+fn sentinels(name: &str, password: Option<&str>) -> Sentinels {
+    let dir = tempdir(name);
     let (m, r) = (free_port(), free_port());
     let base = |port: u16| {
         vec![
@@ -78,10 +96,10 @@ async fn a_failover_is_followed_without_a_restart() {
             dir.display().to_string(),
         ]
     };
-    let mut master = Some(spawn(&base(m)));
+    let master = Some(spawn(&base(m)));
     let mut replica_args = base(r);
     replica_args.extend(["--replicaof".into(), "127.0.0.1".into(), m.to_string()]);
-    let _replica = spawn(&replica_args);
+    let replica = spawn(&replica_args);
     wait("the replica in sync", || {
         conn(r).is_some_and(|mut c| {
             ::redis::cmd("INFO")
@@ -90,25 +108,46 @@ async fn a_failover_is_followed_without_a_restart() {
                 .is_ok_and(|i| i.contains("master_link_status:up"))
         })
     });
-    let sentinel_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let _sentinels: Vec<Proc> = sentinel_ports
+    let auth = password.map_or_else(String::new, |pw| {
+        format!("requirepass {pw}\nsentinel sentinel-pass {pw}\n")
+    });
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let procs: Vec<Proc> = ports
         .iter()
         .map(|&p| {
             let conf = dir.join(format!("sentinel-{p}.conf"));
             std::fs::write(
                 &conf,
                 format!(
-                    "port {p}\nbind 127.0.0.1\nsentinel monitor tg 127.0.0.1 {m} 2\nsentinel down-after-milliseconds tg 500\nsentinel failover-timeout tg 2000\nsentinel parallel-syncs tg 1\n"
+                    "port {p}\nbind 127.0.0.1\n{auth}sentinel monitor tg 127.0.0.1 {m} 2\nsentinel down-after-milliseconds tg 500\nsentinel failover-timeout tg 2000\nsentinel parallel-syncs tg 1\n"
                 ),
             )
             .expect("sentinel config");
             spawn(&[conf.display().to_string(), "--sentinel".into()])
         })
         .collect();
-    for &p in &sentinel_ports {
-        wait("a sentinel up", || conn(p).is_some());
+    let auth = password.map_or_else(String::new, |pw| format!(":{pw}@"));
+    for &p in &ports {
+        wait("a sentinel up", || {
+            conn_as(p, &auth)
+                .is_some_and(|mut c| ::redis::cmd("PING").query::<String>(&mut c).is_ok())
+        });
     }
+    Sentinels {
+        dir,
+        m,
+        r,
+        master,
+        _replica: replica,
+        ports,
+        _sentinels: procs,
+    }
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_followed_without_a_restart() {
+    let mut set = sentinels("sentinel", None);
+    let (dir, m, r, sentinel_ports) = (set.dir.clone(), set.m, set.r, set.ports.clone());
     let (backend, _) = inspect_backend().await;
     let sentinels = sentinel_ports
         .iter()
@@ -165,7 +204,7 @@ cluster:
     assert!(server(&before)["switched_at"].is_null(), "{before}");
 
     // The master dies; the sentinels promote the replica; the gateway follows it.
-    drop(master.take());
+    drop(set.master.take());
     let start = Instant::now();
     wait("the replica promoted", || {
         role(r).as_deref() == Some("master")
@@ -218,4 +257,105 @@ cluster:
 
 fn metrics_has(gw: &TestGateway, line: &str) -> bool {
     gw.gw.metrics_text().lines().any(|l| l == line)
+}
+
+/// `SENTINEL FAILOVER` promotes the replica while the old master still takes writes until
+/// the sentinels demote it (seconds later): the gateway moves to the new master when the
+/// sentinels name it, not when the old one starts refusing writes. The sentinels ask for a
+/// password here, given as `sentinel_password_file`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_failover_is_followed_before_the_old_master_is_demoted() {
+    let set = sentinels("sentinel-planned", Some("s3ntinel"));
+    let (m, r) = (set.m, set.r);
+    let pass = set.dir.join("sentinel.pass");
+    std::fs::write(&pass, "s3ntinel\n").expect("password file");
+    let (backend, _) = inspect_backend().await;
+    let list = set
+        .ports
+        .iter()
+        .map(|p| format!("\"127.0.0.1:{p}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let prefix = format!("planned{}", std::process::id());
+    let yaml = yaml(
+        backend,
+        &format!(
+            r#"consumers: [{{name: alice, keys: [ka]}}]
+routes:
+  - {{name: api, path_prefix: /api/, upstream: backend, auth: {{}}, limits: [{{requests: 1000, per: 1h}}]}}
+cluster:
+  redis: {{sentinels: [{list}], master_name: tg, sentinel_password_file: "{pass}"}}
+  key_prefix: {prefix}
+"#,
+            pass = pass.display()
+        ),
+    );
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    let client = TestClient::default();
+    let up = "tollgate_cluster_redis_up 1";
+    assert!(
+        metrics_with(&gw.gw, up).await.contains(up),
+        "never reached the master through sentinels that ask for a password"
+    );
+    assert_eq!(client.get(&gw.url("/api/x?apikey=ka")).await.status, 200);
+    let nodes = format!("{prefix}:nodes");
+    let heartbeat = |port: u16| -> f64 {
+        conn(port)
+            .and_then(|mut c| {
+                ::redis::cmd("ZRANGE")
+                    .arg(&nodes)
+                    .arg(-1)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query::<Vec<(String, f64)>>(&mut c)
+                    .ok()
+            })
+            .and_then(|v| v.first().map(|(_, score)| *score))
+            .unwrap_or(0.0)
+    };
+    wait("the heartbeat in the master", || heartbeat(m) > 0.0);
+
+    let mut s = conn_as(set.ports[0], ":s3ntinel@").expect("a sentinel");
+    // A sentinel promotes only a replica it has heard from.
+    wait("the sentinel knows the replica", || {
+        ::redis::cmd("SENTINEL")
+            .arg("REPLICAS")
+            .arg("tg")
+            .query::<Vec<std::collections::HashMap<String, String>>>(&mut s)
+            .is_ok_and(|list| {
+                list.iter().any(|i| {
+                    i.get("flags").map(String::as_str) == Some("slave")
+                        && i.get("master-link-status").map(String::as_str) == Some("ok")
+                })
+            })
+    });
+    let asked: String = ::redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg("tg")
+        .query(&mut s)
+        .expect("SENTINEL FAILOVER");
+    assert_eq!(asked, "OK");
+    wait("the replica promoted", || {
+        role(r).as_deref() == Some("master")
+    });
+    let promoted_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as f64;
+    let deadline = Instant::now() + DEADLINE;
+    while heartbeat(r) <= promoted_ms {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway never moved to the promoted master"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Moved while the old master still took writes: the sentinels had named the new one.
+    assert_eq!(
+        role(m).as_deref(),
+        Some("master"),
+        "the gateway moved only once the old master was demoted"
+    );
+    assert_eq!(client.get(&gw.url("/api/x?apikey=ka")).await.status, 200);
+    let _ = std::fs::remove_dir_all(&set.dir);
 }

@@ -1,7 +1,8 @@
 //! `cluster.redis:`: one server by URL, as before, or a map naming it (`url`), the
 //! sentinels that know the master (`sentinels`, `master_name`) or the nodes of a Redis
 //! Cluster (`cluster_nodes`), with the password in a file (`password_file`) and an ACL
-//! user (`username`).
+//! user (`username`); sentinels that ask for their own password take
+//! `sentinel_password_file` (and `sentinel_username`).
 
 use super::problems::Problems;
 use crate::model::RedisTarget;
@@ -20,6 +21,8 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
             let mut master_name = None;
             let mut password = None;
             let mut username = None;
+            let mut sentinel_password = None;
+            let mut sentinel_username = None;
             let mut db = 0;
             let mut cluster_nodes = Vec::new();
             let mut tls = None;
@@ -39,17 +42,12 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                         listed = true;
                         sentinels = host_ports(v, &here, "sentinel", "10.0.0.1:26379", p);
                     }
-                    "password_file" => {
-                        let f = text(v, &here, p);
-                        match std::fs::read_to_string(base.join(&f)) {
-                            Ok(s) => password = Some(s.trim_end_matches(['\n', '\r']).to_string()),
-                            Err(e) => p.add(
-                                here,
-                                format!("cannot read {}: {e}", base.join(&f).display()),
-                            ),
-                        }
-                    }
+                    "password_file" => password = secret(v, base, &here, p),
                     "username" => username = Some(text(v, &here, p)).filter(|u| !u.is_empty()),
+                    "sentinel_password_file" => sentinel_password = secret(v, base, &here, p),
+                    "sentinel_username" => {
+                        sentinel_username = Some(text(v, &here, p)).filter(|u| !u.is_empty())
+                    }
                     "tls" => match v.as_bool() {
                         Some(b) => tls = Some(b),
                         None => p.add(here, "must be true or false"),
@@ -62,7 +60,7 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                     other => p.add(
                         here,
                         format!(
-                            "unknown setting {other:?}, expected one of `url`, `sentinels`, `master_name`, `cluster_nodes`, `password_file`, `username`, `db`, `tls`"
+                            "unknown setting {other:?}, expected one of `url`, `sentinels`, `master_name`, `cluster_nodes`, `password_file`, `username`, `db`, `tls`, `sentinel_password_file`, `sentinel_username`"
                         ),
                     ),
                 }
@@ -76,6 +74,16 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                     "give one of `url`, `sentinels` or `cluster_nodes`, not several",
                 );
                 return RedisTarget::Url(String::new());
+            }
+            if sentinels.is_empty() {
+                for (given, key) in [
+                    (sentinel_password.is_some(), "sentinel_password_file"),
+                    (sentinel_username.is_some(), "sentinel_username"),
+                ] {
+                    if given {
+                        p.add(format!("{AT}.{key}"), "goes with `sentinels`");
+                    }
+                }
             }
             if tls.is_some() && cluster_nodes.is_empty() {
                 p.add(
@@ -136,6 +144,8 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                         username,
                         password,
                         db,
+                        sentinel_username,
+                        sentinel_password,
                     }
                 }
                 (None, true) => {
@@ -155,6 +165,18 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                 "must be a redis:// URL, or a map with `url`, `sentinels` and `master_name`, or `cluster_nodes`",
             );
             RedisTarget::Url(String::new())
+        }
+    }
+}
+
+/// The first line of the file `v` names (relative to the config's folder).
+fn secret(v: &Value, base: &Path, at: &str, p: &mut Problems) -> Option<String> {
+    let f = text(v, at, p);
+    match std::fs::read_to_string(base.join(&f)) {
+        Ok(s) => Some(s.trim_end_matches(['\n', '\r']).to_string()),
+        Err(e) => {
+            p.add(at, format!("cannot read {}: {e}", base.join(&f).display()));
+            None
         }
     }
 }
@@ -219,14 +241,26 @@ fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -
         );
         return RedisTarget::Url(url.to_string());
     };
-    match password {
-        Some(pw) if !rest.split('/').next().unwrap_or("").contains('@') => {
-            RedisTarget::Url(format!("{scheme}://:{}@{rest}", crate::percent_encode(&pw)))
+    let Some(pw) = password else {
+        return RedisTarget::Url(url.to_string());
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let pw = crate::percent_encode(&pw);
+    match authority.rsplit_once('@') {
+        None => RedisTarget::Url(format!("{scheme}://:{pw}@{rest}")),
+        // A user and no password (`redis://user@host`, or `user:@host`): the file's goes in.
+        Some((user, _))
+            if user
+                .split_once(':')
+                .is_none_or(|(_, given)| given.is_empty()) =>
+        {
+            let name = user.split(':').next().unwrap_or("");
+            let host = &rest[user.len() + 1..];
+            RedisTarget::Url(format!("{scheme}://{name}:{pw}@{host}"))
         }
         Some(_) => {
             p.add(at, "holds a password already; leave out `password_file`");
             RedisTarget::Url(url.to_string())
         }
-        None => RedisTarget::Url(url.to_string()),
     }
 }

@@ -455,7 +455,28 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
         c.cluster.expect("cluster").redis,
         crate::RedisTarget::Url("redis://:s3cret%2F%2B@10.0.0.5:6379/0".into())
     );
-    let c = with("{sentinels: [\"10.0.0.1:26379\", \"10.0.0.2:26379\"], master_name: tollgate, password_file: redis.pass}")
+    // An ACL user in the URL takes the file's password.
+    for (url, want) in [
+        (
+            "redis://gw@10.0.0.5:6379/0",
+            "redis://gw:s3cret%2F%2B@10.0.0.5:6379/0",
+        ),
+        ("rediss://gw:@10.0.0.5", "rediss://gw:s3cret%2F%2B@10.0.0.5"),
+    ] {
+        let c = with(&format!("{{url: \"{url}\", password_file: redis.pass}}")).expect(url);
+        assert_eq!(
+            c.cluster.expect("cluster").redis,
+            crate::RedisTarget::Url(want.into())
+        );
+    }
+    let err = with("{url: \"redis://gw:pw@10.0.0.5\", password_file: redis.pass}")
+        .expect_err("two passwords")
+        .to_string();
+    assert!(
+        err.contains("cluster.redis.url: holds a password already"),
+        "{err}"
+    );
+    let c = with("{sentinels: [\"10.0.0.1:26379\", \"10.0.0.2:26379\"], master_name: tollgate, password_file: redis.pass, sentinel_password_file: redis.pass, sentinel_username: watch}")
         .expect("sentinels");
     let target = c.cluster.expect("cluster").redis;
     assert_eq!(
@@ -466,7 +487,16 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
             username: None,
             password: Some("s3cret/+".into()),
             db: 0,
+            sentinel_username: Some("watch".into()),
+            sentinel_password: Some("s3cret/+".into()),
         }
+    );
+    let err = with("{url: \"redis://h:1\", sentinel_password_file: redis.pass}")
+        .expect_err("sentinel password without sentinels")
+        .to_string();
+    assert!(
+        err.contains("cluster.redis.sentinel_password_file: goes with `sentinels`"),
+        "{err}"
     );
     assert!(!target.shown().contains("s3cret"));
     let c = with("{cluster_nodes: [\"10.0.1.1:6379\", \"10.0.1.2:6379\"], username: gw, password_file: redis.pass, tls: true}")

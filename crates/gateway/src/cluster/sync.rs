@@ -59,6 +59,11 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                 s.land(&c, landed, &mut flight);
                 continue;
             }
+            if s.conn.as_ref().is_some_and(|(conn, _)| conn.is_stale()) {
+                // The sentinels name a new master: moved to before the next round, so no
+                // round fails and nothing more is written to the old one.
+                s.conn = None;
+            }
             if s.conn.is_none() {
                 match connect(&c).await {
                     Ok(x) => {
