@@ -216,7 +216,7 @@ fn follow(sentinels: Vec<String>, master_name: String, reached: String) -> Arc<F
             let Some(f) = weak.upgrade() else { return };
             if let Some(named) = named {
                 if named != f.reached && *f.named.lock() == f.reached {
-                    tracing::info!(
+                    tracing::debug!(
                         "Redis: the sentinels name {named} as master {master_name:?} now (was {}); moving to it",
                         f.reached
                     );
@@ -244,7 +244,9 @@ async fn named_master(
                 let cfg = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(FOLLOW_EVERY))
                     .set_response_timeout(Some(FOLLOW_EVERY));
-                let client = redis::Client::open(sentinels[i].as_str()).ok()?;
+                let Ok(client) = redis::Client::open(sentinels[i].as_str()) else {
+                    continue;
+                };
                 match client
                     .get_multiplexed_async_connection_with_config(&cfg)
                     .await
