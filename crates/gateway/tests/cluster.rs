@@ -505,6 +505,34 @@ async fn one_per_30s_driven_from_three_nodes_never_admits_twice_within_30s() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_left_unused_go_back_when_the_calls_stop() {
+    let redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(backend, &redis.url(), "{requests: 1000, per: 10s}", "open");
+    let nodes = nodes(1, &cfg, &clock).await;
+    let c = TestClient::default();
+    for i in 0..50 {
+        let a = c.get(&nodes[0].url("/test/?apikey=k1")).await;
+        assert_eq!(a.status, StatusCode::OK, "call {i}: {}", a.body);
+    }
+    synced(&nodes[0]).await;
+    let key = limit_key("1000-per-10s:1000:10");
+    let counted = redis.hsum(&key);
+    assert!(
+        counted > 50,
+        "the node leases ahead of its calls: {counted} counted for 50"
+    );
+    // The calls stop and their sub-window (a tenth of the window) ends: the tokens the
+    // node holds go back without another call, and the store counts the calls alone.
+    clock.advance(Duration::from_secs(1));
+    until("the unused tokens given back", &nodes, |_| {
+        redis.hsum(&key) == 50
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_at_a_window_boundary_does_not_double_the_limit() {
     let redis = RedisServer::start();
     let backend = echo_backend().await;

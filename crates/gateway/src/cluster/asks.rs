@@ -147,6 +147,46 @@ pub(super) fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
     }
 }
 
+/// Gives back the tokens left unused when their sub-window ended on limits no request has
+/// touched since (a request would give them back itself): another node may need them, and
+/// the store's count, `tollgate usage` among its readers, should not keep them. Run once a
+/// second, over the limits granted tokens lately.
+pub(super) fn sweep(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
+    let held = std::mem::take(&mut *c.holders.lock());
+    let mut keep = Vec::with_capacity(held.len());
+    for cell in held {
+        let mut state = cell.state.lock();
+        let Counter::Shared(l) = &mut state.counter else {
+            continue;
+        };
+        if !l.queued && !l.asking {
+            l.roll(wall / cell.slot_ns());
+            if l.link != c.link.load(Ordering::Relaxed) {
+                // Granted through an earlier connection: see `collect`.
+                l.back.clear();
+            }
+            if !l.back.is_empty() {
+                l.asking = true;
+                asks.push(Ask {
+                    cell: cell.clone(),
+                    at: l.sub,
+                    want: 0,
+                    owed: l.owed(),
+                    back: std::mem::take(&mut l.back),
+                    next: false,
+                });
+            }
+        }
+        if l.tokens > 0 || l.next_tokens > 0 || l.queued || l.asking {
+            drop(state);
+            keep.push(cell);
+        } else {
+            l.held = false;
+        }
+    }
+    c.holders.lock().extend(keep);
+}
+
 fn key_of(cell: &LimitCell) -> String {
     cell.shared
         .as_ref()
@@ -289,6 +329,10 @@ pub(super) fn settle(c: &Cluster, a: &Ask, v: redis::Value, wall: u64, link: u32
     } else if granted > 0 {
         // The sub-window ended while asking: the tokens go back.
         l.back.push((a.at, granted));
+    }
+    if (l.tokens > 0 || l.next_tokens > 0) && !l.held {
+        l.held = true;
+        c.holders.lock().push(a.cell.clone());
     }
     requeue(c, &a.cell, l);
 }

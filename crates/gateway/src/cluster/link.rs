@@ -31,6 +31,8 @@ pub struct Cluster {
     /// This node's id in Redis.
     pub node_id: String,
     pub(super) queue: Mutex<Vec<Arc<LimitCell>>>,
+    /// The limits that were granted tokens and may hold some still (`Lease::held`).
+    pub(super) holders: Mutex<Vec<Arc<LimitCell>>>,
     pub(super) up: AtomicBool,
     pub(super) nodes: AtomicU64,
     pub(super) rtt_us: AtomicU64,
@@ -81,6 +83,7 @@ impl Cluster {
             cfg,
             node_id,
             queue: Mutex::new(Vec::new()),
+            holders: Mutex::new(Vec::new()),
             up: AtomicBool::new(false),
             nodes: AtomicU64::new(1),
             rtt_us: AtomicU64::new(1_000),

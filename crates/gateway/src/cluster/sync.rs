@@ -1,6 +1,6 @@
 //! The background task that settles a node's shared limits with Redis.
 
-use super::asks::{collect, commands, heartbeat_commands, settle, unsettled, Ask, LEASE};
+use super::asks::{collect, commands, heartbeat_commands, settle, sweep, unsettled, Ask, LEASE};
 use super::link::Cluster;
 use crate::clock::Clock;
 use crate::redis_link::RedisConn;
@@ -196,6 +196,9 @@ impl Syncer {
         let wall = self.clock.wall_nanos();
         let mut asks = Vec::new();
         collect(c, wall, &mut asks);
+        if heartbeat {
+            sweep(c, wall, &mut asks);
+        }
         let round = self.rounds;
         self.rounds += 1;
         if asks.is_empty() && !heartbeat {

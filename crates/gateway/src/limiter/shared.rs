@@ -116,6 +116,9 @@ pub struct Lease {
     pub(crate) cut_off: bool,
     /// An ask for this limit is on its way to the store: no other is sent until it lands.
     pub(crate) asking: bool,
+    /// Listed among the limits holding tokens, which the syncer looks at once a second for
+    /// tokens whose sub-window ended unused: they go back without waiting for a request.
+    pub(crate) held: bool,
 }
 
 /// `k mod SLOTS`, as a ring index.
