@@ -213,7 +213,7 @@ def failover(ctx, kind, seconds=33.0, kill_at=10.5):
         watcher.start()
         runs = start_load(ctx, seconds)
         time.sleep(kill_at)
-        killed["at"] = time.monotonic()
+        killed["at"], killed["wall"] = time.monotonic(), time.time()
         topo.kill(victim)
         outs = finish(runs)
         redis_topo.until("every node follows", lambda: len(seen) == 3, timeout=20)
@@ -228,7 +228,10 @@ def failover(ctx, kind, seconds=33.0, kill_at=10.5):
     row = {"redis": kind, "sent": sent, "admitted": len(times), "most_in_window": most_in_span(times, W),
            "promoted_after_s": killed.get("promoted", (None, None))[1],
            "followed_after_s": [round(seen.get(n, -1), 2) for n in (1, 2, 3)],
-           "fail_open": fail_open, "slowest_ms": slowest, "errors": errors}
+           "fail_open": fail_open, "slowest_ms": slowest, "errors": errors,
+           # What the consumer on the killed master got each second, from 2 s before the kill.
+           "admitted_per_s": [sum(1 for t in times if killed["wall"] + k <= t < killed["wall"] + k + 1)
+                              for k in range(-2, 8)] if "wall" in killed else []}
     print(f"failover: {row}", flush=True)
     return row
 

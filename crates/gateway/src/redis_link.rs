@@ -325,10 +325,14 @@ pub type SlotAnswers = (Vec<usize>, redis::RedisResult<Vec<Value>>);
 
 /// Runs `cmds`, each on the key it names, and yields the answers as they come: one
 /// pipeline on one server; on a Redis Cluster, one pipeline per hash slot, all at once, so
-/// that a master that is dead or slow fails or delays its own slots' part alone.
+/// that a master that is dead or slow fails or delays its own slots' part alone. A part
+/// not answered within `deadline` (if given) fails with a timeout, whatever the client
+/// still tries for it (the Redis Cluster client retries a dead master until a replica takes
+/// its slots over, which takes seconds).
 pub fn query_by_slot(
     conn: &RedisConn,
     cmds: Vec<(String, Cmd)>,
+    deadline: Option<Duration>,
 ) -> FuturesUnordered<BoxFuture<'static, SlotAnswers>> {
     let mut groups: Vec<(Pipeline, Vec<usize>)> = Vec::new();
     match conn {
@@ -358,7 +362,16 @@ pub fn query_by_slot(
         .map(|(pipe, at)| {
             let mut c = conn.clone();
             let asked: BoxFuture<'static, SlotAnswers> = Box::pin(async move {
-                let answers = pipe.query_async(&mut c).await;
+                let query = pipe.query_async(&mut c);
+                let answers = match deadline {
+                    Some(d) => tokio::time::timeout(d, query).await.unwrap_or_else(|_| {
+                        Err(redis::RedisError::from((
+                            redis::ErrorKind::Io,
+                            "no answer in time from the master of these keys",
+                        )))
+                    }),
+                    None => query.await,
+                };
                 (at, answers)
             });
             asked
@@ -373,7 +386,7 @@ pub async fn query_keyed(
     cmds: Vec<(String, Cmd)>,
 ) -> redis::RedisResult<Vec<Value>> {
     let mut out = vec![Value::Nil; cmds.len()];
-    let mut parts = query_by_slot(conn, cmds);
+    let mut parts = query_by_slot(conn, cmds, None);
     while let Some((at, answers)) = parts.next().await {
         for (i, v) in at.into_iter().zip(answers?) {
             out[i] = v;

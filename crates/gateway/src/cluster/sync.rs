@@ -213,7 +213,14 @@ impl Syncer {
             nodes_at = Some(cmds.len() + 3);
             cmds.extend(heartbeat_commands(c, wall));
         }
-        let parts = crate::redis_link::query_by_slot(conn, cmds);
+        // On a Redis Cluster, a part is given up on after ten round trips (a quarter to a
+        // whole second): a dead master's limits then fall back at once, instead of waiting
+        // the seconds the client retries it until a replica is promoted.
+        let deadline = conn.is_cluster().then(|| {
+            (Duration::from_micros(c.rtt_us.load(Ordering::Relaxed)) * 10)
+                .clamp(Duration::from_millis(250), Duration::from_secs(1))
+        });
+        let parts = crate::redis_link::query_by_slot(conn, cmds, deadline);
         self.pending.insert(
             round,
             Pending {
