@@ -366,6 +366,95 @@ fn run_reloads_on_sighup_keeps_serving_on_a_bad_file_and_drains_on_sigterm() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A backend that switches every connection to a raw echo: `101`, then what comes in goes
+/// back out, until the client closes.
+fn upgrade_echo_backend() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read_exact(&mut b).is_err() {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                let _ = s.write_all(
+                    b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+                );
+                let mut buf = [0u8; 512];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Sends `text` through the tunnel `s` and reads it back.
+fn echoed(s: &mut TcpStream, text: &[u8]) -> std::io::Result<Vec<u8>> {
+    s.write_all(text)?;
+    let mut back = vec![0u8; text.len()];
+    s.read_exact(&mut back)?;
+    Ok(back)
+}
+
+#[test]
+fn sigterm_drains_an_open_websocket_tunnel_until_it_closes() {
+    let backend = upgrade_echo_backend();
+    let dir = temp_dir("drain-tunnel");
+    let file = dir.join("tollgate.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "server: {{watch_config: false, drain_timeout: 20s}}\nlisteners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{chat: {{targets: [\"{backend}\"]}}}}\nroutes:\n  - {{path_prefix: /ws/, upstream: chat, websocket: true}}\n"
+        ),
+    )
+    .expect("write");
+    let mut gw = Gateway::start(&file);
+    let mut s = TcpStream::connect(gw.addr).expect("connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    s.write_all(b"GET /ws/a HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        .expect("ask");
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut b).expect("the answer's head");
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    assert_eq!(echoed(&mut s, b"before").expect("tunnel"), b"before");
+
+    gw.signal("-TERM");
+    gw.wait_for("shutting down");
+    // The tunnel is drained as the connection it came from: it still carries traffic, and
+    // the drain is not over while it is open.
+    assert_eq!(
+        echoed(&mut s, b"after the signal").expect("the tunnel open after SIGTERM"),
+        b"after the signal"
+    );
+    let said: Vec<String> = gw.lines.try_iter().collect();
+    assert!(
+        !said.iter().any(|l| l.contains("all connections drained")),
+        "drained with a tunnel open: {said:?}"
+    );
+    drop(s);
+    gw.wait_for("all connections drained");
+    let status = gw.child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn out_of_file_descriptors_backs_off_logs_at_most_once_a_second_and_recovers() {
     let (backend, mut echo) = echo_backend();

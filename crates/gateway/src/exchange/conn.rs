@@ -24,12 +24,23 @@ pub struct ConnInfo {
     pub listener: Arc<ListenerConfig>,
     /// Names of the client's verified certificate (SANs, then subject CNs), under mTLS.
     pub client_names: Option<Box<[Box<str>]>>,
-    /// The connection's place under `max_connections`, given back when the last holder
-    /// (the connection, or the upgraded connection it became) is done.
-    pub permit: Option<OwnedSemaphorePermit>,
+    /// The connection's place, given back when the last holder (the connection, or the
+    /// upgraded connection it became) is done.
+    pub place: Option<Place>,
     /// Places for the connection's streams that hold an upstream connection (HTTP/2's
     /// `max_upstream_streams`): one client takes at most that share of an upstream.
     upstream_share: Semaphore,
+}
+
+/// What a client connection holds for as long as it, or the upgraded connection it
+/// became, lives.
+#[derive(Debug)]
+pub struct Place {
+    /// Its place under the listener's `max_connections`.
+    pub permit: OwnedSemaphorePermit,
+    /// What the server's drain (SIGTERM) waits for: an upgraded connection (a WebSocket
+    /// tunnel) is drained as the connection it came from, up to `drain_timeout`.
+    pub drain: tokio_util::task::task_tracker::TaskTrackerToken,
 }
 
 /// One of a connection's places for a stream holding an upstream connection; given back
@@ -63,7 +74,7 @@ impl ConnInfo {
             trusted,
             listener,
             client_names: None,
-            permit: None,
+            place: None,
             upstream_share: Semaphore::new(share),
         }
     }

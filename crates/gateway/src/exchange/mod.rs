@@ -5,6 +5,6 @@ pub mod conn;
 pub mod head;
 pub mod refusal;
 
-pub use conn::{ConnInfo, UpstreamShare, UpstreamWork};
+pub use conn::{ConnInfo, Place, UpstreamShare, UpstreamWork};
 pub use head::{Fields, Lines, Parts};
 pub use refusal::{Refusal, REASONS};

@@ -325,7 +325,7 @@ pub async fn serve_tls<H: Handler>(
     gw: Arc<H>,
     stream: TcpStream,
     peer: SocketAddr,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    place: crate::exchange::Place,
     listener: Arc<ListenerConfig>,
     b: &Builders,
     stop: Stop,
@@ -370,7 +370,7 @@ pub async fn serve_tls<H: Handler>(
         .map(|c| super::tls::client_names(c));
     let mut info = ConnInfo::new(peer, listener);
     info.client_names = client_names;
-    info.permit = Some(permit);
+    info.place = Some(place);
     serve_stream(gw, tls_stream, Arc::new(info), b, h2, stop).await;
     Ok(())
 }

@@ -16,7 +16,7 @@ pub mod tls;
 pub use body::RequestBody;
 pub use handler::Handler;
 
-use crate::exchange::ConnInfo;
+use crate::exchange::{ConnInfo, Place};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -203,24 +203,31 @@ async fn accept_loop<H: Handler>(
         if cfg.tls.is_none() && !b.h2c() {
             // The common case: the task is the connection itself, nothing wrapped around it.
             let mut info = ConnInfo::new(peer, cfg);
-            info.permit = Some(permit);
+            info.place = Some(Place {
+                permit,
+                drain: connections.token(),
+            });
             let closer = gw.clone();
             let done = move || closer.closed();
             connections.spawn(conn::serve_h1(gw, stream, Arc::new(info), stop, done));
             continue;
         }
         let events = gw.clone();
+        let place = Place {
+            permit,
+            drain: connections.token(),
+        };
         connections.spawn(async move {
             // Boxed: a task's future is as large as its largest branch.
             if cfg.tls.is_some() {
-                let served = conn::serve_tls(gw, stream, peer, permit, cfg, &b, stop);
+                let served = conn::serve_tls(gw, stream, peer, place, cfg, &b, stop);
                 if let Err(e) = Box::pin(served).await {
                     events.tls_failed();
                     tracing::debug!(%peer, "{e}");
                 }
             } else {
                 let mut info = ConnInfo::new(peer, cfg);
-                info.permit = Some(permit);
+                info.place = Some(place);
                 Box::pin(conn::serve_h2c(gw, stream, Arc::new(info), &b, stop)).await;
             }
             events.closed();
