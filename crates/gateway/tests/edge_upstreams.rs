@@ -517,9 +517,14 @@ async fn https_upstreams_are_verified_against_their_ca() {
     let a = c.get(&g.url("/coded")).await;
     assert_eq!(a.status, 502, "{:?} {}", a.headers, a.body);
     assert_eq!(c.get(&g.url("/x")).await.status, 200);
-    // Without the CA, the system's roots do not know the backend's certificate.
+    // Without the CA, the system's roots do not know the backend's certificate: the
+    // answer says it was the TLS handshake, not a refused connection.
     let g3 = TestGateway::start(&y(""), SystemClock::new()).await;
-    assert_eq!(c.get(&g3.url("/x")).await.status, 502);
+    let a = c.get(&g3.url("/x")).await;
+    assert_eq!(
+        a.refusal(),
+        r#"{"status":502,"error":"bad gateway","detail":"TLS handshake with the target failed"}"#
+    );
 }
 
 /// A cleartext HTTP/2 backend on loopback answering every request with `answer`.

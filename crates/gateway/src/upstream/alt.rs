@@ -12,13 +12,80 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::crypto::ring::default_provider;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
 use tollgate_config::{UpstreamConfig, UpstreamProtocol};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A connector with the whole connect, TCP and the TLS handshake, bounded by
+/// `connect_timeout`, as nginx's `proxy_connect_timeout` and Envoy's `connect_timeout`
+/// bound both: a target that accepts and never answers the ClientHello is a connect
+/// failure, and the request moves on to the next target.
+#[derive(Clone, Debug)]
+pub struct Timed<C> {
+    inner: C,
+    timeout: Duration,
+}
+
+impl<C> tower_service::Service<http::Uri> for Timed<C>
+where
+    C: tower_service::Service<http::Uri>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let connect = self.inner.call(uri);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, connect).await {
+                Ok(done) => done.map_err(Into::into),
+                Err(_) => Err(Box::new(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connect timed out",
+                )) as BoxError),
+            }
+        })
+    }
+}
+
+/// Why a connection to an `https://` or `h2` target could not be made, for the answer's
+/// detail, and its cause in words for the log (the certificate error, say).
+pub fn connect_failure(e: &(dyn std::error::Error + 'static)) -> (&'static str, String) {
+    let mut at = Some(e);
+    while let Some(err) = at {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return ("TLS handshake with the target failed", tls.to_string());
+        }
+        let io = err.downcast_ref::<std::io::Error>();
+        if io.is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut) {
+            return ("connect timed out", err.to_string());
+        }
+        // An I/O error wrapping another (rustls's, in tokio-rustls's I/O error, in
+        // hyper-rustls's) hides it from `source`: its inner error is the next link.
+        at = match io.and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    ("connection refused", e.to_string())
+}
 
 /// A pooled client for one upstream's targets.
 #[derive(Clone, Debug)]
 pub struct AltClient {
-    client: Client<HttpsConnector<HttpConnector>, UpBody>,
+    client: Client<Timed<HttpsConnector<HttpConnector>>, UpBody>,
     scheme: Scheme,
     h2: bool,
 }
@@ -62,10 +129,14 @@ impl AltClient {
         let b = HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http();
-        let connector = if h2 {
+        let inner = if h2 {
             b.enable_http2().wrap_connector(http)
         } else {
             b.enable_http1().wrap_connector(http)
+        };
+        let connector = Timed {
+            inner,
+            timeout: cfg.connect_timeout,
         };
         let mut builder = Client::builder(TokioExecutor::new());
         builder

@@ -399,6 +399,18 @@ pub(super) fn coded(up: &Upstream, route: &str, target: &Target) -> Refusal {
 
 /// Counts a 502, 503 or 504, and logs it at info at most once a second per upstream.
 pub(super) fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: &Refusal) {
+    log_failure_because(up, route, target, refusal, None);
+}
+
+/// [`log_failure`], with what caused it in words (a certificate error, say), when there is
+/// more to say than the answer's detail.
+pub(super) fn log_failure_because(
+    up: &Upstream,
+    route: &str,
+    target: &Target,
+    refusal: &Refusal,
+    cause: Option<&str>,
+) {
     match refusal {
         Refusal::Upstream(_) => up.stats.errors.inc(),
         Refusal::UpstreamTimeout => up.stats.timeouts.inc(),
@@ -415,7 +427,12 @@ pub(super) fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: 
             .is_ok()
     {
         let target = target.host.to_str().unwrap_or("?");
-        tracing::info!(route, upstream = %up.cfg.name, target, "{refusal}");
+        match cause {
+            Some(cause) => {
+                tracing::info!(route, upstream = %up.cfg.name, target, "{refusal}: {cause}")
+            }
+            None => tracing::info!(route, upstream = %up.cfg.name, target, "{refusal}"),
+        }
     }
 }
 

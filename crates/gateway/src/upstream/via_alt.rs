@@ -1,11 +1,11 @@
 //! Forwarding on the alternative client (`https://` and `h2` upstreams): a request whose
 //! body can be sent again moves on to the next target when a connection cannot be opened.
 
-use super::alt::AltClient;
+use super::alt::{connect_failure, AltClient};
 use super::body::{check_declared, receive, Received, UpBody};
 use super::headers::{coded_answer, rewrite_response};
 use super::response_body::PooledBody;
-use super::target::{coded, log_failure, unasked_switch, Hop, Upstream};
+use super::target::{coded, log_failure, log_failure_because, unasked_switch, Hop, Upstream};
 
 /// Forwards a request on the upstream's [`AltClient`]. A request whose body can be sent
 /// again (none, or read whole) moves on to the next target when a connection cannot be
@@ -49,6 +49,9 @@ pub(super) async fn forward(
     }
     let client_host = headers.get(header::HOST).cloned();
     let mut last = Refusal::Upstream("no target");
+    // The last target that could not be connected to, and why, logged once every target
+    // has been tried.
+    let mut unreached = None;
     for attempt in 0..up.targets.len().max(1) {
         let target = match up.pick(attempt > 0) {
             Ok((_, t)) => t,
@@ -109,23 +112,30 @@ pub(super) async fn forward(
             Ok(Err(e)) => {
                 up.outcome(target, false);
                 tracing::debug!(upstream = %up.cfg.name, target = %target.name, error = ?e, "request failed");
+                let mut cause = None;
                 if e.is_connect() {
                     up.stats.connect_errors.inc();
-                    last = Refusal::Upstream("connection refused");
+                    let (detail, why) = connect_failure(&e);
+                    last = Refusal::Upstream(detail);
                     if whole.is_some() {
                         up.stats.retries.inc();
                         if let Some(n) = hop.note_target {
                             n.retried();
                         }
+                        unreached = Some((target, why));
                         continue;
                     }
+                    cause = Some(why);
                 } else {
                     last = Refusal::Upstream("connection reset or closed");
                 }
-                log_failure(up, hop.route, target, &last);
+                log_failure_because(up, hop.route, target, &last, cause.as_deref());
                 return Err(last);
             }
         }
+    }
+    if let Some((target, why)) = unreached {
+        log_failure_because(up, hop.route, target, &last, Some(&why));
     }
     Err(last)
 }

@@ -1,0 +1,53 @@
+//! What bounds a new connection to an `https://` target: `connect_timeout` covers the TLS
+//! handshake as well as the TCP connect, and a target that takes the connection but never
+//! answers the ClientHello is a connect failure that moves the request on.
+
+mod common;
+
+use common::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tollgate_gateway::SystemClock;
+
+/// A listener that accepts connections and never answers on them; counts them.
+async fn silent_target() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn a_tls_handshake_that_never_ends_is_a_connect_failure_within_connect_timeout() {
+    let (a, first) = silent_target().await;
+    let (b, second) = silent_target().await;
+    let g = TestGateway::start(
+        &format!(
+            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  secure: {{targets: [\"https://{a}\", \"https://{b}\"], connect_timeout: 200ms, response_timeout: 60s}}\nroutes:\n  - {{path_prefix: /, upstream: secure}}\n"
+        ),
+        SystemClock::new(),
+    )
+    .await;
+    let c = TestClient::default();
+    // Each target takes the connection and stalls the handshake: the request moves from one
+    // to the other at `connect_timeout`, then gets 502, long before `response_timeout`.
+    let answer = bounded("the answer", c.get(&g.url("/x"))).await;
+    assert_eq!(
+        answer.refusal(),
+        r#"{"status":502,"error":"bad gateway","detail":"connect timed out"}"#
+    );
+    assert_eq!(
+        (first.load(Ordering::SeqCst), second.load(Ordering::SeqCst)),
+        (1, 1),
+        "both targets tried"
+    );
+}
