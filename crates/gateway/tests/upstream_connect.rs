@@ -1,9 +1,11 @@
-//! What bounds a new connection to an `https://` target: `connect_timeout` covers the TLS
-//! handshake as well as the TCP connect, and a target that takes the connection but never
-//! answers the ClientHello is a connect failure that moves the request on.
+//! What bounds a new upstream connection: one try per target, as nginx makes; to an
+//! `https://` target, `connect_timeout` covers the TLS handshake as well as the TCP
+//! connect, and a target that takes the connection but never answers the ClientHello is a
+//! connect failure that moves the request on.
 
 mod common;
 
+use common::ports::free_port;
 use common::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -49,5 +51,33 @@ async fn a_tls_handshake_that_never_ends_is_a_connect_failure_within_connect_tim
         (first.load(Ordering::SeqCst), second.load(Ordering::SeqCst)),
         (1, 1),
         "both targets tried"
+    );
+}
+
+#[tokio::test]
+async fn a_lone_target_that_cannot_be_reached_is_tried_once() {
+    // A port nothing listens on: every connect is refused at once.
+    let port = free_port();
+    let g = TestGateway::start(
+        &format!(
+            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  gone: {{targets: [\"127.0.0.1:{port}\"]}}\nroutes:\n  - {{path_prefix: /, upstream: gone}}\n"
+        ),
+        SystemClock::new(),
+    )
+    .await;
+    let c = TestClient::default();
+    let a = c.get(&g.url("/x")).await;
+    assert_eq!(a.status, 502, "{}", a.body);
+    let metrics = g.gw.metrics_text();
+    let line = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("upstream=\"gone\""))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        line("tollgate_upstream_connect_errors_total").as_deref(),
+        Some("tollgate_upstream_connect_errors_total{upstream=\"gone\"} 1"),
+        "{metrics}"
     );
 }

@@ -439,11 +439,16 @@ pub(super) fn log_failure_because(
 /// How many more tries a request gets. Connect failures and closed pooled connections move
 /// it on; only new connections spend the budget (targets + 2), since every pooled connection
 /// found dead is dropped on the way. A hard bound (16 more) holds should live traffic keep
-/// returning connections that die on reuse.
+/// returning connections that die on reuse. A request tries to connect at most as many
+/// times as there are targets, as nginx tries each server once: a lone target that cannot
+/// be reached costs one `connect_timeout`, not three.
 pub(super) struct Tries {
     new: usize,
     total: usize,
     started: usize,
+    /// Connects that failed, and how many the request may make.
+    unreached: usize,
+    targets: usize,
 }
 
 impl Tries {
@@ -453,6 +458,8 @@ impl Tries {
             new,
             total: new + 16,
             started: new + 16,
+            unreached: 0,
+            targets: up.targets.len().max(1),
         }
     }
 
@@ -476,9 +483,9 @@ impl Tries {
     }
 
     /// No connection to `target` could be had (`e`). A full pool ends the request (503,
-    /// counted and logged): `Err`. Any other failure counts against the target and spends
-    /// a new connection; the next try may go on: `Ok` with the refusal to answer if none
-    /// is left.
+    /// counted and logged): `Err`, and so does the failed connect that makes one per target.
+    /// Any other failure counts against the target and spends a new connection; the next
+    /// try may go on: `Ok` with the refusal to answer if none is left.
     pub(super) fn no_conn(
         &mut self,
         up: &Upstream,
@@ -492,6 +499,11 @@ impl Tries {
         }
         up.outcome(target, false);
         self.spend_new();
+        self.unreached += 1;
+        if self.unreached >= self.targets {
+            log_failure(up, route, target, &e);
+            return Err(e);
+        }
         Ok(e)
     }
 }
