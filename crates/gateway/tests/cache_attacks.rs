@@ -130,6 +130,26 @@ fn answer(head: &str, n: usize) -> (Vec<u8>, bool) {
                 &format!("n={n}"),
             )
         }
+        "/session-again" => {
+            // A 304 with a session to the revalidation, and another (with headers of its
+            // own) to the whole answer asked for after it.
+            let r = if header(head, "if-none-match").is_empty() {
+                "HTTP/1.1 304 Not Modified\r\nETag: \"s2\"\r\nCache-Control: max-age=60\r\nSet-Cookie: sid=VICTIM2\r\nX-Injected: yes\r\n\r\n"
+            } else {
+                "HTTP/1.1 304 Not Modified\r\nETag: \"s2\"\r\nCache-Control: max-age=60\r\nSet-Cookie: sid=VICTIM\r\n\r\n"
+            };
+            if n == 1 {
+                return ok(
+                    "Cache-Control: max-age=1\r\nETag: \"s2\"\r\n",
+                    &format!("n={n}"),
+                );
+            }
+            (r.as_bytes().to_vec(), false)
+        }
+        "/by-agent" => ok(
+            "Cache-Control: max-age=60\r\nVary: User-Agent\r\n",
+            &format!("n={n}"),
+        ),
         "/prefixed" => ok(
             cc,
             &format!("n={n} prefix={}", header(head, "x-forwarded-prefix")),
@@ -441,6 +461,55 @@ async fn a_304_that_sets_a_cookie_refreshes_no_shared_entry() {
         !next.contains("VICTIM"),
         "another client got the session: {next}"
     );
+}
+
+#[tokio::test]
+async fn a_304_to_the_whole_answer_asked_for_again_refreshes_nothing() {
+    let s = setup().await;
+    let first = get(&s, "a", "/session-again", "").await;
+    assert!(body(&first).contains("n=1"), "{first}");
+    s.clock.advance(Duration::from_secs(5));
+    // The revalidation's 304 sets a cookie, so the whole answer is asked for: that one is
+    // a 304 too, to a request that was not conditional.
+    get(&s, "a", "/session-again", "").await;
+    // The entry was not refreshed: the next client is not served it with the cookie (it
+    // asks the upstream again, and gets that upstream's own answer).
+    let next = get(&s, "a", "/session-again", "").await;
+    assert!(
+        !next.to_ascii_lowercase().contains("tollgate; hit"),
+        "the shared entry took a 304's headers: {next}"
+    );
+}
+
+#[tokio::test]
+async fn variants_of_long_or_undecodable_values_are_kept_apart() {
+    let s = setup().await;
+    let long = |c: char| format!("User-Agent: {}\r\n", c.to_string().repeat(5000));
+    let a = get(&s, "a", "/by-agent", &long('a')).await;
+    let b = get(&s, "a", "/by-agent", &long('b')).await;
+    assert_ne!(body(&a), body(&b), "two long values shared a variant");
+    let again = get(&s, "a", "/by-agent", &long('a')).await;
+    assert_eq!(body(&again), body(&a), "the same long value is one variant");
+    // Bytes that are not UTF-8: each its own variant.
+    let raw = |v: &[u8]| {
+        let mut head = b"GET /by-agent HTTP/1.1\r\nHost: a\r\nUser-Agent: ".to_vec();
+        head.extend_from_slice(v);
+        head.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+        head
+    };
+    let x80 = raw_bytes(s.gw.addr, &raw(b"\x80")).await;
+    let x81 = raw_bytes(s.gw.addr, &raw(b"\x81")).await;
+    assert!(x80.starts_with("HTTP/1.1 200"), "{x80}");
+    assert_ne!(body(&x80), body(&x81), "\\x80 and \\x81 shared a variant");
+}
+
+/// Sends `head` as it is and reads the answer to its end.
+async fn raw_bytes(to: SocketAddr, head: &[u8]) -> String {
+    let mut c = TcpStream::connect(to).await.expect("connect");
+    c.write_all(head).await.expect("write");
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).await.expect("read");
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[tokio::test]

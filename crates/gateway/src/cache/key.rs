@@ -2,7 +2,7 @@
 //! the keyed query (matched as backends read names), then the variant (the consumer unless
 //! shared, the key headers, and the headers the answer varies on, as sent upstream).
 
-use super::store::{self, Varies};
+use super::store::Varies;
 use crate::clock::Clock;
 use crate::exchange::{Fields, Parts};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -112,15 +112,15 @@ pub(super) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwa
 pub(super) fn authority_into(ask: &Ask<'_>, req: &Fields, out: &mut String) {
     let start = out.len();
     if ask.trusted && req.contains_key(X_FORWARDED_PROTO) {
-        store::header_for_key(req, &X_FORWARDED_PROTO, out);
+        header_for_key(req, &X_FORWARDED_PROTO, out);
     } else {
         out.push_str(if ask.https { "https" } else { "http" });
     }
     out.push('\u{0}');
-    store::header_for_key(req, &header::HOST, out);
+    header_for_key(req, &header::HOST, out);
     if ask.trusted && req.contains_key(X_FORWARDED_HOST) {
         out.push('\u{0}');
-        store::header_for_key(req, &X_FORWARDED_HOST, out);
+        header_for_key(req, &X_FORWARDED_HOST, out);
     }
     if ask.trusted {
         // The rest of the family a trusted proxy sends goes upstream too, and frameworks
@@ -156,9 +156,9 @@ pub(super) fn authority_into(ask: &Ask<'_>, req: &Fields, out: &mut String) {
             {
                 out.push('\u{0}');
                 // Lower-cased with the rest below.
-                out.push_str(&String::from_utf8_lossy(name));
+                push_key_bytes(out, name);
                 out.push('=');
-                out.push_str(&String::from_utf8_lossy(value.as_bytes()));
+                push_key_bytes(out, value.as_bytes());
             }
         }
     }
@@ -169,14 +169,20 @@ pub(super) fn authority_into(ask: &Ask<'_>, req: &Fields, out: &mut String) {
 /// it ([`crate::upstream::sent`]): a dropped header as empty.
 pub(super) fn sent_for_key(ask: &Ask<'_>, req: &Fields, name: &HeaderName, out: &mut String) {
     match crate::upstream::sent(req, name.as_str(), ask.peer, ask.trusted, ask.https) {
-        crate::upstream::Sent::AsIs => store::header_for_key(req, name, out),
+        crate::upstream::Sent::AsIs => header_for_key(req, name, out),
         crate::upstream::Sent::Dropped => {}
-        crate::upstream::Sent::Set(v) => out.push_str(&String::from_utf8_lossy(v.as_bytes())),
+        crate::upstream::Sent::Set(v) => push_key_bytes(out, v.as_bytes()),
     }
 }
 
+/// Longest variant part kept as it is in a key; a longer one (a 30 KB `User-Agent` the
+/// response varies on) is kept as its SHA-256, so that no key, and no list of a URI's
+/// variant keys, grows with what clients send.
+const LONGEST_VARIANT: usize = 256;
+
 /// Appends what [`variant_key`] adds to a URI key.
 pub(super) fn variant_into(ask: &Ask<'_>, varies: &[HeaderName], req: &Fields, k: &mut String) {
+    let start = k.len();
     k.push('\u{0}');
     if !ask.cfg.shared {
         k.push_str(ask.consumer.unwrap_or(""));
@@ -184,6 +190,16 @@ pub(super) fn variant_into(ask: &Ask<'_>, varies: &[HeaderName], req: &Fields, k
     for name in varies {
         k.push('\u{0}');
         sent_for_key(ask, req, name, k);
+    }
+    if k.len() - start > LONGEST_VARIANT {
+        let digest = ring::digest::digest(&ring::digest::SHA256, &k.as_bytes()[start..]);
+        k.truncate(start);
+        // A part kept whole starts with NUL: the two forms never meet.
+        k.push('\u{1}');
+        for b in digest.as_ref() {
+            k.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+            k.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
+        }
     }
 }
 
@@ -310,4 +326,66 @@ pub(super) fn varies_of(cfg: &RouteCacheConfig, resp: &HeaderMap) -> Varies {
         }
     }
     names.into()
+}
+
+/// The value of request header `name` for a key: the values of all its lines, joined.
+pub fn header_for_key(req: &Fields, name: &HeaderName, out: &mut String) {
+    let mut first = true;
+    for v in req.get_all(name) {
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        push_key_bytes(out, v.as_bytes());
+    }
+}
+
+/// Appends `b` to a key, byte for byte: printable ASCII as it is, `%` and every other
+/// byte as `%XX`. Two values that differ in any byte never meet in one key (a lossy
+/// conversion would make every invalid byte the same replacement character).
+pub fn push_key_bytes(out: &mut String, b: &[u8]) {
+    let plain = |c: u8| c.is_ascii() && c != b'%';
+    match std::str::from_utf8(b) {
+        Ok(text) if b.iter().all(|&c| plain(c)) => out.push_str(text),
+        _ => {
+            for &c in b {
+                if plain(c) {
+                    out.push(char::from(c));
+                } else {
+                    out.push('%');
+                    out.push(char::from(b"0123456789ABCDEF"[usize::from(c >> 4)]));
+                    out.push(char::from(b"0123456789ABCDEF"[usize::from(c & 15)]));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_key_bytes;
+
+    #[test]
+    fn values_differing_in_any_byte_never_share_a_key() {
+        let key = |b: &[u8]| {
+            let mut s = String::new();
+            push_key_bytes(&mut s, b);
+            s
+        };
+        assert_eq!(key(b"gzip, br"), "gzip, br");
+        let spelled = [
+            &b"\x80"[..],
+            b"\x81",
+            "\u{FFFD}".as_bytes(),
+            b"%80",
+            b"%2580",
+            "\u{e9}".as_bytes(),
+        ]
+        .map(key);
+        for (i, a) in spelled.iter().enumerate() {
+            for b in &spelled[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
 }

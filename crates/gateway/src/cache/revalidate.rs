@@ -112,18 +112,21 @@ impl Cache {
             !e.fresh.stale_if_error.is_zero() && e.stale_within(now, e.fresh.stale_if_error);
         let born = self.store.born(uri);
         let fetched = up.fetch(sent.copy()).await;
-        let (sent, fetched) = match fetched {
+        // Whether the request that got the answer was conditional: a 304 to one that was
+        // not (the whole answer asked for again) refreshes nothing, as Varnish refuses
+        // it; it is passed on as any answer is, and not stored.
+        let (sent, fetched, conditional) = match fetched {
             Ok(r) if r.status() == StatusCode::NOT_MODIFIED && !self.refreshes(&e, r.headers()) => {
                 // Its body holds a place among the connection's upstream streams.
                 drop(r);
                 let whole = Self::whole(&parts);
                 let fetched = up.fetch(whole.copy()).await;
-                (whole, fetched)
+                (whole, fetched, false)
             }
-            other => (sent, other),
+            other => (sent, other, has_validators),
         };
         match fetched {
-            Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED && has_validators => {
+            Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED && conditional => {
                 m.revalidated.fetch_add(1, Ordering::Relaxed);
                 let status = "tollgate; fwd=stale; fwd-status=304".to_string();
                 match self.refreshed(ask, &e, resp.headers(), born) {
@@ -223,7 +226,9 @@ impl Cache {
                 return;
             };
             if resp.status() == StatusCode::NOT_MODIFIED {
-                if !cache.refreshes(&e, resp.headers()) {
+                let conditional = e.headers.contains_key(header::ETAG)
+                    || e.headers.contains_key(header::LAST_MODIFIED);
+                if !conditional || !cache.refreshes(&e, resp.headers()) {
                     // Left for the next request to fetch whole.
                     return;
                 }

@@ -4,7 +4,6 @@
 //! shared, the route's key headers, and the request headers the response `Vary`s on).
 
 use super::control::Freshness;
-use crate::exchange::Fields;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
@@ -362,6 +361,13 @@ impl Store {
         {
             let mut keys = info.keys.lock();
             if !keys.contains(&key) {
+                // Keys of variants evicted since are let go as the list doubles: it holds
+                // about the variants stored, whose keys the store counts, and not every
+                // variant ever stored.
+                if keys.len() >= MAX_VARIANTS || (keys.len() >= 64 && keys.len().is_power_of_two())
+                {
+                    keys.retain(|k| self.entries.contains_key(k));
+                }
                 if keys.len() >= MAX_VARIANTS {
                     keys.remove(0);
                 }
@@ -446,18 +452,6 @@ impl Store {
     pub fn usage(&self) -> (u64, u64) {
         self.entries.run_pending_tasks();
         (self.entries.entry_count(), self.entries.weighted_size())
-    }
-}
-
-/// The value of request header `name` for a key: the values of all its lines, joined.
-pub fn header_for_key(req: &Fields, name: &HeaderName, out: &mut String) {
-    let mut first = true;
-    for v in req.get_all(name) {
-        if !first {
-            out.push(',');
-        }
-        first = false;
-        out.push_str(&String::from_utf8_lossy(v.as_bytes()));
     }
 }
 
@@ -551,6 +545,27 @@ mod tests {
             );
         }
         assert!(store.get("v\0").is_some(), "another URI kept");
+    }
+
+    #[test]
+    fn a_uri_remembers_about_the_variants_stored_not_every_one_ever() {
+        // Room for a few dozen entries: most of 3,000 variants are evicted.
+        let store = Store::new(32 << 10, 1 << 20);
+        for i in 0..3000 {
+            let e = entry(&store, "u");
+            store.put(Varies::from([]), format!("u\0{i:0>200}"), e);
+            if i % 100 == 0 {
+                store.entries.run_pending_tasks();
+            }
+        }
+        store.entries.run_pending_tasks();
+        let stored = store.entries.entry_count() as usize;
+        let remembered = store.uris.get("u").map_or(0, |i| i.keys.lock().len());
+        assert!(stored < 200, "{stored} stored");
+        assert!(
+            remembered <= 4 * stored.max(64),
+            "{remembered} keys remembered for {stored} variants stored"
+        );
     }
 
     #[test]
