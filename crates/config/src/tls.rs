@@ -73,6 +73,26 @@ impl std::hash::Hash for CaBundle {
     }
 }
 
+/// A PEM reading error in words a user can act on (the library's names the end marker as
+/// a list of bytes).
+fn pem_words(e: &rustls::pki_types::pem::Error, key: bool) -> String {
+    use rustls::pki_types::pem::Error;
+    match e {
+        Error::MissingSectionEnd { end_marker } => format!(
+            "a PEM section is not closed (no line `-----END {}-----`): is the file cut short?",
+            String::from_utf8_lossy(end_marker)
+        ),
+        Error::IllegalSectionStart { line } => format!(
+            "a line that begins a PEM section cannot be read: `{}`",
+            String::from_utf8_lossy(line)
+        ),
+        Error::Base64Decode(_) if key => "a PEM section is not base64 (an encrypted key in the traditional format, with `Proc-Type: 4,ENCRYPTED`? the gateway reads unencrypted keys only: `openssl pkey -in KEY -out KEY.plain`)".to_string(),
+        Error::Base64Decode(e) => format!("a PEM section is not base64 ({e})"),
+        Error::NoItemsFound if key => "no unencrypted private key (PKCS#8, PKCS#1 or SEC1) in the file (an `ENCRYPTED PRIVATE KEY` cannot be read: `openssl pkey -in KEY -out KEY.plain`)".to_string(),
+        e => e.to_string(),
+    }
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
@@ -83,7 +103,13 @@ pub fn load_cert(cert_path: PathBuf, key_path: PathBuf) -> Result<LoadedCert, St
     let key_pem = read(&key_path)?;
     let chain = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{}: not a PEM certificate chain: {e}", cert_path.display()))?;
+        .map_err(|e| {
+            format!(
+                "{}: not a PEM certificate chain: {}",
+                cert_path.display(),
+                pem_words(&e, false)
+            )
+        })?;
     let Some(leaf) = chain.first() else {
         return Err(format!(
             "{}: no certificate in the file (expected -----BEGIN CERTIFICATE-----)",
@@ -101,7 +127,7 @@ pub fn load_cert(cert_path: PathBuf, key_path: PathBuf) -> Result<LoadedCert, St
         .map(str::to_ascii_lowercase)
         .collect();
     let key = PrivateKeyDer::from_pem_slice(&key_pem)
-        .map_err(|e| format!("{}: no private key in the file: {e}", key_path.display()))?;
+        .map_err(|e| format!("{}: {}", key_path.display(), pem_words(&e, true)))?;
     let key = CertifiedKey::from_der(chain, key, &default_provider()).map_err(|e| match e {
         rustls::Error::InconsistentKeys(_) => format!(
             "the private key in {} is not the key of the certificate in {} (check that the two files are a pair)",
@@ -109,7 +135,7 @@ pub fn load_cert(cert_path: PathBuf, key_path: PathBuf) -> Result<LoadedCert, St
             cert_path.display()
         ),
         e => format!(
-            "{} does not go with {}: {e}",
+            "the key in {} cannot be used with the certificate in {} (too small, or of a kind rustls does not take: RSA of 2048 bits or more, ECDSA P-256 or P-384, Ed25519): {e}",
             key_path.display(),
             cert_path.display()
         ),
@@ -209,4 +235,32 @@ pub fn files_on_disk(cfg: &crate::Config) -> Option<(u64, bool)> {
         all.extend_from_slice(&now.to_le_bytes());
     }
     Some((crate::fingerprint(&all), changed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::load_cert;
+
+    #[test]
+    fn pem_errors_are_said_in_words() {
+        let dir = std::env::temp_dir().join(format!("tollgate-pem-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (cert, key) = (dir.join("cut.pem"), dir.join("enc.key"));
+        std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\nMIIB\n").expect("write");
+        std::fs::write(
+            &key,
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+        )
+        .expect("write");
+        let e = load_cert(cert, key.clone()).err().unwrap_or_default();
+        assert!(
+            e.contains("no line `-----END CERTIFICATE-----`") && e.contains("cut short"),
+            "{e}"
+        );
+        let good = dir.join("empty.pem");
+        std::fs::write(&good, "").expect("write");
+        let e = load_cert(good, key).err().unwrap_or_default();
+        assert!(e.contains("no certificate in the file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
