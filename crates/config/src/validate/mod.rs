@@ -73,8 +73,11 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
                 );
             }
             let mtls = route.auth.as_ref().is_some_and(|a| a.mtls);
+            // As written: a listener whose certificate or CA failed to load has its own
+            // problem, and is not taken for one without `client_ca`.
             if mtls
-                && !listeners
+                && !raw
+                    .listeners
                     .iter()
                     .any(|l| l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()))
             {

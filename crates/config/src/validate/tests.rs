@@ -290,6 +290,26 @@ routes:
             "missing {e:?} in {text:#?}"
         );
     }
+    // A certificate that fails to load (a renewal half written) is that listener's
+    // problem alone: the route is not told its listener lacks `client_ca`.
+    let half = r#"
+listeners:
+  - {address: "127.0.0.1:8443", tls: {certificates: [{cert: /nonexistent/c.pem, key: /nonexistent/c.key}], client_ca: /nonexistent/ca.pem}}
+upstreams: {b: {targets: ["127.0.0.1:1"]}}
+routes:
+  - {path_prefix: /, upstream: b, auth: {mtls: true}}
+"#;
+    let err = from_yaml(half).expect_err("invalid");
+    let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+    assert!(
+        !text.iter().any(|t| t.contains("needs a listener with")),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("listeners[0].tls.certificates[0]: cannot read")),
+        "{text:#?}"
+    );
 }
 
 #[test]
