@@ -200,6 +200,8 @@ pub(super) fn variant_into(ask: &Ask<'_>, varies: &[HeaderName], req: &Fields, k
             k.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
             k.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
         }
+        // The key is kept as it is (the store's key): not with the room the long part took.
+        k.shrink_to_fit();
     }
 }
 

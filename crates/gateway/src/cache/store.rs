@@ -331,7 +331,9 @@ impl Store {
 
     /// Stores `entry` under `key`, noting it and what it varies on (if anything) under its
     /// URI; not when the URI was invalidated while the entry's request was upstream.
-    pub fn put(&self, varies: Varies, key: String, mut entry: Entry) {
+    pub fn put(&self, varies: Varies, mut key: String, mut entry: Entry) {
+        // Kept as long as the entry: without the room it was built in.
+        key.shrink_to_fit();
         // Filed first, its generation read, then the slot checked: an invalidation either
         // came before the check (nothing stored) or finds the info and outdates the entry.
         let info = self
