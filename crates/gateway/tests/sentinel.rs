@@ -54,6 +54,23 @@ fn wait(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// The latest heartbeat (milliseconds since the epoch) a gateway wrote to `nodes` on the
+/// server at `port`; 0 when there is none.
+fn heartbeat_at(port: u16, nodes: &str) -> f64 {
+    conn(port)
+        .and_then(|mut c| {
+            ::redis::cmd("ZRANGE")
+                .arg(nodes)
+                .arg(-1)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query::<Vec<(String, f64)>>(&mut c)
+                .ok()
+        })
+        .and_then(|v| v.first().map(|(_, score)| *score))
+        .unwrap_or(0.0)
+}
+
 fn role(port: u16) -> Option<String> {
     let mut c = conn(port)?;
     let v: Vec<::redis::Value> = ::redis::cmd("ROLE").query(&mut c).ok()?;
@@ -217,20 +234,7 @@ cluster:
         .expect("clock")
         .as_millis() as f64;
     let nodes = format!("sentinel{}:nodes", std::process::id());
-    let heartbeat = || -> f64 {
-        conn(r)
-            .and_then(|mut c| {
-                ::redis::cmd("ZRANGE")
-                    .arg(&nodes)
-                    .arg(-1)
-                    .arg(-1)
-                    .arg("WITHSCORES")
-                    .query::<Vec<(String, f64)>>(&mut c)
-                    .ok()
-            })
-            .and_then(|v| v.first().map(|(_, score)| *score))
-            .unwrap_or(0.0)
-    };
+    let heartbeat = || heartbeat_at(r, &nodes);
     let mut followed = None;
     let deadline = Instant::now() + DEADLINE;
     while followed.is_none() && Instant::now() < deadline {
@@ -299,20 +303,7 @@ cluster:
     );
     assert_eq!(client.get(&gw.url("/api/x?apikey=ka")).await.status, 200);
     let nodes = format!("{prefix}:nodes");
-    let heartbeat = |port: u16| -> f64 {
-        conn(port)
-            .and_then(|mut c| {
-                ::redis::cmd("ZRANGE")
-                    .arg(&nodes)
-                    .arg(-1)
-                    .arg(-1)
-                    .arg("WITHSCORES")
-                    .query::<Vec<(String, f64)>>(&mut c)
-                    .ok()
-            })
-            .and_then(|v| v.first().map(|(_, score)| *score))
-            .unwrap_or(0.0)
-    };
+    let heartbeat = |port: u16| heartbeat_at(port, &nodes);
     wait("the heartbeat in the master", || heartbeat(m) > 0.0);
 
     let mut s = conn_as(set.ports[0], ":s3ntinel@").expect("a sentinel");
