@@ -1084,10 +1084,39 @@ fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
     gw.signal("-TERM");
     gw.wait_for("all connections drained");
     assert!(gw.child.wait().expect("wait").success());
-    let gw = Gateway::start(&file);
+    let mut gw = Gateway::start(&file);
     assert_eq!(gw.get(&format!("/a/?apikey={key}")), 200);
     assert_eq!(gw.get(&format!("/a/?apikey={second}")), 401);
     assert_eq!(gw.get("/a/?apikey=t1"), 401);
-    drop(gw);
+    gw.signal("-TERM");
+    assert!(gw.child.wait().expect("wait").success());
+
+    // A line damaged inside the log (here the one revoking bob's second key) is not
+    // skipped: that would bring the key back. The gateway does not start, and says which
+    // line.
+    let log = dir.join("consumers.changes");
+    let text = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines.len() - 2;
+    assert!(
+        lines[at].contains("\"bob\"") && !lines[at].contains(id),
+        "{text}"
+    );
+    let mut damaged = lines.clone();
+    damaged[at] = "{\"name\":\"bob\",\"pl";
+    std::fs::write(&log, damaged.join("\n") + "\n").expect("damage");
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&file)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("line {} is not a consumer change", at + 1))
+            && err.contains("not starting"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

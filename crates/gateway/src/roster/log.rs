@@ -2,6 +2,11 @@
 //! answered, replayed at start (the last line of a name wins). When it holds more than
 //! twice the live records it is rewritten with one line each (written aside, synced,
 //! renamed over), so a change costs one line however many consumers there are.
+//!
+//! As Redis reads its append-only file: a torn last line (a crash mid-write) is skipped,
+//! and cut off before the next line is written, so it never ends up inside the log; any
+//! other line that is not a record stops the replay. Skipping it could bring back a
+//! consumer or a key it deleted.
 
 use super::record::Managed;
 use std::fs::{File, OpenOptions};
@@ -18,9 +23,13 @@ pub struct Log {
     /// Opened (and the file made) by the first change.
     file: Option<File>,
     lines: u64,
-    /// The file ends without a newline (a torn last line): the next line starts on a
-    /// line of its own.
-    torn: bool,
+    /// The file ends without a newline: where to cut it before the next line (a torn
+    /// last line is dropped; a whole record that only lacks its newline is kept).
+    torn: Option<u64>,
+    /// The file the log was opened or last written as (device, inode, length): a change
+    /// finding another file at the path, or none, or this one cut short, writes the log
+    /// whole again.
+    identity: Option<(u64, u64, u64)>,
     /// While a compaction runs: the records appended since it began.
     compacting: Option<Vec<Managed>>,
 }
@@ -30,33 +39,86 @@ pub struct Log {
 pub struct Replayed {
     /// Every record, in file order.
     pub records: Vec<Managed>,
-    /// Lines that were not a record (a torn last line after a crash), by line number.
+    /// The torn last line skipped (a crash mid-write), by line number.
     pub skipped: Vec<usize>,
+    /// The file did not exist yet (the first change makes it).
+    pub missing: bool,
+}
+
+/// A record as the admin API writes it: a valid name, keys as 64 hex digits, a version
+/// no more than a day ahead of the clock (one beyond would freeze the consumer: no later
+/// change could win over it).
+fn check(r: &Managed, now_ms: u64) -> Result<(), String> {
+    if !super::record::valid_name(&r.name) {
+        return Err(format!("{:?} is not a consumer name", r.name));
+    }
+    if let Some(k) = r
+        .keys
+        .iter()
+        .find(|k| super::record::parse_digest(&k.sha256).is_none())
+    {
+        return Err(format!("key {:?} is not a SHA-256 digest", k.id));
+    }
+    if r.version > super::version_ceiling(now_ms) {
+        return Err(format!(
+            "version {} is more than a day ahead of the clock",
+            r.version
+        ));
+    }
+    Ok(())
 }
 
 impl Log {
-    /// Opens the log at `path` (made by the first change) and reads what it holds. Lines
-    /// that are not a record (a torn last line after a crash, bytes that are not UTF-8)
-    /// are skipped and named; a log that cannot be read at all is an error.
+    /// Opens the log at `path` (made by the first change) and reads what it holds. A torn
+    /// last line is skipped and named; any other line that is not a valid record, or a
+    /// log that cannot be read, is an error naming the line.
     pub fn open(path: &Path) -> std::io::Result<(Log, Replayed)> {
+        Log::open_at(path, super::unix_millis())
+    }
+
+    /// [`Log::open`] with the clock's time in milliseconds given.
+    pub fn open_at(path: &Path, now_ms: u64) -> std::io::Result<(Log, Replayed)> {
         let mut replayed = Replayed::default();
         let mut lines = 0;
-        let mut torn = false;
+        let mut torn = None;
+        let damaged = |line: usize, why: String| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "line {line} is not a consumer change ({why}); only a torn last line is skipped, since a change lost could bring back a consumer or key it deleted: mend or remove the line"
+                ),
+            )
+        };
         match std::fs::read(path) {
             Ok(bytes) => {
-                torn = bytes.last().is_some_and(|b| *b != b'\n');
+                let ends_whole = bytes.last().is_none_or(|b| *b == b'\n');
+                let last_start = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+                if !ends_whole {
+                    torn = Some(bytes.len() as u64);
+                }
+                let count = bytes.split(|b| *b == b'\n').count();
                 for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
                     if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
-                    lines += 1;
-                    match serde_json::from_slice::<Managed>(line) {
-                        Ok(r) => replayed.records.push(r),
-                        Err(_) => replayed.skipped.push(i + 1),
+                    let is_torn = !ends_whole && i + 1 == count;
+                    let parsed = serde_json::from_slice::<Managed>(line)
+                        .map_err(|e| e.to_string())
+                        .and_then(|r| check(&r, now_ms).map(|()| r));
+                    match parsed {
+                        Ok(r) => {
+                            lines += 1;
+                            replayed.records.push(r);
+                        }
+                        Err(_) if is_torn => {
+                            replayed.skipped.push(i + 1);
+                            torn = Some(last_start as u64);
+                        }
+                        Err(why) => return Err(damaged(i + 1, why)),
                     }
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => replayed.missing = true,
             Err(e) => return Err(e),
         }
         Ok((
@@ -65,10 +127,33 @@ impl Log {
                 file: None,
                 lines,
                 torn,
+                identity: identity_of(path),
                 compacting: None,
             },
             replayed,
         ))
+    }
+
+    /// Whether the path no longer names the file the log was written to as it was left
+    /// (removed, replaced, cut short): what the next change writes must hold every record.
+    pub fn is_gone(&self) -> bool {
+        self.compacting.is_none()
+            && self.identity.is_some()
+            && identity_of(&self.path) != self.identity
+    }
+
+    /// Writes `live` as the whole log (aside, synced, renamed over the path): the log
+    /// after its file was removed or replaced.
+    pub fn rewrite<'a>(&mut self, live: impl Iterator<Item = &'a Managed>) -> std::io::Result<()> {
+        let aside = self.path.with_extension("rewriting");
+        let written = Log::write_aside(&aside, live)?;
+        std::fs::rename(&aside, &self.path)?;
+        sync_dir(&self.path);
+        self.file = Some(OpenOptions::new().append(true).open(&self.path)?);
+        self.lines = written;
+        self.torn = None;
+        self.identity = identity_of(&self.path);
+        Ok(())
     }
 
     /// Where it is.
@@ -79,9 +164,6 @@ impl Log {
     /// Appends records and syncs them to disk, once for all.
     pub fn append_all(&mut self, records: &[Managed]) -> std::io::Result<()> {
         let mut out = Vec::new();
-        if std::mem::take(&mut self.torn) {
-            out.push(b'\n');
-        }
         for r in records {
             serde_json::to_writer(&mut out, r)?;
             out.push(b'\n');
@@ -96,11 +178,22 @@ impl Log {
                     .open(&self.path)?,
             ),
         };
+        if let Some(cut) = self.torn {
+            // A torn line is cut off; a whole record that lacked its newline gets one.
+            let len = file.metadata()?.len();
+            if cut < len {
+                file.set_len(cut)?;
+            } else {
+                out.insert(0, b'\n');
+            }
+        }
         file.write_all(&out)?;
         file.sync_data()?;
+        self.torn = None;
         if made {
             sync_dir(&self.path);
         }
+        self.identity = identity_of(&self.path);
         self.lines += records.len() as u64;
         if let Some(since) = &mut self.compacting {
             since.extend(records.iter().cloned());
@@ -157,7 +250,8 @@ impl Log {
         sync_dir(&self.path);
         self.file = Some(OpenOptions::new().append(true).open(&self.path)?);
         self.lines = written + since.len() as u64;
-        self.torn = false;
+        self.torn = None;
+        self.identity = identity_of(&self.path);
         Ok(())
     }
 
@@ -166,6 +260,14 @@ impl Log {
         self.compacting = None;
         let _ = std::fs::remove_file(aside);
     }
+}
+
+/// The device, inode and length of the file `path` names now, if any.
+fn identity_of(path: &Path) -> Option<(u64, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.len()))
 }
 
 /// Syncs the folder holding `path`, so that a file made or renamed there stays after a
@@ -182,39 +284,57 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// Whatever a crash or a stray editor leaves between the lines, every whole record
-        /// is read back, in order, and nothing else is taken for one.
+        /// Whatever a crash leaves at the end, every whole record is read back, in
+        /// order, and nothing else is taken for one; a line that is not a record anywhere
+        /// else stops the replay.
         #[test]
-        fn replay_reads_every_record_and_skips_what_is_not_one(
+        fn replay_reads_every_record_and_refuses_what_is_not_one(
             lines in prop::collection::vec(
                 prop_oneof![
                     (0u64..1_000_000).prop_map(Ok),
                     prop::collection::vec(any::<u8>(), 0..40).prop_map(Err),
                 ],
                 0..30,
-            )
+            ),
+            tail in prop::collection::vec(any::<u8>(), 0..40),
         ) {
             let dir = std::env::temp_dir().join(format!("tollgate-log-prop-{}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("dir");
             let path = dir.join("p.changes");
             let mut bytes = Vec::new();
             let mut want = Vec::new();
-            for l in &lines {
+            let mut damaged = None;
+            for (i, l) in lines.iter().enumerate() {
                 match l {
                     Ok(v) => {
                         let r = rec(&format!("c{v}"), *v);
                         bytes.extend(serde_json::to_vec(&r).expect("json"));
                         want.push(r);
                     }
-                    Err(junk) => bytes.extend(junk.iter().filter(|b| **b != b'\n')),
+                    Err(junk) => {
+                        let junk: Vec<u8> = junk.iter().copied().filter(|b| *b != b'\n').collect();
+                        if damaged.is_none() && !junk.iter().all(u8::is_ascii_whitespace) {
+                            damaged = Some(i + 1);
+                        }
+                        bytes.extend(junk);
+                    }
                 }
                 bytes.push(b'\n');
             }
+            // A torn last line: bytes without their newline.
+            bytes.extend(tail.iter().filter(|b| **b != b'\n'));
             std::fs::write(&path, &bytes).expect("write");
-            let (_, got) = Log::open(&path).expect("open");
-            // Random bytes are never a record's JSON (an object with a name and a
-            // version): what is read is exactly the records, in order.
-            prop_assert_eq!(got.records, want);
+            match (Log::open(&path), damaged) {
+                // Random bytes are never a record's JSON (an object with a name and a
+                // version): what is read is exactly the records, in order.
+                (Ok((_, got)), None) => prop_assert_eq!(got.records, want),
+                (Err(e), Some(line)) => prop_assert!(
+                    e.to_string().starts_with(&format!("line {line} ")),
+                    "{}", e
+                ),
+                (Ok(_), Some(line)) => prop_assert!(false, "line {} was skipped", line),
+                (Err(e), None) => prop_assert!(false, "refused: {}", e),
+            }
         }
     }
 
@@ -249,10 +369,13 @@ mod tests {
         let (mut log, r) = Log::open(&path).expect("reopen");
         assert_eq!(r.records.len(), 3);
         assert_eq!(r.skipped, vec![4]);
-        // The line after a torn one is a line of its own, read back whole.
+        // The torn line is cut off before the next one is written: it never ends up
+        // inside the log, where it would stop the replay.
         log.append_all(&[rec("carol", 4)]).expect("append");
         let (mut log, r) = Log::open(&path).expect("again");
         assert_eq!(r.records.last(), Some(&rec("carol", 4)));
+        assert_eq!(r.records.len(), 4);
+        assert!(r.skipped.is_empty());
         assert!(!log.wants_compaction(2));
         // A compaction in the background: a change appended while the records are
         // written aside is in the rewritten log too.
@@ -272,6 +395,67 @@ mod tests {
                 rec("bob", 6)
             ]
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_damaged_line_inside_the_log_or_a_record_out_of_bounds_stops_the_replay() {
+        let dir = std::env::temp_dir().join(format!("tollgate-log-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("c.changes");
+        let line = |r: &Managed| serde_json::to_string(r).expect("json");
+        let now_ms = 1_800_000_000_000;
+        let cases = [
+            // A deletion lost in the middle would bring the consumer back.
+            (
+                format!(
+                    "{}\n{{\"name\":\"ali\n{}\n",
+                    line(&rec("a", 1)),
+                    line(&rec("a", 3))
+                ),
+                2,
+                "not a consumer change",
+            ),
+            (format!("{}\n", line(&rec("a", u64::MAX))), 1, "a day ahead"),
+            (
+                format!("{}\n", line(&rec("a b", 1))),
+                1,
+                "not a consumer name",
+            ),
+            (
+                format!(
+                    "{}\n",
+                    line(&Managed {
+                        keys: vec![super::super::record::ManagedKey {
+                            id: "k".into(),
+                            sha256: "zz".into(),
+                            created: 0
+                        }],
+                        ..rec("a", 1)
+                    })
+                ),
+                1,
+                "not a SHA-256",
+            ),
+        ];
+        for (text, at, why) in cases {
+            std::fs::write(&path, &text).expect("write");
+            let e = Log::open_at(&path, now_ms).expect_err(&text);
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+            let said = e.to_string();
+            assert!(
+                said.starts_with(&format!("line {at} ")) && said.contains(why),
+                "{said}"
+            );
+        }
+        // A whole record that only lacks its newline is kept, and the next line is
+        // written after it.
+        std::fs::write(&path, line(&rec("a", 1))).expect("write");
+        let (mut log, r) = Log::open_at(&path, now_ms).expect("open");
+        assert_eq!(r.records, vec![rec("a", 1)]);
+        log.append_all(&[rec("b", 2)]).expect("append");
+        let (_, r) = Log::open_at(&path, now_ms).expect("reopen");
+        assert_eq!(r.records, vec![rec("a", 1), rec("b", 2)]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

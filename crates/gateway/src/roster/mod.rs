@@ -75,11 +75,17 @@ impl Roster {
     /// lines are skipped (and named in the log).
     pub fn open(path: &Path) -> std::io::Result<Roster> {
         let (log, replayed) = Log::open(path)?;
+        if replayed.missing {
+            tracing::info!(
+                path = %path.display(),
+                "no consumer change log yet: the first change through the admin API makes it"
+            );
+        }
         if !replayed.skipped.is_empty() {
             tracing::warn!(
                 path = %path.display(),
                 lines = ?replayed.skipped,
-                "consumer change log: lines that are not a record were skipped"
+                "consumer change log: a torn last line (a crash mid-write) was skipped; the next change cuts it off"
             );
         }
         let roster = Roster::default();
@@ -202,7 +208,7 @@ impl Roster {
     /// many were newer. Blocks on the disk: call it off the async threads.
     pub fn absorb(self: &Arc<Self>, records: Vec<Managed>) -> usize {
         let mut log = self.log.lock();
-        let now_ceiling = (unix_millis() + 86_400_000) << 10;
+        let now_ceiling = version_ceiling(unix_millis());
         let mut kept = Vec::new();
         for r in records {
             // A version more than a day ahead would freeze the consumer: refused.
@@ -216,7 +222,15 @@ impl Roster {
             }
         }
         if let (Some(l), false) = (log.as_mut(), kept.is_empty()) {
-            if let Err(e) = l.append_all(&kept) {
+            let written = if l.is_gone() {
+                tracing::warn!(path = %l.path().display(), "the consumer change log was removed or replaced; written again with every consumer");
+                let live: Vec<Arc<Managed>> =
+                    self.by_name.iter().map(|r| r.value().clone()).collect();
+                l.rewrite(live.iter().map(|r| r.as_ref()))
+            } else {
+                l.append_all(&kept)
+            };
+            if let Err(e) = written {
                 tracing::warn!(path = %l.path().display(), "shared consumer changes are applied but not logged: {e}");
             }
             self.compact_if_due(l);
@@ -261,11 +275,19 @@ impl Roster {
             }
         }
         if let Some(l) = log.as_mut() {
+            let path = l.path().display().to_string();
+            if l.is_gone() {
+                tracing::warn!(path = %path, "the consumer change log was removed or replaced; written again with every consumer");
+                let live: Vec<Arc<Managed>> =
+                    self.by_name.iter().map(|r| r.value().clone()).collect();
+                l.rewrite(live.iter().map(|r| r.as_ref()))
+                    .map_err(|source| RosterError::Log {
+                        path: path.clone(),
+                        source,
+                    })?;
+            }
             l.append_all(std::slice::from_ref(&r))
-                .map_err(|source| RosterError::Log {
-                    path: l.path().display().to_string(),
-                    source,
-                })?;
+                .map_err(|source| RosterError::Log { path, source })?;
         }
         self.apply_locked(r.clone());
         if let Some(out) = self.outbox.lock().as_ref() {
@@ -318,6 +340,12 @@ impl Roster {
             let _ = t.join();
         }
     }
+}
+
+/// The highest version taken with the clock at `now_ms`: a day ahead of it (a version
+/// beyond would freeze its consumer, no later change winning over it).
+fn version_ceiling(now_ms: u64) -> u64 {
+    now_ms.saturating_add(86_400_000) << 10
 }
 
 fn unix_millis() -> u64 {
@@ -417,5 +445,46 @@ mod tests {
         assert!(r.next_version() > gone.version);
         // A change dated far ahead is not taken from another node.
         assert_eq!(r.absorb(vec![rec("carol", 3, u64::MAX)]), 0);
+    }
+
+    #[test]
+    fn a_change_after_the_log_was_removed_or_replaced_writes_every_consumer_again() {
+        let dir = std::env::temp_dir().join(format!("tollgate-roster-gone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("c.changes");
+        let _ = std::fs::remove_file(&path);
+        let r = Arc::new(Roster::open(&path).expect("open"));
+        for (i, name) in ["alice", "bob"].iter().enumerate() {
+            r.update(name, |_| Ok::<_, RosterError>(rec(name, i as u8, 0)))
+                .expect("update");
+        }
+        let names = |path: &Path| -> Vec<String> {
+            let (_, got) = Log::open(path).expect("reopen");
+            let mut n: Vec<String> = got.records.into_iter().map(|m| m.name).collect();
+            n.sort();
+            n.dedup();
+            n
+        };
+        // Removed (a stray clean-up): the next change writes the whole roster.
+        std::fs::remove_file(&path).expect("remove");
+        r.update("carol", |_| Ok::<_, RosterError>(rec("carol", 7, 0)))
+            .expect("update");
+        assert_eq!(names(&path), ["alice", "bob", "carol"]);
+        // Emptied, or replaced by another file: the same.
+        std::fs::write(&path, "").expect("empty");
+        r.update("dave", |_| Ok::<_, RosterError>(rec("dave", 8, 0)))
+            .expect("update");
+        assert_eq!(names(&path), ["alice", "bob", "carol", "dave"]);
+        std::fs::write(dir.join("other"), "").expect("other");
+        std::fs::rename(dir.join("other"), &path).expect("replace");
+        r.update("dave", |_| Ok::<_, RosterError>(rec("dave", 8, 0)))
+            .expect("update");
+        assert_eq!(names(&path), ["alice", "bob", "carol", "dave"]);
+        // A shared change too.
+        std::fs::remove_file(&path).expect("remove");
+        let v = r.next_version();
+        assert_eq!(r.absorb(vec![rec("erin", 9, v)]), 1);
+        assert_eq!(names(&path), ["alice", "bob", "carol", "dave", "erin"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
