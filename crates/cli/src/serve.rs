@@ -111,6 +111,14 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
         );
         return ExitCode::FAILURE;
     }
+    let clash = gw.key_conflicts();
+    if !clash.is_empty() {
+        for p in &clash {
+            tracing::error!("config rejected: {p}");
+        }
+        tracing::error!("not starting: a key would name two consumers");
+        return ExitCode::FAILURE;
+    }
     if let (true, Some(e)) = (analytics_required, gw.analytics_error()) {
         tracing::error!("{e}; not starting, since `analytics.required` is true");
         return ExitCode::FAILURE;

@@ -1091,6 +1091,32 @@ fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
     gw.signal("-TERM");
     assert!(gw.child.wait().expect("wait").success());
 
+    // A config giving bob's key to one of its own consumers names two for one key: the
+    // gateway does not start.
+    let yaml = std::fs::read_to_string(&file).expect("config");
+    std::fs::write(
+        &file,
+        yaml.replace(
+            "{name: alice, keys: [t1]}",
+            &format!("{{name: alice, keys: [t1]}}, {{name: carol, keys: [\"{key}\"]}}"),
+        ),
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&file)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("consumer \"carol\" is given a key that consumer \"bob\" holds")
+            && err.contains("not starting"),
+        "{err}"
+    );
+    std::fs::write(&file, yaml).expect("write");
+
     // A line damaged inside the log (here the one revoking bob's second key) is not
     // skipped: that would bring the key back. The gateway does not start, and says which
     // line.

@@ -53,6 +53,12 @@ pub struct Consumers {
     key_list: Vec<KeyRef>,
     digests: Vec<KeyDigest>,
     by_digest: HashTable<KeyRef>,
+    /// Once the table is built: the first 8 bytes of each plain key's SHA-256, sorted,
+    /// and (`plain_digest_owners`, in the same order) its owner. The admin API gives keys
+    /// as digests; this finds a plain key of the config among them after the keys' bytes
+    /// are gone (12 bytes a key).
+    plain_digests: Vec<u64>,
+    plain_digest_owners: Vec<u32>,
     /// Random per table: keys are chosen by clients, so they cannot be aimed at one bucket.
     hasher: foldhash::fast::RandomState,
 }
@@ -105,6 +111,13 @@ fn key_at<'a>(keys: &'a [u8], list: &[KeyRef], k: usize) -> &'a [u8] {
     keys.get(start..list[k].at as usize).unwrap_or(&[])
 }
 
+/// A digest's first 8 bytes, as a number.
+fn digest_prefix(d: &KeyDigest) -> u64 {
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&d[..8]);
+    u64::from_be_bytes(first)
+}
+
 /// The SHA-256 digest of a key, as `key_sha256` entries give it.
 pub fn key_digest(key: &[u8]) -> KeyDigest {
     Sha256::digest(key).into()
@@ -122,6 +135,8 @@ impl Consumers {
             key_list: Vec::new(),
             digests: Vec::new(),
             by_digest: HashTable::new(),
+            plain_digests: Vec::new(),
+            plain_digest_owners: Vec::new(),
             hasher: foldhash::fast::RandomState::default(),
         }
     }
@@ -186,6 +201,20 @@ impl Consumers {
         self.by_digest
             .find(h, |r| self.digests[r.at as usize] == *d)
             .map(|r| r.owner as usize)
+    }
+
+    /// The consumer the config gives the key with this SHA-256, as a digest
+    /// (`key_sha256`) or as the key itself (`keys`, found by the digest's first 8 bytes:
+    /// two keys sharing them are one in 10^13 at a million keys).
+    pub fn digest_owner(&self, d: &KeyDigest) -> Option<usize> {
+        if let Some(owner) = self.by_digest(d) {
+            return Some(owner);
+        }
+        let prefix = digest_prefix(d);
+        self.plain_digests
+            .binary_search(&prefix)
+            .ok()
+            .map(|at| self.plain_digest_owners[at] as usize)
     }
 
     fn plain_owner(&self, key: &[u8]) -> Option<usize> {
@@ -293,8 +322,20 @@ impl Consumers {
     }
 
     /// Gives back memory reserved beyond what the table holds, and the plain keys' bytes:
-    /// lookups need only their fingerprints.
+    /// lookups need only their fingerprints (and [`Consumers::digest_owner`] the first
+    /// bytes of their digests, taken here).
     pub fn shrink_to_fit(&mut self) {
+        if !self.key_list.is_empty() {
+            let mut pairs: Vec<(u64, u32)> = (0..self.key_list.len())
+                .map(|k| {
+                    let d = key_digest(key_at(&self.keys, &self.key_list, k));
+                    (digest_prefix(&d), self.key_list[k].owner)
+                })
+                .collect();
+            pairs.sort_unstable();
+            self.plain_digests = pairs.iter().map(|p| p.0).collect();
+            self.plain_digest_owners = pairs.iter().map(|p| p.1).collect();
+        }
         let hasher = self.hasher.clone();
         self.names.shrink_to_fit();
         self.people.shrink_to_fit();
@@ -356,5 +397,25 @@ mod tests {
             t.push("e", None, &["k3", "k1"], &[]),
             Err(Conflict::Key { other: 0, at: 1 })
         );
+    }
+
+    #[test]
+    fn a_digest_finds_its_owner_among_plain_and_hashed_keys_once_the_bytes_are_gone() {
+        let mut t = Consumers::default();
+        for i in 0..1000u32 {
+            let k = format!("key-{i}");
+            assert_eq!(
+                t.push(&format!("c{i}"), None, &[k.as_str()], &[]),
+                Ok(i as usize)
+            );
+        }
+        assert_eq!(t.push("h", None, &[], &[key_digest(b"hashed")]), Ok(1000));
+        t.shrink_to_fit();
+        for i in [0u32, 1, 499, 999] {
+            let d = key_digest(format!("key-{i}").as_bytes());
+            assert_eq!(t.digest_owner(&d), Some(i as usize));
+        }
+        assert_eq!(t.digest_owner(&key_digest(b"hashed")), Some(1000));
+        assert_eq!(t.digest_owner(&key_digest(b"key-1000")), None);
     }
 }

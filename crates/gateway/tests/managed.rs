@@ -342,3 +342,82 @@ async fn a_change_on_one_node_reaches_every_node_within_a_second() {
     drop((a, b, c));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_key_names_one_consumer_whether_the_config_or_the_api_gives_it() {
+    let dir = tempdir("managed-clash");
+    let log = dir.join("consumers.changes");
+    let (backend, _) = inspect_backend().await;
+    let hashed = tollgate_config::consumers::key_digest(b"kc");
+    let hex = |d: [u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    // alice has `ka` as written, carol `kc` as its digest.
+    let yaml = config(backend, &log).replace(
+        "  - {name: alice, keys: [ka], plan: free}\n",
+        &format!(
+            "  - {{name: alice, keys: [ka], plan: free}}\n  - {{name: carol, key_sha256: [\"{}\"]}}\n",
+            hex(hashed)
+        ),
+    );
+    assert!(yaml.contains("carol"), "{yaml}");
+    let path = dir.join("tollgate.yaml");
+    std::fs::write(&path, &yaml).expect("write");
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    let ad = start_admin(&gw.gw, Some(TOKEN)).await;
+    let digest = |k: &[u8]| hex(tollgate_config::consumers::key_digest(k));
+
+    // The API may not give bob a key the config gives to alice or carol.
+    for (key, owner) in [(&b"ka"[..], "alice"), (b"kc", "carol")] {
+        let (s, v) = admin(
+            ad,
+            Method::PUT,
+            "/consumers/bob",
+            Some(json!({"key_sha256": [digest(b"kb"), digest(key)]})),
+        )
+        .await;
+        assert_eq!(s, 409, "{v}");
+        assert_eq!(
+            v["error"],
+            json!(format!(
+                "key_sha256[1]: the config gives this key to consumer \"{owner}\""
+            )),
+            "{v}"
+        );
+    }
+    assert_eq!(call(&gw, "/api/x", "ka").await.status, 200);
+    // Its own config key, given to alice through the API too, names alice still.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/alice",
+        Some(json!({"key_sha256": [digest(b"ka")]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/bob",
+        Some(json!({"plan": "gold", "key_sha256": [digest(b"kb")]})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+
+    // A reload giving bob's key to a consumer of the config is refused, and the old
+    // config keeps serving: `kb` is bob's.
+    std::fs::write(
+        &path,
+        yaml.replace(
+            "  - {name: alice, keys: [ka], plan: free}\n",
+            "  - {name: alice, keys: [ka], plan: free}\n  - {name: dave, keys: [kb]}\n",
+        ),
+    )
+    .expect("write");
+    let err = gw.gw.reload_file(&path).expect_err("refused").to_string();
+    assert!(
+        err.contains("consumers: consumer \"dave\" is given a key that consumer \"bob\" holds through the admin API"),
+        "{err}"
+    );
+    let a = call(&gw, "/api/x", "kb").await;
+    assert!(a.body.contains("x-consumer: bob\n"), "{}", a.body);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -287,8 +287,19 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
             let mut out = Vec::with_capacity(list.len());
             for (i, d) in list.iter().enumerate() {
                 match d.as_str().and_then(parse_digest) {
-                    Some(d) => {
-                        let d = hex(&d);
+                    Some(raw) => {
+                        // The config's keys are checked here; the API's own, under the
+                        // roster's lock.
+                        if let Some(o) = snap.config.consumers.digest_owner(&raw) {
+                            let listed = snap.config.consumers.name(o);
+                            if listed != name {
+                                return error(
+                                    StatusCode::CONFLICT,
+                                    &format!("key_sha256[{i}]: the config gives this key to consumer {listed:?}"),
+                                );
+                            }
+                        }
+                        let d = hex(&raw);
                         // Two of one key would share an id: revoking it would be ambiguous.
                         if let Some(j) = out.iter().position(|o| *o == d) {
                             return bad(format!("key_sha256[{i}] repeats key_sha256[{j}]"));

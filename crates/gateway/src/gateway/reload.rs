@@ -141,7 +141,17 @@ impl Gateway {
                     "the file is not UTF-8 text",
                 )])
             })
-            .and_then(|text| tollgate_config::from_text_of(text, path));
+            .and_then(|text| tollgate_config::from_text_of(text, path))
+            .and_then(|cfg| {
+                // A key the new config gives to one consumer and the admin API to
+                // another would name two: the config is refused.
+                let clash = self.snapshot().roster.key_conflicts(&cfg.consumers);
+                if clash.is_empty() {
+                    Ok(cfg)
+                } else {
+                    Err(ConfigError::invalid(clash))
+                }
+            });
         match parsed {
             Ok(cfg) => {
                 for w in &cfg.warnings {

@@ -86,6 +86,13 @@ impl Gateway {
         self.snapshot().roster.broken().map(str::to_string)
     }
 
+    /// Keys the running config gives to one consumer and the admin API to another, each
+    /// said as a config problem (checked at start; a reload with any is refused).
+    pub fn key_conflicts(&self) -> Vec<tollgate_config::Problem> {
+        let snap = self.snapshot();
+        snap.roster.key_conflicts(&snap.config.consumers)
+    }
+
     /// Time since the gateway started.
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()

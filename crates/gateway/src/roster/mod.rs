@@ -332,6 +332,37 @@ impl Roster {
         }
     }
 
+    /// Keys a config would give to one consumer while a record here gives them to
+    /// another, each as a problem with its place (`consumers`): one key, one consumer.
+    pub fn key_conflicts(
+        &self,
+        consumers: &tollgate_config::Consumers,
+    ) -> Vec<tollgate_config::Problem> {
+        let mut found = Vec::new();
+        for r in self.by_name.iter().filter(|r| !r.deleted) {
+            for k in &r.keys {
+                let Some(d) = parse_digest(&k.sha256) else {
+                    continue;
+                };
+                let Some(i) = consumers.digest_owner(&d) else {
+                    continue;
+                };
+                let listed = consumers.name(i);
+                if listed != r.name {
+                    found.push(tollgate_config::Problem::new(
+                        "consumers",
+                        format!(
+                            "consumer {listed:?} is given a key that consumer {:?} holds through the admin API (key {}); a key names one consumer: remove it from the config, or revoke it first (tollgate consumers key {} --revoke {})",
+                            r.name, k.id, r.name, k.id
+                        ),
+                    ));
+                }
+            }
+        }
+        found.sort_by(|a, b| a.message.cmp(&b.message));
+        found
+    }
+
     /// Waits for the compaction running, if any (tests; a shutdown need not: the old log
     /// stays whole until the new one replaces it).
     pub fn compacted(&self) {
