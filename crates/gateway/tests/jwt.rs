@@ -285,6 +285,8 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
     early["nbf"] = json!(now() + 120);
     let mut stringy = claims(&iss, "alice");
     stringy["exp"] = json!("9999999999");
+    let mut negative = claims(&iss, "alice");
+    negative["nbf"] = json!(-1);
     let mut no_exp = claims(&iss, "alice");
     no_exp.as_object_mut().expect("object").remove("exp");
     let mut wrong_aud = claims(&iss, "alice");
@@ -314,6 +316,7 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
         (good.sign(&expired), "token expired"),
         (good.sign(&early), "token not yet valid"),
         (good.sign(&stringy), "exp is not a number"),
+        (good.sign(&negative), "nbf is before 1970"),
         (good.sign(&no_exp), "token has no exp"),
         (
             good.sign(&claims("https://evil.example", "alice")),
@@ -356,6 +359,19 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
             format!(r#"Bearer error="invalid_token", error_description="{why}""#)
         );
     }
+    // `Bearer ` with nothing after it (the server drops the trailing space).
+    let a = TestClient::default()
+        .request(
+            Method::GET,
+            &gw.url("/orders/1"),
+            &[("authorization", "Bearer ")],
+            "",
+        )
+        .await;
+    assert_eq!(
+        challenge(&a),
+        r#"Bearer error="invalid_token", error_description="empty token""#
+    );
     // The same token twice: an answer of its own, as for two API keys.
     let t = format!("Bearer {}", good.sign(&claims(&iss, "alice")));
     let a = TestClient::default()
@@ -369,7 +385,7 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
     assert_eq!(a.status, 400);
     assert!(challenge(&a).starts_with(r#"Bearer error="invalid_request""#));
     let m = gw.gw.metrics_text();
-    assert!(m.contains(r#"reason="invalid_token"} 16"#), "{m}");
+    assert!(m.contains(r#"reason="invalid_token"} 18"#), "{m}");
 }
 
 #[tokio::test]

@@ -91,22 +91,18 @@ pub(super) async fn run(set: Weak<KeySet>, wake: Arc<Notify>, url: String, disco
                 wait
             }
         };
-        let failing = {
-            let mut h = s.health.lock();
-            h.next = Some(started + wait);
-            h.failing.is_some()
-        };
+        s.health.lock().next = Some(started + wait);
         s.settle();
         drop(s);
         tokio::select! {
             _ = tokio::time::sleep_until(started + wait) => {}
             // An unknown key id (or the set dropped): fetch now, but never sooner than
-            // MIN_REFETCH after the last fetch started; while the issuer fails, its backoff
-            // holds.
+            // MIN_REFETCH after the last fetch started. The backoff of a failing issuer
+            // spaces the scheduled tries only: a key published while it failed is fetched
+            // on its first token, as when it did not (one try per 10 s at most).
             _ = wake.notified() => {
-                let at = if failing { started + wait } else { started + MIN_REFETCH };
                 if set.strong_count() > 0 {
-                    tokio::time::sleep_until(at).await;
+                    tokio::time::sleep_until(started + MIN_REFETCH).await;
                 }
             }
         }

@@ -50,6 +50,10 @@ fn token(parts: &Parts) -> Result<Option<&str>, Refusal> {
         return Ok(None);
     };
     let Some((scheme, token)) = v.split_once(' ') else {
+        // `Bearer ` arrives as `Bearer`: the space after it is not part of the value.
+        if v.eq_ignore_ascii_case("bearer") {
+            return Err(Refusal::InvalidToken("empty token"));
+        }
         return Ok(None);
     };
     if !scheme.eq_ignore_ascii_case("bearer") {
@@ -245,6 +249,11 @@ fn time_claim(claims: &Map<String, Value>, name: &str) -> Result<Option<u64>, Re
         Some(v) => match (v.as_u64(), v.as_f64()) {
             (Some(n), _) => Ok(Some(n)),
             (None, Some(f)) if f >= 0.0 && f.is_finite() => Ok(Some(f as u64)),
+            (None, Some(_)) => Err(Refusal::InvalidToken(if name == "exp" {
+                "exp is before 1970"
+            } else {
+                "nbf is before 1970"
+            })),
             _ => Err(Refusal::InvalidToken(if name == "exp" {
                 "exp is not a number"
             } else {
@@ -358,9 +367,11 @@ mod tests {
             bearer(&req(&["Bearer a", "Bearer b"])),
             Err(Refusal::AmbiguousToken)
         ));
-        assert!(matches!(
-            bearer(&req(&["Bearer "])),
-            Err(Refusal::InvalidToken(_))
-        ));
+        for empty in ["Bearer ", "bearer", "BEARER   "] {
+            assert!(matches!(
+                bearer(&req(&[empty])),
+                Err(Refusal::InvalidToken("empty token"))
+            ));
+        }
     }
 }
