@@ -53,10 +53,9 @@ pub struct Consumers {
     key_list: Vec<KeyRef>,
     digests: Vec<KeyDigest>,
     by_digest: HashTable<KeyRef>,
-    /// Once the table is built: the first 8 bytes of each plain key's SHA-256, sorted,
-    /// and (`plain_digest_owners`, in the same order) its owner. The admin API gives keys
-    /// as digests; this finds a plain key of the config among them after the keys' bytes
-    /// are gone (12 bytes a key).
+    /// Where the admin API may give keys (as digests): the first 8 bytes of each plain
+    /// key's SHA-256, sorted, and (`plain_digest_owners`, in the same order) its owner,
+    /// to find a plain key of the config among digests once the keys' bytes are gone.
     plain_digests: Vec<u64>,
     plain_digest_owners: Vec<u32>,
     /// Random per table: keys are chosen by clients, so they cannot be aimed at one bucket.
@@ -321,21 +320,24 @@ impl Consumers {
         found
     }
 
+    /// Indexes the plain keys by the first 8 bytes of their SHA-256, for
+    /// [`Consumers::digest_owner`] (12 bytes a key, one SHA-256 each): called before
+    /// [`Consumers::shrink_to_fit`] drops their bytes, where the admin API may give keys.
+    pub fn index_plain_digests(&mut self) {
+        let mut pairs: Vec<(u64, u32)> = (0..self.key_list.len())
+            .map(|k| {
+                let d = key_digest(key_at(&self.keys, &self.key_list, k));
+                (digest_prefix(&d), self.key_list[k].owner)
+            })
+            .collect();
+        pairs.sort_unstable();
+        self.plain_digests = pairs.iter().map(|p| p.0).collect();
+        self.plain_digest_owners = pairs.iter().map(|p| p.1).collect();
+    }
+
     /// Gives back memory reserved beyond what the table holds, and the plain keys' bytes:
-    /// lookups need only their fingerprints (and [`Consumers::digest_owner`] the first
-    /// bytes of their digests, taken here).
+    /// lookups need only their fingerprints.
     pub fn shrink_to_fit(&mut self) {
-        if !self.key_list.is_empty() {
-            let mut pairs: Vec<(u64, u32)> = (0..self.key_list.len())
-                .map(|k| {
-                    let d = key_digest(key_at(&self.keys, &self.key_list, k));
-                    (digest_prefix(&d), self.key_list[k].owner)
-                })
-                .collect();
-            pairs.sort_unstable();
-            self.plain_digests = pairs.iter().map(|p| p.0).collect();
-            self.plain_digest_owners = pairs.iter().map(|p| p.1).collect();
-        }
         let hasher = self.hasher.clone();
         self.names.shrink_to_fit();
         self.people.shrink_to_fit();
@@ -410,6 +412,7 @@ mod tests {
             );
         }
         assert_eq!(t.push("h", None, &[], &[key_digest(b"hashed")]), Ok(1000));
+        t.index_plain_digests();
         t.shrink_to_fit();
         for i in [0u32, 1, 499, 999] {
             let d = key_digest(format!("key-{i}").as_bytes());

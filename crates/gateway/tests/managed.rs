@@ -359,6 +359,13 @@ async fn a_key_names_one_consumer_whether_the_config_or_the_api_gives_it() {
         ),
     );
     assert!(yaml.contains("carol"), "{yaml}");
+    // With `admin:` on, the config's plain keys are indexed by digest (this test serves
+    // the admin API itself, on a port of its own).
+    std::fs::write(dir.join("admin.token"), TOKEN).expect("token");
+    let yaml = format!(
+        "{yaml}admin: {{address: \"127.0.0.1:9\", token_file: \"{}\"}}\n",
+        dir.join("admin.token").display()
+    );
     let path = dir.join("tollgate.yaml");
     std::fs::write(&path, &yaml).expect("write");
     let gw = TestGateway::start(&yaml, SystemClock::new()).await;

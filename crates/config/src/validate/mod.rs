@@ -46,6 +46,7 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
         raw.consumers_file.as_deref(),
         base,
         &plan_index,
+        may_manage_keys(&raw, base),
         &mut p,
     );
     let consumer_index = &consumers;
@@ -369,11 +370,26 @@ fn plans(
 
 /// Inline consumers, then those of `consumers_file`, into one table; a name or key used
 /// twice (in either place, plain or hashed) is an error.
+/// Whether the admin API may give keys beside this config's: it is on, or nodes share
+/// its changes (`cluster:`), or the change log holds some already. Only then are the
+/// config's plain keys indexed by digest (one key, one consumer, checked both ways).
+fn may_manage_keys(raw: &file::FileConfig, base: &Path) -> bool {
+    let log = match (&raw.consumers_log, &raw.consumers_file) {
+        (Some(l), _) => Some(base.join(l.trim())),
+        (None, Some(f)) => Some(base.join(format!("{f}.changes"))),
+        (None, None) => None,
+    };
+    raw.admin.is_some()
+        || raw.cluster.is_some()
+        || log.is_some_and(|l| std::fs::metadata(l).is_ok_and(|m| m.len() > 0))
+}
+
 fn consumers(
     raw: &[file::Consumer],
     file_name: Option<&str>,
     base: &Path,
     plan_index: &HashMap<String, usize>,
+    index_digests: bool,
     p: &mut Problems,
 ) -> (Consumers, Option<ConsumersFile>) {
     let mut table = Consumers::with_capacity(raw.len(), raw.len());
@@ -479,6 +495,9 @@ fn consumers(
                 table.name(hashed)
             ),
         );
+    }
+    if index_digests {
+        table.index_plain_digests();
     }
     table.shrink_to_fit();
     (table, source)
