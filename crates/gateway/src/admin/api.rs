@@ -214,7 +214,7 @@ pub async fn purge(gw: &Gateway, req: Request<Incoming>) -> Answer {
         Ok(b) => b.to_bytes(),
         Err(_) => return bad("the body must be JSON of at most 64KiB"),
     };
-    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+    let Ok(v) = super::strict::parse(&body) else {
         return bad(
             "the body must be JSON: {\"url\": …}, {\"prefix\": …}, {\"tag\": …} or {\"all\": true}",
         );

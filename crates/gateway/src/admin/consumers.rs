@@ -163,7 +163,7 @@ async fn read_json(req: Request<Incoming>) -> Result<Value, Answer> {
     if body.is_empty() {
         return Ok(j!({}));
     }
-    serde_json::from_slice(&body).map_err(|e| bad(&format!("the body is not JSON: {e}")))
+    super::strict::parse(&body).map_err(|e| bad(&format!("the body is not JSON: {e}")))
 }
 
 /// Why a change was not made.

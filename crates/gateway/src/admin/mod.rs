@@ -10,6 +10,7 @@
 mod answer;
 mod api;
 mod consumers;
+mod strict;
 
 use answer::{answer, error, json, Answer, JSON};
 
