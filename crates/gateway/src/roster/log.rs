@@ -26,10 +26,9 @@ pub struct Log {
     /// The file ends without a newline: where to cut it before the next line (a torn
     /// last line is dropped; a whole record that only lacks its newline is kept).
     torn: Option<u64>,
-    /// The file the log was opened or last written as (device, inode, length): a change
-    /// finding another file at the path, or none, or this one cut short, writes the log
-    /// whole again.
-    identity: Option<(u64, u64, u64)>,
+    /// The file as the log last read or wrote it: a change finding another file at the
+    /// path, or none, or this one changed by another hand, writes the log whole again.
+    identity: Option<Identity>,
     /// While a compaction runs: the records appended since it began.
     compacting: Option<Vec<Managed>>,
 }
@@ -142,17 +141,26 @@ impl Log {
             && identity_of(&self.path) != self.identity
     }
 
+    /// Whether the path names the file as this log left it.
+    fn still_ours(&self, file: &File) -> bool {
+        let mine = file.metadata().ok().map(|m| Identity::of(&m));
+        mine.is_some() && identity_of(&self.path) == mine
+    }
+
     /// Writes `live` as the whole log (aside, synced, renamed over the path): the log
     /// after its file was removed or replaced.
     pub fn rewrite<'a>(&mut self, live: impl Iterator<Item = &'a Managed>) -> std::io::Result<()> {
         let aside = self.path.with_extension("rewriting");
         let written = Log::write_aside(&aside, live)?;
+        // Opened before it is renamed: the handle is the file written, whatever is at the
+        // path by the time the next change looks.
+        let file = OpenOptions::new().append(true).open(&aside)?;
         std::fs::rename(&aside, &self.path)?;
         sync_dir(&self.path);
-        self.file = Some(OpenOptions::new().append(true).open(&self.path)?);
+        self.identity = Some(Identity::of(&file.metadata()?));
+        self.file = Some(file);
         self.lines = written;
         self.torn = None;
-        self.identity = identity_of(&self.path);
         Ok(())
     }
 
@@ -161,8 +169,11 @@ impl Log {
         &self.path
     }
 
-    /// Appends records and syncs them to disk, once for all.
-    pub fn append_all(&mut self, records: &[Managed]) -> std::io::Result<()> {
+    /// Appends records and syncs them to disk, once for all. Returns whether the file
+    /// was as this log left it throughout: `false` when another hand changed it (removed,
+    /// emptied, written to) between the last change and this one's end, and what it holds
+    /// must be written whole again.
+    pub fn append_all(&mut self, records: &[Managed]) -> std::io::Result<bool> {
         let mut out = Vec::new();
         for r in records {
             serde_json::to_writer(&mut out, r)?;
@@ -178,11 +189,13 @@ impl Log {
                     .open(&self.path)?,
             ),
         };
+        let mut before = file.metadata()?;
+        let mut clean = self.identity.is_none_or(|id| id == Identity::of(&before));
         if let Some(cut) = self.torn {
             // A torn line is cut off; a whole record that lacked its newline gets one.
-            let len = file.metadata()?.len();
-            if cut < len {
+            if cut < before.len() {
                 file.set_len(cut)?;
+                before = file.metadata()?;
             } else {
                 out.insert(0, b'\n');
             }
@@ -193,12 +206,16 @@ impl Log {
         if made {
             sync_dir(&self.path);
         }
-        self.identity = identity_of(&self.path);
+        let after = file.metadata()?;
+        clean &= after.len() == before.len() + out.len() as u64;
+        self.identity = Some(Identity::of(&after));
+        let file = self.file.as_ref().map(|f| self.still_ours(f));
+        clean &= file == Some(true);
         self.lines += records.len() as u64;
         if let Some(since) = &mut self.compacting {
             since.extend(records.iter().cloned());
         }
-        Ok(())
+        Ok(clean)
     }
 
     /// Whether the log holds enough dead lines to be rewritten, given `live` records.
@@ -248,10 +265,11 @@ impl Log {
         f.sync_all()?;
         std::fs::rename(aside, &self.path)?;
         sync_dir(&self.path);
-        self.file = Some(OpenOptions::new().append(true).open(&self.path)?);
+        let file = OpenOptions::new().append(true).open(&self.path)?;
+        self.identity = Some(Identity::of(&file.metadata()?));
+        self.file = Some(file);
         self.lines = written + since.len() as u64;
         self.torn = None;
-        self.identity = identity_of(&self.path);
         Ok(())
     }
 
@@ -262,12 +280,31 @@ impl Log {
     }
 }
 
-/// The device, inode and length of the file `path` names now, if any.
-fn identity_of(path: &Path) -> Option<(u64, u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino(), m.len()))
+/// What tells one state of a file from another: device, inode, length and the time of
+/// its last change (a write of the same length by another hand moves it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl Identity {
+    fn of(m: &std::fs::Metadata) -> Identity {
+        use std::os::unix::fs::MetadataExt;
+        Identity {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        }
+    }
+}
+
+/// The state of the file `path` names now, if any.
+fn identity_of(path: &Path) -> Option<Identity> {
+    std::fs::metadata(path).ok().map(|m| Identity::of(&m))
 }
 
 /// Syncs the folder holding `path`, so that a file made or renamed there stays after a

@@ -222,15 +222,7 @@ impl Roster {
             }
         }
         if let (Some(l), false) = (log.as_mut(), kept.is_empty()) {
-            let written = if l.is_gone() {
-                tracing::warn!(path = %l.path().display(), "the consumer change log was removed or replaced; written again with every consumer");
-                let live: Vec<Arc<Managed>> =
-                    self.by_name.iter().map(|r| r.value().clone()).collect();
-                l.rewrite(live.iter().map(|r| r.as_ref()))
-            } else {
-                l.append_all(&kept)
-            };
-            if let Err(e) = written {
+            if let Err(e) = self.keep(l, &kept) {
                 tracing::warn!(path = %l.path().display(), "shared consumer changes are applied but not logged: {e}");
             }
             self.compact_if_due(l);
@@ -275,19 +267,11 @@ impl Roster {
             }
         }
         if let Some(l) = log.as_mut() {
-            let path = l.path().display().to_string();
-            if l.is_gone() {
-                tracing::warn!(path = %path, "the consumer change log was removed or replaced; written again with every consumer");
-                let live: Vec<Arc<Managed>> =
-                    self.by_name.iter().map(|r| r.value().clone()).collect();
-                l.rewrite(live.iter().map(|r| r.as_ref()))
-                    .map_err(|source| RosterError::Log {
-                        path: path.clone(),
-                        source,
-                    })?;
-            }
-            l.append_all(std::slice::from_ref(&r))
-                .map_err(|source| RosterError::Log { path, source })?;
+            self.keep(l, std::slice::from_ref(&r))
+                .map_err(|source| RosterError::Log {
+                    path: l.path().display().to_string(),
+                    source,
+                })?;
         }
         self.apply_locked(r.clone());
         if let Some(out) = self.outbox.lock().as_ref() {
@@ -297,6 +281,24 @@ impl Roster {
             self.compact_if_due(l);
         }
         Ok(r)
+    }
+
+    /// Writes `new` records to the log: appended, or, when another hand removed, replaced
+    /// or changed the file since the last change, the whole roster written again with them
+    /// (those of their names replaced). Under the log's lock.
+    fn keep(&self, l: &mut Log, new: &[Managed]) -> std::io::Result<()> {
+        if !l.is_gone() && l.append_all(new)? {
+            return Ok(());
+        }
+        tracing::warn!(path = %l.path().display(), "the consumer change log was removed, replaced or changed by another hand; written again with every consumer");
+        let names: std::collections::HashSet<&str> = new.iter().map(|r| r.name.as_str()).collect();
+        let live: Vec<Arc<Managed>> = self
+            .by_name
+            .iter()
+            .filter(|r| !names.contains(r.key().as_ref()))
+            .map(|r| r.value().clone())
+            .collect();
+        l.rewrite(live.iter().map(|r| r.as_ref()).chain(new.iter()))
     }
 
     /// Rewrites the log with one line per record, on a thread of its own, when it has
@@ -516,6 +518,52 @@ mod tests {
         let v = r.next_version();
         assert_eq!(r.absorb(vec![rec("erin", 9, v)]), 1);
         assert_eq!(names(&path), ["alice", "bob", "carol", "dave", "erin"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_log_removed_while_changes_are_made_ends_up_holding_every_consumer() {
+        let dir = std::env::temp_dir().join(format!("tollgate-roster-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("c.changes");
+        let _ = std::fs::remove_file(&path);
+        let r = Arc::new(Roster::open(&path).expect("open"));
+        let writers: Vec<_> = (0..2u8)
+            .map(|t| {
+                let r = r.clone();
+                std::thread::spawn(move || {
+                    for i in 0..150u8 {
+                        let name = format!("w{t}-{i}");
+                        r.update(&name, |_| {
+                            let mut m = rec(&name, 0, 0);
+                            m.keys.clear();
+                            Ok::<_, RosterError>(m)
+                        })
+                        .expect("update");
+                    }
+                })
+            })
+            .collect();
+        // Removed and emptied again and again while the writers go on.
+        for i in 0..40 {
+            if i % 2 == 0 {
+                let _ = std::fs::remove_file(&path);
+            } else {
+                let _ = std::fs::write(&path, "");
+            }
+            std::thread::yield_now();
+        }
+        for w in writers {
+            w.join().expect("writer");
+        }
+        // One change after the last removal: what the log holds is every consumer.
+        r.update("last", |_| Ok::<_, RosterError>(rec("last", 9, 0)))
+            .expect("update");
+        r.compacted();
+        let (_, got) = Log::open(&path).expect("reopen");
+        let names: std::collections::HashSet<String> =
+            got.records.into_iter().map(|m| m.name).collect();
+        assert_eq!(names.len(), 301, "{} consumers in the log", names.len());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
