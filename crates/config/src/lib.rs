@@ -39,6 +39,12 @@ pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
 /// Parses and validates a config from YAML text, reading relative file names from `base`.
 /// Every problem is reported, parse-level ones included, each with its place in the file.
 pub fn from_yaml_in(text: &str, base: &Path) -> Result<Config, ConfigError> {
+    from_yaml_with(text, base, false)
+}
+
+/// [`from_yaml_in`], with the config's plain keys indexed by digest whatever the file says
+/// when `index_digests` (a running gateway whose admin API may give keys).
+fn from_yaml_with(text: &str, base: &Path, index_digests: bool) -> Result<Config, ConfigError> {
     // Positions take a second parse of the text: only for a file with problems.
     let placed = |ps: Vec<Problem>, ws: Vec<Problem>| {
         let positions = parse::Positions::of(text);
@@ -60,7 +66,7 @@ pub fn from_yaml_in(text: &str, base: &Path) -> Result<Config, ConfigError> {
                     .is_some_and(|rest| rest.starts_with(['.', '[']))
         })
     };
-    let warnings = match validate::validate(parsed.file, base) {
+    let warnings = match validate::validate(parsed.file, base, index_digests) {
         Ok(mut cfg) if problems.is_empty() => {
             if !cfg.warnings.is_empty() {
                 let positions = parse::Positions::of(text);
@@ -96,8 +102,16 @@ pub fn from_path(path: &Path) -> Result<Config, ConfigError> {
 /// Parses and validates `text`, read from the config file at `path` (relative file names
 /// in it are read beside it), and checks that the files it writes are not the file itself.
 pub fn from_text_of(text: &str, path: &Path) -> Result<Config, ConfigError> {
+    from_text_for(text, path, false)
+}
+
+/// [`from_text_of`] for a running gateway: `manages_keys` when its admin API may give keys
+/// (it started with `admin:` or `cluster:`, or manages consumers already), so that the
+/// config's plain keys are indexed by digest even if the new file drops `admin:` (which
+/// takes effect at the next restart).
+pub fn from_text_for(text: &str, path: &Path, manages_keys: bool) -> Result<Config, ConfigError> {
     let base = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let cfg = from_yaml_in(text, base.unwrap_or(Path::new(".")))?;
+    let cfg = from_yaml_with(text, base.unwrap_or(Path::new(".")), manages_keys)?;
     // The change log is appended to: naming the config file itself would spoil it.
     if cfg
         .consumers_log

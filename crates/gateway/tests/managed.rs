@@ -372,6 +372,30 @@ async fn a_key_names_one_consumer_whether_the_config_or_the_api_gives_it() {
     let ad = start_admin(&gw.gw, Some(TOKEN)).await;
     let digest = |k: &[u8]| hex(tollgate_config::consumers::key_digest(k));
 
+    // A reload that drops `admin:` (which takes effect at the next restart: the API goes
+    // on) still has the config's plain keys checked, though no change is logged yet.
+    let without_admin = yaml[..yaml.find("admin:").expect("admin")].replace(
+        "  - {name: alice, keys: [ka], plan: free}\n",
+        "  - {name: alice, keys: [ka], plan: free}\n  - {name: erin, keys: [ke]}\n",
+    );
+    std::fs::write(&path, &without_admin).expect("write");
+    gw.gw.reload_file(&path).expect("reload");
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/bob",
+        Some(json!({"key_sha256": [digest(b"ke")]})),
+    )
+    .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(
+        v["error"],
+        json!("key_sha256[0]: the config gives this key to consumer \"erin\""),
+        "{v}"
+    );
+    std::fs::write(&path, &yaml).expect("write");
+    gw.gw.reload_file(&path).expect("reload");
+
     // The API may not give bob a key the config gives to alice or carol.
     for (key, owner) in [(&b"ka"[..], "alice"), (b"kc", "carol")] {
         let (s, v) = admin(
@@ -426,5 +450,6 @@ async fn a_key_names_one_consumer_whether_the_config_or_the_api_gives_it() {
     );
     let a = call(&gw, "/api/x", "kb").await;
     assert!(a.body.contains("x-consumer: bob\n"), "{}", a.body);
+
     let _ = std::fs::remove_dir_all(&dir);
 }

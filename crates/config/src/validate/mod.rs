@@ -22,7 +22,11 @@ use std::path::Path;
 use std::time::Duration;
 
 /// Validates `raw`; relative file names in it are read from `base`.
-pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, ConfigError> {
+pub(crate) fn validate(
+    raw: file::FileConfig,
+    base: &Path,
+    index_digests: bool,
+) -> Result<Config, ConfigError> {
     let mut p = Problems::default();
 
     let server = ServerConfig {
@@ -46,7 +50,7 @@ pub(crate) fn validate(raw: file::FileConfig, base: &Path) -> Result<Config, Con
         raw.consumers_file.as_deref(),
         base,
         &plan_index,
-        may_manage_keys(&raw, base),
+        index_digests || may_manage_keys(&raw, base),
         &mut p,
     );
     let consumer_index = &consumers;
@@ -368,14 +372,12 @@ fn plans(
     (out, index)
 }
 
-/// Inline consumers, then those of `consumers_file`, into one table; a name or key used
-/// twice (in either place, plain or hashed) is an error.
 /// Whether the admin API may give keys beside this config's: it is on, or nodes share
 /// its changes (`cluster:`), or the change log holds some already. Only then are the
 /// config's plain keys indexed by digest (one key, one consumer, checked both ways).
 fn may_manage_keys(raw: &file::FileConfig, base: &Path) -> bool {
     let log = match (&raw.consumers_log, &raw.consumers_file) {
-        (Some(l), _) => Some(base.join(l.trim())),
+        (Some(l), _) => Some(base.join(l)),
         (None, Some(f)) => Some(base.join(format!("{f}.changes"))),
         (None, None) => None,
     };
@@ -384,6 +386,8 @@ fn may_manage_keys(raw: &file::FileConfig, base: &Path) -> bool {
         || log.is_some_and(|l| std::fs::metadata(l).is_ok_and(|m| m.len() > 0))
 }
 
+/// Inline consumers, then those of `consumers_file`, into one table; a name or key used
+/// twice (in either place, plain or hashed) is an error.
 fn consumers(
     raw: &[file::Consumer],
     file_name: Option<&str>,

@@ -288,17 +288,6 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
             for (i, d) in list.iter().enumerate() {
                 match d.as_str().and_then(parse_digest) {
                     Some(raw) => {
-                        // The config's keys are checked here; the API's own, under the
-                        // roster's lock.
-                        if let Some(o) = snap.config.consumers.digest_owner(&raw) {
-                            let listed = snap.config.consumers.name(o);
-                            if listed != name {
-                                return error(
-                                    StatusCode::CONFLICT,
-                                    &format!("key_sha256[{i}]: the config gives this key to consumer {listed:?}"),
-                                );
-                            }
-                        }
                         let d = hex(&raw);
                         // Two of one key would share an id: revoking it would be ambiguous.
                         if let Some(j) = out.iter().position(|o| *o == d) {
@@ -324,7 +313,24 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
     };
     let listed = Listed::of(snap, name);
     let owned = name.to_string();
+    let gw_now = gw.clone();
     let made = change(gw, name, move |now| {
+        // The config's keys are checked under the roster's lock, against the config
+        // running then: a reload checks the records and swaps under the same lock.
+        if let Some(list) = &digests {
+            let snap = gw_now.snapshot();
+            for (i, d) in list.iter().enumerate() {
+                let owner = parse_digest(d).and_then(|d| snap.config.consumers.digest_owner(&d));
+                if let Some(o) = owner {
+                    let listed = snap.config.consumers.name(o);
+                    if listed != owned {
+                        return Err(Refused::Conflict(format!(
+                            "key_sha256[{i}]: the config gives this key to consumer {listed:?}"
+                        )));
+                    }
+                }
+            }
+        }
         let start = listed.start(now, &owned);
         let created = start.is_none();
         let mut r = start.unwrap_or_else(|| Managed {

@@ -141,52 +141,63 @@ impl Gateway {
                     "the file is not UTF-8 text",
                 )])
             })
-            .and_then(|text| tollgate_config::from_text_of(text, path))
-            .and_then(|cfg| {
-                // A key the new config gives to one consumer and the admin API to
-                // another would name two: the config is refused.
-                let clash = self.snapshot().roster.key_conflicts(&cfg.consumers);
-                if clash.is_empty() {
-                    Ok(cfg)
-                } else {
-                    Err(ConfigError::invalid(clash))
-                }
+            .and_then(|text| {
+                let manages = self.manages_keys || !self.snapshot().roster.is_empty();
+                tollgate_config::from_text_for(text, path, manages)
             });
         match parsed {
             Ok(cfg) => {
                 for w in &cfg.warnings {
                     tracing::warn!(path = %path.display(), "{w}");
                 }
-                // Recorded before the swap, so whoever sees the new generation also sees
-                // its content as running (and does not apply it again).
-                self.loaded_from(bytes);
-                self.rejected.store(0, Ordering::Relaxed);
-                self.apply(cfg);
+                // A key the new config gives to one consumer and the admin API to
+                // another would name two: refused. Checked and swapped in with no
+                // change of a consumer in between.
+                let roster = self.snapshot().roster.clone();
+                let applied = roster.unchanged(|| {
+                    let clash = roster.key_conflicts(&cfg.consumers);
+                    if !clash.is_empty() {
+                        return Err(ConfigError::invalid(clash));
+                    }
+                    // Recorded before the swap, so whoever sees the new generation also
+                    // sees its content as running (and does not apply it again).
+                    self.loaded_from(bytes);
+                    self.rejected.store(0, Ordering::Relaxed);
+                    self.apply(cfg);
+                    Ok(())
+                });
+                if let Err(e) = applied {
+                    return Err(self.rejected_with(path, bytes, e));
+                }
                 tracing::info!(path = %path.display(), generation = self.status.borrow().generation, "config reloaded");
                 Ok(())
             }
-            Err(e) => {
-                let text = e.to_string();
-                let fp = fingerprint(bytes);
-                // The same content failing the same way (`SIGHUP` after the watcher, or the
-                // other way round) is one rejection: counted and logged once. A file it
-                // names may have been mended since, so the content is always tried.
-                let again = self.rejected.swap(fp, Ordering::Relaxed) == fp
-                    && self.status.borrow().last_error.as_deref() == Some(text.as_str());
-                if again {
-                    tracing::info!(path = %path.display(), "config rejected again, with the same problems as before; old config keeps serving");
-                    return Err(e);
-                }
-                self.metrics.reload_errors.inc();
-                for p in e.problems() {
-                    tracing::error!(path = %path.display(), "config rejected, old config keeps serving: {p}");
-                }
-                for w in e.warnings() {
-                    tracing::warn!(path = %path.display(), "{w}");
-                }
-                self.status.send_modify(|s| s.last_error = Some(text));
-                Err(e)
-            }
+            Err(e) => Err(self.rejected_with(path, bytes, e)),
         }
+    }
+
+    /// Records a rejected reload of `bytes` (counted and logged once for the same content
+    /// failing the same way) and gives its error back.
+    fn rejected_with(&self, path: &Path, bytes: &[u8], e: ConfigError) -> ConfigError {
+        let text = e.to_string();
+        let fp = fingerprint(bytes);
+        // The same content failing the same way (`SIGHUP` after the watcher, or the other
+        // way round) is one rejection: counted and logged once. A file it names may have
+        // been mended since, so the content is always tried.
+        let again = self.rejected.swap(fp, Ordering::Relaxed) == fp
+            && self.status.borrow().last_error.as_deref() == Some(text.as_str());
+        if again {
+            tracing::info!(path = %path.display(), "config rejected again, with the same problems as before; old config keeps serving");
+            return e;
+        }
+        self.metrics.reload_errors.inc();
+        for p in e.problems() {
+            tracing::error!(path = %path.display(), "config rejected, old config keeps serving: {p}");
+        }
+        for w in e.warnings() {
+            tracing::warn!(path = %path.display(), "{w}");
+        }
+        self.status.send_modify(|s| s.last_error = Some(text));
+        e
     }
 }

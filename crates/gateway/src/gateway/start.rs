@@ -146,7 +146,11 @@ impl Gateway {
             snapshot.config.cache.max_object_size,
         );
         metrics.report(cache.clone());
+        // Admin and cluster changes take effect at a restart: what this gateway starts
+        // with says whether keys may come from the admin API until then.
+        let manages_keys = snapshot.config.admin.is_some() || snapshot.config.cluster.is_some();
         let gw = Arc::new(Gateway {
+            manages_keys,
             snapshot: ArcSwap::from_pointee(snapshot),
             cache,
             running: AtomicU64::new(0),

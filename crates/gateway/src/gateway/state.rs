@@ -56,6 +56,9 @@ pub struct Gateway {
     pub(super) state: Option<Arc<StateStore>>,
     /// The last minutes of the request series, for the dashboard.
     pub(super) series: crate::observe::series::Series,
+    /// Whether the admin API (or another node) may give keys: `admin:` or `cluster:` at
+    /// start. A reload indexes the config's plain keys by digest then, whatever it says.
+    pub(super) manages_keys: bool,
 }
 
 impl std::fmt::Debug for Gateway {

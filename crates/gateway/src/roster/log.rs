@@ -44,10 +44,14 @@ pub struct Replayed {
     pub missing: bool,
 }
 
+/// The highest version a log may hold: 10^13 ms (the year 2286), times 1024. One near
+/// `u64::MAX` would freeze its consumer (no later change could win over it); the clock is
+/// not the bound, so that a machine that starts with its clock behind still reads its log.
+const MAX_VERSION: u64 = 10_000_000_000_000 << 10;
+
 /// A record as the admin API writes it: a valid name, keys as 64 hex digits, a version
-/// no more than a day ahead of the clock (one beyond would freeze the consumer: no later
-/// change could win over it).
-fn check(r: &Managed, now_ms: u64) -> Result<(), String> {
+/// below [`MAX_VERSION`].
+fn check(r: &Managed) -> Result<(), String> {
     if !super::record::valid_name(&r.name) {
         return Err(format!("{:?} is not a consumer name", r.name));
     }
@@ -58,9 +62,9 @@ fn check(r: &Managed, now_ms: u64) -> Result<(), String> {
     {
         return Err(format!("key {:?} is not a SHA-256 digest", k.id));
     }
-    if r.version > super::version_ceiling(now_ms) {
+    if r.version > MAX_VERSION {
         return Err(format!(
-            "version {} is more than a day ahead of the clock",
+            "version {} is past the year 2286 (versions are milliseconds times 1024)",
             r.version
         ));
     }
@@ -69,14 +73,10 @@ fn check(r: &Managed, now_ms: u64) -> Result<(), String> {
 
 impl Log {
     /// Opens the log at `path` (made by the first change) and reads what it holds. A torn
-    /// last line is skipped and named; any other line that is not a valid record, or a
-    /// log that cannot be read, is an error naming the line.
+    /// last line (one that is not JSON and lacks its newline) is skipped and named; any
+    /// other line that is not a valid record, or a log that cannot be read, is an error
+    /// naming the line.
     pub fn open(path: &Path) -> std::io::Result<(Log, Replayed)> {
-        Log::open_at(path, super::unix_millis())
-    }
-
-    /// [`Log::open`] with the clock's time in milliseconds given.
-    pub fn open_at(path: &Path, now_ms: u64) -> std::io::Result<(Log, Replayed)> {
         let mut replayed = Replayed::default();
         let mut lines = 0;
         let mut torn = None;
@@ -101,11 +101,9 @@ impl Log {
                         continue;
                     }
                     let is_torn = !ends_whole && i + 1 == count;
-                    let parsed = serde_json::from_slice::<Managed>(line)
-                        .map_err(|e| e.to_string())
-                        .and_then(|r| check(&r, now_ms).map(|()| r));
-                    match parsed {
+                    match serde_json::from_slice::<Managed>(line) {
                         Ok(r) => {
+                            check(&r).map_err(|why| damaged(i + 1, why))?;
                             lines += 1;
                             replayed.records.push(r);
                         }
@@ -113,7 +111,7 @@ impl Log {
                             replayed.skipped.push(i + 1);
                             torn = Some(last_start as u64);
                         }
-                        Err(why) => return Err(damaged(i + 1, why)),
+                        Err(e) => return Err(damaged(i + 1, e.to_string())),
                     }
                 }
             }
@@ -441,7 +439,6 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("c.changes");
         let line = |r: &Managed| serde_json::to_string(r).expect("json");
-        let now_ms = 1_800_000_000_000;
         let cases = [
             // A deletion lost in the middle would bring the consumer back.
             (
@@ -453,7 +450,17 @@ mod tests {
                 2,
                 "not a consumer change",
             ),
-            (format!("{}\n", line(&rec("a", u64::MAX))), 1, "a day ahead"),
+            (
+                format!("{}\n", line(&rec("a", u64::MAX))),
+                1,
+                "past the year 2286",
+            ),
+            // A whole record that lacks only its newline is no torn line: checked too.
+            (
+                format!("{}\n{}", line(&rec("a", 1)), line(&rec("a b", 2))),
+                2,
+                "not a consumer name",
+            ),
             (
                 format!("{}\n", line(&rec("a b", 1))),
                 1,
@@ -477,7 +484,7 @@ mod tests {
         ];
         for (text, at, why) in cases {
             std::fs::write(&path, &text).expect("write");
-            let e = Log::open_at(&path, now_ms).expect_err(&text);
+            let e = Log::open(&path).expect_err(&text);
             assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
             let said = e.to_string();
             assert!(
@@ -488,10 +495,10 @@ mod tests {
         // A whole record that only lacks its newline is kept, and the next line is
         // written after it.
         std::fs::write(&path, line(&rec("a", 1))).expect("write");
-        let (mut log, r) = Log::open_at(&path, now_ms).expect("open");
+        let (mut log, r) = Log::open(&path).expect("open");
         assert_eq!(r.records, vec![rec("a", 1)]);
         log.append_all(&[rec("b", 2)]).expect("append");
-        let (_, r) = Log::open_at(&path, now_ms).expect("reopen");
+        let (_, r) = Log::open(&path).expect("reopen");
         assert_eq!(r.records, vec![rec("a", 1), rec("b", 2)]);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -334,6 +334,14 @@ impl Roster {
         }
     }
 
+    /// Runs `f` with no change made meanwhile: a reload checks its config against the
+    /// records and swaps it in under this, so a change checked against the old config
+    /// cannot slip in between.
+    pub fn unchanged<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _serial = self.log.lock();
+        f()
+    }
+
     /// Keys a config would give to one consumer while a record here gives them to
     /// another, each as a problem with its place (`consumers`): one key, one consumer.
     pub fn key_conflicts(
@@ -354,7 +362,7 @@ impl Roster {
                     found.push(tollgate_config::Problem::new(
                         "consumers",
                         format!(
-                            "consumer {listed:?} is given a key that consumer {:?} holds through the admin API (key {}); a key names one consumer: remove it from the config, or revoke it first (tollgate consumers key {} --revoke {})",
+                            "consumer {listed:?} is given a key that consumer {:?} holds through the admin API (key {}); a key names one consumer: remove it from the config, or revoke it first through the admin API of a running node (tollgate consumers key {} --revoke {})",
                             r.name, k.id, r.name, k.id
                         ),
                     ));
@@ -375,8 +383,8 @@ impl Roster {
     }
 }
 
-/// The highest version taken with the clock at `now_ms`: a day ahead of it (a version
-/// beyond would freeze its consumer, no later change winning over it).
+/// The highest version taken from another node with the clock at `now_ms`: a day ahead of
+/// it (a version beyond would freeze its consumer, no later change winning over it).
 fn version_ceiling(now_ms: u64) -> u64 {
     now_ms.saturating_add(86_400_000) << 10
 }
