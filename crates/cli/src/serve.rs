@@ -111,12 +111,14 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
         );
         return ExitCode::FAILURE;
     }
-    let clash = gw.key_conflicts();
+    let clash = gw.config_conflicts();
     if !clash.is_empty() {
         for p in &clash {
             tracing::error!("config rejected: {p}");
         }
-        tracing::error!("not starting: a key would name two consumers");
+        tracing::error!(
+            "not starting: the config contradicts the consumers managed through the admin API"
+        );
         return ExitCode::FAILURE;
     }
     if let (true, Some(e)) = (analytics_required, gw.analytics_error()) {

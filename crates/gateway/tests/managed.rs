@@ -359,6 +359,10 @@ async fn a_key_names_one_consumer_whether_the_config_or_the_api_gives_it() {
         ),
     );
     assert!(yaml.contains("carol"), "{yaml}");
+    let yaml = yaml.replace(
+        "plans:\n",
+        "plans:\n  silver: {limits: [{requests: 5, per: 1m}]}\n",
+    );
     // With `admin:` on, the config's plain keys are indexed by digest (this test serves
     // the admin API itself, on a port of its own).
     std::fs::write(dir.join("admin.token"), TOKEN).expect("token");
@@ -451,5 +455,27 @@ async fn a_key_names_one_consumer_whether_the_config_or_the_api_gives_it() {
     let a = call(&gw, "/api/x", "kb").await;
     assert!(a.body.contains("x-consumer: bob\n"), "{}", a.body);
 
+    // A reload dropping a plan a managed consumer is on is refused too: the consumer
+    // would go unlimited.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/fay",
+        Some(json!({"plan": "silver"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    std::fs::write(
+        &path,
+        yaml.replace("  silver: {limits: [{requests: 5, per: 1m}]}\n", ""),
+    )
+    .expect("write");
+    let err = gw.gw.reload_file(&path).expect_err("refused").to_string();
+    assert!(
+        err.contains(
+            "plans: consumer \"fay\", managed through the admin API, is on plan \"silver\""
+        ),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -151,11 +151,12 @@ impl Gateway {
                     tracing::warn!(path = %path.display(), "{w}");
                 }
                 // A key the new config gives to one consumer and the admin API to
-                // another would name two: refused. Checked and swapped in with no
+                // another would name two, a plan it drops would leave consumers
+                // unlimited: refused. Checked and swapped in with no
                 // change of a consumer in between.
                 let roster = self.snapshot().roster.clone();
                 let applied = roster.unchanged(|| {
-                    let clash = roster.key_conflicts(&cfg.consumers);
+                    let clash = roster.conflicts(&cfg);
                     if !clash.is_empty() {
                         return Err(ConfigError::invalid(clash));
                     }

@@ -89,11 +89,12 @@ impl Gateway {
         self.snapshot().roster.broken().map(str::to_string)
     }
 
-    /// Keys the running config gives to one consumer and the admin API to another, each
-    /// said as a config problem (checked at start; a reload with any is refused).
-    pub fn key_conflicts(&self) -> Vec<tollgate_config::Problem> {
+    /// What the running config contradicts in the managed consumers (a key given to two
+    /// consumers, a plan it lacks), each said as a config problem: checked at start; a
+    /// reload with any is refused.
+    pub fn config_conflicts(&self) -> Vec<tollgate_config::Problem> {
         let snap = self.snapshot();
-        snap.roster.key_conflicts(&snap.config.consumers)
+        snap.roster.conflicts(&snap.config)
     }
 
     /// Time since the gateway started.

@@ -92,6 +92,22 @@ impl Roster {
         for r in replayed.records {
             roster.apply(r);
         }
+        // The API never gives one key to two live consumers: a log that does was edited.
+        for r in roster.by_name.iter().filter(|r| !r.deleted) {
+            for k in &r.keys {
+                let owner = parse_digest(&k.sha256)
+                    .and_then(|d| roster.by_digest.get(&d).map(|o| o.value().clone()));
+                if let Some(o) = owner.filter(|o| **o != *r.name) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "it gives key {} to both {:?} and {o:?}; the admin API never does: mend or remove one of their lines",
+                            k.id, r.name
+                        ),
+                    ));
+                }
+            }
+        }
         *roster.log.lock() = Some(log);
         Ok(roster)
     }
@@ -342,14 +358,25 @@ impl Roster {
         f()
     }
 
-    /// Keys a config would give to one consumer while a record here gives them to
-    /// another, each as a problem with its place (`consumers`): one key, one consumer.
-    pub fn key_conflicts(
-        &self,
-        consumers: &tollgate_config::Consumers,
-    ) -> Vec<tollgate_config::Problem> {
+    /// What a config would contradict in the records here, each as a problem with its
+    /// place: a key it gives to one consumer while a record gives it to another (one key,
+    /// one consumer), a plan a record names that it does not define (the consumer would
+    /// go unlimited).
+    pub fn conflicts(&self, config: &tollgate_config::Config) -> Vec<tollgate_config::Problem> {
+        let consumers = &config.consumers;
         let mut found = Vec::new();
         for r in self.by_name.iter().filter(|r| !r.deleted) {
+            if let Some(plan) = r.plan.as_ref() {
+                if !config.plans.iter().any(|p| p.name == *plan) {
+                    found.push(tollgate_config::Problem::new(
+                        "plans",
+                        format!(
+                            "consumer {:?}, managed through the admin API, is on plan {plan:?}, which this config does not define; move it to another plan first (tollgate consumers add {} --plan PLAN)",
+                            r.name, r.name
+                        ),
+                    ));
+                }
+            }
             for k in &r.keys {
                 let Some(d) = parse_digest(&k.sha256) else {
                     continue;
@@ -572,6 +599,40 @@ mod tests {
         let names: std::collections::HashSet<String> =
             got.records.into_iter().map(|m| m.name).collect();
         assert_eq!(names.len(), 301, "{} consumers in the log", names.len());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_log_giving_one_key_to_two_live_consumers_is_refused() {
+        let dir = std::env::temp_dir().join(format!("tollgate-roster-two-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("c.changes");
+        let line = |r: &Managed| serde_json::to_string(r).expect("json");
+        std::fs::write(
+            &path,
+            format!("{}\n{}\n", line(&rec("u1", 4, 1)), line(&rec("u3", 4, 2))),
+        )
+        .expect("write");
+        let e = Roster::open(&path).expect_err("refused");
+        assert!(e.to_string().contains("to both"), "{e}");
+        // Moved from one to the other, in order: fine.
+        let mut moved = rec("u1", 5, 3);
+        moved.keys.clear();
+        std::fs::write(
+            &path,
+            format!(
+                "{}\n{}\n{}\n",
+                line(&rec("u1", 4, 1)),
+                line(&moved),
+                line(&rec("u3", 4, 4))
+            ),
+        )
+        .expect("write");
+        let r = Roster::open(&path).expect("open");
+        assert_eq!(
+            r.by_digest(&[4; 32]).map(|m| m.name.clone()),
+            Some("u3".into())
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
