@@ -118,12 +118,16 @@ fn check_prints_every_problem_with_its_place() {
     .expect("write");
     let head = "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend}\nconsumers_file: people.jsonl\n";
     let absolute = dir.join("people.jsonl").display().to_string();
+    // A hard link is the consumers file under another name.
+    let _ = std::fs::remove_file(dir.join("people.link"));
+    std::fs::hard_link(dir.join("people.jsonl"), dir.join("people.link")).expect("link");
     for (name, log, says) in [
         (
             "log-people.yaml",
             "people.jsonl",
             "names the consumers file",
         ),
+        ("log-link.yaml", "people.link", "names the consumers file"),
         (
             "log-abs.yaml",
             absolute.as_str(),

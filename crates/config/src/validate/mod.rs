@@ -532,7 +532,12 @@ impl HeaderValueCheck {
 mod tests;
 
 /// Whether two paths name one file: the same text, or (when both exist) the same file
-/// once links and `..` are resolved.
+/// once symbolic links and `..` are resolved, or one file under two hard links.
 pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
-    a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+    use std::os::unix::fs::MetadataExt;
+    // A hard link is one file under two names: the same device and inode.
+    let inode = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    a == b
+        || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+        || matches!((inode(a), inode(b)), (Some(x), Some(y)) if x == y)
 }
