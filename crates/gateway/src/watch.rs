@@ -11,8 +11,8 @@
 //! Reloads run on a blocking thread, so traffic goes on on the old config while a large
 //! consumers file loads.
 
+use crate::file_stat::FileStat;
 use crate::gateway::{fingerprint, Gateway};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,34 +73,10 @@ impl Settle {
     }
 }
 
-/// What a look at the file's metadata tells: identity, size and modification time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stat {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: (i64, i64),
-}
-
-impl Stat {
-    fn of(m: &std::fs::Metadata) -> Stat {
-        Stat {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-        }
-    }
-
-    fn file(&self) -> (u64, u64) {
-        (self.dev, self.ino)
-    }
-}
-
 /// One watched file: what was last seen of it, and whether its change has settled.
 struct Watched {
     settle: Settle,
-    last: Option<(Stat, u64)>,
+    last: Option<(FileStat, u64)>,
 }
 
 impl Watched {
@@ -116,7 +92,7 @@ impl Watched {
     /// stands, and the settle time runs on.
     async fn look(&mut self, path: &PathBuf, running: u64) -> Option<Option<Vec<u8>>> {
         let meta = tokio::fs::metadata(path).await.ok()?;
-        let stat = Stat::of(&meta);
+        let stat = FileStat::of(&meta);
         let (fp, bytes) = match self.last {
             Some((s, fp)) if s == stat => (fp, None),
             _ => {
@@ -143,7 +119,7 @@ pub fn watch_file(
         let mut config = Watched::new(settle);
         let mut consumers = Watched::new(settle);
         let mut tried_tls: Option<u64> = None;
-        let mut tls_stats: Option<Vec<Option<Stat>>> = None;
+        let mut tls_stats: Option<Vec<Option<FileStat>>> = None;
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -168,7 +144,7 @@ pub fn watch_file(
             let paths = tollgate_config::tls::paths(&snap.config);
             let mut stats = Vec::with_capacity(paths.len());
             for p in paths {
-                stats.push(tokio::fs::metadata(p).await.ok().map(|m| Stat::of(&m)));
+                stats.push(tokio::fs::metadata(p).await.ok().map(|m| FileStat::of(&m)));
             }
             let tls = if tls_stats.as_ref() == Some(&stats) {
                 None

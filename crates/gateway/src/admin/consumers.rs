@@ -287,8 +287,8 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
             let mut out = Vec::with_capacity(list.len());
             for (i, d) in list.iter().enumerate() {
                 match d.as_str().and_then(parse_digest) {
-                    Some(raw) => {
-                        let d = hex(&raw);
+                    Some(d) => {
+                        let d = hex(&d);
                         // Two of one key would share an id: revoking it would be ambiguous.
                         if let Some(j) = out.iter().position(|o| *o == d) {
                             return bad(format!("key_sha256[{i}] repeats key_sha256[{j}]"));

@@ -9,6 +9,7 @@
 //! consumer or a key it deleted.
 
 use super::record::Managed;
+use crate::file_stat::FileStat;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -28,7 +29,7 @@ pub struct Log {
     torn: Option<u64>,
     /// The file as the log last read or wrote it: a change finding another file at the
     /// path, or none, or this one changed by another hand, writes the log whole again.
-    identity: Option<Identity>,
+    identity: Option<FileStat>,
     /// While a compaction runs: the records appended since it began.
     compacting: Option<Vec<Managed>>,
 }
@@ -124,25 +125,17 @@ impl Log {
                 file: None,
                 lines,
                 torn,
-                identity: identity_of(path),
+                identity: FileStat::at(path),
                 compacting: None,
             },
             replayed,
         ))
     }
 
-    /// Whether the path no longer names the file the log was written to as it was left
-    /// (removed, replaced, cut short): what the next change writes must hold every record.
-    pub fn is_gone(&self) -> bool {
-        self.compacting.is_none()
-            && self.identity.is_some()
-            && identity_of(&self.path) != self.identity
-    }
-
     /// Whether the path names the file as this log left it.
     fn still_ours(&self, file: &File) -> bool {
-        let mine = file.metadata().ok().map(|m| Identity::of(&m));
-        mine.is_some() && identity_of(&self.path) == mine
+        let mine = file.metadata().ok().map(|m| FileStat::of(&m));
+        mine.is_some() && FileStat::at(&self.path) == mine
     }
 
     /// Writes `live` as the whole log (aside, synced, renamed over the path): the log
@@ -155,7 +148,7 @@ impl Log {
         let file = OpenOptions::new().append(true).open(&aside)?;
         std::fs::rename(&aside, &self.path)?;
         sync_dir(&self.path);
-        self.identity = Some(Identity::of(&file.metadata()?));
+        self.identity = Some(FileStat::of(&file.metadata()?));
         self.file = Some(file);
         self.lines = written;
         self.torn = None;
@@ -188,7 +181,7 @@ impl Log {
             ),
         };
         let mut before = file.metadata()?;
-        let mut clean = self.identity.is_none_or(|id| id == Identity::of(&before));
+        let mut clean = self.identity.is_none_or(|id| id == FileStat::of(&before));
         if let Some(cut) = self.torn {
             // A torn line is cut off; a whole record that lacked its newline gets one.
             if cut < before.len() {
@@ -206,7 +199,7 @@ impl Log {
         }
         let after = file.metadata()?;
         clean &= after.len() == before.len() + out.len() as u64;
-        self.identity = Some(Identity::of(&after));
+        self.identity = Some(FileStat::of(&after));
         let file = self.file.as_ref().map(|f| self.still_ours(f));
         clean &= file == Some(true);
         self.lines += records.len() as u64;
@@ -264,7 +257,7 @@ impl Log {
         std::fs::rename(aside, &self.path)?;
         sync_dir(&self.path);
         let file = OpenOptions::new().append(true).open(&self.path)?;
-        self.identity = Some(Identity::of(&file.metadata()?));
+        self.identity = Some(FileStat::of(&file.metadata()?));
         self.file = Some(file);
         self.lines = written + since.len() as u64;
         self.torn = None;
@@ -276,33 +269,6 @@ impl Log {
         self.compacting = None;
         let _ = std::fs::remove_file(aside);
     }
-}
-
-/// What tells one state of a file from another: device, inode, length and the time of
-/// its last change (a write of the same length by another hand moves it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Identity {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: (i64, i64),
-}
-
-impl Identity {
-    fn of(m: &std::fs::Metadata) -> Identity {
-        use std::os::unix::fs::MetadataExt;
-        Identity {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-        }
-    }
-}
-
-/// The state of the file `path` names now, if any.
-fn identity_of(path: &Path) -> Option<Identity> {
-    std::fs::metadata(path).ok().map(|m| Identity::of(&m))
 }
 
 /// Syncs the folder holding `path`, so that a file made or renamed there stays after a

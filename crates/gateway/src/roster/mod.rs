@@ -224,7 +224,7 @@ impl Roster {
     /// many were newer. Blocks on the disk: call it off the async threads.
     pub fn absorb(self: &Arc<Self>, records: Vec<Managed>) -> usize {
         let mut log = self.log.lock();
-        let now_ceiling = version_ceiling(unix_millis());
+        let now_ceiling = unix_millis().saturating_add(86_400_000) << 10;
         let mut kept = Vec::new();
         for r in records {
             // A version more than a day ahead would freeze the consumer: refused.
@@ -303,7 +303,7 @@ impl Roster {
     /// or changed the file since the last change, the whole roster written again with them
     /// (those of their names replaced). Under the log's lock.
     fn keep(&self, l: &mut Log, new: &[Managed]) -> std::io::Result<()> {
-        if !l.is_gone() && l.append_all(new)? {
+        if l.append_all(new)? {
             return Ok(());
         }
         tracing::warn!(path = %l.path().display(), "the consumer change log was removed, replaced or changed by another hand; written again with every consumer");
@@ -408,12 +408,6 @@ impl Roster {
             let _ = t.join();
         }
     }
-}
-
-/// The highest version taken from another node with the clock at `now_ms`: a day ahead of
-/// it (a version beyond would freeze its consumer, no later change winning over it).
-fn version_ceiling(now_ms: u64) -> u64 {
-    now_ms.saturating_add(86_400_000) << 10
 }
 
 fn unix_millis() -> u64 {
