@@ -48,7 +48,7 @@ pub struct Consumers {
     /// Plain keys by fingerprint.
     plain: KeyTable,
     /// While the table is built: each plain key, end to end, and where each ends with its
-    /// owner (for [`Consumers::cross_conflicts`]).
+    /// owner (for [`Consumers::digest_plain_keys`]).
     keys: Vec<u8>,
     key_list: Vec<KeyRef>,
     digests: Vec<KeyDigest>,
@@ -301,38 +301,35 @@ impl Consumers {
         Ok(me as usize)
     }
 
-    /// Pairs of consumers where one's plain key is the other's hashed key: `(plain key's
-    /// owner, digest's owner)`. Checked once the table is built and before
-    /// [`Consumers::shrink_to_fit`], which drops the plain keys' bytes (one SHA-256 per plain
-    /// key, and only when the table holds both kinds).
-    pub fn cross_conflicts(&self) -> Vec<(usize, usize)> {
-        if self.digests.is_empty() {
+    /// Hashes each plain key once the table is built, before [`Consumers::shrink_to_fit`]
+    /// drops their bytes, and only when needed (the table holds digests, or `index`):
+    /// returns the pairs where one consumer's plain key is another's hashed key (`(plain
+    /// key's owner, digest's owner)`), and with `index` keeps the plain keys by the first
+    /// 8 bytes of their digest for [`Consumers::digest_owner`] (12 bytes a key; where the
+    /// admin API may give keys).
+    pub fn digest_plain_keys(&mut self, index: bool) -> Vec<(usize, usize)> {
+        if self.digests.is_empty() && !index {
             return Vec::new();
         }
-        let mut found: Vec<(usize, usize)> = (0..self.key_list.len())
-            .filter_map(|k| {
-                let d = key_digest(key_at(&self.keys, &self.key_list, k));
-                let owner = self.key_list[k].owner as usize;
-                self.by_digest(&d).map(|other| (owner, other))
-            })
-            .collect();
+        let mut found = Vec::new();
+        let mut pairs: Vec<(u64, u32)> = Vec::new();
+        for k in 0..self.key_list.len() {
+            let d = key_digest(key_at(&self.keys, &self.key_list, k));
+            let owner = self.key_list[k].owner;
+            if let Some(other) = self.by_digest(&d) {
+                found.push((owner as usize, other));
+            }
+            if index {
+                pairs.push((digest_prefix(&d), owner));
+            }
+        }
+        if index {
+            pairs.sort_unstable();
+            self.plain_digests = pairs.iter().map(|p| p.0).collect();
+            self.plain_digest_owners = pairs.iter().map(|p| p.1).collect();
+        }
         found.sort_unstable();
         found
-    }
-
-    /// Indexes the plain keys by the first 8 bytes of their SHA-256, for
-    /// [`Consumers::digest_owner`] (12 bytes a key, one SHA-256 each): called before
-    /// [`Consumers::shrink_to_fit`] drops their bytes, where the admin API may give keys.
-    pub fn index_plain_digests(&mut self) {
-        let mut pairs: Vec<(u64, u32)> = (0..self.key_list.len())
-            .map(|k| {
-                let d = key_digest(key_at(&self.keys, &self.key_list, k));
-                (digest_prefix(&d), self.key_list[k].owner)
-            })
-            .collect();
-        pairs.sort_unstable();
-        self.plain_digests = pairs.iter().map(|p| p.0).collect();
-        self.plain_digest_owners = pairs.iter().map(|p| p.1).collect();
     }
 
     /// Gives back memory reserved beyond what the table holds, and the plain keys' bytes:
@@ -390,7 +387,7 @@ mod tests {
         assert_eq!(t.push("c", None, &[], &[key_digest(b"k1")]), Ok(2));
         assert_eq!(t.by_key(b"k2"), Some(0), "the plain key is looked up first");
         assert_eq!(t.plan(1), None);
-        assert_eq!(t.cross_conflicts(), vec![(0, 1), (0, 2)]);
+        assert_eq!(t.digest_plain_keys(false), vec![(0, 1), (0, 2)]);
         assert_eq!(
             t.push("d", None, &[], &[key_digest(b"k1")]),
             Err(Conflict::Key { other: 2, at: 0 })
@@ -412,7 +409,7 @@ mod tests {
             );
         }
         assert_eq!(t.push("h", None, &[], &[key_digest(b"hashed")]), Ok(1000));
-        t.index_plain_digests();
+        assert!(t.digest_plain_keys(true).is_empty());
         t.shrink_to_fit();
         for i in [0u32, 1, 499, 999] {
             let d = key_digest(format!("key-{i}").as_bytes());

@@ -138,9 +138,7 @@ pub(crate) fn validate(
             );
             None
         }
-        (Some(l), _) => Some(base.join(l)),
-        (None, Some(f)) => Some(base.join(format!("{f}.changes"))),
-        (None, None) => None,
+        _ => log_path(&raw, base),
     };
 
     if !p.0.is_empty() {
@@ -376,14 +374,18 @@ fn plans(
 /// its changes (`cluster:`), or the change log holds some already. Only then are the
 /// config's plain keys indexed by digest (one key, one consumer, checked both ways).
 fn may_manage_keys(raw: &file::FileConfig, base: &Path) -> bool {
-    let log = match (&raw.consumers_log, &raw.consumers_file) {
+    raw.admin.is_some()
+        || raw.cluster.is_some()
+        || log_path(raw, base).is_some_and(|l| std::fs::metadata(l).is_ok_and(|m| m.len() > 0))
+}
+
+/// The consumer change log's path: `consumers_log`, else `<consumers_file>.changes`.
+fn log_path(raw: &file::FileConfig, base: &Path) -> Option<std::path::PathBuf> {
+    match (&raw.consumers_log, &raw.consumers_file) {
         (Some(l), _) => Some(base.join(l)),
         (None, Some(f)) => Some(base.join(format!("{f}.changes"))),
         (None, None) => None,
-    };
-    raw.admin.is_some()
-        || raw.cluster.is_some()
-        || log.is_some_and(|l| std::fs::metadata(l).is_ok_and(|m| m.len() > 0))
+    }
 }
 
 /// Inline consumers, then those of `consumers_file`, into one table; a name or key used
@@ -490,7 +492,7 @@ fn consumers(
             fingerprint: loaded.1,
         })
     });
-    for (plain, hashed) in table.cross_conflicts().into_iter().take(20) {
+    for (plain, hashed) in table.digest_plain_keys(index_digests).into_iter().take(20) {
         p.add(
             "consumers",
             format!(
@@ -499,9 +501,6 @@ fn consumers(
                 table.name(hashed)
             ),
         );
-    }
-    if index_digests {
-        table.index_plain_digests();
     }
     table.shrink_to_fit();
     (table, source)
