@@ -49,6 +49,18 @@ fn check_accepts_every_shipped_example() {
     }
 }
 
+/// `tollgate run --config FILE` that must not start: its exit is 1; what it said.
+fn refused_start(file: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(file)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// `tollgate check --config FILE`, run to its end.
 fn check_config(file: impl AsRef<std::ffi::OsStr>) -> std::process::Output {
     Command::new(BIN)
@@ -793,14 +805,7 @@ fn a_required_usage_history_that_cannot_be_opened_stops_the_start() {
         "listeners: [{address: \"127.0.0.1:0\"}]\nupstreams: {backend: {targets: [\"127.0.0.1:9\"]}}\nroutes: [{path_prefix: /, upstream: backend}]\nanalytics: {path: analytics.db, required: true}\n",
     )
     .expect("write");
-    let out = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&file)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&file);
     assert!(err.contains(&db.display().to_string()), "{err}");
     assert!(err.contains("analytics.required"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -1106,14 +1111,7 @@ fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
         ),
     )
     .expect("write");
-    let out = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&file)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&file);
     assert!(
         err.contains("consumer \"carol\" is given a key that consumer \"bob\" holds")
             && err.contains("not starting"),
@@ -1135,14 +1133,7 @@ fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
     let mut damaged = lines.clone();
     damaged[at] = "{\"name\":\"bob\",\"pl";
     std::fs::write(&log, damaged.join("\n") + "\n").expect("damage");
-    let out = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&file)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&file);
     assert!(
         err.contains(&format!("line {} is not a consumer change", at + 1))
             && err.contains("not starting"),
