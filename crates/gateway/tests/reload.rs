@@ -48,7 +48,7 @@ async fn reload_under_load_fails_no_request() {
         gw.apply(&two_routes(
             backend,
             1_000_000 + u64::from(reloads % 2),
-            reloads % 2 == 0,
+            reloads.is_multiple_of(2),
         ));
         reloads += 1;
         tokio::task::yield_now().await;

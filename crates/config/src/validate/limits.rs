@@ -55,7 +55,7 @@ pub(crate) fn limits(raw: &[file::Limit], at: &str, p: &mut Problems) -> Vec<Lim
 fn human_window(d: Duration) -> String {
     let s = d.as_secs();
     for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
-        if s >= len && s % len == 0 {
+        if s >= len && s.is_multiple_of(len) {
             return format!("{}{unit}", s / len);
         }
     }

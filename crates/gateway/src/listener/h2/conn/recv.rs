@@ -157,7 +157,7 @@ where
     }
 
     pub(super) fn on_headers(&mut self, flags: u8, id: u32, mut p: Bytes) -> Result<(), ConnError> {
-        if id == 0 || id % 2 == 0 {
+        if id == 0 || id.is_multiple_of(2) {
             return Err(ConnError(code::PROTOCOL_ERROR));
         }
         let pad = strip_pad(flags, &mut p)?;
@@ -418,7 +418,7 @@ where
                 Err(ConnError(code::FRAME_SIZE_ERROR))
             };
         }
-        if p.len() % 6 != 0 {
+        if !p.len().is_multiple_of(6) {
             return Err(ConnError(code::FRAME_SIZE_ERROR));
         }
         for s in p.chunks_exact(6) {

@@ -99,7 +99,7 @@ impl<V> Streams<V> {
     /// Whether `id` names a stream the client has not opened: above the highest it opened,
     /// or even (a server's id).
     pub(super) fn idle(&self, id: u32) -> bool {
-        id > self.last_id || id % 2 == 0
+        id > self.last_id || id.is_multiple_of(2)
     }
 
     /// The highest stream id the client has opened (0 before any).
