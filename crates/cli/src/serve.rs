@@ -106,9 +106,7 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
         .collect();
     let gw = Gateway::new(cfg, SystemClock::new());
     if let Some(e) = gw.roster_error() {
-        tracing::error!(
-            "{e}; not starting: the consumers it deleted or changed would be back as they were"
-        );
+        tracing::error!("{e}; not starting");
         return ExitCode::FAILURE;
     }
     let clash = gw.config_conflicts();

@@ -49,14 +49,30 @@ fn check_accepts_every_shipped_example() {
     }
 }
 
-/// `tollgate run --config FILE` that must not start: its exit is 1; what it said.
+/// `tollgate run --config FILE` that must not start: its exit is 1 (within 30 s; one that
+/// serves instead is stopped and fails the test); what it said.
 fn refused_start(file: &Path) -> String {
-    let out = Command::new(BIN)
+    let child = Command::new(BIN)
         .args(["run", "--config"])
         .arg(file)
         .env("NO_COLOR", "1")
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(out) = rx.recv_timeout(Duration::from_secs(30)) else {
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+        panic!(
+            "`tollgate run --config {}` started instead of being refused",
+            file.display()
+        );
+    };
+    let out = out.expect("run");
     assert_eq!(out.status.code(), Some(1));
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -1097,6 +1113,28 @@ fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
     assert_eq!(gw.get(&format!("/a/?apikey={key}")), 200);
     assert_eq!(gw.get(&format!("/a/?apikey={second}")), 401);
     assert_eq!(gw.get("/a/?apikey=t1"), 401);
+
+    // A second gateway naming the same log (its own admin port) does not start while the
+    // first keeps it, and names the process that does.
+    let yaml = std::fs::read_to_string(&file).expect("config");
+    let cut = yaml.find("admin:").expect("admin line");
+    let other = dir.join("second.yaml");
+    std::fs::write(
+        &other,
+        format!(
+            "{}admin: {{address: \"127.0.0.1:{}\", token_file: admin.token}}\n",
+            &yaml[..cut],
+            free_port()
+        ),
+    )
+    .expect("write");
+    let err = refused_start(&other);
+    assert!(
+        err.contains(&format!("another process (pid {})", gw.child.id()))
+            && err.contains("not starting"),
+        "{err}"
+    );
+    assert_eq!(gw.get(&format!("/a/?apikey={key}")), 200);
     gw.signal("-TERM");
     assert!(gw.child.wait().expect("wait").success());
 

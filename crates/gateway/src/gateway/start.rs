@@ -95,7 +95,7 @@ impl Gateway {
             }
             Some(path) => crate::roster::Roster::open(path).unwrap_or_else(|e| {
                 let why = format!(
-                    "cannot read the consumer change log {}: {e}",
+                    "cannot keep the consumer change log {}: {e}",
                     path.display()
                 );
                 tracing::error!("{why}");

@@ -8,6 +8,7 @@
 //! other line that is not a record stops the replay. Skipping it could bring back a
 //! consumer or a key it deleted.
 
+use super::lock::LogLock;
 use super::record::Managed;
 use crate::file_stat::FileStat;
 use std::fs::{File, OpenOptions};
@@ -32,6 +33,8 @@ pub struct Log {
     identity: Option<FileStat>,
     /// While a compaction runs: the records appended since it began.
     compacting: Option<Vec<Managed>>,
+    /// This process's hold on the log (none while its folder does not exist).
+    lock: Option<LogLock>,
 }
 
 /// What a log held when it was opened.
@@ -76,8 +79,18 @@ impl Log {
     /// Opens the log at `path` (made by the first change) and reads what it holds. A torn
     /// last line (one that is not JSON and lacks its newline) is skipped and named; any
     /// other line that is not a valid record, or a log that cannot be read, is an error
-    /// naming the line.
+    /// naming the line. Another process keeping the same log is an error too.
     pub fn open(path: &Path) -> std::io::Result<(Log, Replayed)> {
+        // Not a FIFO or a device: reading one would wait for a writer, or never end.
+        if let Ok(m) = std::fs::metadata(path) {
+            if !m.is_file() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "it is not a regular file",
+                ));
+            }
+        }
+        let lock = LogLock::take(path)?;
         let mut replayed = Replayed::default();
         let mut lines = 0;
         let mut torn = None;
@@ -127,6 +140,7 @@ impl Log {
                 torn,
                 identity: FileStat::at(path),
                 compacting: None,
+                lock,
             },
             replayed,
         ))
@@ -169,6 +183,10 @@ impl Log {
         for r in records {
             serde_json::to_writer(&mut out, r)?;
             out.push(b'\n');
+        }
+        if self.lock.is_none() {
+            // The folder did not exist at start: whoever makes the file first keeps it.
+            self.lock = LogLock::take(&self.path)?;
         }
         let made = self.file.is_none() && !self.path.exists();
         let file = match &mut self.file {

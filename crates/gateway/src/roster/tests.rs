@@ -209,3 +209,19 @@ fn a_log_giving_one_key_to_two_live_consumers_is_refused() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_fifo_as_the_log_is_refused_rather_than_waited_on() {
+    let dir = std::env::temp_dir().join(format!("tollgate-roster-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("c.changes");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let e = Roster::open(&path).expect_err("refused");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,134 @@
+//! One process keeps a change log: an advisory lock (`flock`) on a file beside it,
+//! `<log>.lock`, held while the log is open. A second gateway naming the same log is
+//! refused at start, as Prometheus refuses a second server on one data folder, instead
+//! of each rewriting the log with its own consumers and undoing the other's changes.
+//! Within one process the lock is shared: a gateway started again in place may open the
+//! log while the roster it replaces is still alive.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+/// The lock on a change log, released when the last holder in this process drops it.
+#[derive(Debug, Clone)]
+pub struct LogLock {
+    _file: Arc<File>,
+}
+
+/// Lock files held, by device and inode.
+type Held = Mutex<HashMap<(u64, u64), Weak<File>>>;
+
+/// The lock files this process holds.
+fn held() -> &'static Held {
+    static HELD: OnceLock<Held> = OnceLock::new();
+    HELD.get_or_init(Default::default)
+}
+
+/// The lock file of the log at `log`: its name with `.lock` added.
+pub fn lock_path(log: &Path) -> PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+impl LogLock {
+    /// Takes the lock of the log at `log`. `Ok(None)` when the lock file cannot be made
+    /// (its folder does not exist yet, or may not be written): the log is kept without
+    /// it, and the first change tries again. An error when another process holds it.
+    pub fn take(log: &Path) -> std::io::Result<Option<LogLock>> {
+        let path = lock_path(log);
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!(path = %path.display(), "no lock on the change log: {e}");
+                return Ok(None);
+            }
+        };
+        let meta = file.metadata()?;
+        let id = (meta.dev(), meta.ino());
+        let mut held = held().lock().unwrap_or_else(|p| p.into_inner());
+        held.retain(|_, w| w.strong_count() > 0);
+        if let Some(mine) = held.get(&id).and_then(Weak::upgrade) {
+            return Ok(Some(LogLock { _file: mine }));
+        }
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = (&file).take(32).read_to_string(&mut pid);
+                let pid = pid.trim();
+                let by = if pid.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (pid {pid})")
+                };
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ResourceBusy,
+                    format!(
+                        "another process{by} keeps this log (it holds {}); two gateways writing one log would undo each other's changes: give each its own consumers_log",
+                        path.display()
+                    ),
+                ));
+            }
+            Err(TryLockError::Error(e)) => {
+                tracing::debug!(path = %path.display(), "no lock on the change log: {e}");
+                return Ok(None);
+            }
+        }
+        // Who holds it, for the message another process gives.
+        let _ = file.set_len(0);
+        let _ = (&file).write_all(format!("{}\n", std::process::id()).as_bytes());
+        let file = Arc::new(file);
+        held.insert(id, Arc::downgrade(&file));
+        Ok(Some(LogLock { _file: file }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folder(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tollgate-lock-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    }
+
+    #[test]
+    fn one_process_shares_its_lock_and_names_itself_in_the_file() {
+        let dir = folder("shared");
+        let log = dir.join("c.changes");
+        let a = LogLock::take(&log).expect("take").expect("made");
+        let b = LogLock::take(&log).expect("shared in one process");
+        assert!(b.is_some());
+        let pid = std::fs::read_to_string(lock_path(&log)).expect("read");
+        assert_eq!(pid.trim(), std::process::id().to_string());
+        // Held: a file opened apart (as another process would) cannot take it.
+        let apart = File::open(lock_path(&log)).expect("open");
+        assert!(matches!(apart.try_lock(), Err(TryLockError::WouldBlock)));
+        drop(apart);
+        drop((a, b));
+        // Released with its last holder: a file opened apart can take it.
+        let f = File::open(lock_path(&log)).expect("open");
+        f.try_lock().expect("free once dropped");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_folder_not_made_yet_gives_no_lock_and_no_error() {
+        let dir = folder("later");
+        let log = dir.join("later").join("c.changes");
+        assert!(LogLock::take(&log).expect("no error").is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
