@@ -41,6 +41,9 @@ enum Slot {
     /// in use from an earlier config.
     #[default]
     Unknown,
+    /// The consumer's cells were retired, some of them perhaps not all: others (a longer
+    /// limit's) may still count, so they are looked up even in a fresh table.
+    Swept,
     /// Counts held here, no cell (see [`light`]).
     Light(Lights),
     /// The consumer's cells.
@@ -253,8 +256,9 @@ impl Counters {
             let mut slot = line.lock();
             // Under the slot lock, so that `settle_all` sees any count kept here.
             let light = listed && self.light[ls] && self.live.light_ok();
-            if light && matches!(*slot, Slot::Unknown) {
-                *slot = self.look_up(i, layout, now);
+            if light && matches!(*slot, Slot::Unknown | Slot::Swept) {
+                let swept = matches!(*slot, Slot::Swept);
+                *slot = self.look_up(i, layout, now, swept);
             }
             match &mut *slot {
                 Slot::Light(lights) if light => {
@@ -270,34 +274,39 @@ impl Counters {
                     let windows = light::windows(lights, layout.limits.len());
                     *slot = Slot::Cells(self.cells_with(i, layout, &windows, now));
                 }
-                Slot::Unknown => *slot = Slot::Cells(self.cells_with(i, layout, &[], now)),
+                Slot::Unknown | Slot::Swept => {
+                    *slot = Slot::Cells(self.cells_with(i, layout, &[], now))
+                }
                 Slot::Cells(_) => {}
             }
             let Slot::Cells(group) = &*slot else {
                 continue;
             };
             match check_cells(group, positions, now, again) {
-                Err(Refused::Retired) => *slot = Slot::Unknown,
+                Err(Refused::Retired) => *slot = Slot::Swept,
                 checked => return checked,
             }
         }
         Err(Refused::Retired)
     }
 
-    /// An unknown slot's state when counts may be kept in it: the consumer's cells if any
-    /// are in use, else empty counts.
-    fn look_up(&self, i: usize, layout: &Layout, now: Now) -> Slot {
-        if !self.fresh {
-            let consumer = self.name(i);
-            let any = layout.limits.iter().any(|(limit, route)| {
-                let route = route.as_deref();
-                self.live.find(Scope { route, consumer }, limit).is_some()
-            });
-            if any {
-                return Slot::Cells(self.cells_with(i, layout, &[], now));
-            }
+    /// An unknown or swept slot's state when counts may be kept in it: the consumer's
+    /// cells if any are in use, else empty counts. A fresh table skips the lookup for a
+    /// slot never given cells: no cell existed when it was made.
+    fn look_up(&self, i: usize, layout: &Layout, now: Now, swept: bool) -> Slot {
+        if (!self.fresh || swept) && self.any_in_use(i, layout) {
+            return Slot::Cells(self.cells_with(i, layout, &[], now));
         }
         Slot::Light(Lights::default())
+    }
+
+    /// Whether any of consumer `i`'s cells is in use.
+    fn any_in_use(&self, i: usize, layout: &Layout) -> bool {
+        let consumer = self.name(i);
+        layout.limits.iter().any(|(limit, route)| {
+            let route = route.as_deref();
+            self.live.find(Scope { route, consumer }, limit).is_some()
+        })
     }
 
     /// Consumer `i`'s cells, found in use or made, with `windows` (in layout order; none
@@ -370,8 +379,9 @@ impl Counters {
         }
     }
 
-    /// Clears the slots whose cells were retired, so their memory goes. Returns how many.
-    /// Only slots that were given cells are visited.
+    /// Clears the slots whose cells were retired, so their memory goes (a limit's cell
+    /// still in use is looked up again by the next request). Returns how many. Only slots
+    /// that were given cells are visited.
     pub fn sweep(&self) -> usize {
         let mut visit = std::mem::take(&mut *self.holding.lock());
         visit.sort_unstable();
@@ -384,7 +394,7 @@ impl Counters {
             let mut slot = s.lock();
             match &*slot {
                 Slot::Cells(g) if g.iter().any(|c| c.state.lock().retired) => {
-                    *slot = Slot::Unknown;
+                    *slot = Slot::Swept;
                     cleared += 1;
                     false
                 }
@@ -410,6 +420,7 @@ impl Counters {
             let layout = &self.layouts[ls];
             let counting = match &*slot.lock() {
                 Slot::Unknown => false,
+                Slot::Swept => self.any_in_use(i, layout),
                 Slot::Light(lights) => light::in_use(lights, &layout.limits, now.mono),
                 Slot::Cells(g) => !g.is_empty(),
             };

@@ -202,3 +202,55 @@ fn names_and_plans_are_read_from_the_line_or_the_consumers_table() {
         .collect();
     assert_eq!(plans, [(Some(1), 1), (Some(0), 0), (None, 2)]);
 }
+
+/// A fresh table of consumer `a` on a plan of 3 per 10 s and 5 per minute.
+fn two_limits(live: &Arc<Live>) -> Counters {
+    let mut consumers = Consumers::default();
+    assert_eq!(consumers.push("a", Some(0), &["ka"], &[]), Ok(0));
+    let per = |requests, secs| LimitConfig {
+        name: format!("{requests}-per-{secs}s"),
+        requests,
+        window: Duration::from_secs(secs),
+    };
+    let layouts = vec![
+        Layout {
+            limits: vec![(per(3, 10), None), (per(5, 60), None)],
+        },
+        Layout::default(),
+    ];
+    Counters::new(Arc::new(consumers), layouts, live.clone())
+}
+
+#[test]
+fn a_longer_limit_keeps_its_counts_when_a_shorter_ones_cell_is_retired() {
+    let ms = |ms: u64| Now {
+        mono: ms * 1_000_000,
+        wall: ms * 1_000_000,
+    };
+    let admit2 = |c: &Counters, now| match c.check(0, &[0, 1], now) {
+        Ok(_) => true,
+        Err(Refused::Limit(_)) => false,
+        Err(e) => panic!("{e:?}"),
+    };
+    // Retired and swept from the table, or retired only (the request meets the retired
+    // cell before the sweep does): either way the minute's three calls still count.
+    for swept in [true, false] {
+        let live = Arc::new(Live::new(None, None));
+        let counters = two_limits(&live);
+        assert!(admit2(&counters, ms(0)));
+        assert!(admit2(&counters, ms(1_500)));
+        assert!(admit2(&counters, ms(1_600)));
+        assert_eq!(live.len(), 2, "calls in two sub-windows: cells");
+        assert_eq!(live.sweep(ms(40_000)), 1, "the 10 s limit's cell is idle");
+        if swept {
+            assert_eq!(counters.sweep(), 1);
+        }
+        assert!(admit2(&counters, ms(40_000)));
+        assert!(admit2(&counters, ms(40_100)));
+        assert!(
+            !admit2(&counters, ms(40_200)),
+            "5 per minute: 3 before, 2 now (swept: {swept})"
+        );
+        assert_eq!(counters.active(10, ms(40_200)).len(), 1);
+    }
+}
