@@ -1179,3 +1179,27 @@ fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_503_for_want_of_a_healthy_target_is_logged_with_its_route_and_upstream() {
+    let dir = temp_dir("no-healthy");
+    let file = dir.join("tollgate.yaml");
+    // A target nothing listens on, taken out by active checks before any request.
+    std::fs::write(
+        &file,
+        format!(
+            "server: {{watch_config: false, drain_timeout: 5s}}\nlisteners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{gone: {{targets: [\"127.0.0.1:{}\"], health: {{path: /health, interval: 50ms, timeout: 1s, unhealthy: 1}}}}}}\nroutes: [{{name: dead, path_prefix: /, upstream: gone}}]\n",
+            free_port()
+        ),
+    )
+    .expect("write");
+    let mut gw = Gateway::start(&file);
+    gw.wait_for("taken out of rotation");
+    assert_eq!(gw.get("/x"), 503);
+    let line = gw.wait_for("no healthy upstream target");
+    assert!(
+        line.contains("route=\"dead\"") && line.contains("upstream=gone"),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -70,11 +70,6 @@ impl Clock for ManualClock {
     }
 }
 
-/// Whole seconds on the [`coarse`] clock (never 0): for rate-limiting log lines.
-pub fn coarse_secs() -> u64 {
-    coarse::since_boot().as_secs() + 1
-}
-
 /// Time to within a few milliseconds, where nothing finer is needed: the upstream pool's
 /// idle ages and the `Date` header. A precise reading (`CLOCK_MONOTONIC` through the vDSO,
 /// a TSC read) costs about 45 ns on a virtual machine, against about 10 ns for the time the

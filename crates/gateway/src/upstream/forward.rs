@@ -151,7 +151,7 @@ async fn send(
                 n.retried();
             }
         }
-        let (key, target) = match up.pick(last_target.is_some()) {
+        let (key, target) = match up.pick(hop.route, last_target.is_some()) {
             Ok(t) => t,
             Err(none) => {
                 last = none.unwrap_or(last);

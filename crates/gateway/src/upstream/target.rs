@@ -62,7 +62,8 @@ pub struct Upstream {
     /// An HTTP/1.1 client for upgraded connections, made on the first upgrade.
     pub(super) upgrades: std::sync::OnceLock<Option<AltClient>>,
     pub(super) next: AtomicUsize,
-    /// Second of the last failure logged, so that failures log once a second at most.
+    /// When the last failure was logged (coarse milliseconds, offset by a second), so that
+    /// failures log once a second at most.
     pub(super) last_logged: AtomicU64,
     /// Failure and retry counters for `/metrics`.
     pub(super) stats: UpstreamStats,
@@ -177,8 +178,13 @@ impl Upstream {
 
     /// The next healthy target, round-robin, with its index. When there is none: after a
     /// try that was made (`tried`), `Err(None)`, since that try's failure is the answer;
-    /// otherwise the refusal, counted when it is for want of a healthy target (503).
-    pub(super) fn pick(&self, tried: bool) -> Result<(usize, &Target), Option<Refusal>> {
+    /// otherwise the refusal, counted and logged (for `route`) when it is for want of a
+    /// healthy target (503).
+    pub(super) fn pick(
+        &self,
+        route: &str,
+        tried: bool,
+    ) -> Result<(usize, &Target), Option<Refusal>> {
         let n = self.targets.len();
         if n == 0 {
             return Err(Some(Refusal::Upstream("no target")));
@@ -194,6 +200,7 @@ impl Upstream {
             return Err(None);
         }
         self.stats.no_healthy.inc();
+        log_no_healthy_target(self, route);
         Err(Some(Refusal::NoHealthyTarget))
     }
 
@@ -402,6 +409,28 @@ pub(super) fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: 
     log_failure_because(up, route, target, refusal, None);
 }
 
+/// Logs that no target of `up` is healthy (counted where it was found): at most one line
+/// a second per upstream, as the other failures.
+pub(super) fn log_no_healthy_target(up: &Upstream, route: &str) {
+    if log_due(up) {
+        let targets = up.targets.len();
+        tracing::info!(route, upstream = %up.cfg.name, targets, "{}", Refusal::NoHealthyTarget);
+    }
+}
+
+/// Whether a failure of `up` may be logged now: at most one line a second per upstream,
+/// a second being measured from the last line, not the clock's whole seconds.
+fn log_due(up: &Upstream) -> bool {
+    // Offset by a second, so that the first failure (nothing logged yet: 0) is due.
+    let now = crate::clock::coarse::since_boot().as_millis() as u64 + 1_000;
+    let last = up.last_logged.load(Ordering::Relaxed);
+    now.saturating_sub(last) >= 1_000
+        && up
+            .last_logged
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
 /// [`log_failure`], with what caused it in words (a certificate error, say), when there is
 /// more to say than the answer's detail.
 pub(super) fn log_failure_because(
@@ -418,14 +447,7 @@ pub(super) fn log_failure_because(
         Refusal::NoHealthyTarget => up.stats.no_healthy.inc(),
         _ => return,
     };
-    let now = crate::clock::coarse_secs();
-    let last = up.last_logged.load(Ordering::Relaxed);
-    if now != last
-        && up
-            .last_logged
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
+    if log_due(up) {
         let target = target.host.to_str().unwrap_or("?");
         match cause {
             Some(cause) => {

@@ -45,7 +45,7 @@ pub async fn upgrade(
         .upgrade_client()
         .ok_or(Refusal::Upstream("no client for upgrades"))?;
     let (_, target) = up
-        .pick(false)
+        .pick(hop.route, false)
         .map_err(|none| none.unwrap_or(Refusal::NoHealthyTarget))?;
     let uri = client
         .uri(&target.name, &pq)

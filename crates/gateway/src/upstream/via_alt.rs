@@ -53,7 +53,7 @@ pub(super) async fn forward(
     // has been tried.
     let mut unreached = None;
     for attempt in 0..up.targets.len().max(1) {
-        let target = match up.pick(attempt > 0) {
+        let target = match up.pick(hop.route, attempt > 0) {
             Ok((_, t)) => t,
             Err(none) => {
                 last = none.unwrap_or(last);
