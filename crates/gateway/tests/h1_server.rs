@@ -465,4 +465,19 @@ async fn a_refusal_to_a_body_held_back_for_100_continue_says_close() {
         r.to_ascii_lowercase().contains("connection: close\r\n"),
         "{r}"
     );
+    // A client that sent its body without waiting (RFC 9110, section 10.1.1) keeps its
+    // connection: the body is here whole, and the request behind it is served.
+    let r = raw(
+        gw.addr,
+        b"POST /a HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhelloGET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&r), 405, "{r}");
+    assert!(!r.contains("100 Continue"), "{r}");
+    let (first, second) = r.split_at(r.find("HTTP/1.1 200").expect("the GET's answer"));
+    assert!(
+        !first.to_ascii_lowercase().contains("connection: close"),
+        "{r}"
+    );
+    assert!(second.contains("GET /b"), "{r}");
 }

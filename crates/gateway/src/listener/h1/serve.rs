@@ -180,11 +180,12 @@ where
         let mut keep_alive = head.keep_alive && !stop.flag.load(Ordering::Acquire);
         if let Some(p) = pump.as_mut() {
             // A body no one reads any more: the connection is kept only if its rest is
-            // here, and the answer says so when it is not. So is a body the client holds
-            // back for a `100 Continue` that will not come, and one with more still to
-            // come than would be dropped after the answer.
-            if p.withheld()
-                || (p.abandoned() && !p.skip_buffered(&mut rbuf))
+            // here, and the answer says so when it is not. So is a body the client may
+            // hold back for a `100 Continue` that will not come (unless it sent the body
+            // anyway, as RFC 9110 lets it, and all of it is here), and one with more
+            // still to come than would be dropped after the answer.
+            let unread = p.withheld() || p.abandoned();
+            if (unread && !(p.abandoned() && p.skip_buffered(&mut rbuf)))
                 || p.rest_over(DISCARD_BYTES)
             {
                 keep_alive = false;
