@@ -158,7 +158,8 @@ fn add(
 }
 
 /// Reads the consumers in `path` (relative to `base`) into `table`, after the `inline` ones
-/// already there. Returns the fingerprint of the file's content.
+/// already there. Returns the file's path, the fingerprint of its content and the line of
+/// each consumer taken from it (in table order, after the inline ones).
 pub(crate) fn load(
     file_name: &str,
     base: &Path,
@@ -166,7 +167,7 @@ pub(crate) fn load(
     table: &mut Consumers,
     inline: usize,
     out: &mut Vec<Problem>,
-) -> Option<(std::path::PathBuf, u64)> {
+) -> Option<(std::path::PathBuf, u64, Vec<u32>)> {
     let path = base.join(file_name);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
@@ -254,7 +255,7 @@ pub(crate) fn load(
         }
     }
     probs.finish();
-    Some((path, fingerprint))
+    Some((path, fingerprint, lines))
 }
 
 fn load_csv(

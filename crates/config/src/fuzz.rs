@@ -45,7 +45,7 @@ fn read(name: &str, dir: &std::path::Path, bytes: &[u8]) {
     }
     let mut problems = Vec::new();
     let got = consumers_file::load(name, dir, &plans, &mut table, 1, &mut problems);
-    let Some((path, fingerprint)) = got else {
+    let Some((path, fingerprint, _)) = got else {
         panic!("{name} written and not read: {problems:?}");
     };
     assert_eq!(path, PathBuf::from(dir).join(name));

@@ -479,6 +479,8 @@ fn consumers(
         }
     }
     let inline = table.len();
+    // Each file consumer's line, to place a problem found once all are read.
+    let mut file_lines = Vec::new();
     let source = file_name.and_then(|f| {
         let f = f.trim();
         if f.is_empty() {
@@ -487,16 +489,26 @@ fn consumers(
         }
         let loaded =
             crate::consumers_file::load(f, base, plan_index, &mut table, inline, &mut p.0)?;
+        file_lines = loaded.2;
         Some(ConsumersFile {
             path: loaded.0,
             fingerprint: loaded.1,
         })
     });
+    // Where consumer `i` was given: `consumers[n]`, or the file and its line.
+    let place = |i: usize| match i.checked_sub(inline) {
+        None => placed.get(i).map(|n| format!("consumers[{n}]")),
+        Some(k) => {
+            let file = file_name.map(str::trim).unwrap_or_default();
+            file_lines.get(k).map(|l| format!("{file}:{l}"))
+        }
+    };
     for (plain, hashed) in table.digest_plain_keys(index_digests).into_iter().take(20) {
+        let other = place(hashed).map_or(String::new(), |at| format!(", at {at}"));
         p.add(
-            "consumers",
+            place(plain).unwrap_or_else(|| "consumers".to_string()),
             format!(
-                "a key of consumer {:?} is also given hashed to consumer {:?}",
+                "a key of consumer {:?} is also given hashed to consumer {:?}{other}",
                 table.name(plain),
                 table.name(hashed)
             ),
