@@ -172,6 +172,8 @@ fn check_prints_every_problem_with_its_place() {
             err.contains(&format!("consumers_log: {says}")),
             "{name}: {err}"
         );
+        // Each with its place in the file: `consumers_log`'s value, on line 6.
+        assert!(err.contains("(line 6, column 16)"), "{name}: {err}");
     }
 
     // Warnings are printed beside the errors of a file that is not valid.

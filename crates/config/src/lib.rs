@@ -118,10 +118,13 @@ pub fn from_text_for(text: &str, path: &Path, manages_keys: bool) -> Result<Conf
         .as_deref()
         .is_some_and(|l| validate::same_file(l, path))
     {
-        return Err(ConfigError::invalid(vec![Problem::new(
+        let problem = Problem::new(
             "consumers_log",
             "names this config file: the change log is appended to, so it needs a file of its own",
-        )]));
+        );
+        return Err(ConfigError::invalid(vec![
+            parse::Positions::of(text).place(problem)
+        ]));
     }
     Ok(cfg)
 }
