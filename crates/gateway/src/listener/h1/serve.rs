@@ -38,6 +38,10 @@ enum Waited {
 const LINGER_BYTES: usize = 64 * 1024;
 const LINGER_FOR: Duration = Duration::from_secs(1);
 
+/// A head longer than this leaves the read buffer it grew behind once its request is
+/// done: an idle connection holds a small buffer, not one of `max_header_bytes`.
+const LARGE_HEAD: usize = 16 * 1024;
+
 /// The most of a request body read and dropped after its answer to keep the connection
 /// (nginx discards a body of any size; this bounds what one client can make it read).
 const DISCARD_BYTES: u64 = 1024 * 1024;
@@ -65,8 +69,10 @@ where
         // How much of the buffer is known not to end a head: bytes that come one at a time
         // are not parsed again and again. A head that comes whole is parsed at once.
         let mut scanned = 0;
-        let head: Head = loop {
+        // With whether it was larger than [`LARGE_HEAD`].
+        let (head, large_head): (Head, bool) = loop {
             if !rbuf.is_empty() {
+                let held = rbuf.len();
                 let parsed = if scanned == 0 || head::may_end(&rbuf, scanned) {
                     head::parse(&mut rbuf, limits)
                 } else if rbuf.len() > limits.max_bytes {
@@ -76,7 +82,7 @@ where
                 };
                 scanned = rbuf.len();
                 match parsed {
-                    Ok(Some(h)) => break h,
+                    Ok(Some(h)) => break (h, held - rbuf.len() > LARGE_HEAD),
                     Ok(None) => {}
                     Err(r) => {
                         tracing::debug!(peer = ?info.peer_ip, status = r.status, "{}", r.reason);
@@ -252,6 +258,11 @@ where
         // largest it ever wrote.
         if wbuf.capacity() > 32 * 1024 {
             wbuf = Vec::new();
+        }
+        // Nor the read buffer a large head grew (up to `max_header_bytes`): the head's
+        // bytes are gone with the request, and the next read starts a small buffer.
+        if large_head && rbuf.is_empty() {
+            rbuf = BytesMut::new();
         }
         if !keep_alive {
             linger(&mut io, &mut rbuf).await;
