@@ -224,6 +224,9 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
     assert_eq!(lines[5]["method"], "POST");
     assert_eq!(lines[5]["path"], "/api/items");
     assert_eq!(lines[5]["refusal"], "bad_request");
+    let body_len = bad.split_once("\r\n\r\n").map_or(0, |(_, b)| b.len());
+    assert!(body_len > 0, "{bad}");
+    assert_eq!(lines[5]["bytes_out"], body_len, "{bad}");
 
     // logrotate: the file is moved away, the gateway reopens on request (SIGUSR1).
     let rotated = dir.join("access.log.1");

@@ -549,11 +549,12 @@ impl crate::listener::Handler for Gateway {
 
     fn refused_unread(
         &self,
-        status: u16,
+        refused: crate::listener::h1::head::Refused,
+        asked_head: bool,
         request_line: &[u8],
         conn: &Arc<ConnInfo>,
     ) -> Option<HeaderValue> {
-        Some(self.note_unread(status, request_line, conn))
+        Some(self.note_unread(refused, asked_head, request_line, conn))
     }
 
     fn opened(&self) {

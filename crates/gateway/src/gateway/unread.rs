@@ -5,6 +5,7 @@
 
 use super::state::Gateway;
 use crate::exchange::{ConnInfo, Fields, REASONS};
+use crate::listener::h1::head::{refusal_body, Refused};
 use crate::observe::record::Record;
 use crate::observe::request_id;
 use http::{HeaderValue, Method};
@@ -13,14 +14,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Gateway {
-    /// Counts and logs a request refused with `status` before its head parsed, from what
-    /// came of its `request_line`; the id its answer names.
+    /// Counts and logs a request `refused` before its head parsed, from what came of its
+    /// `request_line` (`asked_head`: a `HEAD`, answered without a body); the id its answer
+    /// names.
     pub(super) fn note_unread(
         &self,
-        status: u16,
+        refused: Refused,
+        asked_head: bool,
         request_line: &[u8],
         conn: &Arc<ConnInfo>,
     ) -> HeaderValue {
+        let status = refused.status;
         // A head that did not parse gives no id to trust: one is made.
         let (id, _) = request_id::pick(&Fields::default(), false);
         // A method as written when it is one, else `-`; the target as far as it came.
@@ -35,6 +39,11 @@ impl Gateway {
         // Every one of them is a request the gateway could not take as one.
         self.metrics.refusal(0);
         if let Some(log) = self.access_log.load_full() {
+            // The answer's body, as for every answer (none to a HEAD).
+            let bytes_out = match asked_head {
+                true => 0,
+                false => refusal_body(refused, id.to_str().ok()).len() as u64,
+            };
             log.log(Box::new(Record {
                 start: Instant::now(),
                 request_id: SmallVec::from_slice(id.as_bytes()),
@@ -46,7 +55,7 @@ impl Gateway {
                 consumer: None,
                 status,
                 bytes_in: None,
-                bytes_out: 0,
+                bytes_out,
                 duration: Duration::ZERO,
                 upstream_ns: None,
                 target: None,

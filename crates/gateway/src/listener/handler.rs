@@ -30,11 +30,13 @@ pub trait Handler: Send + Sync + 'static {
     fn tls_for(&self, address: SocketAddr) -> Option<Arc<rustls::ServerConfig>>;
 
     /// A request the listener refused before its head could be read whole (framing in
-    /// doubt, a head too large), with what came of its request line: the handler counts
-    /// and logs it as it does its own refusals. The id the answer names, if any.
+    /// doubt, a head too large), with what came of its request line and whether it asked
+    /// for the head alone: the handler counts and logs it as it does its own refusals. The
+    /// id the answer names, if any.
     fn refused_unread(
         &self,
-        _status: u16,
+        _refused: super::h1::head::Refused,
+        _asked_head: bool,
         _request_line: &[u8],
         _conn: &Arc<ConnInfo>,
     ) -> Option<http::HeaderValue> {

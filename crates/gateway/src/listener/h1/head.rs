@@ -388,13 +388,7 @@ pub fn has_token(v: &[u8], token: &[u8]) -> bool {
 pub fn refusal_answer(r: Refused, head: bool, id: Option<&[u8]>, date: &[u8], out: &mut Vec<u8>) {
     // The id is one the handler made (the gateway's: 32 hex digits): it needs no escaping.
     let id = id.map(String::from_utf8_lossy);
-    let body = match &id {
-        Some(id) => format!(
-            "{{\"status\":{},\"error\":\"{}\",\"request_id\":\"{id}\"}}\n",
-            r.status, r.reason
-        ),
-        None => format!("{{\"status\":{},\"error\":\"{}\"}}\n", r.status, r.reason),
-    };
+    let body = refusal_body(r, id.as_deref());
     let reason = http::StatusCode::from_u16(r.status)
         .ok()
         .and_then(|s| s.canonical_reason())
@@ -416,6 +410,17 @@ pub fn refusal_answer(r: Refused, head: bool, id: Option<&[u8]>, date: &[u8], ou
     out.extend_from_slice(b"\r\n\r\n");
     if !head {
         out.extend_from_slice(body.as_bytes());
+    }
+}
+
+/// The JSON body of [`refusal_answer`] (what its access log line counts as sent).
+pub fn refusal_body(r: Refused, id: Option<&str>) -> String {
+    match id {
+        Some(id) => format!(
+            "{{\"status\":{},\"error\":\"{}\",\"request_id\":\"{id}\"}}\n",
+            r.status, r.reason
+        ),
+        None => format!("{{\"status\":{},\"error\":\"{}\"}}\n", r.status, r.reason),
     }
 }
 

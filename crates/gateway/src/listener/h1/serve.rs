@@ -89,7 +89,7 @@ where
                         wbuf.clear();
                         let asked_head = head::asks_head(&rbuf);
                         let line = head::request_line(&rbuf);
-                        let id = gw.refused_unread(r.status, line, &info);
+                        let id = gw.refused_unread(r, asked_head, line, &info);
                         let id = id.as_ref().map(|v| v.as_bytes());
                         with_date(|d| head::refusal_answer(r, asked_head, id, d, &mut wbuf));
                         let _ = io.write_all(&wbuf).await;
