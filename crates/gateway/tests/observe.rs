@@ -534,6 +534,14 @@ async fn status_config_and_reload_over_the_admin_api() {
     let m = gw.gw.metrics_text();
     assert_eq!(sample(&m, "tollgate_config_reloads_total"), Some(1.0));
     assert_eq!(sample(&m, "tollgate_config_reload_errors_total"), Some(1.0));
+
+    // The file mended back to what runs: nothing to apply, and the error is gone.
+    std::fs::write(&file, &second).expect("w");
+    let r = admin_call(&c, addr, Method::POST, "/reload").await;
+    assert_eq!(json(&r)["reloaded"], false, "{}", r.body);
+    let s = json(&admin_call(&c, addr, Method::GET, "/status").await);
+    assert_eq!(s["config"]["last_reload_error"], serde_json::Value::Null);
+    assert_eq!(s["config"]["generation"], 2);
 }
 
 #[tokio::test]

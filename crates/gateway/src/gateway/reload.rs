@@ -110,6 +110,11 @@ impl Gateway {
             && !self.tls_files_changed()
         {
             tracing::info!(path = %path.display(), "config unchanged; nothing to reload");
+            // The file is the running config again: an error of a bad version since
+            // mended no longer describes it.
+            self.rejected.store(0, Ordering::Relaxed);
+            self.status
+                .send_if_modified(|s| s.last_error.take().is_some());
             return Ok(());
         }
         self.reload_bytes(path, &bytes)
