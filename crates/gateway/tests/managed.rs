@@ -479,3 +479,62 @@ async fn a_key_names_one_consumer_whether_the_config_or_the_api_gives_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_plan_given_through_the_api_keeps_the_counts_of_the_limits_it_shares() {
+    let dir = tempdir("managed-plan-counts");
+    let (backend, _) = inspect_backend().await;
+    let yaml = yaml(
+        backend,
+        &format!(
+            r#"consumers_log: "{}"
+plans:
+  a: {{limits: [{{requests: 4, per: 10s, name: q}}]}}
+  b: {{limits: [{{requests: 4, per: 10s, name: q}}, {{requests: 100, per: 1m}}]}}
+consumers:
+  - {{name: alice, keys: [ka], plan: a}}
+routes:
+  - {{name: api, path_prefix: /api/, upstream: backend, auth: {{header: [x-api-key]}}, limits: [{{requests: 2, per: 10s, name: route-q}}]}}
+  - {{name: other, path_prefix: /other/, upstream: backend, auth: {{header: [x-api-key]}}}}
+"#,
+            dir.join("consumers.changes").display()
+        ),
+    );
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    let ad = start_admin(&gw.gw, Some(TOKEN)).await;
+    let refused_by = |a: &Answer| {
+        assert_eq!(a.status, 429, "{}", a.body);
+        let v: Value = serde_json::from_str(&a.body).expect("json");
+        v["limit"].as_str().unwrap_or_default().to_string()
+    };
+    // The route's own limit used up, half of the plan's.
+    for path in ["/api/1", "/api/2"] {
+        assert_eq!(call(&gw, path, "ka").await.status, 200, "{path}");
+    }
+    // Moved to plan b, which holds q as well: the route's limit is still used up, and
+    // q has two calls left, not four.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/alice",
+        Some(json!({"plan": "b"})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(refused_by(&call(&gw, "/api/3", "ka").await), "route-q");
+    for path in ["/other/4", "/other/5"] {
+        assert_eq!(call(&gw, path, "ka").await.status, 200, "{path}");
+    }
+    assert_eq!(refused_by(&call(&gw, "/other/6", "ka").await), "q");
+    // And back to a: q is used up there too.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/alice",
+        Some(json!({"plan": "a"})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(refused_by(&call(&gw, "/other/7", "ka").await), "q");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -24,6 +24,9 @@ pub struct Guest<S> {
     pub name: Arc<str>,
     /// Its layout slot: the plan it first came with.
     pub plan: u32,
+    /// The listed consumer of its name, when it is one counted on another plan than its
+    /// listed one (the admin API gave it that plan).
+    pub listed: Option<u32>,
     /// Its counts.
     pub slot: Mutex<S>,
 }
@@ -55,9 +58,10 @@ impl<S> Default for Guests<S> {
 }
 
 impl<S: Default> Guests<S> {
-    /// The number of guest `name` on plan slot `plan`, made on its first call; `None`
-    /// when there are [`MAX_GUESTS`] already.
-    pub fn add(&self, name: &str, plan: usize) -> Option<usize> {
+    /// The number of guest `name` on plan slot `plan`, made on its first call (`listed`:
+    /// the listed consumer of that name, if any); `None` when there are [`MAX_GUESTS`]
+    /// already.
+    pub fn add(&self, name: &str, plan: usize, listed: Option<usize>) -> Option<usize> {
         let plan = u32::try_from(plan).ok()?;
         let find = |plans: &Plans| {
             plans
@@ -88,6 +92,7 @@ impl<S: Default> Guests<S> {
         let guest = Guest {
             name: name.clone(),
             plan,
+            listed: listed.and_then(|l| u32::try_from(l).ok()),
             slot: Mutex::new(S::default()),
         };
         chunk.get(n % CHUNK)?.set(guest).ok()?;
@@ -124,16 +129,16 @@ mod tests {
     #[test]
     fn a_guest_keeps_its_number_on_its_plan() {
         let g: Guests<u8> = Guests::default();
-        assert_eq!(g.add("zed", 1), Some(0));
-        assert_eq!(g.add("yve", 0), Some(1));
-        assert_eq!(g.add("zed", 1), Some(0));
-        assert_eq!(g.add("zed", 0), Some(2));
+        assert_eq!(g.add("zed", 1, None), Some(0));
+        assert_eq!(g.add("yve", 0, None), Some(1));
+        assert_eq!(g.add("zed", 1, None), Some(0));
+        assert_eq!(g.add("zed", 0, None), Some(2));
         let zed = g.get(0).expect("zed");
         assert_eq!((&*zed.name, zed.plan), ("zed", 1));
         assert_eq!(g.count(), 3);
         assert!(g.get(3).is_none());
         for i in 0..CHUNK + 1 {
-            g.add(&format!("g{i}"), 0).expect("room");
+            g.add(&format!("g{i}"), 0, None).expect("room");
         }
         // zed, yve, zed are 0 to 2: g{i} is number i + 3, and the second chunk starts at
         // CHUNK.

@@ -160,9 +160,37 @@ impl Counters {
 
     /// The index of the guest `name` on plan slot `plan`, made on its first call; `None`
     /// when the table holds [`super::guests::MAX_GUESTS`] already. A guest keeps the plan it first came
-    /// with until the table is replaced.
-    pub fn guest(&self, name: &str, plan: usize) -> Option<usize> {
-        Some(self.lines.len() + self.guests.add(name, plan)?)
+    /// with until the table is replaced. `listed`: the listed consumer of that name (one
+    /// the admin API moved to another plan), whose counts the guest's limits share.
+    pub fn guest(&self, name: &str, plan: usize, listed: Option<usize>) -> Option<usize> {
+        Some(self.lines.len() + self.guests.add(name, plan, listed)?)
+    }
+
+    /// Before guest `i` counts: when it is a listed consumer on another plan, counts its
+    /// listed line keeps move to cells, where the guest's limits of the same identity find
+    /// them, and a line not looked at yet looks its cells up when it is used again (the
+    /// guest may have made some). A table made at start would otherwise skip that lookup.
+    fn hand_over(&self, i: usize, now: Now) {
+        let Some(l) = i
+            .checked_sub(self.lines.len())
+            .and_then(|n| self.guests.get(n))
+            .and_then(|g| g.listed)
+        else {
+            return;
+        };
+        let l = l as usize;
+        let Some(line) = self.lines.get(l) else {
+            return;
+        };
+        let mut slot = line.slot.lock();
+        match &*slot {
+            Slot::Unknown => *slot = Slot::Swept,
+            Slot::Light(_) => {
+                drop(slot);
+                self.with_cells(l, now, |_| ());
+            }
+            Slot::Swept | Slot::Cells(_) => {}
+        }
     }
 
     /// The index of the guest `name` as it last came (see [`Guests::find`]), without
@@ -249,6 +277,9 @@ impl Counters {
         let layout = &self.layouts[ls];
         // Guests are counted in cells only: `settle_all` walks the listed consumers.
         let listed = i < self.lines.len();
+        if !listed {
+            self.hand_over(i, now);
+        }
         // A cell retired by the sweeper before this request reached it is dropped from
         // the slot and looked up again: the sweeper retires only idle cells, so a second
         // try finds fresh ones.
@@ -346,6 +377,9 @@ impl Counters {
         let Some((line, ls)) = self.at(i) else {
             return f(&Group::new());
         };
+        if i >= self.lines.len() {
+            self.hand_over(i, now);
+        }
         let layout = &self.layouts[ls];
         let mut slot = line.lock();
         let windows = match &*slot {

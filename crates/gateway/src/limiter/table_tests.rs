@@ -254,3 +254,60 @@ fn a_longer_limit_keeps_its_counts_when_a_shorter_ones_cell_is_retired() {
         assert_eq!(counters.active(10, ms(40_200)).len(), 1);
     }
 }
+
+/// A fresh table of consumer `a` listed on plan A (3 per 10 s) beside plan B (the same
+/// limit and 100 per minute).
+fn two_plans(live: &Arc<Live>) -> Counters {
+    let mut consumers = Consumers::default();
+    assert_eq!(consumers.push("a", Some(0), &["ka"], &[]), Ok(0));
+    let q = LimitConfig {
+        name: "q".into(),
+        requests: 3,
+        window: Duration::from_secs(10),
+    };
+    let wide = LimitConfig {
+        name: "wide".into(),
+        requests: 100,
+        window: Duration::from_secs(60),
+    };
+    let layouts = vec![
+        Layout {
+            limits: vec![(q.clone(), None)],
+        },
+        Layout {
+            limits: vec![(q, None), (wide, None)],
+        },
+        Layout::default(),
+    ];
+    Counters::new(Arc::new(consumers), layouts, live.clone())
+}
+
+#[test]
+fn a_listed_consumer_moved_to_another_plan_keeps_the_counts_of_the_limits_both_hold() {
+    let check = |c: &Counters, i: usize, positions: &[usize], now| match c.check(i, positions, now)
+    {
+        Ok(_) => true,
+        Err(Refused::Limit(_)) => false,
+        Err(e) => panic!("{e:?}"),
+    };
+    // Counted in its line on plan A, then as a guest on plan B (the admin API moved it).
+    let live = Arc::new(Live::new(None, None));
+    let c = two_plans(&live);
+    for _ in 0..3 {
+        assert!(check(&c, 0, &[0], at(0)));
+    }
+    assert_eq!(live.len(), 0, "counts held in the line");
+    let guest = c.guest("a", 1, Some(0)).expect("guest");
+    assert!(
+        !check(&c, guest, &[0, 1], at(1)),
+        "q's three calls count on B"
+    );
+    // Counted as the guest first, then in its line again (moved back).
+    let live = Arc::new(Live::new(None, None));
+    let c = two_plans(&live);
+    let guest = c.guest("a", 1, Some(0)).expect("guest");
+    for _ in 0..3 {
+        assert!(check(&c, guest, &[0, 1], at(0)));
+    }
+    assert!(!check(&c, 0, &[0], at(1)), "q's three calls count on A");
+}

@@ -301,7 +301,7 @@ fn consumer(
         .or(jwt.cfg.anonymous_plan)
         .ok_or(Refusal::InvalidToken("unknown consumer"))?;
     snap.counters
-        .guest(name, plan)
+        .guest(name, plan, None)
         .ok_or(Refusal::TooManyGuests)
 }
 
