@@ -489,12 +489,12 @@ async fn a_plan_given_through_the_api_keeps_the_counts_of_the_limits_it_shares()
         &format!(
             r#"consumers_log: "{}"
 plans:
-  a: {{limits: [{{requests: 4, per: 10s, name: q}}]}}
-  b: {{limits: [{{requests: 4, per: 10s, name: q}}, {{requests: 100, per: 1m}}]}}
+  a: {{limits: [{{requests: 4, per: 1m, name: q}}]}}
+  b: {{limits: [{{requests: 4, per: 1m, name: q}}, {{requests: 100, per: 1h}}]}}
 consumers:
   - {{name: alice, keys: [ka], plan: a}}
 routes:
-  - {{name: api, path_prefix: /api/, upstream: backend, auth: {{header: [x-api-key]}}, limits: [{{requests: 2, per: 10s, name: route-q}}]}}
+  - {{name: api, path_prefix: /api/, upstream: backend, auth: {{header: [x-api-key]}}, limits: [{{requests: 2, per: 1m, name: route-q}}]}}
   - {{name: other, path_prefix: /other/, upstream: backend, auth: {{header: [x-api-key]}}}}
 "#,
             dir.join("consumers.changes").display()
@@ -507,7 +507,8 @@ routes:
         let v: Value = serde_json::from_str(&a.body).expect("json");
         v["limit"].as_str().unwrap_or_default().to_string()
     };
-    // The route's own limit used up, half of the plan's.
+    // The route's own limit used up, half of the plan's; both calls in one sub-window
+    // of 6 s, so the counts are kept in the consumer's line, not in cells.
     for path in ["/api/1", "/api/2"] {
         assert_eq!(call(&gw, path, "ka").await.status, 200, "{path}");
     }

@@ -166,30 +166,18 @@ impl Counters {
         Some(self.lines.len() + self.guests.add(name, plan, listed)?)
     }
 
-    /// Before guest `i` counts: when it is a listed consumer on another plan, counts its
-    /// listed line keeps move to cells, where the guest's limits of the same identity find
-    /// them, and a line not looked at yet looks its cells up when it is used again (the
-    /// guest may have made some). A table made at start would otherwise skip that lookup.
+    /// Before guest `i` counts: when it is a listed consumer on another plan, its listed
+    /// line is given cells (its light counts moved to them), made under the line's lock
+    /// if none are in use. The guest's limits of the same identity then count in those
+    /// very cells, and so does the line if the consumer is moved back, even while requests
+    /// identified before the move are still being checked.
     fn hand_over(&self, i: usize, now: Now) {
-        let Some(l) = i
+        let listed = i
             .checked_sub(self.lines.len())
             .and_then(|n| self.guests.get(n))
-            .and_then(|g| g.listed)
-        else {
-            return;
-        };
-        let l = l as usize;
-        let Some(line) = self.lines.get(l) else {
-            return;
-        };
-        let mut slot = line.slot.lock();
-        match &*slot {
-            Slot::Unknown => *slot = Slot::Swept,
-            Slot::Light(_) => {
-                drop(slot);
-                self.with_cells(l, now, |_| ());
-            }
-            Slot::Swept | Slot::Cells(_) => {}
+            .and_then(|g| g.listed);
+        if let Some(l) = listed.map(|l| l as usize).filter(|&l| l < self.lines.len()) {
+            self.with_cells(l, now, |_| ());
         }
     }
 

@@ -310,4 +310,20 @@ fn a_listed_consumer_moved_to_another_plan_keeps_the_counts_of_the_limits_both_h
         assert!(check(&c, guest, &[0, 1], at(0)));
     }
     assert!(!check(&c, 0, &[0], at(1)), "q's three calls count on A");
+    // Moved while a request identified before the move is in flight: the guest's first
+    // request has handed the line over but not counted yet when one on the line counts.
+    let live = Arc::new(Live::new(None, None));
+    let c = two_plans(&live);
+    let guest = c.guest("a", 1, Some(0)).expect("guest");
+    c.hand_over(guest, at(0));
+    // The line counts in the cells the guest will find from now on, not in counts of its
+    // own that the rest of the guest's request would not see.
+    assert!(matches!(*c.lines[0].slot.lock(), Slot::Cells(_)));
+    assert!(check(&c, 0, &[0], at(0)));
+    assert!(check(&c, guest, &[0, 1], at(0)));
+    assert!(check(&c, 0, &[0], at(0)));
+    assert!(
+        !check(&c, guest, &[0, 1], at(0)),
+        "three calls, wherever each was counted"
+    );
 }
