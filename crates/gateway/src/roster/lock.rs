@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -57,15 +57,26 @@ impl LogLock {
         let id = (meta.dev(), meta.ino());
         let mut held = held().lock().unwrap_or_else(|p| p.into_inner());
         held.retain(|_, w| w.strong_count() > 0);
-        if let Some(mine) = held.get(&id).and_then(Weak::upgrade) {
-            return Ok(Some(LogLock { _file: mine }));
+        if let Some(ours) = held.get(&id).and_then(Weak::upgrade) {
+            return Ok(Some(LogLock { _file: ours }));
         }
-        match file.try_lock() {
+        let mut tries = 0;
+        let taken = loop {
+            match file.try_lock() {
+                Err(TryLockError::WouldBlock) if tries < 200 && holder(&file) == Some(mine()) => {
+                    // This process's own lock, on its way out: a handle closed here but
+                    // still open in a child forked at that moment (until it runs its
+                    // program), or dropped on another thread. Gone within moments.
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                other => break other,
+            }
+        };
+        match taken {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
-                let mut pid = String::new();
-                let _ = (&file).take(32).read_to_string(&mut pid);
-                let pid = pid.trim();
+                let pid = holder(&file).unwrap_or_default();
                 let by = if pid.is_empty() {
                     String::new()
                 } else {
@@ -86,11 +97,25 @@ impl LogLock {
         }
         // Who holds it, for the message another process gives.
         let _ = file.set_len(0);
-        let _ = (&file).write_all(format!("{}\n", std::process::id()).as_bytes());
+        let _ = (&file).seek(std::io::SeekFrom::Start(0));
+        let _ = (&file).write_all(format!("{}\n", mine()).as_bytes());
         let file = Arc::new(file);
         held.insert(id, Arc::downgrade(&file));
         Ok(Some(LogLock { _file: file }))
     }
+}
+
+/// This process's id, as the lock file names it.
+fn mine() -> String {
+    std::process::id().to_string()
+}
+
+/// The process the lock file names (its first line).
+fn holder(mut file: &File) -> Option<String> {
+    let mut text = String::new();
+    file.seek(std::io::SeekFrom::Start(0)).ok()?;
+    file.take(32).read_to_string(&mut text).ok()?;
+    Some(text.trim().to_string()).filter(|p| !p.is_empty())
 }
 
 #[cfg(test)]
