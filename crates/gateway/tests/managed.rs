@@ -527,6 +527,16 @@ routes:
         assert_eq!(call(&gw, path, "ka").await.status, 200, "{path}");
     }
     assert_eq!(refused_by(&call(&gw, "/other/6", "ka").await), "q");
+    // The dashboard names it once among those closest to their quota.
+    let (s, top) = admin(ad, Method::GET, "/top", None).await;
+    assert_eq!(s, 200, "{top}");
+    let names: Vec<&str> = top["closest_to_quota"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|q| q["consumer"].as_str())
+        .collect();
+    assert_eq!(names, ["alice"], "{top}");
     // And back to a: q is used up there too.
     let (s, v) = admin(
         ad,
