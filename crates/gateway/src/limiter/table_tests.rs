@@ -81,7 +81,12 @@ fn table(live: &Arc<Live>) -> Counters {
 
 /// Admitted (true) or refused, for consumer `i` at `now`.
 fn admit(c: &Counters, i: usize, now: Now) -> bool {
-    match c.check(i, &[0], now) {
+    admit_in(c, i, &[0], now)
+}
+
+/// [`admit`], counted in the limits at `positions` of the consumer's layout.
+fn admit_in(c: &Counters, i: usize, positions: &[usize], now: Now) -> bool {
+    match c.check(i, positions, now) {
         Ok(_) => true,
         Err(Refused::Limit(_)) => false,
         Err(e) => panic!("{e:?}"),
@@ -227,11 +232,7 @@ fn a_longer_limit_keeps_its_counts_when_a_shorter_ones_cell_is_retired() {
         mono: ms * 1_000_000,
         wall: ms * 1_000_000,
     };
-    let admit2 = |c: &Counters, now| match c.check(0, &[0, 1], now) {
-        Ok(_) => true,
-        Err(Refused::Limit(_)) => false,
-        Err(e) => panic!("{e:?}"),
-    };
+    let admit2 = |c: &Counters, now| admit_in(c, 0, &[0, 1], now);
     // Retired and swept from the table, or retired only (the request meets the retired
     // cell before the sweep does): either way the minute's three calls still count.
     for swept in [true, false] {
@@ -284,22 +285,16 @@ fn two_plans(live: &Arc<Live>) -> Counters {
 
 #[test]
 fn a_listed_consumer_moved_to_another_plan_keeps_the_counts_of_the_limits_both_hold() {
-    let check = |c: &Counters, i: usize, positions: &[usize], now| match c.check(i, positions, now)
-    {
-        Ok(_) => true,
-        Err(Refused::Limit(_)) => false,
-        Err(e) => panic!("{e:?}"),
-    };
     // Counted in its line on plan A, then as a guest on plan B (the admin API moved it).
     let live = Arc::new(Live::new(None, None));
     let c = two_plans(&live);
     for _ in 0..3 {
-        assert!(check(&c, 0, &[0], at(0)));
+        assert!(admit_in(&c, 0, &[0], at(0)));
     }
     assert_eq!(live.len(), 0, "counts held in the line");
     let guest = c.guest("a", 1, Some(0)).expect("guest");
     assert!(
-        !check(&c, guest, &[0, 1], at(1)),
+        !admit_in(&c, guest, &[0, 1], at(1)),
         "q's three calls count on B"
     );
     // Counted as the guest first, then in its line again (moved back).
@@ -307,9 +302,9 @@ fn a_listed_consumer_moved_to_another_plan_keeps_the_counts_of_the_limits_both_h
     let c = two_plans(&live);
     let guest = c.guest("a", 1, Some(0)).expect("guest");
     for _ in 0..3 {
-        assert!(check(&c, guest, &[0, 1], at(0)));
+        assert!(admit_in(&c, guest, &[0, 1], at(0)));
     }
-    assert!(!check(&c, 0, &[0], at(1)), "q's three calls count on A");
+    assert!(!admit_in(&c, 0, &[0], at(1)), "q's three calls count on A");
     // Moved while a request identified before the move is in flight: the guest's first
     // request has handed the line over but not counted yet when one on the line counts.
     let live = Arc::new(Live::new(None, None));
@@ -319,11 +314,11 @@ fn a_listed_consumer_moved_to_another_plan_keeps_the_counts_of_the_limits_both_h
     // The line counts in the cells the guest will find from now on, not in counts of its
     // own that the rest of the guest's request would not see.
     assert!(matches!(*c.lines[0].slot.lock(), Slot::Cells(_)));
-    assert!(check(&c, 0, &[0], at(0)));
-    assert!(check(&c, guest, &[0, 1], at(0)));
-    assert!(check(&c, 0, &[0], at(0)));
+    assert!(admit_in(&c, 0, &[0], at(0)));
+    assert!(admit_in(&c, guest, &[0, 1], at(0)));
+    assert!(admit_in(&c, 0, &[0], at(0)));
     assert!(
-        !check(&c, guest, &[0, 1], at(0)),
+        !admit_in(&c, guest, &[0, 1], at(0)),
         "three calls, wherever each was counted"
     );
 }

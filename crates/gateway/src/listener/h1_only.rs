@@ -216,6 +216,13 @@ mod tests {
         (client, H1Only::new(server))
     }
 
+    /// Everything `io` gives until the end.
+    async fn rest(io: &mut H1Only) -> Vec<u8> {
+        let mut got = Vec::new();
+        io.read_to_end(&mut got).await.expect("read");
+        got
+    }
+
     /// Polls one read of `io` without waiting: whether it is still waiting for bytes.
     fn waits(io: &mut H1Only) -> bool {
         let mut b = [0u8; 64];
@@ -233,8 +240,7 @@ mod tests {
             .await
             .expect("write");
         client.shutdown().await.expect("shutdown");
-        let mut got = Vec::new();
-        server.read_to_end(&mut got).await.expect("read");
+        let got = rest(&mut server).await;
         assert!(got.is_empty(), "nothing of it reaches HTTP/1: {got:?}");
         let mut answer = Vec::new();
         client.read_to_end(&mut answer).await.expect("read");
@@ -250,15 +256,11 @@ mod tests {
             .await
             .expect("write");
         client.shutdown().await.expect("shutdown");
-        let mut got = Vec::new();
-        server.read_to_end(&mut got).await.expect("read");
-        assert_eq!(got, b"PROPFIND / HTTP/1.1\r\n\r\n");
+        assert_eq!(rest(&mut server).await, b"PROPFIND / HTTP/1.1\r\n\r\n");
         // Cut short by the client's end: what came is still given.
         let (mut client, mut server) = pair(b"PRI").await;
         assert!(waits(&mut server));
         client.shutdown().await.expect("shutdown");
-        let mut got = Vec::new();
-        server.read_to_end(&mut got).await.expect("read");
-        assert_eq!(got, b"PRI");
+        assert_eq!(rest(&mut server).await, b"PRI");
     }
 }
