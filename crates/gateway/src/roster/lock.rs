@@ -76,12 +76,7 @@ impl LogLock {
         match taken {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
-                let pid = holder(&file).unwrap_or_default();
-                let by = if pid.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (pid {pid})")
-                };
+                let by = holder(&file).map_or(String::new(), |pid| format!(" (pid {pid})"));
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::ResourceBusy,
                     format!(
@@ -143,9 +138,10 @@ mod tests {
         assert!(matches!(apart.try_lock(), Err(TryLockError::WouldBlock)));
         drop(apart);
         drop((a, b));
-        // Released with its last holder: a file opened apart can take it.
+        // Released with its last holder: a file opened apart takes it (waiting, should a
+        // child another test forks hold the closed handle until it runs its program).
         let f = File::open(lock_path(&log)).expect("open");
-        f.try_lock().expect("free once dropped");
+        f.lock().expect("free once dropped");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
