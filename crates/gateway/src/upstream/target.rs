@@ -411,7 +411,7 @@ pub(super) fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: 
 
 /// Logs that no target of `up` is healthy (counted where it was found): at most one line
 /// a second per upstream, as the other failures.
-pub(super) fn log_no_healthy_target(up: &Upstream, route: &str) {
+fn log_no_healthy_target(up: &Upstream, route: &str) {
     if log_due(up) {
         let targets = up.targets.len();
         tracing::info!(route, upstream = %up.cfg.name, targets, "{}", Refusal::NoHealthyTarget);

@@ -190,10 +190,8 @@ where
             // hold back for a `100 Continue` that will not come (unless it sent the body
             // anyway, as RFC 9110 lets it, and all of it is here), and one with more
             // still to come than would be dropped after the answer.
-            let unread = p.withheld() || p.abandoned();
-            if (unread && !(p.abandoned() && p.skip_buffered(&mut rbuf)))
-                || p.rest_over(DISCARD_BYTES)
-            {
+            let skipped = p.abandoned() && p.skip_buffered(&mut rbuf);
+            if ((p.withheld() || p.abandoned()) && !skipped) || p.rest_over(DISCARD_BYTES) {
                 keep_alive = false;
             }
             if poll_fn(|cx| p.poll_answering(&mut io, cx)).await.is_err() {
