@@ -30,10 +30,16 @@ pub(crate) fn limits(raw: &[file::Limit], at: &str, p: &mut Problems) -> Vec<Lim
             .name
             .clone()
             .unwrap_or_else(|| format!("{}-per-{}", l.requests, human_window(l.per.0)));
-        if name.is_empty() || name.contains(['"', '\\']) || !name.is_ascii() {
+        // It goes into the `RateLimit` headers as a quoted string and into 429 bodies as a
+        // JSON string: printable ASCII without the two characters either would escape.
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        {
             p.add(
                 format!("{at}.name"),
-                "must be non-empty ASCII without quotes or backslashes",
+                "must be non-empty printable ASCII without quotes or backslashes (it is sent in the RateLimit headers)",
             );
         }
         if !names.insert(name.clone()) {

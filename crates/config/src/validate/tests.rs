@@ -240,6 +240,28 @@ fn limit_windows_are_bounded() {
 }
 
 #[test]
+fn limit_names_are_printable_ascii_for_the_ratelimit_headers() {
+    for name in [
+        r#""a\r\nX-Evil: 1""#,
+        r#""tab\there""#,
+        r#""say \"hi\"""#,
+        "café",
+    ] {
+        let bad = GOOD.replace("name: slow", &format!("name: {name}"));
+        let err = from_yaml(&bad).expect_err("invalid");
+        assert!(
+            err.to_string().contains(
+                "plans.gold.limits[1].name: must be non-empty printable ASCII without quotes or backslashes"
+            ),
+            "{name}: {err}"
+        );
+    }
+    let good = GOOD.replace("name: slow", r#"name: "slow lane (v2)""#);
+    let c = from_yaml(&good).expect("valid");
+    assert_eq!(c.plans[0].limits[1].name, "slow lane (v2)");
+}
+
+#[test]
 fn routes_sort_most_specific_first() {
     let cfg = GOOD.replace(
             "routes:",
