@@ -52,11 +52,19 @@ pub struct Scope<'a> {
 }
 
 impl Scope<'_> {
-    /// `consumer:NAME` or `route:R:consumer:NAME`, as the state file and Redis name it.
+    /// `consumer:NAME` or `route:R:consumer:NAME`, as the state file names it. A route's
+    /// `:` and `%` are written `%3A` and `%25`, so that route `a:consumer:b` with consumer
+    /// `c` and route `a` with consumer `b:consumer:c` are two cells, not one.
     fn write(&self, out: &mut impl Extend<u8>) {
         if let Some(r) = self.route {
             out.extend(*b"route:");
-            out.extend(r.bytes());
+            for b in r.bytes() {
+                match b {
+                    b':' => out.extend(*b"%3A"),
+                    b'%' => out.extend(*b"%25"),
+                    b => out.extend([b]),
+                }
+            }
             out.extend(*b":");
         }
         out.extend(*b"consumer:");

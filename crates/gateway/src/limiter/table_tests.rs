@@ -31,6 +31,36 @@ fn cell_keys_keep_the_state_files_format() {
 }
 
 #[test]
+fn a_route_name_holding_the_separator_cannot_share_another_routes_cell() {
+    let live = Live::new(None, None);
+    let now = Now { mono: 1, wall: 1 };
+    let joined = Scope {
+        route: Some("a:consumer:b"),
+        consumer: "c",
+    };
+    let split = Scope {
+        route: Some("a"),
+        consumer: "b:consumer:c",
+    };
+    assert_eq!(
+        cell_key(joined, &limit()).as_slice(),
+        b"route:a%3Aconsumer%3Ab:consumer:c\tper-minute\t60\t60"
+    );
+    let odd = Scope {
+        route: Some("50%"),
+        consumer: "c",
+    };
+    assert_eq!(
+        cell_key(odd, &limit()).as_slice(),
+        b"route:50%25:consumer:c\tper-minute\t60\t60"
+    );
+    let one = live.cell(joined, &limit(), now);
+    let other = live.cell(split, &limit(), now);
+    assert!(!Arc::ptr_eq(&one, &other), "two identities, two cells");
+    assert_eq!(live.len(), 2);
+}
+
+#[test]
 fn one_identity_is_one_cell_until_it_is_retired() {
     let live = Live::new(None, None);
     let now = Now { mono: 1, wall: 1 };
