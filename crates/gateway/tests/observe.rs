@@ -542,6 +542,23 @@ async fn status_config_and_reload_over_the_admin_api() {
     let s = json(&admin_call(&c, addr, Method::GET, "/status").await);
     assert_eq!(s["config"]["last_reload_error"], serde_json::Value::Null);
     assert_eq!(s["config"]["generation"], 2);
+
+    // A file gone is a rejected reload too: answered, counted and shown.
+    let away = dir.join("away.yaml");
+    std::fs::rename(&file, &away).expect("move");
+    let r = admin_call(&c, addr, Method::POST, "/reload").await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    let s = json(&admin_call(&c, addr, Method::GET, "/status").await);
+    assert!(
+        s["config"]["last_reload_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot read")),
+        "{s}"
+    );
+    let m = gw.gw.metrics_text();
+    assert_eq!(sample(&m, "tollgate_config_reload_errors_total"), Some(2.0));
+    assert_eq!(c.get(&gw.url("/public/x")).await.status, StatusCode::OK);
+    std::fs::rename(&away, &file).expect("back");
 }
 
 #[tokio::test]

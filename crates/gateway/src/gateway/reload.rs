@@ -101,10 +101,18 @@ impl Gateway {
     /// every problem logged, and the old config keeps serving; the content already running
     /// is not applied again.
     pub fn reload_file(&self, path: &Path) -> Result<(), ConfigError> {
-        let bytes = std::fs::read(path).map_err(|e| ConfigError::Read {
-            path: path.display().to_string(),
-            source: e,
-        })?;
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            // A file gone or unreadable is a rejected reload like any other: logged,
+            // counted and shown in `/status`, the old config serving on.
+            Err(e) => {
+                let e = ConfigError::Read {
+                    path: path.display().to_string(),
+                    source: e,
+                };
+                return Err(self.rejected_with(path, &[], e));
+            }
+        };
         if fingerprint(&bytes) == self.running_fingerprint()
             && !self.consumers_file_changed()
             && !self.tls_files_changed()
