@@ -91,8 +91,17 @@ pub fn status(gw: &Gateway) -> Answer {
     )
 }
 
-/// Replaces what must not leave the node: API keys, and the password in a Redis URL.
+/// Replaces what must not leave the node: API keys, the password in a Redis URL, and the
+/// values of the headers sent to the trace collector (where its API key goes).
 fn redact(v: &mut Value) {
+    if let Some(headers) = v
+        .pointer_mut("/tracing/otlp/headers")
+        .and_then(Value::as_object_mut)
+    {
+        for value in headers.values_mut() {
+            *value = Value::from("<redacted>");
+        }
+    }
     if let Some(consumers) = v.get_mut("consumers").and_then(Value::as_array_mut) {
         for c in consumers {
             if let Some(keys) = c.get_mut("keys").and_then(Value::as_array_mut) {
@@ -477,10 +486,14 @@ mod tests {
         let mut v = j!({
             "consumers": [{"name": "a", "keys": ["k1", "k2"]}],
             "cluster": {"redis": "redis://:hunter2@10.0.0.1:6379/0"},
+            "tracing": {"otlp": {"endpoint": "http://collector:4318", "headers": {"x-api-key": "vendor-secret"}}},
         });
         redact(&mut v);
         let s = v.to_string();
         assert!(!s.contains("k1") && !s.contains("hunter2"), "{s}");
+        assert!(!s.contains("vendor-secret"), "{s}");
         assert!(s.contains("10.0.0.1:6379"), "{s}");
+        assert_eq!(v["tracing"]["otlp"]["headers"]["x-api-key"], "<redacted>");
+        assert_eq!(v["tracing"]["otlp"]["endpoint"], "http://collector:4318");
     }
 }
