@@ -84,7 +84,6 @@ pub fn run(path: &Path, log: LogFormat) -> ExitCode {
 /// Serves `cfg` (read from `text`, from the file at `path` if any) until SIGTERM or
 /// SIGINT; `banner` is printed once every listener is bound.
 async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<String>) -> ExitCode {
-    let drain = cfg.server.drain_timeout;
     let analytics_required = cfg.analytics.as_ref().is_some_and(|a| a.required);
     let bound = match tollgate_gateway::bind(&cfg.listeners).await {
         Ok(b) => b,
@@ -170,6 +169,8 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
     if let Err(e) = signals {
         tracing::error!("cannot listen for signals: {e}");
     }
+    // As the running config says now: a reload may have changed it since the start.
+    let drain = gw.snapshot().config.server.drain_timeout;
     tracing::info!("shutting down: draining for at most {drain:?}");
     if server.shutdown(drain).await {
         tracing::info!("all connections drained");

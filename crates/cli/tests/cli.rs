@@ -375,7 +375,12 @@ fn run_reloads_on_sighup_keeps_serving_on_a_bad_file_and_drains_on_sigterm() {
     assert_eq!(gw.get("/a/?apikey=nope"), 401);
     assert_eq!(gw.get("/b/?apikey=t1"), 404);
 
-    std::fs::write(&file, config(backend, "b")).expect("write");
+    // A drain timeout changed by the reload is the one the shutdown waits.
+    std::fs::write(
+        &file,
+        config(backend, "b").replace("drain_timeout: 5s", "drain_timeout: 3s"),
+    )
+    .expect("write");
     gw.signal("-HUP");
     gw.wait_for("config reloaded");
     assert_eq!(gw.get("/b/?apikey=t1"), 200);
@@ -391,7 +396,15 @@ fn run_reloads_on_sighup_keeps_serving_on_a_bad_file_and_drains_on_sigterm() {
     assert!(line.contains("unknown upstream \"gone\""), "{line}");
     assert_eq!(gw.get("/b/?apikey=t1"), 200, "old config keeps serving");
 
+    // A file that cannot be read is a rejected reload too, and said so.
+    std::fs::remove_file(&file).expect("remove");
+    gw.signal("-HUP");
+    let line = gw.wait_for("config rejected");
+    assert!(line.contains("cannot read"), "{line}");
+    assert_eq!(gw.get("/b/?apikey=t1"), 200, "old config keeps serving");
+
     gw.signal("-TERM");
+    gw.wait_for("draining for at most 3s");
     gw.wait_for("all connections drained");
     let status = gw.child.wait().expect("wait");
     assert!(status.success(), "{status}");
