@@ -40,8 +40,18 @@ fn authorized(req: &Request<Incoming>, token: Option<&str>) -> bool {
     let Some(token) = token else { return true };
     req.headers()
         .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .and_then(|v| bearer(v.as_bytes()))
         .is_some_and(|got| same_secret(got, token.as_bytes()))
+}
+
+/// The credentials of a `Bearer` authorization: the scheme in any case (RFC 9110 §11.1),
+/// spaces around the token allowed.
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.starts_with(b" ") {
+        return None;
+    }
+    Some(rest.trim_ascii())
 }
 
 fn method_not_allowed(allow: &'static str) -> Answer {
@@ -201,5 +211,24 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, cfg: AdminConfig) {
             let _ = conn.await;
             drop(permit);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer;
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for (value, token) in [
+            (&b"Bearer s3cret"[..], Some(&b"s3cret"[..])),
+            (b"bearer s3cret", Some(b"s3cret")),
+            (b"BEARER   s3cret ", Some(b"s3cret")),
+            (b"Bearers3cret", None),
+            (b"Basic s3cret", None),
+            (b"Bear", None),
+        ] {
+            assert_eq!(bearer(value), token, "{}", String::from_utf8_lossy(value));
+        }
     }
 }
