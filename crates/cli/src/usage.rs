@@ -80,7 +80,7 @@ async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String>
     crate::admin::call(
         &admin_cfg,
         http::Method::GET,
-        &format!("/usage/{consumer}"),
+        &format!("/usage/{}", tollgate_config::percent_encode(consumer)),
         None,
     )
     .await

@@ -94,6 +94,17 @@ async fn changes_apply_to_the_next_request_and_survive_a_restart() {
         (&json!(100), &json!(1)),
         "{u}"
     );
+    // A name holding `?`, `%` or `+` is read back percent-encoded, as `/consumers/NAME` is.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/q%3Fx%25+1",
+        Some(json!({"plan": "gold"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, u) = admin(ad, Method::GET, "/usage/q%3Fx%25+1", None).await;
+    assert_eq!((s, &u["consumer"]), (200, &json!("q?x%+1")), "{u}");
 
     // A listed consumer moved to gold: its listed key now meets gold's limits and `allow`.
     assert_eq!(call(&gw, "/gold/x", "ka").await.status, 403);
@@ -185,14 +196,14 @@ async fn changes_apply_to_the_next_request_and_survive_a_restart() {
     assert_eq!(page["next"], "bob", "{page}");
 
     let (_, status) = admin(ad, Method::GET, "/status", None).await;
-    assert_eq!(status["managed_consumers"]["records"], 3, "{status}");
+    assert_eq!(status["managed_consumers"]["records"], 4, "{status}");
     assert_eq!(
-        status["managed_consumers"]["changes_applied"], 7,
+        status["managed_consumers"]["changes_applied"], 8,
         "{status}"
     );
     // One line per change in the log, whatever the number of consumers.
     let changes = std::fs::read_to_string(&log).expect("log");
-    assert_eq!(changes.lines().count(), 7, "{changes}");
+    assert_eq!(changes.lines().count(), 8, "{changes}");
 
     // A restart replays the log.
     drop(gw);

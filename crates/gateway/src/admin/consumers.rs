@@ -24,6 +24,11 @@ const MAX_KEYS: usize = 100;
 /// Largest metadata of one consumer, as JSON.
 const MAX_METADATA: usize = 16 * 1024;
 
+/// A path segment percent-decoded; it keeps `+` (only a query reads it as a space).
+pub(super) fn segment(p: &str) -> String {
+    crate::query::percent_decode(&p.replace('+', "%2B")).into_owned()
+}
+
 /// Serves one request under `/consumers`. `path` is what follows `/consumers`.
 pub async fn handle(gw: &Arc<Gateway>, req: Request<Incoming>, path: &str) -> Answer {
     let snap = gw.snapshot();
@@ -31,8 +36,7 @@ pub async fn handle(gw: &Arc<Gateway>, req: Request<Incoming>, path: &str) -> An
     let decoded: Vec<String> = path
         .trim_start_matches('/')
         .split('/')
-        // A path keeps `+` (only a query reads it as a space).
-        .map(|p| crate::query::percent_decode(&p.replace('+', "%2B")).into_owned())
+        .map(segment)
         .collect();
     let parts: Vec<&str> = decoded.iter().map(String::as_str).collect();
     let method = req.method().clone();

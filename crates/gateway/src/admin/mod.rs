@@ -168,7 +168,8 @@ async fn handle(
             &serde_json::json!({ "samples": gw.series() }),
         ),
         p => match p.strip_prefix("/usage/") {
-            Some(name) => api::usage(gw, name).await,
+            // Percent-decoded as `/consumers/NAME` is: a name may hold `?`, `#` or `%`.
+            Some(name) => api::usage(gw, &consumers::segment(name)).await,
             None => error(StatusCode::NOT_FOUND, "no such admin endpoint"),
         },
     }
