@@ -442,7 +442,7 @@ impl Snapshot {
             Some(i) if self.counters.plan_slot(i) == slot => Ok(i),
             _ => self
                 .counters
-                .guest(&m.name, slot, listed)
+                .managed_guest(&m.name, slot, listed)
                 .ok_or(Refusal::TooManyGuests),
         }
     }

@@ -113,9 +113,13 @@ impl Gateway {
                 return Err(self.rejected_with(path, &[], e));
             }
         };
+        // A table full of callers by token is renewed by any reload (their counts are
+        // kept by name): the one thing an unchanged file still applies.
+        let full = self.snapshot().counters.full_of_tokens();
         if fingerprint(&bytes) == self.running_fingerprint()
             && !self.consumers_file_changed()
             && !self.tls_files_changed()
+            && !full
         {
             tracing::info!(path = %path.display(), "config unchanged; nothing to reload");
             // The file is the running config again: an error of a bad version since
@@ -124,6 +128,9 @@ impl Gateway {
             self.status
                 .send_if_modified(|s| s.last_error.take().is_some());
             return Ok(());
+        }
+        if full {
+            tracing::info!(path = %path.display(), "reloading to start a new table of callers by token (the last one was full)");
         }
         self.reload_bytes(path, &bytes)
     }

@@ -9,9 +9,13 @@ use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-/// Most guests one table takes: past this a caller the consumers table does not list is
-/// refused until the next reload starts a new table.
+/// Most callers by token one table takes: past this a caller the consumers table does not
+/// list is refused until the next reload starts a new table.
 pub const MAX_GUESTS: usize = 1 << 20;
+
+/// Most guests of every kind: consumers the admin API manages have as many places again,
+/// so that callers by token cannot take theirs.
+const MAX_ALL: usize = 2 * MAX_GUESTS;
 
 /// Guests per chunk: chunks are made as guests arrive and never move, so a guest's name
 /// and slot are read without a lock.
@@ -44,6 +48,9 @@ pub struct Guests<S> {
     by_name: RwLock<HashMap<Arc<str>, Plans>>,
     /// How many there are.
     count: std::sync::atomic::AtomicUsize,
+    /// How many came by token (not through the admin API), and how many may.
+    by_token: std::sync::atomic::AtomicUsize,
+    token_cap: usize,
     chunks: Box<[OnceLock<Chunk<S>>]>,
 }
 
@@ -52,16 +59,25 @@ impl<S> Default for Guests<S> {
         Guests {
             by_name: RwLock::default(),
             count: std::sync::atomic::AtomicUsize::new(0),
-            chunks: (0..MAX_GUESTS / CHUNK).map(|_| OnceLock::new()).collect(),
+            by_token: std::sync::atomic::AtomicUsize::new(0),
+            token_cap: MAX_GUESTS,
+            chunks: (0..MAX_ALL / CHUNK).map(|_| OnceLock::new()).collect(),
         }
     }
 }
 
 impl<S: Default> Guests<S> {
     /// The number of guest `name` on plan slot `plan`, made on its first call (`listed`:
-    /// the listed consumer of that name, if any); `None` when there are [`MAX_GUESTS`]
-    /// already.
-    pub fn add(&self, name: &str, plan: usize, listed: Option<usize>) -> Option<usize> {
+    /// the listed consumer of that name, if any; `managed`: made for a consumer the admin
+    /// API manages, not for a caller by token); `None` when the callers by token are
+    /// [`MAX_GUESTS`] already (for a caller by token), or the table is full.
+    pub fn add(
+        &self,
+        name: &str,
+        plan: usize,
+        listed: Option<usize>,
+        managed: bool,
+    ) -> Option<usize> {
         let plan = u32::try_from(plan).ok()?;
         let find = |plans: &Plans| {
             plans
@@ -77,7 +93,8 @@ impl<S: Default> Guests<S> {
             return Some(n);
         }
         let n = self.count.load(std::sync::atomic::Ordering::Relaxed);
-        if n >= MAX_GUESTS {
+        let tokens = self.by_token.load(std::sync::atomic::Ordering::Relaxed);
+        if n >= MAX_ALL || (!managed && tokens >= self.token_cap) {
             return None;
         }
         let chunk = self
@@ -99,6 +116,10 @@ impl<S: Default> Guests<S> {
         by_name.entry(name).or_default().push((plan, number));
         self.count
             .store(n + 1, std::sync::atomic::Ordering::Relaxed);
+        if !managed {
+            self.by_token
+                .store(tokens + 1, std::sync::atomic::Ordering::Relaxed);
+        }
         Some(n)
     }
 }
@@ -120,6 +141,12 @@ impl<S> Guests<S> {
     pub fn count(&self) -> usize {
         self.count.load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    /// Whether no more callers by token fit: a reload, even of an unchanged file, then
+    /// starts a new table.
+    pub fn full_of_tokens(&self) -> bool {
+        self.by_token.load(std::sync::atomic::Ordering::Relaxed) >= self.token_cap
+    }
 }
 
 #[cfg(test)]
@@ -129,16 +156,16 @@ mod tests {
     #[test]
     fn a_guest_keeps_its_number_on_its_plan() {
         let g: Guests<u8> = Guests::default();
-        assert_eq!(g.add("zed", 1, None), Some(0));
-        assert_eq!(g.add("yve", 0, None), Some(1));
-        assert_eq!(g.add("zed", 1, None), Some(0));
-        assert_eq!(g.add("zed", 0, None), Some(2));
+        assert_eq!(g.add("zed", 1, None, false), Some(0));
+        assert_eq!(g.add("yve", 0, None, false), Some(1));
+        assert_eq!(g.add("zed", 1, None, false), Some(0));
+        assert_eq!(g.add("zed", 0, None, false), Some(2));
         let zed = g.get(0).expect("zed");
         assert_eq!((&*zed.name, zed.plan), ("zed", 1));
         assert_eq!(g.count(), 3);
         assert!(g.get(3).is_none());
         for i in 0..CHUNK + 1 {
-            g.add(&format!("g{i}"), 0, None).expect("room");
+            g.add(&format!("g{i}"), 0, None, false).expect("room");
         }
         // zed, yve, zed are 0 to 2: g{i} is number i + 3, and the second chunk starts at
         // CHUNK.
@@ -146,5 +173,28 @@ mod tests {
             *g.get(CHUNK + 3).expect("second chunk").name,
             *format!("g{CHUNK}")
         );
+    }
+
+    #[test]
+    fn callers_by_token_cannot_take_the_places_of_managed_consumers() {
+        let g: Guests<u8> = Guests {
+            token_cap: 2,
+            ..Guests::default()
+        };
+        assert!(g.add("t1", 0, None, false).is_some());
+        assert!(g.add("t2", 0, None, false).is_some());
+        assert!(g.full_of_tokens());
+        assert_eq!(
+            g.add("t3", 0, None, false),
+            None,
+            "no room for a third token"
+        );
+        assert_eq!(
+            g.add("t1", 0, None, false),
+            Some(0),
+            "one that came still counts"
+        );
+        assert_eq!(g.add("managed", 1, Some(7), true), Some(2));
+        assert_eq!(g.get(2).and_then(|m| m.listed), Some(7));
     }
 }

@@ -158,12 +158,24 @@ impl Counters {
         }
     }
 
-    /// The index of the guest `name` on plan slot `plan`, made on its first call; `None`
-    /// when the table holds [`super::guests::MAX_GUESTS`] already. A guest keeps the plan it first came
-    /// with until the table is replaced. `listed`: the listed consumer of that name (one
-    /// the admin API moved to another plan), whose counts the guest's limits share.
-    pub fn guest(&self, name: &str, plan: usize, listed: Option<usize>) -> Option<usize> {
-        Some(self.lines.len() + self.guests.add(name, plan, listed)?)
+    /// The index of the caller by token `name` on plan slot `plan`, made on its first
+    /// call; `None` when the table holds [`super::guests::MAX_GUESTS`] such callers
+    /// already. A guest keeps the plan it first came with until the table is replaced.
+    pub fn guest(&self, name: &str, plan: usize) -> Option<usize> {
+        Some(self.lines.len() + self.guests.add(name, plan, None, false)?)
+    }
+
+    /// [`Counters::guest`] for a consumer the admin API manages on a plan of its own: not
+    /// one of the callers by token, whose number cannot take its place. `listed`: the
+    /// listed consumer of that name (one the admin API moved to another plan), whose
+    /// counts the guest's limits share.
+    pub fn managed_guest(&self, name: &str, plan: usize, listed: Option<usize>) -> Option<usize> {
+        Some(self.lines.len() + self.guests.add(name, plan, listed, true)?)
+    }
+
+    /// Whether no more callers by token fit in this table (see [`Counters::guest`]).
+    pub fn full_of_tokens(&self) -> bool {
+        self.guests.full_of_tokens()
     }
 
     /// Before guest `i` counts: when it is a listed consumer on another plan, its listed

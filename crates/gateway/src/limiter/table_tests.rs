@@ -322,7 +322,7 @@ fn a_listed_consumer_moved_to_another_plan_keeps_the_counts_of_the_limits_both_h
         assert!(admit_in(&c, 0, &[0], at(0)));
     }
     assert_eq!(live.len(), 0, "counts held in the line");
-    let guest = c.guest("a", 1, Some(0)).expect("guest");
+    let guest = c.managed_guest("a", 1, Some(0)).expect("guest");
     assert!(
         !admit_in(&c, guest, &[0, 1], at(1)),
         "q's three calls count on B"
@@ -330,7 +330,7 @@ fn a_listed_consumer_moved_to_another_plan_keeps_the_counts_of_the_limits_both_h
     // Counted as the guest first, then in its line again (moved back).
     let live = Arc::new(Live::new(None, None));
     let c = two_plans(&live);
-    let guest = c.guest("a", 1, Some(0)).expect("guest");
+    let guest = c.managed_guest("a", 1, Some(0)).expect("guest");
     for _ in 0..3 {
         assert!(admit_in(&c, guest, &[0, 1], at(0)));
     }
@@ -339,7 +339,7 @@ fn a_listed_consumer_moved_to_another_plan_keeps_the_counts_of_the_limits_both_h
     // request has handed the line over but not counted yet when one on the line counts.
     let live = Arc::new(Live::new(None, None));
     let c = two_plans(&live);
-    let guest = c.guest("a", 1, Some(0)).expect("guest");
+    let guest = c.managed_guest("a", 1, Some(0)).expect("guest");
     c.hand_over(guest, at(0));
     // The line counts in the cells the guest will find from now on, not in counts of its
     // own that the rest of the guest's request would not see.

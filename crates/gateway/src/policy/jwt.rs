@@ -301,7 +301,7 @@ fn consumer(
         .or(jwt.cfg.anonymous_plan)
         .ok_or(Refusal::InvalidToken("unknown consumer"))?;
     snap.counters
-        .guest(name, plan, None)
+        .guest(name, plan)
         .ok_or(Refusal::TooManyGuests)
 }
 
