@@ -723,3 +723,46 @@ async fn an_upgraded_connection_keeps_its_place_under_max_connections() {
         .expect("answer");
     assert!(buf.starts_with(b"HTTP/1.1 "), "{buf:?}");
 }
+
+#[tokio::test]
+async fn clients_that_do_not_read_cannot_stall_an_h2_upstream_connection_for_the_others() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Large answers on `/big`, a small one elsewhere, all over one HTTP/2 connection.
+    let backend = h2c_backend(|req: Request<Incoming>| async move {
+        let body = if req.uri().path() == "/big" {
+            Bytes::from(vec![b'x'; 8 << 20])
+        } else {
+            Bytes::from_static(b"ok")
+        };
+        Ok::<_, Infallible>(Response::new(Full::new(body)))
+    })
+    .await;
+    let y = format!(
+        "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  up: {{targets: [\"{backend}\"], protocol: h2}}\nroutes:\n  - {{path_prefix: /, upstream: up}}\n"
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    // Four clients ask for 8 MiB each and read no more than the head: each holds what its
+    // stream's window let through, and no more.
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(g.addr).await.expect("connect");
+        s.write_all(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .expect("write");
+        let mut head = [0u8; 12];
+        bounded("the head of a large answer", s.read_exact(&mut head))
+            .await
+            .expect("head");
+        assert_eq!(&head, b"HTTP/1.1 200");
+        stalled.push(s);
+    }
+    // Another client's request on the same upstream connection is answered meanwhile.
+    let c = TestClient::default();
+    let r = bounded(
+        "a small answer beside stalled streams",
+        c.get(&g.url("/small")),
+    )
+    .await;
+    assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "ok"));
+    drop(stalled);
+}
