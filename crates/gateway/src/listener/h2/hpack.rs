@@ -95,6 +95,11 @@ impl Decoder {
             let (field, size) = if b & 0x80 != 0 {
                 let i = integer(&block, &mut at, 7)?;
                 let e = self.get(i)?;
+                if too_large {
+                    // Past the limit a reference is checked, not copied: a block of
+                    // one-byte references to one large entry costs no more than its bytes.
+                    continue;
+                }
                 (e.field.clone(), e.size)
             } else if b & 0xe0 == 0x20 {
                 // A table size update: only before the block's first field (RFC 7541 §4.2).
@@ -491,6 +496,16 @@ mod tests {
         // A list past the limit is reported, and the table still follows the block.
         let got = d.decode(Bytes::copy_from_slice(&two), 60).expect("ok");
         assert!(got.too_large);
+        // Past the limit, references are still checked: one past the table is an error.
+        let mut refs = vec![0x82; 100];
+        let got = d.decode(Bytes::from(refs.clone()), 100).expect("ok");
+        assert!(got.too_large);
+        assert!(got.fields.len() < 100);
+        refs.extend([0xff, 0x00]);
+        assert_eq!(
+            d.decode(Bytes::from(refs), 100).err(),
+            Some(CompressionError)
+        );
     }
 
     #[test]
