@@ -165,7 +165,12 @@ fn check_host(parts: &mut Parts) -> Result<(), Refusal> {
                     "request target and Host header name different hosts",
                 ));
             }
-            None
+            // The target's authority is the request's, port included (RFC 9112 §3.2.2,
+            // RFC 9113 §8.3.1): a Host naming another port does not go upstream.
+            (h != auth.as_str())
+                .then(|| http::HeaderValue::from_str(auth.as_str()))
+                .transpose()
+                .map_err(|_| Refusal::BadRequest("invalid request target"))?
         }
         (_, None) if parts.version == Version::HTTP_11 => {
             return Err(Refusal::BadRequest("HTTP/1.1 request without Host header"));

@@ -195,6 +195,17 @@ async fn host_must_be_single_present_and_agree_with_the_target() {
     )
     .await;
     assert_eq!(status, 401);
+    // The target's authority is the request's: a Host naming another port does not go on.
+    let (status, got) = send(
+        &gw,
+        &seen,
+        "GET http://api:8080/x HTTP/1.1\r\nHost: api:9999\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200);
+    let got = got.expect("forwarded").to_ascii_lowercase();
+    assert!(got.contains("x-forwarded-host: api:8080\r\n"), "{got}");
+    assert!(!got.contains("9999"), "{got}");
     // HTTP/1.0 may name its host in the target alone, or leave it out.
     let (status, _) = send(
         &gw,
