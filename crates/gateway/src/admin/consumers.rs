@@ -83,17 +83,22 @@ fn now_secs() -> u64 {
 
 /// The consumer `name` as the API shows it: where it comes from, its plan, its keys made
 /// here (digests), its metadata.
+/// A managed consumer's record as the API shows it (`listed`: the config lists it too).
+fn managed_view(m: &Managed, listed: bool) -> Value {
+    j!({
+        "name": m.name,
+        "plan": m.plan,
+        "source": if listed { "config+api" } else { "api" },
+        "keys": m.keys,
+        "metadata": m.metadata,
+    })
+}
+
 fn view(snap: &Snapshot, name: &str) -> Option<Value> {
     let listed = snap.config.consumers.find(name);
     match snap.roster.get(name) {
         Some(m) if m.deleted => None,
-        Some(m) => Some(j!({
-            "name": m.name,
-            "plan": m.plan,
-            "source": if listed.is_some() { "config+api" } else { "api" },
-            "keys": m.keys,
-            "metadata": m.metadata,
-        })),
+        Some(m) => Some(managed_view(&m, listed.is_some())),
         None => {
             let i = listed?;
             let plan = snap.counters.plan(i).and_then(|p| snap.config.plans.get(p));
@@ -368,8 +373,8 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
         Ok((r, created))
     })
     .await;
-    let created = match made {
-        Ok((_, created)) => created,
+    let (record, created) = match made {
+        Ok(done) => done,
         Err(a) => return a,
     };
     let status = if created {
@@ -377,10 +382,10 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
     } else {
         StatusCode::OK
     };
-    match view(&gw.snapshot(), name) {
-        Some(v) => json(status, &v),
-        None => not_found(name),
-    }
+    // The record as this change made it: a DELETE that came right after it does not turn
+    // the answer into a 404.
+    let listed = gw.snapshot().config.consumers.find(name).is_some();
+    json(status, &managed_view(&record, listed))
 }
 
 async fn delete(gw: &Arc<Gateway>, snap: &Snapshot, name: &str) -> Answer {
