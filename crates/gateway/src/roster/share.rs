@@ -73,6 +73,9 @@ async fn run(
         let outcome = match crate::redis_link::redis_connection(&url, TIMEOUT).await {
             Ok(mut con) => {
                 wait = POLL;
+                if said.take().is_some() {
+                    tracing::info!("managed consumers: Redis is reachable again; sharing changes");
+                }
                 session(&roster, &mut con, &keys, &script, &mut outbox).await
             }
             Err(e) => Err(e),
