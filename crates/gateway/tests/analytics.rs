@@ -204,4 +204,29 @@ async fn in_a_cluster_any_node_answers_for_all_of_them() {
         rows(&v),
         vec![(minute, "alice".into(), "api".into(), "2xx".into(), 5)]
     );
+
+    // Counts Redis could not take are added with the next batch, not lost. (The server
+    // comes back empty: what it held before is gone with it.)
+    let mut redis = redis;
+    redis.stop();
+    for _ in 0..4 {
+        let _ = c.get(&a.url("/api/x?apikey=alice-key")).await;
+    }
+    // Asked while Redis is down: the node flushes (and cannot answer from Redis).
+    let down = c
+        .request(
+            Method::GET,
+            &format!("http://{a_admin}/analytics?consumer=alice&step=1m"),
+            &[],
+            "",
+        )
+        .await;
+    assert_ne!(down.status, StatusCode::OK, "{}", down.body);
+    redis.restart();
+    let v = analytics(&c, a_admin, "consumer=alice&step=1m").await;
+    assert_eq!(
+        rows(&v),
+        vec![(minute, "alice".into(), "api".into(), "2xx".into(), 4)],
+        "{v}"
+    );
 }

@@ -260,11 +260,15 @@ impl Analytics {
             .map(|((m, c, r, class), n)| (m * 60, c, r, class, n))
             .collect();
         let n = rows.len();
-        if let (Some(r), false) = (&self.redis, rows.is_empty()) {
+        if let Some(r) = self
+            .redis
+            .as_ref()
+            .filter(|r| !rows.is_empty() || !r.pending.lock().is_empty())
+        {
             let ttl = self.retention.as_secs();
             if let Err(e) = r.add(&rows, ttl).await {
                 self.metrics.analytics_errors.inc();
-                tracing::warn!("usage history: cannot add the batch into Redis: {e}");
+                tracing::warn!("usage history: cannot add the batch into Redis ({e}); its counts are tried again with the next");
             }
         }
         // SQLite blocks: off the async workers.
@@ -436,7 +440,20 @@ struct RedisLink {
     target: tollgate_config::RedisTarget,
     prefix: String,
     conn: tokio::sync::Mutex<Option<crate::redis_link::RedisConn>>,
+    /// Counts Redis did not take (a failover, a moved slot): added with the next batch.
+    pending: Mutex<HashMap<(String, String), Increment>>,
 }
+
+/// One count to add into a bucket's hash, and how long the bucket is kept after.
+#[derive(Clone, Copy)]
+struct Increment {
+    n: u64,
+    expire: u64,
+}
+
+/// Most counts kept for another try while Redis does not take them (a count is one
+/// consumer, route and class in one bucket); past it, counts for new ones are dropped.
+const MAX_PENDING: usize = 100_000;
 
 impl RedisLink {
     fn new(c: &ClusterConfig) -> Self {
@@ -444,6 +461,7 @@ impl RedisLink {
             target: c.redis.clone(),
             prefix: c.key_prefix.clone(),
             conn: tokio::sync::Mutex::new(None),
+            pending: Mutex::new(HashMap::new()),
         }
     }
 
@@ -461,32 +479,79 @@ impl RedisLink {
         Ok(c)
     }
 
+    /// Adds `rows` (and what an earlier batch could not add) into Redis. What a master
+    /// did not take is kept for the next batch, so a failover or a moved slot delays
+    /// counts instead of losing them.
     async fn add(&self, rows: &[Batch], ttl: u64) -> Result<(), redis::RedisError> {
-        let conn = self.conn().await?;
-        let mut cmds = Vec::new();
+        let mut all = std::mem::take(&mut *self.pending.lock());
         for (ts, c, r, class, n) in rows {
             for step in [Step::Minute, Step::Hour, Step::Day] {
                 let s = step.secs();
-                let key = self.key(step, ts / s * s);
                 let keep = if step == Step::Minute {
                     ttl.min(MINUTES_KEPT)
                 } else {
                     ttl
                 };
-                let mut add = redis::cmd("HINCRBY");
-                add.arg(&key).arg(format!("{c}\t{r}\t{class}")).arg(*n);
-                let mut expire = redis::cmd("EXPIRE");
-                expire.arg(&key).arg(keep + s);
-                cmds.push((key.clone(), add));
-                cmds.push((key, expire));
+                let at = (self.key(step, ts / s * s), format!("{c}\t{r}\t{class}"));
+                let e = all.entry(at).or_insert(Increment {
+                    n: 0,
+                    expire: keep + s,
+                });
+                e.n += n;
             }
         }
-        // Each bucket is its own key: a Redis Cluster spreads them over its masters.
-        let r = crate::redis_link::query_keyed(&conn, cmds).await.map(drop);
-        if r.is_err() {
-            *self.conn.lock().await = None;
+        let conn = match self.conn().await {
+            Ok(c) => c,
+            Err(e) => {
+                self.keep(all);
+                return Err(e);
+            }
+        };
+        let all: Vec<((String, String), Increment)> = all.into_iter().collect();
+        let mut cmds = Vec::with_capacity(all.len() * 2);
+        for ((key, field), inc) in &all {
+            let mut add = redis::cmd("HINCRBY");
+            add.arg(key).arg(field).arg(inc.n);
+            let mut expire = redis::cmd("EXPIRE");
+            expire.arg(key).arg(inc.expire);
+            cmds.push((key.clone(), add));
+            cmds.push((key.clone(), expire));
         }
-        r
+        // Each bucket is its own key: a Redis Cluster spreads them over its masters, and
+        // a master that fails fails its own part alone.
+        let mut parts = crate::redis_link::query_by_slot(&conn, cmds, None);
+        let mut failed = HashMap::new();
+        let mut first_error = None;
+        while let Some((at, answer)) = futures_util::StreamExt::next(&mut parts).await {
+            if let Err(e) = answer {
+                for i in at.into_iter().filter(|i| i % 2 == 0) {
+                    if let Some((k, inc)) = all.get(i / 2) {
+                        failed.insert(k.clone(), *inc);
+                    }
+                }
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            None => Ok(()),
+            Some(e) => {
+                self.keep(failed);
+                *self.conn.lock().await = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Keeps `counts` for the next batch, within [`MAX_PENDING`].
+    fn keep(&self, counts: HashMap<(String, String), Increment>) {
+        let mut pending = self.pending.lock();
+        for (k, inc) in counts {
+            if pending.len() >= MAX_PENDING && !pending.contains_key(&k) {
+                continue;
+            }
+            let e = pending.entry(k).or_insert(Increment { n: 0, ..inc });
+            e.n += inc.n;
+        }
     }
 
     async fn query(&self, q: &Query) -> Result<Vec<Row>, AnalyticsError> {
