@@ -282,6 +282,11 @@ async fn a_dead_master_sends_only_the_consumers_it_keeps_to_on_redis_down() {
     // `gone` is still refused: the dead master's slots have no other home.
     let a = call(&nodes[0], &c, gone).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+    // Its round failed in part, and the node says so beside `redis_up`.
+    synced(&nodes[0]).await;
+    assert!(nodes[0].gw.cluster().is_some_and(|c| c.is_partly_down()));
+    let m = nodes[0].gw.metrics_text();
+    assert!(m.contains("tollgate_cluster_redis_partly_down 1"), "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

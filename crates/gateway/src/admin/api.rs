@@ -24,9 +24,10 @@ pub fn status(gw: &Gateway) -> Answer {
             "connected_at": server.connected_at,
             "switched_at": server.switched_at,
         });
-        if matches!(c.cfg.redis, tollgate_config::RedisTarget::Cluster { .. }) {
+        if c.is_cluster_topology() {
             shown["masters"] = j!(server.masters);
             shown["slots_known"] = j!(server.slots);
+            shown["partly_down"] = j!(c.is_partly_down());
         }
         j!({
             "redis_up": c.is_up(),

@@ -34,6 +34,9 @@ pub struct Cluster {
     /// The limits that were granted tokens and may hold some still (`Lease::held`).
     pub(super) holders: Mutex<Vec<Arc<LimitCell>>>,
     pub(super) up: AtomicBool,
+    /// A Redis Cluster's last round failed in part (a master down): the limits it keeps
+    /// fall back while the others share on.
+    pub(super) partly_down: AtomicBool,
     pub(super) nodes: AtomicU64,
     pub(super) rtt_us: AtomicU64,
     pub(super) rounds: watch::Sender<u64>,
@@ -85,6 +88,7 @@ impl Cluster {
             queue: Mutex::new(Vec::new()),
             holders: Mutex::new(Vec::new()),
             up: AtomicBool::new(false),
+            partly_down: AtomicBool::new(false),
             nodes: AtomicU64::new(1),
             rtt_us: AtomicU64::new(1_000),
             rounds: watch::channel(0).0,
@@ -139,6 +143,16 @@ impl Cluster {
     /// Whether the last exchange with Redis succeeded.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
+    }
+
+    /// Whether the limits are shared through a Redis Cluster (not one server).
+    pub fn is_cluster_topology(&self) -> bool {
+        matches!(self.cfg.redis, tollgate_config::RedisTarget::Cluster { .. })
+    }
+
+    /// Whether the last round with a Redis Cluster failed in part (see `on_redis_down`).
+    pub fn is_partly_down(&self) -> bool {
+        self.partly_down.load(Ordering::Relaxed)
     }
 
     /// Live nodes seen in Redis (at least 1).

@@ -16,6 +16,14 @@ impl Report for Cluster {
             "Whether the last exchange with Redis succeeded.",
             u64::from(c.is_up()),
         )?;
+        if c.is_cluster_topology() {
+            gauge(
+                e,
+                "cluster_redis_partly_down",
+                "Whether the last round with the Redis Cluster failed in part (a master down).",
+                u64::from(c.is_partly_down()),
+            )?;
+        }
         gauge(
             e,
             "cluster_nodes",

@@ -379,6 +379,9 @@ impl Syncer {
             return;
         }
         let whole = p.whole && !p.asks.is_empty();
+        if !p.asks.is_empty() && c.is_cluster_topology() {
+            c.partly_down.store(!p.whole, Ordering::Relaxed);
+        }
         if whole && self.partly.is_some_and(|t| t.elapsed() >= QUIET) {
             tracing::info!("cluster: every part of the Redis Cluster answers again");
             self.partly = None;
