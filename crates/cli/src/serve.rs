@@ -48,10 +48,16 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 /// `tollgate run --config FILE`.
 pub fn run(path: &Path, log: LogFormat) -> ExitCode {
     logging(log);
+    // Why the node does not start: plain lines, or JSON objects where the log is JSON (a
+    // log shipper then reads these too).
+    let say = |line: String| match log {
+        LogFormat::Json => tracing::error!("{line}"),
+        LogFormat::Text => eprintln!("{line}"),
+    };
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("cannot read {}: {e}", path.display());
+            say(format!("cannot read {}: {e}", path.display()));
             return ExitCode::FAILURE;
         }
     };
@@ -59,15 +65,15 @@ pub fn run(path: &Path, log: LogFormat) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             for p in e.problems() {
-                eprintln!("{}: {p}", path.display());
+                say(format!("{}: {p}", path.display()));
             }
             for w in e.warnings() {
-                eprintln!("{}: warning: {w}", path.display());
+                say(format!("{}: warning: {w}", path.display()));
             }
-            eprintln!(
+            say(format!(
                 "not starting; check the file with `tollgate check --config {}`",
                 path.display()
-            );
+            ));
             return ExitCode::FAILURE;
         }
     };

@@ -1031,6 +1031,29 @@ fn version_completions_and_a_json_process_log() {
             .is_some_and(|m| m.contains("echo backend")),
         "{first}"
     );
+    // Why a node does not start is a JSON line too.
+    let dir = temp_dir("json-refusal");
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "listeners: []\nbogus: 1\n").expect("write");
+    let out = Command::new(BIN)
+        .args(["--log-format", "json", "run", "--config"])
+        .arg(&bad)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "ERROR"
+            && l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("bogus") && m.contains("line 2"))),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
