@@ -272,6 +272,34 @@ async fn redis_stopped_and_restarted_mid_run_fails_open_then_resumes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_node_back_after_an_outage_does_not_count_the_others_gone() {
+    let mut redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(backend, &redis.url(), "{requests: 1000, per: 10s}", "open");
+    let nodes = nodes(2, &cfg, &clock).await;
+    // Down for longer than a node's mark lives: the first heartbeat after it trims the
+    // other node's mark before that node has renewed it.
+    redis.stop();
+    until("nodes see Redis down", &nodes, |g| {
+        !g.gw.cluster().is_some_and(|c| c.is_up())
+    })
+    .await;
+    clock.advance(Duration::from_secs(4));
+    redis.restart();
+    for n in &nodes {
+        bounded("a node back on Redis", async {
+            while !n.gw.cluster().is_some_and(|c| c.is_up()) {
+                synced(n).await;
+            }
+        })
+        .await;
+        synced(n).await;
+        assert_eq!(n.gw.cluster().map(|c| c.nodes()), Some(2));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_answers_503_while_redis_is_down() {
     let mut redis = RedisServer::start();
     let backend = echo_backend().await;

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 /// the count past N, `ran` 1 if the ask ran.
 pub const LEASE: &str = include_str!("lease.lua");
 /// How long a node counts as alive after its last heartbeat.
-const NODE_TTL_MS: u64 = 3_000;
+pub(super) const NODE_TTL_MS: u64 = 3_000;
 
 /// One limit's call of the lease script in a round.
 pub(super) struct Ask {

@@ -34,6 +34,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
             clock,
             conn: None,
             last_heartbeat: None,
+            resumed: None,
             partly: None,
             rounds: 0,
             ended: 0,
@@ -104,6 +105,10 @@ struct Syncer {
     /// The connection and the lease script's digest (none: connect at the next tick).
     conn: Option<(RedisConn, String)>,
     last_heartbeat: Option<Instant>,
+    /// When Redis answered again after it failed: for a node's time to live after it,
+    /// the other nodes may not have renewed their marks yet (the first node back trims
+    /// them), so the count of nodes is not lowered then.
+    resumed: Option<Instant>,
     /// When part of a Redis Cluster last failed, until it has answered for a while.
     partly: Option<Instant>,
     /// Rounds started so far (each one's number).
@@ -306,7 +311,11 @@ impl Syncer {
                 c.rtt_us.store((old * 7 + rtt) / 8, Ordering::Relaxed);
                 if current && !c.up.swap(true, Ordering::Relaxed) {
                     tracing::info!("cluster: Redis answers; shared counting resumed");
+                    self.resumed = Some(Instant::now());
                 }
+                let fresh = self
+                    .resumed
+                    .is_some_and(|t| t.elapsed() < Duration::from_millis(super::asks::NODE_TTL_MS));
                 let wall = self.clock.wall_nanos();
                 let mut values = values.into_iter();
                 for i in at {
@@ -316,6 +325,7 @@ impl Syncer {
                         (Some(a), None) => unsettled(c, a, false),
                         (None, Some(v)) if Some(i) == p.nodes_at => {
                             if let Ok(n) = redis::from_redis_value::<u64>(v) {
+                                let n = if fresh { n.max(c.nodes()) } else { n };
                                 c.nodes.store(n.max(1), Ordering::Relaxed);
                             }
                         }
