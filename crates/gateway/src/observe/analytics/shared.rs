@@ -1,0 +1,185 @@
+//! The cluster's copy of the usage history in Redis, and the counts it has not taken yet.
+
+use super::bucket::{class_name, AnalyticsError, Batch, Query, Row, Step, MINUTES_KEPT};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::time::Duration;
+use tollgate_config::ClusterConfig;
+
+/// The cluster's copy of the history: one hash per bucket, `consumer\troute\tclass` → count.
+pub(super) struct RedisLink {
+    target: tollgate_config::RedisTarget,
+    prefix: String,
+    conn: tokio::sync::Mutex<Option<crate::redis_link::RedisConn>>,
+    /// Counts Redis did not take (a failover, a moved slot): added with the next batch.
+    pending: Mutex<HashMap<(String, String), Increment>>,
+}
+
+/// One count to add into a bucket's hash, and how long the bucket is kept after.
+#[derive(Clone, Copy)]
+struct Increment {
+    n: u64,
+    expire: u64,
+}
+
+/// Most counts kept for another try while Redis does not take them (a count is one
+/// consumer, route and class in one bucket); past it, counts for new ones are dropped.
+const MAX_PENDING: usize = 100_000;
+
+impl RedisLink {
+    pub(super) fn new(c: &ClusterConfig) -> Self {
+        RedisLink {
+            target: c.redis.clone(),
+            prefix: c.key_prefix.clone(),
+            conn: tokio::sync::Mutex::new(None),
+            pending: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn key(&self, step: Step, ts: u64) -> String {
+        format!("{}:usage:{}:{ts}", self.prefix, step.name())
+    }
+
+    async fn conn(&self) -> Result<crate::redis_link::RedisConn, redis::RedisError> {
+        let mut guard = self.conn.lock().await;
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = crate::redis_link::redis_connection(&self.target, Duration::from_secs(2)).await?;
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Adds `rows` (and what an earlier batch could not add) into Redis. What a master
+    /// did not take is kept for the next batch, so a failover or a moved slot delays
+    /// counts instead of losing them.
+    pub(super) async fn add(&self, rows: &[Batch], ttl: u64) -> Result<(), redis::RedisError> {
+        let mut all = std::mem::take(&mut *self.pending.lock());
+        for (ts, c, r, class, n) in rows {
+            for step in [Step::Minute, Step::Hour, Step::Day] {
+                let s = step.secs();
+                let keep = if step == Step::Minute {
+                    ttl.min(MINUTES_KEPT)
+                } else {
+                    ttl
+                };
+                let at = (self.key(step, ts / s * s), format!("{c}\t{r}\t{class}"));
+                let e = all.entry(at).or_insert(Increment {
+                    n: 0,
+                    expire: keep + s,
+                });
+                e.n += n;
+            }
+        }
+        let conn = match self.conn().await {
+            Ok(c) => c,
+            Err(e) => {
+                self.keep(all);
+                return Err(e);
+            }
+        };
+        let all: Vec<((String, String), Increment)> = all.into_iter().collect();
+        let mut cmds = Vec::with_capacity(all.len() * 2);
+        for ((key, field), inc) in &all {
+            let mut add = redis::cmd("HINCRBY");
+            add.arg(key).arg(field).arg(inc.n);
+            let mut expire = redis::cmd("EXPIRE");
+            expire.arg(key).arg(inc.expire);
+            cmds.push((key.clone(), add));
+            cmds.push((key.clone(), expire));
+        }
+        // Each bucket is its own key: a Redis Cluster spreads them over its masters, and
+        // a master that fails fails its own part alone.
+        let mut parts = crate::redis_link::query_by_slot(&conn, cmds, None);
+        let mut failed = HashMap::new();
+        let mut first_error = None;
+        while let Some((at, answer)) = futures_util::StreamExt::next(&mut parts).await {
+            if let Err(e) = answer {
+                for i in at.into_iter().filter(|i| i % 2 == 0) {
+                    if let Some((k, inc)) = all.get(i / 2) {
+                        failed.insert(k.clone(), *inc);
+                    }
+                }
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            None => Ok(()),
+            Some(e) => {
+                self.keep(failed);
+                *self.conn.lock().await = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether counts from an earlier batch wait to be added.
+    pub(super) fn has_pending(&self) -> bool {
+        !self.pending.lock().is_empty()
+    }
+
+    /// Keeps `counts` for the next batch, within [`MAX_PENDING`].
+    fn keep(&self, counts: HashMap<(String, String), Increment>) {
+        let mut pending = self.pending.lock();
+        for (k, inc) in counts {
+            if pending.len() >= MAX_PENDING && !pending.contains_key(&k) {
+                continue;
+            }
+            let e = pending.entry(k).or_insert(Increment { n: 0, ..inc });
+            e.n += inc.n;
+        }
+    }
+
+    pub(super) async fn query(&self, q: &Query) -> Result<Vec<Row>, AnalyticsError> {
+        let conn = self.conn().await?;
+        let s = q.step.secs();
+        let buckets: Vec<u64> = (q.from / s..q.to.div_ceil(s))
+            .map(|b| b * s)
+            .filter(|ts| *ts < q.to)
+            .collect();
+        let cmds = buckets
+            .iter()
+            .map(|ts| {
+                let key = self.key(q.step, *ts);
+                let mut cmd = redis::cmd("HGETALL");
+                cmd.arg(&key);
+                (key, cmd)
+            })
+            .collect();
+        let all: Vec<HashMap<String, u64>> = match crate::redis_link::query_keyed(&conn, cmds).await
+        {
+            Ok(v) => v
+                .into_iter()
+                .map(|v| redis::from_redis_value(v).unwrap_or_default())
+                .collect(),
+            Err(e) => {
+                *self.conn.lock().await = None;
+                return Err(e.into());
+            }
+        };
+        let mut rows = Vec::new();
+        for (ts, fields) in buckets.iter().zip(all) {
+            let mut part: Vec<Row> = fields
+                .into_iter()
+                .filter_map(|(f, count)| {
+                    let mut it = f.splitn(3, '\t');
+                    let (c, r, class) = (it.next()?, it.next()?, it.next()?);
+                    let wanted = q.consumer.as_deref().is_none_or(|w| w == c)
+                        && q.route.as_deref().is_none_or(|w| w == r);
+                    wanted.then(|| Row {
+                        ts: *ts,
+                        consumer: c.to_string(),
+                        route: r.to_string(),
+                        status: class_name(class.parse().unwrap_or(0)),
+                        count,
+                    })
+                })
+                .collect();
+            part.sort_by(|a, b| {
+                (&a.consumer, &a.route, &a.status).cmp(&(&b.consumer, &b.route, &b.status))
+            });
+            rows.extend(part);
+        }
+        Ok(rows)
+    }
+}
