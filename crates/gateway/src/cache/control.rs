@@ -84,12 +84,18 @@ fn directives_of(headers: &impl Lines, name: &header::HeaderName) -> Directives 
             d.malformed = true;
             continue;
         };
-        for item in line.split(',') {
+        // `;` is no separator in `Cache-Control`, but backends write `no-store; private`
+        // for `no-store, private`, and nginx and Varnish find the words there: read as
+        // one, so that what such a backend meant to keep private is not stored. In
+        // `Surrogate-Control` it targets a device instead (above).
+        let targets = *name == SURROGATE_CONTROL;
+        let separators: &[char] = if targets { &[','] } else { &[',', ';'] };
+        for item in line.split(separators) {
             let item = item.trim();
             if item.is_empty() {
                 continue;
             }
-            if *name == SURROGATE_CONTROL && item.contains(';') {
+            if targets && item.contains(';') {
                 continue;
             }
             d.empty = false;
@@ -97,6 +103,11 @@ fn directives_of(headers: &impl Lines, name: &header::HeaderName) -> Directives 
                 Some((n, v)) => (n.trim(), Some(v.trim())),
                 None => (item, None),
             };
+            // A directive's name in quotes (`"private"`) is still that directive.
+            let name = name
+                .strip_prefix('"')
+                .and_then(|n| n.strip_suffix('"'))
+                .unwrap_or(name);
             // A directive given twice keeps its first value (RFC 9111 §4.2.1).
             let timed =
                 |d: &mut Directives, slot: fn(&mut Directives) -> &mut Option<u64>| match seconds(
@@ -322,6 +333,37 @@ mod tests {
         ] {
             assert_eq!(age_of(&[bad]), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn cache_control_written_with_semicolons_or_quotes_is_read_as_meant() {
+        for cc in [
+            "no-store; no-cache",
+            "private; max-age=0",
+            "no-cache; no-store; must-revalidate",
+            "public;private",
+            "\"private\"",
+            "max-age=60, \"no-store\"",
+        ] {
+            assert_eq!(
+                fresh_for(200, &[("cache-control", cc)], false),
+                None,
+                "{cc}"
+            );
+        }
+        assert_eq!(
+            fresh_for(200, &[("cache-control", "max-age=60; foo")], false),
+            Some(60)
+        );
+        // In Surrogate-Control a `;` still targets a device: not this cache's.
+        assert_eq!(
+            fresh_for(
+                200,
+                &[("surrogate-control", "max-age=60;edge2, max-age=30")],
+                false
+            ),
+            Some(30)
+        );
     }
 
     #[test]
