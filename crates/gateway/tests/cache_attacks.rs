@@ -146,6 +146,32 @@ fn answer(head: &str, n: usize) -> (Vec<u8>, bool) {
             }
             (r.as_bytes().to_vec(), false)
         }
+        "/revary" => {
+            // A 304 whose `Vary` is not the stored answer's.
+            if !header(head, "if-none-match").is_empty() {
+                let r = "HTTP/1.1 304 Not Modified\r\nETag: \"v\"\r\nCache-Control: max-age=60\r\nVary: Accept-Encoding\r\n\r\n";
+                return (r.as_bytes().to_vec(), false);
+            }
+            ok(
+                "Cache-Control: max-age=1\r\nETag: \"v\"\r\nVary: X-Tenant\r\n",
+                &format!("n={n} tenant={}", header(head, "x-tenant")),
+            )
+        }
+        "/whose" => {
+            // A 304 that names the caller who asked.
+            if !header(head, "if-none-match").is_empty() {
+                let who = match header(head, "authorization") {
+                    a if a.is_empty() => "nobody".to_string(),
+                    a => a,
+                };
+                let r = format!("HTTP/1.1 304 Not Modified\r\nETag: \"w\"\r\nCache-Control: max-age=60\r\nX-User: {who}\r\n\r\n");
+                return (r.into_bytes(), false);
+            }
+            ok(
+                "Cache-Control: max-age=1\r\nETag: \"w\"\r\n",
+                &format!("n={n}"),
+            )
+        }
         "/by-agent" => ok(
             "Cache-Control: max-age=60\r\nVary: User-Agent\r\n",
             &format!("n={n}"),
@@ -460,6 +486,37 @@ async fn a_304_that_sets_a_cookie_refreshes_no_shared_entry() {
     assert!(
         !next.contains("VICTIM"),
         "another client got the session: {next}"
+    );
+}
+
+#[tokio::test]
+async fn a_304_with_another_vary_does_not_file_one_tenants_answer_for_all() {
+    let s = setup().await;
+    let a = get(&s, "a", "/revary", "X-Tenant: a\r\n").await;
+    assert!(body(&a).contains("tenant=a"), "{a}");
+    s.clock.advance(Duration::from_secs(5));
+    // Tenant a's revalidation gets a 304 whose `Vary` leaves the tenant out.
+    let again = get(&s, "a", "/revary", "X-Tenant: a\r\n").await;
+    assert!(body(&again).contains("tenant=a"), "{again}");
+    let b = get(&s, "a", "/revary", "X-Tenant: b\r\n").await;
+    assert!(
+        body(&b).contains("tenant=b"),
+        "tenant b got another tenant's answer: {b}"
+    );
+}
+
+#[tokio::test]
+async fn a_304_to_a_request_with_authorization_refreshes_no_shared_entry() {
+    let s = setup().await;
+    get(&s, "a", "/whose", "").await;
+    s.clock.advance(Duration::from_secs(5));
+    let alice = get(&s, "a", "/whose", "Authorization: Basic YWxpY2U6eA==\r\n").await;
+    assert!(alice.starts_with("HTTP/1.1 200"), "{alice}");
+    let next = get(&s, "a", "/whose", "").await;
+    assert!(next.starts_with("HTTP/1.1 200"), "{next}");
+    assert!(
+        !next.contains("YWxpY2U6eA=="),
+        "another client got alice's headers: {next}"
     );
 }
 

@@ -39,6 +39,7 @@ impl Cache {
         e: &Entry,
         not_modified: &HeaderMap,
         born: Born,
+        authorized: bool,
     ) -> Option<Entry> {
         let mut headers = e.headers.clone();
         for name in not_modified.keys() {
@@ -55,12 +56,15 @@ impl Cache {
                 headers.append(name.clone(), v.clone());
             }
         }
+        // A 304 to a request with `Authorization` refreshes what others are served only
+        // where an answer to such a request may be stored (RFC 9111 §3.5): its headers
+        // may be that caller's.
         let fresh = control::storable(
             &Method::GET,
             e.status,
             &HeaderMap::new(),
             &headers,
-            false,
+            authorized,
             ask.cfg.default_ttl,
             ask.wall(),
         )?;
@@ -79,13 +83,17 @@ impl Cache {
 
     /// Whether a 304 may refresh `e`. Not when it names another representation by its
     /// `ETag` (RFC 9111 §4.3.4), nor when it sets a cookie (one client's session must not
-    /// reach the others through the stored headers): then the whole answer is asked for,
-    /// and judged as any answer is.
+    /// reach the others through the stored headers), nor when its `Vary` names other
+    /// headers than the stored answer's (the refreshed entry would be filed under another
+    /// key: `Vary: X-Consumer` kept one consumer's answer apart, another `Vary` would
+    /// share it): then the whole answer is asked for, and judged as any answer is.
     pub(super) fn refreshes(&self, e: &Entry, not_modified: &HeaderMap) -> bool {
         let another = not_modified
             .get(header::ETAG)
             .is_some_and(|new| e.headers.get(header::ETAG) != Some(new));
-        !another && !not_modified.contains_key(header::SET_COOKIE)
+        let other_vary = not_modified.contains_key(header::VARY)
+            && vary_names(not_modified) != vary_names(&e.headers);
+        !another && !other_vary && !not_modified.contains_key(header::SET_COOKIE)
     }
 
     /// A stale entry: asked about upstream, served again after a 304, served stale when
@@ -129,7 +137,8 @@ impl Cache {
             Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED && conditional => {
                 m.revalidated.fetch_add(1, Ordering::Relaxed);
                 let status = "tollgate; fwd=stale; fwd-status=304".to_string();
-                match self.refreshed(ask, &e, resp.headers(), born) {
+                let authorized = parts.headers.contains_key(header::AUTHORIZATION);
+                match self.refreshed(ask, &e, resp.headers(), born, authorized) {
                     Some(fresh) => {
                         let varies = varies_of(ask.cfg, &fresh.headers);
                         let key = variant_key(uri, ask, &varies, &parts.headers);
@@ -232,7 +241,8 @@ impl Cache {
                     // Left for the next request to fetch whole.
                     return;
                 }
-                if let Some(fresh) = cache.refreshed(&ask, &e, resp.headers(), born) {
+                let authorized = sent.headers.contains_key(header::AUTHORIZATION);
+                if let Some(fresh) = cache.refreshed(&ask, &e, resp.headers(), born, authorized) {
                     let varies = varies_of(&cfg, &fresh.headers);
                     let key = variant_key(&uri, &ask, &varies, &sent.headers);
                     cache.store.put(varies, key, fresh);
@@ -258,4 +268,19 @@ impl Cache {
             let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
         });
     }
+}
+
+/// The header names a `Vary` lists, lower-cased and sorted: two spellings of one list
+/// compare equal.
+fn vary_names(h: &HeaderMap) -> Vec<String> {
+    let mut names: Vec<String> = h
+        .get_all(header::VARY)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("\u{0}").split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
