@@ -53,15 +53,15 @@ pub struct Scope<'a> {
 
 impl Scope<'_> {
     /// `consumer:NAME` or `route:R:consumer:NAME`, as the state file names it. A route's
-    /// `:` and `%` are written `%3A` and `%25`, so that route `a:consumer:b` with consumer
-    /// `c` and route `a` with consumer `b:consumer:c` are two cells, not one.
+    /// `:` is written `%3A`, so that route `a:consumer:b` with consumer `c` and route `a`
+    /// with consumer `b:consumer:c` are two cells, not one: the route ends at the first
+    /// `:consumer:`. (State files from before kept the `:`; [`Live::restore`] reads them.)
     fn write(&self, out: &mut impl Extend<u8>) {
         if let Some(r) = self.route {
             out.extend(*b"route:");
             for b in r.bytes() {
                 match b {
                     b':' => out.extend(*b"%3A"),
-                    b'%' => out.extend(*b"%25"),
                     b => out.extend([b]),
                 }
             }
@@ -70,6 +70,18 @@ impl Scope<'_> {
         out.extend(*b"consumer:");
         out.extend(self.consumer.bytes());
     }
+}
+
+/// `route:a:b:consumer:c…` (a key from before routes' colons were escaped) as today's
+/// `route:a%3Ab:consumer:c…`; `None` for a key that needs nothing (the route ends at the
+/// first `:consumer:`, as a key of either kind reads).
+pub(super) fn escaped_route(key: &str) -> Option<String> {
+    let rest = key.strip_prefix("route:")?;
+    let end = rest.find(":consumer:")?;
+    let route = &rest[..end];
+    route
+        .contains(':')
+        .then(|| format!("route:{}{}", route.replace(':', "%3A"), &rest[end..]))
 }
 
 /// A cell's identity, built on the stack: most fit, and a lookup that finds the cell
@@ -131,8 +143,13 @@ impl Live {
             .cloned()
     }
 
-    /// Counts to apply to cells as they are made (from the state file).
+    /// Counts to apply to cells as they are made (from the state file). A key written
+    /// before routes' colons were escaped is read as today's.
     pub(crate) fn restore(&self, saved: HashMap<Arc<str>, Saved>) {
+        let saved: HashMap<Arc<str>, Saved> = saved
+            .into_iter()
+            .map(|(k, v)| (escaped_route(&k).map_or(k, Arc::from), v))
+            .collect();
         self.restoring.store(!saved.is_empty(), Ordering::Release);
         *self.restored.lock() = saved;
     }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::limiter::live::cell_key;
+use crate::limiter::live::{cell_key, escaped_route};
 use std::time::Duration;
 
 fn limit() -> LimitConfig {
@@ -46,14 +46,22 @@ fn a_route_name_holding_the_separator_cannot_share_another_routes_cell() {
         cell_key(joined, &limit()).as_slice(),
         b"route:a%3Aconsumer%3Ab:consumer:c\tper-minute\t60\t60"
     );
-    let odd = Scope {
-        route: Some("50%"),
-        consumer: "c",
+    // A state file from before the escape: its key is read as today's.
+    let older = "route:/v1/jobs:run:consumer:alice\tper-minute\t60\t60";
+    assert_eq!(
+        escaped_route(older).as_deref(),
+        Some("route:/v1/jobs%3Arun:consumer:alice\tper-minute\t60\t60")
+    );
+    let plain = Scope {
+        route: Some("/v1/jobs:run"),
+        consumer: "alice",
     };
     assert_eq!(
-        cell_key(odd, &limit()).as_slice(),
-        b"route:50%25:consumer:c\tper-minute\t60\t60"
+        escaped_route(older).as_deref().map(str::as_bytes),
+        Some(cell_key(plain, &limit()).as_slice())
     );
+    assert_eq!(escaped_route("route:a:consumer:c\tx\t1\t1"), None);
+    assert_eq!(escaped_route("consumer:a:b\tx\t1\t1"), None);
     let one = live.cell(joined, &limit(), now);
     let other = live.cell(split, &limit(), now);
     assert!(!Arc::ptr_eq(&one, &other), "two identities, two cells");
