@@ -167,7 +167,12 @@ impl Analytics {
             let ttl = self.retention.as_secs();
             if let Err(e) = r.add(&rows, ttl).await {
                 self.metrics.analytics_errors.inc();
-                tracing::warn!("usage history: cannot add the batch into Redis ({e}); its counts are tried again with the next");
+                tracing::warn!("usage history: cannot add the batch into Redis ({e}); what it did not take is tried again with the next");
+            }
+            let lost = r.take_lost();
+            if lost > 0 {
+                self.metrics.analytics_errors.inc();
+                tracing::warn!("usage history: {lost} counts Redis refused or that waited too long are dropped");
             }
         }
         // SQLite blocks: off the async workers.

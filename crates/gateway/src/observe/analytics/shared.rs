@@ -3,6 +3,7 @@
 use super::bucket::{class_name, AnalyticsError, Batch, Query, Row, Step, MINUTES_KEPT};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tollgate_config::ClusterConfig;
 
@@ -13,6 +14,25 @@ pub(super) struct RedisLink {
     conn: tokio::sync::Mutex<Option<crate::redis_link::RedisConn>>,
     /// Counts Redis did not take (a failover, a moved slot): added with the next batch.
     pending: Mutex<HashMap<(String, String), Increment>>,
+    /// Counts dropped (see [`RedisLink::take_lost`]).
+    lost: AtomicU64,
+}
+
+/// Whether a part failed before Redis ran it (or where what it ran is lost anyway): the
+/// link broke or timed out, or the cluster sent it elsewhere or could not serve it.
+fn not_taken(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::Ask | ServerErrorKind::MasterDown | ServerErrorKind::ReadOnly
+            )
+        )
 }
 
 /// One count to add into a bucket's hash, and how long the bucket is kept after.
@@ -33,6 +53,7 @@ impl RedisLink {
             prefix: c.key_prefix.clone(),
             conn: tokio::sync::Mutex::new(None),
             pending: Mutex::new(HashMap::new()),
+            lost: AtomicU64::new(0),
         }
     }
 
@@ -95,10 +116,17 @@ impl RedisLink {
         let mut first_error = None;
         while let Some((at, answer)) = futures_util::StreamExt::next(&mut parts).await {
             if let Err(e) = answer {
-                for i in at.into_iter().filter(|i| i % 2 == 0) {
-                    if let Some((k, inc)) = all.get(i / 2) {
-                        failed.insert(k.clone(), *inc);
-                    }
+                let counts = at
+                    .into_iter()
+                    .filter(|i| i % 2 == 0)
+                    .filter_map(|i| all.get(i / 2));
+                if not_taken(&e) {
+                    failed.extend(counts.map(|(k, inc)| (k.clone(), *inc)));
+                } else {
+                    // Redis answered, and refused (a key of another type, say): the
+                    // same counts would be refused again, and some of the part ran.
+                    self.lost
+                        .fetch_add(counts.count() as u64, Ordering::Relaxed);
                 }
                 first_error.get_or_insert(e);
             }
@@ -113,6 +141,11 @@ impl RedisLink {
         }
     }
 
+    /// Counts dropped since the last call: refused by Redis, or past [`MAX_PENDING`].
+    pub(super) fn take_lost(&self) -> u64 {
+        self.lost.swap(0, Ordering::Relaxed)
+    }
+
     /// Whether counts from an earlier batch wait to be added.
     pub(super) fn has_pending(&self) -> bool {
         !self.pending.lock().is_empty()
@@ -123,6 +156,7 @@ impl RedisLink {
         let mut pending = self.pending.lock();
         for (k, inc) in counts {
             if pending.len() >= MAX_PENDING && !pending.contains_key(&k) {
+                self.lost.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let e = pending.entry(k).or_insert(Increment { n: 0, ..inc });
