@@ -142,10 +142,11 @@ impl<S> Guests<S> {
         self.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Whether no more callers by token fit: a reload, even of an unchanged file, then
-    /// starts a new table.
+    /// Whether no more callers by token fit (or no more guests of any kind): a reload,
+    /// even of an unchanged file, then starts a new table.
     pub fn full_of_tokens(&self) -> bool {
         self.by_token.load(std::sync::atomic::Ordering::Relaxed) >= self.token_cap
+            || self.count() >= MAX_ALL
     }
 }
 
