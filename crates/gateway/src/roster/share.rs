@@ -73,10 +73,7 @@ async fn run(
         let outcome = match crate::redis_link::redis_connection(&url, TIMEOUT).await {
             Ok(mut con) => {
                 wait = POLL;
-                if said.take().is_some() {
-                    tracing::info!("managed consumers: Redis is reachable again; sharing changes");
-                }
-                session(&roster, &mut con, &keys, &script, &mut outbox).await
+                session(&roster, &mut con, &keys, &script, &mut outbox, &mut said).await
             }
             Err(e) => Err(e),
         };
@@ -105,6 +102,7 @@ async fn session(
     keys: &Keys,
     script: &redis::Script,
     outbox: &mut UnboundedReceiver<Managed>,
+    said: &mut Option<String>,
 ) -> redis::RedisResult<()> {
     // The stream's end first: what is added while the hash is read is read again after.
     let last: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
@@ -151,6 +149,11 @@ async fn session(
     };
     for m in mine {
         publish(con, keys, script, &m).await?;
+    }
+    // Said once caught up, not on connecting: a Redis that accepts and then fails (still
+    // loading, read-only) is not "back".
+    if said.take().is_some() {
+        tracing::info!("managed consumers: Redis is reachable again; sharing changes");
     }
     let mut tick = tokio::time::interval(POLL);
     loop {
