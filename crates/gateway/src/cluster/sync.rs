@@ -389,8 +389,10 @@ impl Syncer {
             return;
         }
         let whole = p.whole && !p.asks.is_empty();
+        // Part of the store, not all of it: with Redis down altogether `redis_up` says so.
         if !p.asks.is_empty() && c.is_cluster_topology() {
-            c.partly_down.store(!p.whole, Ordering::Relaxed);
+            c.partly_down
+                .store(!p.whole && c.is_up(), Ordering::Relaxed);
         }
         if whole && self.partly.is_some_and(|t| t.elapsed() >= QUIET) {
             tracing::info!("cluster: every part of the Redis Cluster answers again");
