@@ -95,6 +95,11 @@ pub fn status(gw: &Gateway) -> Answer {
 /// Replaces what must not leave the node: API keys, the password in a Redis URL, and the
 /// values of the headers sent to the trace collector (where its API key goes).
 fn redact(v: &mut Value) {
+    if let Some(url) = v.pointer_mut("/tracing/otlp/endpoint") {
+        if let Some(s) = url.as_str() {
+            *url = Value::from(crate::redis_link::redacted(s, "<redacted>"));
+        }
+    }
     if let Some(headers) = v
         .pointer_mut("/tracing/otlp/headers")
         .and_then(Value::as_object_mut)
@@ -487,7 +492,7 @@ mod tests {
         let mut v = j!({
             "consumers": [{"name": "a", "keys": ["k1", "k2"]}],
             "cluster": {"redis": "redis://:hunter2@10.0.0.1:6379/0"},
-            "tracing": {"otlp": {"endpoint": "http://collector:4318", "headers": {"x-api-key": "vendor-secret"}}},
+            "tracing": {"otlp": {"endpoint": "http://user:pw@collector:4318", "headers": {"x-api-key": "vendor-secret"}}},
         });
         redact(&mut v);
         let s = v.to_string();
@@ -495,6 +500,9 @@ mod tests {
         assert!(!s.contains("vendor-secret"), "{s}");
         assert!(s.contains("10.0.0.1:6379"), "{s}");
         assert_eq!(v["tracing"]["otlp"]["headers"]["x-api-key"], "<redacted>");
-        assert_eq!(v["tracing"]["otlp"]["endpoint"], "http://collector:4318");
+        assert_eq!(
+            v["tracing"]["otlp"]["endpoint"],
+            "http://<redacted>@collector:4318"
+        );
     }
 }

@@ -81,8 +81,6 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The consumer `name` as the API shows it: where it comes from, its plan, its keys made
-/// here (digests), its metadata.
 /// A managed consumer's record as the API shows it (`listed`: the config lists it too).
 fn managed_view(m: &Managed, listed: bool) -> Value {
     j!({
@@ -94,6 +92,8 @@ fn managed_view(m: &Managed, listed: bool) -> Value {
     })
 }
 
+/// The consumer `name` as the API shows it: where it comes from, its plan, its keys made
+/// here (digests), its metadata.
 fn view(snap: &Snapshot, name: &str) -> Option<Value> {
     let listed = snap.config.consumers.find(name);
     match snap.roster.get(name) {
