@@ -50,14 +50,15 @@ pub fn run(path: &Path, log: LogFormat) -> ExitCode {
     logging(log);
     // Why the node does not start: plain lines, or JSON objects where the log is JSON (a
     // log shipper then reads these too).
-    let say = |line: String| match log {
+    let say = |line: String, warning: bool| match log {
+        LogFormat::Json if warning => tracing::warn!("{line}"),
         LogFormat::Json => tracing::error!("{line}"),
         LogFormat::Text => eprintln!("{line}"),
     };
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
-            say(format!("cannot read {}: {e}", path.display()));
+            say(format!("cannot read {}: {e}", path.display()), false);
             return ExitCode::FAILURE;
         }
     };
@@ -65,15 +66,18 @@ pub fn run(path: &Path, log: LogFormat) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             for p in e.problems() {
-                say(format!("{}: {p}", path.display()));
+                say(format!("{}: {p}", path.display()), false);
             }
             for w in e.warnings() {
-                say(format!("{}: warning: {w}", path.display()));
+                say(format!("{}: warning: {w}", path.display()), true);
             }
-            say(format!(
-                "not starting; check the file with `tollgate check --config {}`",
-                path.display()
-            ));
+            say(
+                format!(
+                    "not starting; check the file with `tollgate check --config {}`",
+                    path.display()
+                ),
+                false,
+            );
             return ExitCode::FAILURE;
         }
     };
