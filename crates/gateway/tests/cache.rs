@@ -408,6 +408,33 @@ async fn unsafe_methods_invalidate_the_uri_and_its_location() {
 }
 
 #[tokio::test]
+async fn a_write_through_a_route_that_does_not_cache_drops_what_another_stored() {
+    // Reads of /a/ are cached by `api`; its writes go through `writes`, which caches
+    // nothing.
+    let s = setup_with(
+        false,
+        "  - name: writes\n    path_prefix: /a/\n    methods: [DELETE]\n    upstream: backend\n    auth: {header: [X-API-Key]}\n",
+    )
+    .await;
+    assert_eq!(s.get("/a/x").await.body, "n=1");
+    assert_eq!(s.get("/a/x").await.body, "n=1", "stored");
+    let d =
+        s.c.request(
+            http::Method::DELETE,
+            &s.gw.url("/a/x"),
+            &[("X-API-Key", "kb")],
+            "",
+        )
+        .await;
+    assert_eq!((d.status.as_u16(), d.body.as_str()), (200, "done"));
+    assert_eq!(
+        s.get("/a/x").await.body,
+        "n=3",
+        "the DELETE through `writes` dropped what `api` stored"
+    );
+}
+
+#[tokio::test]
 async fn a_url_with_a_query_has_its_own_entry_and_unsafe_methods_on_it_invalidate_it() {
     let s = setup().await;
     // A `&` in the path is not a query: the two never share an entry.

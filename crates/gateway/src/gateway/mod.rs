@@ -8,6 +8,7 @@ mod reload;
 mod start;
 mod state;
 mod unread;
+mod writes;
 
 pub use state::{Gateway, ReloadStatus};
 pub use tollgate_config::fingerprint;

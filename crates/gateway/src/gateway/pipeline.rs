@@ -344,9 +344,12 @@ impl Gateway {
             }
         }
         let Some(cc) = &route.cfg.cache else {
-            return Ok(forward_timed(ctx, route, parts, body, hop)
-                .await?
-                .map(Either::Left));
+            let sent = Gateway::may_invalidate(ctx.snap, &parts.method).then(|| parts.copy());
+            let resp = forward_timed(ctx, route, parts, body, hop).await?;
+            if let (Some(sent), true) = (sent, written(&resp)) {
+                self.invalidate_writes(ctx.snap, ctx.conn, &sent, resp.headers());
+            }
+            return Ok(resp.map(Either::Left));
         };
         let snap = ctx.snap;
         let ask = Ask {
@@ -371,9 +374,8 @@ impl Gateway {
                 "tollgate; fwd=method"
             };
             let mut resp = forward_timed(ctx, route, parts, body, hop).await?;
-            let ok = resp.status().is_success() || resp.status().is_redirection();
-            if let (Some(sent), true) = (sent, ok) {
-                self.cache.invalidate(&ask, &sent, resp.headers());
+            if let (Some(sent), true) = (sent, written(&resp)) {
+                self.invalidate_writes(ctx.snap, ctx.conn, &sent, resp.headers());
             }
             cache::add_status(resp.headers_mut(), HeaderValue::from_static(status));
             return Ok(resp.map(Either::Left));
@@ -569,4 +571,10 @@ impl crate::listener::Handler for Gateway {
     fn tls_failed(&self) {
         self.metrics.tls_failures.inc();
     }
+}
+
+/// Whether an unsafe request's answer says it was carried out (2xx, 3xx): then what the
+/// cache holds for its URI is out of date.
+fn written<B>(resp: &Response<B>) -> bool {
+    resp.status().is_success() || resp.status().is_redirection()
 }
