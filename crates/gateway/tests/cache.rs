@@ -56,6 +56,14 @@ fn answer(head: &str, n: usize, failing: bool) -> (Vec<u8>, bool) {
             "Cache-Control: max-age=60\r\nVary: Accept-Language\r\n",
             format!("n={n} lang={}", header("accept-language")),
         ),
+        "/vary-private" if header("accept-language") == "zz" => ok(
+            "Cache-Control: private\r\nVary: Accept-Language\r\n",
+            format!("n={n} private"),
+        ),
+        "/vary-private" => ok(
+            "Cache-Control: max-age=60\r\nVary: Accept-Language\r\n",
+            format!("n={n} lang={}", header("accept-language")),
+        ),
         "/star" => ok("Cache-Control: max-age=60\r\nVary: *\r\n", format!("n={n}")),
         "/by-consumer" => ok(
             "Cache-Control: max-age=60\r\nVary: X-Consumer\r\n",
@@ -405,6 +413,25 @@ async fn unsafe_methods_invalidate_the_uri_and_its_location() {
             .await;
     assert_eq!(p.status.as_u16(), 200);
     assert_eq!(s.get("/fresh").await.body, "n=7", "invalidated");
+}
+
+#[tokio::test]
+async fn one_variants_private_answer_does_not_turn_the_cache_off_for_the_others() {
+    let s = setup().await;
+    let lang = |l| [("Accept-Language", l)];
+    assert_eq!(
+        s.get_as("ka", "/vary-private", &lang("en")).await.body,
+        "n=1 lang=en"
+    );
+    let zz = s.get_as("ka", "/vary-private", &lang("zz")).await;
+    assert_eq!(zz.body, "n=2 private");
+    // The stored variant is still served; the private one is asked for again.
+    let en = s.get_as("ka", "/vary-private", &lang("en")).await;
+    assert_eq!(en.body, "n=1 lang=en", "{}", en.header("cache-status"));
+    assert_eq!(
+        s.get_as("ka", "/vary-private", &lang("zz")).await.body,
+        "n=3 private"
+    );
 }
 
 #[tokio::test]

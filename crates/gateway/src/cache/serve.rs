@@ -26,12 +26,17 @@ impl Cache {
         let url = &plain[key.url_start..key.uri_len];
         let m = &self.store.metrics;
         let mut collapsed = false;
+        // The key of the request this one waited for, if it did.
+        let mut waited: Option<String> = None;
         // The request this one waited for found the upstream failing.
         let mut upstream_failed = false;
         loop {
             // Checked again after waiting for another request's answer, which may have
             // found its answer could not be stored.
-            if collapsed && self.store.is_uncacheable(&plain, ask.now_ns) {
+            if waited
+                .as_deref()
+                .is_some_and(|k| self.store.is_uncacheable(k, ask.now_ns))
+            {
                 return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
             }
             // The key without varying headers first: most responses vary on nothing.
@@ -76,6 +81,7 @@ impl Cache {
                 if let (Some(rx), false) = (waiting, collapsed) {
                     upstream_failed = Self::wait_for(rx, ask.wait).await;
                     collapsed = true;
+                    waited = Some(flight.to_string());
                     continue;
                 }
                 let leader = self.lead(flight.to_string());
@@ -84,7 +90,9 @@ impl Cache {
                     .await;
             }
             // A miss: wait for a request already on its way upstream for this key, once.
-            let flight = plain.as_str();
+            // Of a URI known to vary, the key is the variant's: another variant's miss is
+            // not this one's answer, and its answer being private says nothing of this.
+            let flight = vary_key.as_deref().unwrap_or(plain.as_str());
             if parts.method == Method::HEAD || shapes_its_answer(&parts.headers) {
                 return self
                     .straight_upstream(&*up(), parts, miss.status(false))
@@ -95,6 +103,7 @@ impl Cache {
                 Some(rx) if !collapsed => {
                     upstream_failed = Self::wait_for(rx, ask.wait).await;
                     collapsed = true;
+                    waited = Some(flight.to_string());
                     continue;
                 }
                 _ => {}
