@@ -407,6 +407,27 @@ async fn unique_urls_that_are_never_stored_grow_no_index() {
 }
 
 #[tokio::test]
+async fn a_uri_longer_than_a_request_line_is_not_kept() {
+    let s = setup().await;
+    let long = format!("/{}", "l".repeat(9 * 1024));
+    for n in 1..=2 {
+        let a = get(&s, "a", &long, "").await;
+        assert!(body(&a).starts_with(&format!("n={n}")), "{a:.200}");
+        assert_eq!(
+            header(&a, "cache-status"),
+            "tollgate; fwd=uri-miss",
+            "not stored"
+        );
+    }
+    assert_eq!(upstream(&s), 2);
+    // One just under the limit is kept as any other.
+    let short = format!("/{}", "s".repeat(7 * 1024));
+    get(&s, "a", &short, "").await;
+    get(&s, "a", &short, "").await;
+    assert_eq!(upstream(&s), 3);
+}
+
+#[tokio::test]
 async fn the_rest_of_rfc_9111() {
     let s = setup().await;
     // Age: only a plain non-negative integer counts (the first member of a list).

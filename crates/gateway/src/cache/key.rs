@@ -19,9 +19,16 @@ pub struct Key {
     pub(super) url_start: usize,
     pub(super) uri_len: usize,
     /// The request may neither be answered from the cache nor stored: it names a keyed
-    /// query parameter in two spellings, or asks for `no-store`.
+    /// query parameter in two spellings, asks for `no-store`, or its URI is longer than
+    /// [`MAX_CACHED_URI`].
     pub(super) bypass: bool,
 }
+
+/// The longest URI key (route, host, path and keyed query) the cache keeps answers for:
+/// nginx's and Varnish's default limit on a request line. The index keeps a URI's key a
+/// while after its answers are evicted, so longer ones would let unique long URLs hold
+/// many times the cache's size there.
+pub const MAX_CACHED_URI: usize = 8 * 1024;
 
 impl Key {
     /// The key of the request `parts` asks on its route.
@@ -44,7 +51,7 @@ impl Key {
             plain,
             url_start,
             uri_len,
-            bypass: ambiguous || asks_no_store(&parts.headers),
+            bypass: ambiguous || asks_no_store(&parts.headers) || uri_len > MAX_CACHED_URI,
         }
     }
 }

@@ -387,10 +387,10 @@ impl Store {
     /// entries (amortized: one pass per many stores).
     fn sweep_now_and_then(&self) {
         let n = self.puts.fetch_add(1, Ordering::Relaxed);
-        if n % 1024 != 1023 {
+        if n % 256 != 255 {
             return;
         }
-        if self.uris.len() as u64 > 2 * self.entries.entry_count() + 1024 {
+        if self.uris.len() as u64 > 2 * self.entries.entry_count() + 256 {
             // The shard's lock is held while an info is judged: no request can take it
             // between the count and the removal.
             self.uris.retain(|_, info| Arc::strong_count(info) > 1);
