@@ -56,6 +56,11 @@ fn answer(head: &str, n: usize, failing: bool) -> (Vec<u8>, bool) {
             "Cache-Control: max-age=60\r\nVary: Accept-Language\r\n",
             format!("n={n} lang={}", header("accept-language")),
         ),
+        "/late-vary" if n == 1 => ok("Cache-Control: max-age=1\r\n", format!("n={n}")),
+        "/late-vary" => ok(
+            "Cache-Control: max-age=60\r\nVary: X-Foo\r\n",
+            format!("n={n} foo={}", header("x-foo")),
+        ),
         "/vary-private" if header("accept-language") == "zz" => ok(
             "Cache-Control: private\r\nVary: Accept-Language\r\n",
             format!("n={n} private"),
@@ -413,6 +418,18 @@ async fn unsafe_methods_invalidate_the_uri_and_its_location() {
             .await;
     assert_eq!(p.status.as_u16(), 200);
     assert_eq!(s.get("/fresh").await.body, "n=7", "invalidated");
+}
+
+#[tokio::test]
+async fn a_stale_answer_that_did_not_vary_does_not_hide_the_variants_stored_after_it() {
+    let s = setup().await;
+    assert_eq!(s.get("/late-vary").await.body, "n=1");
+    s.clock.advance(Duration::from_secs(5));
+    let foo = [("X-Foo", "1")];
+    assert_eq!(s.get_as("ka", "/late-vary", &foo).await.body, "n=2 foo=1");
+    let again = s.get_as("ka", "/late-vary", &foo).await;
+    assert_eq!(again.body, "n=2 foo=1", "{}", again.header("cache-status"));
+    assert_eq!(s.upstream(), 2);
 }
 
 #[tokio::test]

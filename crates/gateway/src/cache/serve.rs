@@ -39,10 +39,14 @@ impl Cache {
             {
                 return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
             }
-            // The key without varying headers first: most responses vary on nothing.
+            // The key without varying headers first: most responses vary on nothing. A
+            // stale one of a URI whose answers have varied since is passed over: the
+            // variants stored after it are the URI's answers now.
             let (entry, miss, vary_key) = match self.store.get(&plain) {
-                Some(e) => (Some(e), Miss::Other, None),
-                None => match self.store.varies(uri) {
+                Some(e) if e.is_fresh(ask.now_ns) || self.store.varies(uri).is_none() => {
+                    (Some(e), Miss::Other, None)
+                }
+                _ => match self.store.varies(uri) {
                     Some(v) => {
                         let key = variant_key(uri, &ask, &v, &parts.headers);
                         (self.store.get(&key), Miss::Vary, Some(key))
