@@ -433,6 +433,18 @@ async fn a_stale_answer_that_did_not_vary_does_not_hide_the_variants_stored_afte
 }
 
 #[tokio::test]
+async fn a_varying_header_spelled_with_underscores_keeps_its_own_variant() {
+    let s = setup().await;
+    // Stored for a request without Accept-Language.
+    assert_eq!(s.get("/vary").await.body, "n=1 lang=");
+    // A backend that reads `Accept_Language` as `Accept-Language` may answer it in
+    // French: not the answer stored for no language, nor one to store for it.
+    let under = s.get_as("ka", "/vary", &[("Accept_Language", "fr")]).await;
+    assert_eq!(under.body, "n=2 lang=", "{}", under.header("cache-status"));
+    assert_eq!(s.get("/vary").await.body, "n=1 lang=");
+}
+
+#[tokio::test]
 async fn one_variants_private_answer_does_not_turn_the_cache_off_for_the_others() {
     let s = setup().await;
     let lang = |l| [("Accept-Language", l)];

@@ -337,7 +337,10 @@ pub(super) fn varies_of(cfg: &RouteCacheConfig, resp: &HeaderMap) -> Varies {
     names.into()
 }
 
-/// The value of request header `name` for a key: the values of all its lines, joined.
+/// The value of request header `name` for a key: the values of all its lines, joined,
+/// then those of the same name spelled with `_` for `-` (`X_Tenant`), which CGI and WSGI
+/// backends read as the name itself: an answer made for such a value is not another
+/// request's.
 pub fn header_for_key(req: &Fields, name: &HeaderName, out: &mut String) {
     let mut first = true;
     for v in req.get_all(name) {
@@ -346,6 +349,16 @@ pub fn header_for_key(req: &Fields, name: &HeaderName, out: &mut String) {
         }
         first = false;
         push_key_bytes(out, v.as_bytes());
+    }
+    let want = name.as_str().as_bytes();
+    if want.contains(&b'-') {
+        for (n, v) in req.iter() {
+            if n.contains(&b'_') && crate::inbound::spells(n, want) {
+                // Not a byte a value is written with (`push_key_bytes` escapes it).
+                out.push('\u{1}');
+                push_key_bytes(out, v.as_bytes());
+            }
+        }
     }
 }
 
