@@ -69,6 +69,10 @@ fn answer(head: &str, n: usize, failing: bool) -> (Vec<u8>, bool) {
             "Cache-Control: max-age=60\r\nVary: Accept-Language\r\n",
             format!("n={n} lang={}", header("accept-language")),
         ),
+        "/cookie2" => ok(
+            "Cache-Control: max-age=60\r\nSet-Cookie2: s=1\r\n",
+            format!("n={n}"),
+        ),
         "/star" => ok("Cache-Control: max-age=60\r\nVary: *\r\n", format!("n={n}")),
         "/by-consumer" => ok(
             "Cache-Control: max-age=60\r\nVary: X-Consumer\r\n",
@@ -442,6 +446,22 @@ async fn a_varying_header_spelled_with_underscores_keeps_its_own_variant() {
     let under = s.get_as("ka", "/vary", &[("Accept_Language", "fr")]).await;
     assert_eq!(under.body, "n=2 lang=", "{}", under.header("cache-status"));
     assert_eq!(s.get("/vary").await.body, "n=1 lang=");
+}
+
+#[tokio::test]
+async fn set_cookie2_and_proxy_credentials_keep_an_answer_out() {
+    let s = setup().await;
+    assert_eq!(s.get("/cookie2").await.body, "n=1");
+    assert_eq!(
+        s.get("/cookie2").await.body,
+        "n=2",
+        "a session is never stored"
+    );
+    let proxied = s
+        .get_as("ka", "/a/y", &[("Proxy-Authorization", "Basic cDp4")])
+        .await;
+    assert_eq!(proxied.body, "n=3");
+    assert_eq!(s.get("/a/y").await.body, "n=4", "not stored for the others");
 }
 
 #[tokio::test]

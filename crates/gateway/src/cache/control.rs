@@ -217,9 +217,14 @@ pub fn storable(
     if d.malformed || no_store || d.private || directives(req).no_store {
         return None;
     }
+    // `*`, or a name no request header can have (`"*"`, `X Foo`): no key can tell the
+    // variants apart.
     if resp.get_all(header::VARY).iter().any(|v| {
-        v.to_str()
-            .map_or(true, |v| v.split(',').any(|n| n.trim() == "*"))
+        v.to_str().map_or(true, |v| {
+            v.split(',').map(str::trim).any(|n| {
+                n == "*" || (!n.is_empty() && header::HeaderName::from_bytes(n.as_bytes()).is_err())
+            })
+        })
     }) {
         return None;
     }
@@ -353,6 +358,28 @@ mod tests {
         }
         assert_eq!(
             fresh_for(200, &[("cache-control", "max-age=60; foo")], false),
+            Some(60)
+        );
+        for vary in ["\"*\"", "X Foo", "Accept-Encoding, X Foo"] {
+            assert_eq!(
+                fresh_for(
+                    200,
+                    &[("cache-control", "max-age=60"), ("vary", vary)],
+                    false
+                ),
+                None,
+                "{vary}"
+            );
+        }
+        assert_eq!(
+            fresh_for(
+                200,
+                &[
+                    ("cache-control", "max-age=60"),
+                    ("vary", "Accept-Encoding, ")
+                ],
+                false
+            ),
             Some(60)
         );
         // In Surrogate-Control a `;` still targets a device: not this cache's.

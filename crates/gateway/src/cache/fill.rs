@@ -165,7 +165,7 @@ impl Cache {
         // A cookie is one client's session: never stored, on any route (as nginx and
         // Varnish do by default). One key may serve many end users, and a route without
         // keys shares its entries with every caller.
-        if h.contains_key(header::SET_COOKIE) {
+        if h.contains_key(header::SET_COOKIE) || h.contains_key("set-cookie2") {
             return None;
         }
         let too_big = h
@@ -180,7 +180,9 @@ impl Cache {
             resp.status(),
             &sent.headers,
             h,
-            sent.headers.contains_key(header::AUTHORIZATION),
+            // Credentials for a proxy on the way are credentials too (RFC 9111 §3.5).
+            sent.headers.contains_key(header::AUTHORIZATION)
+                || sent.headers.contains_key(header::PROXY_AUTHORIZATION),
             ask.cfg.default_ttl,
             ask.wall(),
         )
