@@ -2,7 +2,7 @@
 //! sentinels on loopback. The master is killed and the gateway follows the one the
 //! sentinels promote, without a restart; a planned failover (`SENTINEL FAILOVER`) is
 //! followed before the sentinels demote the old master, through sentinels that ask for a
-//! password.
+//! password, and does not loosen a limit.
 
 mod common;
 
@@ -79,6 +79,36 @@ fn role(port: u16) -> Option<String> {
         ::redis::Value::SimpleString(s) => Some(s.clone()),
         _ => None,
     }
+}
+
+/// Milliseconds since the epoch now, as the gateway's heartbeats are scored.
+fn now_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as f64
+}
+
+/// The sentinels at `ports`, as a YAML list.
+fn sentinel_list(ports: &[u16]) -> String {
+    let list: Vec<String> = ports.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
+    format!("[{}]", list.join(", "))
+}
+
+/// Waits until the sentinel on `s` has heard from the replica in sync: it promotes no other.
+fn wait_replica_known(s: &mut ::redis::Connection) {
+    wait("the sentinel knows the replica", || {
+        ::redis::cmd("SENTINEL")
+            .arg("REPLICAS")
+            .arg("tg")
+            .query::<Vec<std::collections::HashMap<String, String>>>(s)
+            .is_ok_and(|list| {
+                list.iter().any(|i| {
+                    i.get("flags").map(String::as_str) == Some("slave")
+                        && i.get("master-link-status").map(String::as_str) == Some("ok")
+                })
+            })
+    });
 }
 
 /// A master, its replica in sync, and three sentinels watching the master as `tg` (with
@@ -166,11 +196,7 @@ async fn a_failover_is_followed_without_a_restart() {
     let mut set = sentinels("sentinel", None);
     let (dir, m, r, sentinel_ports) = (set.dir.clone(), set.m, set.r, set.ports.clone());
     let (backend, _) = inspect_backend().await;
-    let sentinels = sentinel_ports
-        .iter()
-        .map(|p| format!("\"127.0.0.1:{p}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let sentinels = sentinel_list(&sentinel_ports);
     let yaml = yaml(
         backend,
         &format!(
@@ -178,7 +204,7 @@ async fn a_failover_is_followed_without_a_restart() {
 routes:
   - {{name: api, path_prefix: /api/, upstream: backend, auth: {{}}, limits: [{{requests: 1000, per: 1h}}]}}
 cluster:
-  redis: {{sentinels: [{sentinels}], master_name: tg}}
+  redis: {{sentinels: {sentinels}, master_name: tg}}
   key_prefix: sentinel{pid}
 "#,
             pid = std::process::id()
@@ -229,10 +255,7 @@ cluster:
     let promoted = start.elapsed();
     // The gateway's heartbeat (a score of milliseconds in `PREFIX:nodes`) written to the
     // promoted server after its promotion: the gateway follows it.
-    let promoted_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as f64;
+    let promoted_ms = now_ms();
     let nodes = format!("sentinel{}:nodes", std::process::id());
     let heartbeat = || heartbeat_at(r, &nodes);
     let mut followed = None;
@@ -264,8 +287,8 @@ fn metrics_has(gw: &TestGateway, line: &str) -> bool {
 }
 
 /// `SENTINEL FAILOVER` promotes the replica while the old master still takes writes until
-/// the sentinels demote it (seconds later): the gateway moves to the new master when the
-/// sentinels name it, not when the old one starts refusing writes. The sentinels ask for a
+/// the sentinels demote it (seconds later): the gateway moves to the new master as the
+/// sentinels promote it, not when the old one starts refusing writes. The sentinels ask for a
 /// password here, given as `sentinel_password_file`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_failover_is_followed_before_the_old_master_is_demoted() {
@@ -274,12 +297,7 @@ async fn a_planned_failover_is_followed_before_the_old_master_is_demoted() {
     let pass = set.dir.join("sentinel.pass");
     std::fs::write(&pass, "s3ntinel\n").expect("password file");
     let (backend, _) = inspect_backend().await;
-    let list = set
-        .ports
-        .iter()
-        .map(|p| format!("\"127.0.0.1:{p}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = sentinel_list(&set.ports);
     let prefix = format!("planned{}", std::process::id());
     let yaml = yaml(
         backend,
@@ -288,7 +306,7 @@ async fn a_planned_failover_is_followed_before_the_old_master_is_demoted() {
 routes:
   - {{name: api, path_prefix: /api/, upstream: backend, auth: {{}}, limits: [{{requests: 1000, per: 1h}}]}}
 cluster:
-  redis: {{sentinels: [{list}], master_name: tg, sentinel_password_file: "{pass}"}}
+  redis: {{sentinels: {list}, master_name: tg, sentinel_password_file: "{pass}"}}
   key_prefix: {prefix}
 "#,
             pass = pass.display()
@@ -307,19 +325,7 @@ cluster:
     wait("the heartbeat in the master", || heartbeat(m) > 0.0);
 
     let mut s = conn_as(set.ports[0], ":s3ntinel@").expect("a sentinel");
-    // A sentinel promotes only a replica it has heard from.
-    wait("the sentinel knows the replica", || {
-        ::redis::cmd("SENTINEL")
-            .arg("REPLICAS")
-            .arg("tg")
-            .query::<Vec<std::collections::HashMap<String, String>>>(&mut s)
-            .is_ok_and(|list| {
-                list.iter().any(|i| {
-                    i.get("flags").map(String::as_str) == Some("slave")
-                        && i.get("master-link-status").map(String::as_str) == Some("ok")
-                })
-            })
-    });
+    wait_replica_known(&mut s);
     let asked: String = ::redis::cmd("SENTINEL")
         .arg("FAILOVER")
         .arg("tg")
@@ -329,10 +335,7 @@ cluster:
     wait("the replica promoted", || {
         role(r).as_deref() == Some("master")
     });
-    let promoted_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as f64;
+    let promoted_ms = now_ms();
     let deadline = Instant::now() + DEADLINE;
     while heartbeat(r) <= promoted_ms {
         assert!(
@@ -348,5 +351,89 @@ cluster:
         "the gateway moved only once the old master was demoted"
     );
     assert_eq!(client.get(&gw.url("/api/x?apikey=ka")).await.status, 200);
+    let _ = std::fs::remove_dir_all(&set.dir);
+}
+
+/// A planned failover does not loosen a limit: the sentinels announce the replica they
+/// promote before they promote it, and the gateway stops leasing from the old master then
+/// (what the old master granted after the promotion would be lost with its demotion, and
+/// admitted again by the new one). A limit of 300 an hour, called about 100 times a second
+/// across the failover until the new master refuses, admits no more than 300.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_failover_does_not_loosen_a_limit() {
+    let set = sentinels("sentinel-exact", None);
+    let r = set.r;
+    let (backend, _) = inspect_backend().await;
+    let list = sentinel_list(&set.ports);
+    let prefix = format!("exact{}", std::process::id());
+    let yaml = yaml(
+        backend,
+        &format!(
+            r#"consumers: [{{name: alice, keys: [ka]}}]
+routes:
+  - {{name: api, path_prefix: /api/, upstream: backend, auth: {{}}, limits: [{{requests: 300, per: 1h}}]}}
+cluster:
+  redis: {{sentinels: {list}, master_name: tg}}
+  key_prefix: {prefix}
+  max_overadmission: 0%
+"#
+        ),
+    );
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    let client = TestClient::default();
+    let up = "tollgate_cluster_redis_up 1";
+    assert!(metrics_with(&gw.gw, up).await.contains(up));
+    let mut s = conn(set.ports[0]).expect("a sentinel");
+    wait_replica_known(&mut s);
+    let nodes = format!("{prefix}:nodes");
+    let (mut admitted, mut asked_failover, mut promoted_ms) = (0u32, false, None);
+    let mut refused_since: Option<Instant> = None;
+    let deadline = Instant::now() + DEADLINE;
+    // Paced calls (the load, not a wait for anything): about 100 a second, so that the
+    // failover falls while the limit still has room.
+    let mut pace = tokio::time::interval(Duration::from_millis(10));
+    loop {
+        assert!(Instant::now() < deadline, "never refused for good");
+        pace.tick().await;
+        match client
+            .get(&gw.url("/api/x?apikey=ka"))
+            .await
+            .status
+            .as_u16()
+        {
+            200 => {
+                admitted += 1;
+                refused_since = None;
+            }
+            429 | 503 => {
+                refused_since.get_or_insert_with(Instant::now);
+            }
+            other => panic!("unexpected status {other}"),
+        }
+        if !asked_failover && admitted >= 60 {
+            let ok: String = ::redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg("tg")
+                .query(&mut s)
+                .expect("SENTINEL FAILOVER");
+            assert_eq!(ok, "OK");
+            asked_failover = true;
+        }
+        if asked_failover && promoted_ms.is_none() && role(r).as_deref() == Some("master") {
+            promoted_ms = Some(now_ms());
+        }
+        // Done once the node writes to the promoted master and has refused for a second.
+        let on_new = promoted_ms.is_some_and(|p| heartbeat_at(r, &nodes) > p);
+        if on_new && refused_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1)) {
+            break;
+        }
+    }
+    assert!(
+        admitted <= 300,
+        "{admitted} admitted for a limit of 300 across a planned failover"
+    );
+    // Tokens still held from the old master are dropped when the new one grants: a few
+    // may go unused, never more admitted.
+    assert!(admitted >= 240, "only {admitted} of 300 admitted");
     let _ = std::fs::remove_dir_all(&set.dir);
 }

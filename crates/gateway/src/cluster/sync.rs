@@ -61,9 +61,10 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                 continue;
             }
             if s.conn.as_ref().is_some_and(|(conn, _)| conn.is_stale()) {
-                // The sentinels name a new master: moved to before the next round, so no
-                // round fails and nothing more is written to the old one.
-                tracing::info!(redis = %c.cfg.redis.shown(), "cluster: the sentinels name another master; moving to it");
+                // The sentinels name a new master, or are promoting a replica: moved to
+                // before the next round, so no round fails and nothing more is written to
+                // the old one.
+                tracing::info!(redis = %c.cfg.redis.shown(), "cluster: the sentinels name or promote another master; moving to it");
                 s.conn = None;
             }
             if s.conn.is_none() {

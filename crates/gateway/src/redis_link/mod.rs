@@ -1,8 +1,11 @@
 //! How every Redis link of the gateway opens (limits, usage history, managed consumers,
 //! `tollgate usage`): to one server by URL, to the master a set of Redis Sentinels names
-//! (asked of them at every connection, and once a second while it is in use: when they
-//! name another master, the connection fails its commands and its owner reconnects), or to
-//! a Redis Cluster (keys routed by hash slot, MOVED / ASK followed).
+//! (asked of them at every connection and once a second while it is in use, and heard from
+//! as a failover starts: when they name another master or promote a replica, the
+//! connection fails its commands and its owner reconnects), or to a Redis Cluster (keys
+//! routed by hash slot, MOVED / ASK followed).
+
+mod watch;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -10,15 +13,9 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 use tollgate_config::RedisTarget;
-
-/// How often a connection to the master the sentinels named asks them whether they still
-/// name it: a planned failover (`SENTINEL FAILOVER`) leaves the old master taking writes
-/// until the sentinels demote it, which can take ten seconds, and what it takes then is
-/// lost.
-const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
 /// A connection to the Redis a config names. Cheap to clone (both kinds multiplex).
 #[derive(Clone)]
@@ -43,15 +40,15 @@ impl RedisConn {
     }
 }
 
-/// The master a connection reached through the sentinels, and the one they name now.
+/// The master a connection reached through the sentinels, and what they say now.
 pub struct Followed {
     reached: String,
-    named: parking_lot::Mutex<String>,
+    watch: Arc<watch::Watch>,
 }
 
 impl Followed {
     fn is_stale(&self) -> bool {
-        *self.named.lock() != self.reached
+        self.watch.is_stale(&self.reached)
     }
 }
 
@@ -151,27 +148,58 @@ pub async fn redis_connection_at(
         };
         return Ok((RedisConn::Cluster(conn), nodes.join(",")));
     }
-    let client = client(target, timeout).await?;
-    let addr = client.get_connection_info().addr().to_string();
-    let cfg = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
-    let conn = client
-        .get_multiplexed_async_connection_with_config(&cfg)
-        .await?;
-    let followed = match target {
+    let watch = match target {
         RedisTarget::Sentinel {
             sentinels,
             master_name,
             ..
-        } => Some(follow(
-            sentinel_urls(target, sentinels),
-            master_name.clone(),
-            addr.clone(),
-        )),
+        } => Some(watch::watch(sentinel_urls(target, sentinels), master_name)),
         _ => None,
     };
+    // During a failover the sentinels still name the old master: go to the replica they
+    // are promoting instead, once it says it is a master.
+    let promoting = watch.as_ref().and_then(|w| w.promoting());
+    let client = match &promoting {
+        Some(to) => client_at(target, to)?,
+        None => client(target, timeout).await?,
+    };
+    let addr = client.get_connection_info().addr().to_string();
+    let cfg = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&cfg)
+        .await?;
+    match (&watch, &promoting) {
+        (_, Some(to)) => {
+            if !is_master(&mut conn).await? {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the sentinels are promoting a replica that is not a master yet",
+                    to.clone(),
+                )));
+            }
+        }
+        (Some(w), None) => w.named(addr.clone()),
+        (None, None) => {}
+    }
+    let followed = watch.map(|watch| {
+        Arc::new(Followed {
+            reached: addr.clone(),
+            watch,
+        })
+    });
     Ok((RedisConn::One(conn, followed), addr))
+}
+
+/// Whether the server a connection reached says it is a master (`ROLE`).
+async fn is_master(conn: &mut MultiplexedConnection) -> redis::RedisResult<bool> {
+    let role: Vec<Value> = redis::cmd("ROLE").query_async(conn).await?;
+    Ok(match role.first() {
+        Some(Value::BulkString(b)) => b.as_slice() == b"master",
+        Some(Value::SimpleString(s)) => s == "master",
+        _ => false,
+    })
 }
 
 /// Each sentinel as a URL, with the sentinels' own credentials when they ask for them.
@@ -194,83 +222,6 @@ fn sentinel_urls(target: &RedisTarget, sentinels: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Asks the sentinels once a second which master they name, for as long as the connection
-/// that reached `reached` is in use.
-fn follow(sentinels: Vec<String>, master_name: String, reached: String) -> Arc<Followed> {
-    let followed = Arc::new(Followed {
-        named: parking_lot::Mutex::new(reached.clone()),
-        reached,
-    });
-    let weak: Weak<Followed> = Arc::downgrade(&followed);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(FOLLOW_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        let mut asking: Option<(usize, MultiplexedConnection)> = None;
-        loop {
-            tick.tick().await;
-            if weak.strong_count() == 0 {
-                return;
-            }
-            let named = named_master(&sentinels, &master_name, &mut asking).await;
-            let Some(f) = weak.upgrade() else { return };
-            if let Some(named) = named {
-                if named != f.reached && *f.named.lock() == f.reached {
-                    tracing::debug!(
-                        "Redis: the sentinels name {named} as master {master_name:?} now (was {}); moving to it",
-                        f.reached
-                    );
-                }
-                *f.named.lock() = named;
-            }
-        }
-    });
-    followed
-}
-
-/// The master the first sentinel to answer names (`host:port`), asked on the connection
-/// kept from the last time; `None` when none of them answers.
-async fn named_master(
-    sentinels: &[String],
-    master_name: &str,
-    asking: &mut Option<(usize, MultiplexedConnection)>,
-) -> Option<String> {
-    let start = asking.as_ref().map_or(0, |(i, _)| *i);
-    for n in 0..sentinels.len() {
-        let i = (start + n) % sentinels.len();
-        let mut conn = match asking.take() {
-            Some((at, c)) if at == i => c,
-            _ => {
-                let cfg = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(FOLLOW_EVERY))
-                    .set_response_timeout(Some(FOLLOW_EVERY));
-                let Ok(client) = redis::Client::open(sentinels[i].as_str()) else {
-                    continue;
-                };
-                match client
-                    .get_multiplexed_async_connection_with_config(&cfg)
-                    .await
-                {
-                    Ok(c) => c,
-                    Err(_) => continue,
-                }
-            }
-        };
-        let asked: redis::RedisResult<Option<(String, u16)>> = redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(master_name)
-            .query_async(&mut conn)
-            .await;
-        if let Ok(answer) = asked {
-            *asking = Some((i, conn));
-            if let Some((host, port)) = answer {
-                return Some(format!("{host}:{port}"));
-            }
-        }
-    }
-    None
-}
-
 /// The client of the server to use now: the URL's, or the master the sentinels name.
 async fn client(target: &RedisTarget, timeout: Duration) -> redis::RedisResult<redis::Client> {
     match target {
@@ -278,19 +229,10 @@ async fn client(target: &RedisTarget, timeout: Duration) -> redis::RedisResult<r
         RedisTarget::Sentinel {
             sentinels,
             master_name,
-            username,
-            password,
-            db,
             ..
         } => {
-            let mut info = redis::RedisConnectionInfo::default().set_db(*db);
-            if let Some(u) = username {
-                info = info.set_username(u);
-            }
-            if let Some(p) = password {
-                info = info.set_password(p);
-            }
-            let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(info);
+            let node =
+                SentinelNodeConnectionInfo::default().set_redis_connection_info(node_info(target));
             let urls = sentinel_urls(target, sentinels);
             let mut sc = SentinelClient::build(
                 urls,
@@ -311,6 +253,47 @@ async fn client(target: &RedisTarget, timeout: Duration) -> redis::RedisResult<r
             "a Redis Cluster has no single server",
         ))),
     }
+}
+
+/// The client of the server at `address` (`host:port`, as the sentinels name servers),
+/// with the credentials and database the target gives its master.
+fn client_at(target: &RedisTarget, address: &str) -> redis::RedisResult<redis::Client> {
+    let bad = || {
+        redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "the sentinels named a server that is not host:port",
+            address.to_string(),
+        ))
+    };
+    let (host, port) = address.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let info = redis::IntoConnectionInfo::into_connection_info(redis::ConnectionAddr::Tcp(
+        host.to_string(),
+        port,
+    ))?
+    .set_redis_settings(node_info(target));
+    redis::Client::open(info)
+}
+
+/// The credentials and database of a master the sentinels name.
+fn node_info(target: &RedisTarget) -> redis::RedisConnectionInfo {
+    let mut info = redis::RedisConnectionInfo::default();
+    if let RedisTarget::Sentinel {
+        username,
+        password,
+        db,
+        ..
+    } = target
+    {
+        info = info.set_db(*db);
+        if let Some(u) = username {
+            info = info.set_username(u);
+        }
+        if let Some(p) = password {
+            info = info.set_password(p);
+        }
+    }
+    info
 }
 
 /// The hash slot of `key` (of its `{tag}` if it has one): the commands of one pipeline or
