@@ -175,8 +175,9 @@ def modes(ctx, rounds, seconds=22.0):
     return rows
 
 
-def failover(ctx, kind, seconds=33.0, kill_at=10.5):
-    """The Redis master killed mid-run (Sentinel, or the Cluster master of consumer-1's slot)."""
+def failover(ctx, kind, seconds=33.0, kill_at=10.5, planned=False):
+    """The Redis master killed mid-run (Sentinel, or the Cluster master of consumer-1's slot);
+    `planned`: Sentinel's master moved by `SENTINEL FAILOVER` instead, the old one alive."""
     topo = redis_topo.sentinel(6400, ctx.tmp) if kind == "sentinel" else redis_topo.cluster(7200, ctx.tmp)
     prefix = f"f{time.time_ns()}"
     nodes = Nodes(ctx, topo.redis, prefix)
@@ -214,7 +215,12 @@ def failover(ctx, kind, seconds=33.0, kill_at=10.5):
         runs = start_load(ctx, seconds)
         time.sleep(kill_at)
         killed["at"], killed["wall"] = time.monotonic(), time.time()
-        topo.kill(victim)
+        if planned:
+            asked = redis_topo.cli(6410, "SENTINEL", "FAILOVER", "tg")
+            if asked != "OK":
+                raise RuntimeError(f"SENTINEL FAILOVER: {asked}")
+        else:
+            topo.kill(victim)
         outs = finish(runs)
         redis_topo.until("every node follows", lambda: len(seen) == 3, timeout=20)
         stop.set()
@@ -225,7 +231,7 @@ def failover(ctx, kind, seconds=33.0, kill_at=10.5):
         nodes.stop()
         topo.stop()
     sent, slowest, errors = summary(outs)
-    row = {"redis": kind, "sent": sent, "admitted": len(times), "most_in_window": most_in_span(times, W),
+    row = {"redis": f"{kind} (SENTINEL FAILOVER)" if planned else kind, "sent": sent, "admitted": len(times), "most_in_window": most_in_span(times, W),
            "promoted_after_s": killed.get("promoted", (None, None))[1],
            "followed_after_s": [round(seen.get(n, -1), 2) for n in (1, 2, 3)],
            "fail_open": fail_open, "slowest_ms": slowest, "errors": errors,
