@@ -358,11 +358,13 @@ cluster:
 /// promote before they promote it, and the gateway stops leasing from the old master then
 /// (what the old master granted after the promotion would be lost with its demotion, and
 /// admitted again by the new one). A limit of 300 an hour, called about 100 times a second
-/// across the failover until the new master refuses, admits no more than 300.
+/// across the failover until the new master refuses, admits no more than 300, and nothing
+/// is written to the old master after the replica's promotion. The failover is asked of
+/// another sentinel than the one the gateway asks first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_failover_does_not_loosen_a_limit() {
     let set = sentinels("sentinel-exact", None);
-    let r = set.r;
+    let (m, r) = (set.m, set.r);
     let (backend, _) = inspect_backend().await;
     let list = sentinel_list(&set.ports);
     let prefix = format!("exact{}", std::process::id());
@@ -383,11 +385,14 @@ cluster:
     let client = TestClient::default();
     let up = "tollgate_cluster_redis_up 1";
     assert!(metrics_with(&gw.gw, up).await.contains(up));
-    let mut s = conn(set.ports[0]).expect("a sentinel");
+    // Asked of the last sentinel: the gateway asks the first one which master they name.
+    let mut s = conn(set.ports[2]).expect("a sentinel");
     wait_replica_known(&mut s);
     let nodes = format!("{prefix}:nodes");
     let (mut admitted, mut asked_failover, mut promoted_ms) = (0u32, false, None);
     let mut refused_since: Option<Instant> = None;
+    // The latest the gateway wrote to the old master while it was still a master.
+    let mut last_on_old = 0.0f64;
     let deadline = Instant::now() + DEADLINE;
     // Paced calls (the load, not a wait for anything): about 100 a second, so that the
     // failover falls while the limit still has room.
@@ -422,12 +427,23 @@ cluster:
         if asked_failover && promoted_ms.is_none() && role(r).as_deref() == Some("master") {
             promoted_ms = Some(now_ms());
         }
+        if promoted_ms.is_some() && role(m).as_deref() == Some("master") {
+            last_on_old = last_on_old.max(heartbeat_at(m, &nodes));
+        }
         // Done once the node writes to the promoted master and has refused for a second.
         let on_new = promoted_ms.is_some_and(|p| heartbeat_at(r, &nodes) > p);
         if on_new && refused_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1)) {
             break;
         }
     }
+    // Nothing written to the old master once the replica was a master: what it took then
+    // would be lost with its demotion.
+    let promoted_ms = promoted_ms.unwrap_or(0.0);
+    assert!(
+        last_on_old <= promoted_ms,
+        "the gateway wrote to the old master {:.0} ms after the replica's promotion",
+        last_on_old - promoted_ms
+    );
     assert!(
         admitted <= 300,
         "{admitted} admitted for a limit of 300 across a planned failover"

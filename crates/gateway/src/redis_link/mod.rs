@@ -11,7 +11,6 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -148,48 +147,90 @@ pub async fn redis_connection_at(
         };
         return Ok((RedisConn::Cluster(conn), nodes.join(",")));
     }
-    let watch = match target {
-        RedisTarget::Sentinel {
-            sentinels,
-            master_name,
-            ..
-        } => Some(watch::watch(sentinel_urls(target, sentinels), master_name)),
-        _ => None,
+    let RedisTarget::Sentinel {
+        sentinels,
+        master_name,
+        ..
+    } = target
+    else {
+        let client = match target {
+            RedisTarget::Url(url) => redis::Client::open(url.as_str())?,
+            _ => return Err(not_one()),
+        };
+        let addr = client.get_connection_info().addr().to_string();
+        let conn = connect(&client, timeout).await?;
+        return Ok((RedisConn::One(conn, None), addr));
     };
+    let urls = sentinel_urls(target, sentinels);
+    let watch = watch::watch(urls.clone(), master_name);
+    let asked = std::time::Instant::now();
     // During a failover the sentinels still name the old master: go to the replica they
     // are promoting instead, once it says it is a master.
-    let promoting = watch.as_ref().and_then(|w| w.promoting());
-    let client = match &promoting {
-        Some(to) => client_at(target, to)?,
-        None => client(target, timeout).await?,
+    let promoting = watch.promoting();
+    let addr = match &promoting {
+        Some(to) => to.clone(),
+        None => {
+            let named =
+                tokio::time::timeout(timeout, watch::named_master(&urls, master_name, &mut None))
+                    .await;
+            match named {
+                Ok(Some(addr)) => addr,
+                _ => {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "no sentinel named the master in time",
+                    )))
+                }
+            }
+        }
     };
-    let addr = client.get_connection_info().addr().to_string();
+    let mut conn = connect(&client_at(target, &addr)?, timeout).await?;
+    // As the sentinels' clients are asked to: the server named must say it is a master
+    // (one they name before it has been promoted, or after it was demoted, is not yet).
+    if !is_master(&mut conn).await? {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "the server the sentinels name or promote is not a master (yet)",
+            addr,
+        )));
+    }
+    if promoting.is_none() {
+        watch.named(addr.clone(), asked);
+    }
+    let followed = Followed {
+        reached: addr.clone(),
+        watch,
+    };
+    // A switch heard while connecting: this one is already out of date.
+    if followed.is_stale() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "the sentinels named another master while connecting",
+            addr,
+        )));
+    }
+    Ok((RedisConn::One(conn, Some(Arc::new(followed))), addr))
+}
+
+/// A multiplexed connection of `client`, giving up on connecting or on an answer after
+/// `timeout`.
+async fn connect(
+    client: &redis::Client,
+    timeout: Duration,
+) -> redis::RedisResult<MultiplexedConnection> {
     let cfg = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout));
-    let mut conn = client
+    client
         .get_multiplexed_async_connection_with_config(&cfg)
-        .await?;
-    match (&watch, &promoting) {
-        (_, Some(to)) => {
-            if !is_master(&mut conn).await? {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "the sentinels are promoting a replica that is not a master yet",
-                    to.clone(),
-                )));
-            }
-        }
-        (Some(w), None) => w.named(addr.clone()),
-        (None, None) => {}
-    }
-    let followed = watch.map(|watch| {
-        Arc::new(Followed {
-            reached: addr.clone(),
-            watch,
-        })
-    });
-    Ok((RedisConn::One(conn, followed), addr))
+        .await
+}
+
+fn not_one() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "a Redis Cluster has no single server",
+    ))
 }
 
 /// Whether the server a connection reached says it is a master (`ROLE`).
@@ -220,39 +261,6 @@ fn sentinel_urls(target: &RedisTarget, sentinels: &[String]) -> Vec<String> {
         .iter()
         .map(|s| format!("redis://{auth}{s}"))
         .collect()
-}
-
-/// The client of the server to use now: the URL's, or the master the sentinels name.
-async fn client(target: &RedisTarget, timeout: Duration) -> redis::RedisResult<redis::Client> {
-    match target {
-        RedisTarget::Url(url) => redis::Client::open(url.as_str()),
-        RedisTarget::Sentinel {
-            sentinels,
-            master_name,
-            ..
-        } => {
-            let node =
-                SentinelNodeConnectionInfo::default().set_redis_connection_info(node_info(target));
-            let urls = sentinel_urls(target, sentinels);
-            let mut sc = SentinelClient::build(
-                urls,
-                master_name.clone(),
-                Some(node),
-                SentinelServerType::Master,
-            )?;
-            match tokio::time::timeout(timeout, sc.async_get_client()).await {
-                Ok(c) => c,
-                Err(_) => Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no sentinel named the master in time",
-                ))),
-            }
-        }
-        RedisTarget::Cluster { .. } => Err(redis::RedisError::from((
-            redis::ErrorKind::Client,
-            "a Redis Cluster has no single server",
-        ))),
-    }
 }
 
 /// The client of the server at `address` (`host:port`, as the sentinels name servers),

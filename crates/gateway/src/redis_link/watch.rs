@@ -45,6 +45,10 @@ pub(super) struct Watch {
 struct State {
     /// The master the sentinels name (`host:port`), once one of them has said.
     named: Option<String>,
+    /// The last `+switch-master` heard: the master it left, and when. An answer asked before
+    /// it, or naming the master it left within [`FAILOVER_MOST`] of it, is out of date (a
+    /// sentinel that has not switched yet still names the old master).
+    switched: Option<(String, Instant)>,
     /// A failover under way: the replica being promoted, and when it was heard of.
     failover: Option<(String, Instant)>,
     /// When the task asking the sentinels last ran: a watch whose tasks ended with their
@@ -78,9 +82,15 @@ impl Watch {
         }
     }
 
-    /// The master a sentinel named just now (asked at a connection or once a second).
-    pub(super) fn named(&self, named: String) {
+    /// The master a sentinel named, asked at `asked` (at a connection or once a second);
+    /// ignored when a switch heard since, or one that left it, makes it out of date.
+    pub(super) fn named(&self, named: String, asked: Instant) {
         let mut s = self.state.lock();
+        if let Some((left, at)) = &s.switched {
+            if *at > asked || (*left == named && at.elapsed() < FAILOVER_MOST) {
+                return;
+            }
+        }
         if s.named.as_ref().is_some_and(|n| *n != named) {
             tracing::debug!(
                 "Redis: the sentinels name {named} as master {:?} now; moving to it",
@@ -96,8 +106,9 @@ impl Watch {
         let mut s = self.state.lock();
         match (channel, words.as_slice()) {
             // `<master> <old ip> <old port> <new ip> <new port>`
-            ("+switch-master", [name, _, _, ip, port]) if *name == self.master_name => {
+            ("+switch-master", [name, old_ip, old_port, ip, port]) if *name == self.master_name => {
                 s.named = Some(format!("{ip}:{port}"));
+                s.switched = Some((format!("{old_ip}:{old_port}"), Instant::now()));
                 s.failover = None;
             }
             // `master <master> <ip> <port>`
@@ -127,11 +138,13 @@ impl Watch {
         }
     }
 
+    /// Whether its tasks still run: the task asking the sentinels marks each round as it
+    /// starts, and a round is at most [`FOLLOW_EVERY`] apart plus its bounded wait.
     fn alive(&self) -> bool {
         self.state
             .lock()
             .ticked
-            .is_some_and(|t| t.elapsed() < FOLLOW_EVERY * 3)
+            .is_some_and(|t| t.elapsed() < FOLLOW_EVERY * 5)
     }
 }
 
@@ -181,11 +194,20 @@ async fn ask(key: Key, weak: Weak<Watch>) {
     let mut unused_since: Option<Instant> = None;
     loop {
         tick.tick().await;
-        let named = named_master(&key.0, &key.1, &mut asking).await;
+        let asked = Instant::now();
+        match weak.upgrade() {
+            Some(w) => w.state.lock().ticked = Some(asked),
+            None => return,
+        }
+        // Bounded: sentinels that do not answer make a round no longer than this.
+        let named =
+            tokio::time::timeout(FOLLOW_EVERY * 2, named_master(&key.0, &key.1, &mut asking))
+                .await
+                .ok()
+                .flatten();
         let Some(w) = weak.upgrade() else { return };
-        w.state.lock().ticked = Some(Instant::now());
         if let Some(named) = named {
-            w.named(named);
+            w.named(named, asked);
         }
         let mut all = WATCHES.get_or_init(Watches::default).lock();
         // Held here and by the map only (new holders take it under the map's lock).
@@ -206,13 +228,22 @@ async fn ask(key: Key, weak: Weak<Watch>) {
 /// reconnecting with backoff (from 100 ms to [`FOLLOW_EVERY`]) when it fails.
 async fn listen(url: String, weak: Weak<Watch>) {
     let mut backoff = Duration::from_millis(100);
+    let mut warned = false;
     while weak.strong_count() > 0 {
         if let Ok(Ok(mut pubsub)) = tokio::time::timeout(FOLLOW_EVERY, async {
             redis::Client::open(url.as_str())?.get_async_pubsub().await
         })
         .await
         {
-            if pubsub.subscribe(&EVENTS[..]).await.is_ok() {
+            let subscribed = pubsub.subscribe(&EVENTS[..]).await;
+            if let (Err(e), false) = (&subscribed, warned) {
+                // An ACL user without the channels (`&*`) is refused for good.
+                tracing::warn!(
+                    "Redis: cannot hear a sentinel's failover events ({e}); it is asked once a second instead"
+                );
+                warned = true;
+            }
+            if subscribed.is_ok() {
                 backoff = Duration::from_millis(100);
                 let mut messages = pubsub.on_message();
                 loop {
@@ -311,12 +342,23 @@ mod tests {
         assert!(!w.is_stale("10.0.0.2:6379"));
         assert_eq!(w.promoting().as_deref(), Some("10.0.0.2:6379"));
         // The sentinels still name the old master until they switch: the failover stands.
-        w.named("10.0.0.1:6379".into());
+        let asked = Instant::now();
+        w.named("10.0.0.1:6379".into(), asked);
         assert!(w.is_stale("10.0.0.1:6379"));
         w.event("+switch-master", "tg 10.0.0.1 6379 10.0.0.2 6379");
         assert_eq!(w.promoting(), None);
         assert!(w.is_stale("10.0.0.1:6379"));
         assert!(!w.is_stale("10.0.0.2:6379"));
+        // An answer asked before the switch, or a sentinel that has not switched yet, does
+        // not send connections back to the master it left.
+        w.named("10.0.0.1:6379".into(), asked);
+        w.named("10.0.0.1:6379".into(), Instant::now());
+        assert!(w.is_stale("10.0.0.1:6379"));
+        assert!(!w.is_stale("10.0.0.2:6379"));
+        // A later failover is followed as ever.
+        w.named("10.0.0.3:6379".into(), Instant::now());
+        assert!(w.is_stale("10.0.0.2:6379"));
+        assert!(!w.is_stale("10.0.0.3:6379"));
     }
 
     #[test]
