@@ -135,14 +135,6 @@ async fn a_listener_that_trusts_request_ids_keeps_them() {
     assert_eq!(a.header("x-request-id").len(), 32);
 }
 
-fn log_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line ({e}): {l}")))
-        .collect()
-}
-
 #[tokio::test]
 async fn the_access_log_writes_one_json_line_per_request_without_keys() {
     let dir = tempdir("access-log");

@@ -1,8 +1,10 @@
 //! The gateway: its state ([`Gateway`]), how it starts, how it reloads, and the request
 //! path it serves, phase by phase ([`pipeline`]).
 
+mod ctx;
 mod fetch;
 mod logged_head;
+mod logging;
 mod pipeline;
 mod reload;
 mod start;

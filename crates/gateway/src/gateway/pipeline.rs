@@ -15,138 +15,32 @@
 //!
 //! One [`Ctx`] carries a request through them all.
 
-use super::fetch::{nanos, share_for, UpFetch};
+use super::ctx::Ctx;
+use super::fetch::{share_for, UpFetch};
 use super::logged_head::Head;
+use super::logging::Unanswered;
 use super::state::Gateway;
 use crate::cache::{self, Ask};
-use crate::exchange::{ConnInfo, Parts, Refusal, UpstreamWork, REASONS};
+use crate::exchange::{ConnInfo, Parts, Refusal, UpstreamWork};
 use crate::inbound;
 use crate::listener::RequestBody;
 use crate::observe::logged::{Logged, Pending};
-use crate::observe::record::Record;
 use crate::observe::request_id::{self, X_REQUEST_ID};
 use crate::observe::trace::RequestTrace;
 use crate::policy::limits::{self, Attempt, Limited};
-use crate::policy::{self, cors, Admitted, Verdict};
+use crate::policy::{self, cors, Verdict};
 use crate::response::{refuse, Body};
 use crate::route;
-use crate::snapshot::{Route, Snapshot};
+use crate::snapshot::Route;
 use crate::upstream::{self, AnsweredBy, Hop, PooledBody};
 use http::{HeaderValue, Method, Response};
 use http_body_util::Either;
 use hyper::body::Body as _;
-use smallvec::SmallVec;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-
-/// One request on its way through the phases: what it is, and what it did so far, for the
-/// phases after it and for the access log, the metrics and the usage history. It borrows
-/// from the request's pinned snapshot.
-pub(crate) struct Ctx<'s> {
-    /// The snapshot the request is served on.
-    snap: &'s Snapshot,
-    /// The client connection.
-    conn: &'s Arc<ConnInfo>,
-    /// When the request head was handed over.
-    start: Instant,
-    /// `X-Request-Id`: the client's, when trusted, or a new one.
-    request_id: HeaderValue,
-    /// The route, once one matched (or the one a 405 was meant for).
-    route: Option<&'s Route>,
-    /// The upgrade the client asked for, read before the hop-by-hop headers go.
-    upgrade: Option<HeaderValue>,
-    /// The request is a CORS preflight.
-    preflight: bool,
-    /// The request's allowed CORS origin, on a route that does CORS.
-    origin: Option<HeaderValue>,
-    /// What the policies learned: the consumer (by index in the snapshot, set as soon as
-    /// it is known, so that a later refusal is counted under it) and its limits' standing.
-    admitted: Admitted,
-    /// Why the gateway answered itself, if it did ([`REASONS`] index).
-    refusal: Option<usize>,
-    /// The limit that refused, for a 429.
-    limit: Option<Arc<str>>,
-    /// Time waiting for the upstream's response head, when the request went upstream.
-    upstream_ns: Option<u64>,
-    /// Where the upstream target that answered is noted, when the access log or the
-    /// request's span wants it.
-    note_target: Option<&'s AnsweredBy>,
-    /// The request's trace, when tracing is on.
-    trace: Option<RequestTrace>,
-}
-
-impl<'s> Ctx<'s> {
-    /// A context for a request that arrived now on `conn`, served on `snap`.
-    fn new(snap: &'s Snapshot, conn: &'s Arc<ConnInfo>, request_id: HeaderValue) -> Self {
-        Ctx {
-            snap,
-            conn,
-            start: Instant::now(),
-            request_id,
-            route: None,
-            upgrade: None,
-            preflight: false,
-            origin: None,
-            admitted: Admitted::default(),
-            refusal: None,
-            limit: None,
-            upstream_ns: None,
-            note_target: None,
-            trace: None,
-        }
-    }
-
-    /// What an admitted request carries upstream from the gateway: its id, its trace.
-    fn going_on(&self, parts: &mut Parts) {
-        parts.headers.insert(X_REQUEST_ID, self.request_id.clone());
-        if let Some(t) = &self.trace {
-            t.prepare(&mut parts.headers);
-        }
-    }
-
-    /// Phase 2: how the request goes to `route`'s upstream.
-    fn upstream_peer(&self, route: &'s Route) -> Hop<'s> {
-        let conn = self.conn;
-        Hop {
-            peer_ip: &conn.peer_ip,
-            trusted: conn.trusted,
-            https: conn.listener.tls.is_some(),
-            strip_prefix: route.strip.as_ref(),
-            preserve_host: route.cfg.preserve_host,
-            max_body: conn.listener.max_body_bytes,
-            body_timeout: conn.listener.body_timeout,
-            stream_body: !route.cfg.request_buffering,
-            route: &route.cfg.name,
-            note_target: self.note_target,
-            traceparent: self.trace.as_ref().map(RequestTrace::traceparent),
-        }
-    }
-
-    /// Notes the wait for an upstream's answer, here and in the route's histogram.
-    fn upstream_took(&mut self, route: &Route, since: Instant) {
-        let ns = nanos(since);
-        self.upstream_ns = Some(ns);
-        route.stats.upstream(ns as f64 / 1e9);
-    }
-
-    /// Phase 5: what every answer owes the client, added once. An answer that came from
-    /// upstream (or the cache) for an admitted request carries its RateLimit headers; every
-    /// answer after routing carries CORS, a preflight's own aside.
-    fn response_filter(&self, resp: &mut Response<Body>) {
-        let Some(route) = self.route else {
-            return;
-        };
-        if self.refusal.is_none() {
-            policy::decorate(route, &self.admitted, resp.headers_mut());
-        }
-        if let (Some(origin), Some(c), false) = (&self.origin, &route.cfg.cors, self.preflight) {
-            cors::decorate(c, origin.clone(), resp.headers_mut());
-        }
-    }
-}
 
 /// What the request filter made of a request it did not refuse.
 enum Filtered {
@@ -206,19 +100,31 @@ impl Gateway {
         if head.is_some() {
             ctx.note_target = Some(&answered);
         }
-        let mut filtered = self.request_filter(&mut ctx, &mut parts);
+        // From here the request is counted and logged even if it never gets its answer.
+        let mut open = Unanswered::new(
+            self,
+            &snap,
+            &answered,
+            ctx,
+            method,
+            head,
+            wall_ns,
+            (log, spans),
+        );
+        let ctx = &mut open.ctx;
+        let mut filtered = self.request_filter(ctx, &mut parts);
         if matches!(filtered, Ok(Filtered::Leasing)) {
-            filtered = self.after_lease(&mut ctx, &mut parts).await;
+            filtered = self.after_lease(ctx, &mut parts).await;
         }
         let mut resp = match filtered {
-            Ok(Filtered::Forward) => match self.proxy(&mut ctx, parts, body).await {
+            Ok(Filtered::Forward) => match self.proxy(ctx, parts, body).await {
                 Ok(resp) => resp,
-                Err(r) => self.fail_to_proxy(&mut ctx, r),
+                Err(r) => self.fail_to_proxy(ctx, r),
             },
             Ok(Filtered::Answer(answer)) => *answer,
             // `after_lease` ends in one of the others.
-            Ok(Filtered::Leasing) => self.fail_to_proxy(&mut ctx, Refusal::LimitStoreDown),
-            Err(r) => self.fail_to_proxy(&mut ctx, r),
+            Ok(Filtered::Leasing) => self.fail_to_proxy(ctx, Refusal::LimitStoreDown),
+            Err(r) => self.fail_to_proxy(ctx, r),
         };
         ctx.response_filter(&mut resp);
         resp.headers_mut()
@@ -227,11 +133,12 @@ impl Gateway {
         if h2 && ctx.upstream_ns.is_some() {
             resp.extensions_mut().insert(UpstreamWork);
         }
-        let line = self.logging(ctx, method, &resp, head, wall_ns);
-        // The request's own reference to its snapshot, and the target it noted, move into
-        // its log record: nothing is counted or copied for them.
-        let pending = line.map(|line| Pending {
-            rec: line(snap, answered),
+        let status = resp.status().as_u16();
+        let line = open.answered(status, resp.headers().get(cache::CACHE_STATUS));
+        // The request's own reference to its snapshot moves into its log record: nothing
+        // is counted or copied for it.
+        let pending = line.map(|(line, log, spans)| Pending {
+            rec: line(snap, &answered),
             log,
             spans,
         });
@@ -422,95 +329,6 @@ impl Gateway {
             ctx.limit = Some(limit.clone());
         }
         refuse(r, &ctx.request_id)
-    }
-
-    /// Phase 6: counts the answer in the metrics and the usage history (under the second
-    /// the request arrived, `wall_ns`), and makes the access log's record, when there is a
-    /// log: it is finished with the request's snapshot and the target that answered, and
-    /// queued when the body has been sent.
-    // The record is finished by a closure that owns what it took from `ctx`, so that the
-    // snapshot `ctx` borrows can then move into it: its type says just that.
-    #[allow(clippy::type_complexity)]
-    fn logging(
-        &self,
-        ctx: Ctx<'_>,
-        method: Method,
-        resp: &Response<Body>,
-        head: Option<Head>,
-        wall_ns: Option<u64>,
-    ) -> Option<impl FnOnce(Arc<Snapshot>, AnsweredBy) -> Box<Record> + use<>> {
-        let snap = ctx.snap;
-        let status = resp.status().as_u16();
-        self.metrics.response(status);
-        let stats = ctx.route.map_or(self.metrics.unrouted(), |r| &r.stats);
-        stats.record(&method, status, ctx.start.elapsed().as_secs_f64());
-        if let Some(reason) = ctx.refusal {
-            self.metrics.refusal(reason);
-        }
-        let consumer_index = ctx.admitted.consumer;
-        let consumer = consumer_index.map(|c| snap.consumer_name(c));
-        if snap.config.metrics.per_consumer {
-            if let Some(c) = consumer {
-                self.metrics.consumer(c, status);
-            }
-        }
-        if let (Some(a), Some(wall)) = (&self.analytics, wall_ns) {
-            a.count(
-                wall / 1_000_000_000,
-                consumer_index
-                    .zip(consumer)
-                    .map(|(i, name)| (snap.consumer_identity(i), name)),
-                ctx.route.map_or(&snap.anonymous, |r| &r.name),
-                status,
-            );
-        }
-        let mut head = head?;
-        if let (Some(span), Some(route)) = (head.span.as_mut(), ctx.route) {
-            span.route_path = Some(route.template.clone());
-        }
-        let cache = ctx
-            .route
-            .filter(|r| r.cfg.cache.is_some())
-            .and_then(|_| resp.headers().get(cache::CACHE_STATUS))
-            // The gateway's member alone, in bytes of its own: an upstream's value is a
-            // slice of that answer's whole head, and a record may wait in the log's queue.
-            .and_then(|v| HeaderValue::from_bytes(cache::own_status(v)).ok());
-        let route = ctx.route.map(|r| r.name.clone());
-        let Ctx {
-            start,
-            request_id,
-            conn,
-            upstream_ns,
-            refusal,
-            limit,
-            trace,
-            ..
-        } = ctx;
-        let client = conn.peer_ip.clone();
-        Some(move |snap: Arc<Snapshot>, answered: AnsweredBy| {
-            Box::new(Record {
-                start,
-                request_id: SmallVec::from_slice(request_id.as_bytes()),
-                client,
-                method,
-                uri: head.uri,
-                snap,
-                route,
-                consumer: consumer_index,
-                status,
-                bytes_in: head.bytes_in,
-                bytes_out: 0,
-                duration: Duration::ZERO,
-                upstream_ns,
-                target: answered.target.into_inner(),
-                refusal: refusal.and_then(|i| REASONS.get(i).copied()),
-                limit,
-                cache,
-                trace,
-                span_head: head.span,
-                retries: answered.retries.into_inner(),
-            })
-        })
     }
 }
 

@@ -21,6 +21,27 @@ pub struct Pending {
     pub spans: Option<Arc<Spans>>,
 }
 
+impl Pending {
+    /// Queues the record to the access log and ends the span, as of now.
+    pub fn finish(self) {
+        let Pending {
+            mut rec,
+            log,
+            spans,
+        } = self;
+        rec.duration = rec.start.elapsed();
+        match (log, spans) {
+            (Some(log), Some(spans)) => {
+                spans.end(&rec);
+                log.log(rec);
+            }
+            (Some(log), None) => log.log(rec),
+            (None, Some(spans)) => spans.end(&rec),
+            (None, None) => {}
+        }
+    }
+}
+
 /// A response body that queues its request's access log line and span once it has been
 /// sent (or dropped unfinished), counting the bytes on the way. Without a record it only
 /// passes frames through.
@@ -36,22 +57,8 @@ impl<B> Logged<B> {
     }
 
     fn finish(&mut self) {
-        if let Some(Pending {
-            mut rec,
-            log,
-            spans,
-        }) = self.pending.take()
-        {
-            rec.duration = rec.start.elapsed();
-            match (log, spans) {
-                (Some(log), Some(spans)) => {
-                    spans.end(&rec);
-                    log.log(rec);
-                }
-                (Some(log), None) => log.log(rec),
-                (None, Some(spans)) => spans.end(&rec),
-                (None, None) => {}
-            }
+        if let Some(p) = self.pending.take() {
+            p.finish();
         }
     }
 }

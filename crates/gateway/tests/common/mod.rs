@@ -536,3 +536,12 @@ impl Frames {
         }
     }
 }
+
+/// The lines of a JSON access log written at `path` (none while it is not there).
+pub fn log_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line ({e}): {l}")))
+        .collect()
+}

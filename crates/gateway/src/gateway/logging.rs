@@ -1,0 +1,214 @@
+//! Phase 6 of the request path: the answer counted in the metrics and the usage history,
+//! and its access log record made. A request whose answer never started is counted and
+//! logged too: the client went away (an HTTP/1.1 connection closed, an HTTP/2 stream reset)
+//! or the server cut it at the end of a drain, while the request waited for a lease, the
+//! upstream or the cache. As nginx does, it is logged with status 499 (client closed
+//! request), under its route and consumer, for the time it ran: an operator sees the
+//! clients that gave up on a slow upstream.
+
+use super::ctx::Ctx;
+use super::logged_head::Head;
+use super::state::Gateway;
+use crate::cache;
+use crate::exchange::REASONS;
+use crate::observe::access_log::AccessLog;
+use crate::observe::logged::Pending;
+use crate::observe::record::Record;
+use crate::observe::trace::Spans;
+use crate::snapshot::Snapshot;
+use crate::upstream::AnsweredBy;
+use http::{HeaderValue, Method};
+use smallvec::SmallVec;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl Gateway {
+    /// Phase 6: counts the answer in the metrics and the usage history (under the second
+    /// the request arrived, `wall_ns`), and makes the access log's record, when there is a
+    /// log: it is finished with the request's snapshot and the target that answered, and
+    /// queued when the body has been sent.
+    // The record is finished by a closure that owns what it took from `ctx`, so that the
+    // snapshot `ctx` borrows can then move into it: its type says just that.
+    #[allow(clippy::type_complexity)]
+    fn logging(
+        &self,
+        ctx: &mut Ctx<'_>,
+        method: Method,
+        status: u16,
+        cache_status: Option<&HeaderValue>,
+        head: Option<Head>,
+        wall_ns: Option<u64>,
+    ) -> Option<impl FnOnce(Arc<Snapshot>, &AnsweredBy) -> Box<Record> + use<>> {
+        let snap = ctx.snap;
+        self.metrics.response(status);
+        let stats = ctx.route.map_or(self.metrics.unrouted(), |r| &r.stats);
+        stats.record(&method, status, ctx.start.elapsed().as_secs_f64());
+        if let Some(reason) = ctx.refusal {
+            self.metrics.refusal(reason);
+        }
+        let consumer_index = ctx.admitted.consumer;
+        let consumer = consumer_index.map(|c| snap.consumer_name(c));
+        if snap.config.metrics.per_consumer {
+            if let Some(c) = consumer {
+                self.metrics.consumer(c, status);
+            }
+        }
+        if let (Some(a), Some(wall)) = (&self.analytics, wall_ns) {
+            a.count(
+                wall / 1_000_000_000,
+                consumer_index
+                    .zip(consumer)
+                    .map(|(i, name)| (snap.consumer_identity(i), name)),
+                ctx.route.map_or(&snap.anonymous, |r| &r.name),
+                status,
+            );
+        }
+        let mut head = head?;
+        if let (Some(span), Some(route)) = (head.span.as_mut(), ctx.route) {
+            span.route_path = Some(route.template.clone());
+        }
+        let cache = ctx
+            .route
+            .filter(|r| r.cfg.cache.is_some())
+            .and(cache_status)
+            // The gateway's member alone, in bytes of its own: an upstream's value is a
+            // slice of that answer's whole head, and a record may wait in the log's queue.
+            .and_then(|v| HeaderValue::from_bytes(cache::own_status(v)).ok());
+        let route = ctx.route.map(|r| r.name.clone());
+        let (start, upstream_ns, refusal) = (ctx.start, ctx.upstream_ns, ctx.refusal);
+        let request_id = SmallVec::from_slice(ctx.request_id.as_bytes());
+        let (limit, trace) = (ctx.limit.take(), ctx.trace.take());
+        let client = ctx.conn.peer_ip.clone();
+        Some(move |snap: Arc<Snapshot>, answered: &AnsweredBy| {
+            Box::new(Record {
+                start,
+                request_id,
+                client,
+                method,
+                uri: head.uri,
+                snap,
+                route,
+                consumer: consumer_index,
+                status,
+                bytes_in: head.bytes_in,
+                bytes_out: 0,
+                duration: Duration::ZERO,
+                upstream_ns,
+                target: answered.target.lock().take(),
+                refusal: refusal.and_then(|i| REASONS.get(i).copied()),
+                limit,
+                cache,
+                trace,
+                span_head: head.span,
+                retries: answered.retries.load(Ordering::Relaxed),
+            })
+        })
+    }
+}
+
+/// nginx's status for a request whose client closed the connection before its answer.
+const CLIENT_CLOSED: u16 = 499;
+
+/// A request on its way to its answer, with what it is counted and logged with: dropped
+/// before [`Unanswered::answered`] (its future dropped: the client gone, the connection
+/// cut), it counts and logs the request as a 499.
+pub(super) struct Unanswered<'g, 's> {
+    gw: &'g Gateway,
+    snap: &'s Arc<Snapshot>,
+    answered: &'s AnsweredBy,
+    /// The request's context, for the phases.
+    pub(super) ctx: Ctx<'s>,
+    method: Method,
+    head: Option<Head>,
+    wall_ns: Option<u64>,
+    log: Option<Arc<AccessLog>>,
+    spans: Option<Arc<Spans>>,
+    /// Counted and logged already.
+    done: bool,
+}
+
+/// What a request's answer is logged with once its body has been sent: the record's
+/// maker (given the request's snapshot and the target that answered), the access log and
+/// the span exporter.
+pub(super) type Line<F> = (F, Option<Arc<AccessLog>>, Option<Arc<Spans>>);
+
+impl<'g, 's> Unanswered<'g, 's> {
+    /// The request of `ctx`, served on `snap` (the snapshot `ctx` borrows), its target noted
+    /// in `answered`; `head` and `wall_ns` as phase 6 takes them.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        gw: &'g Gateway,
+        snap: &'s Arc<Snapshot>,
+        answered: &'s AnsweredBy,
+        ctx: Ctx<'s>,
+        method: Method,
+        head: Option<Head>,
+        wall_ns: Option<u64>,
+        (log, spans): (Option<Arc<AccessLog>>, Option<Arc<Spans>>),
+    ) -> Self {
+        Unanswered {
+            gw,
+            snap,
+            answered,
+            ctx,
+            method,
+            head,
+            wall_ns,
+            log,
+            spans,
+            done: false,
+        }
+    }
+
+    /// Phase 6 for the answer with `status` (and the cache's `Cache-Status`): counted now;
+    /// what its access log record is made with, when there is one.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn answered(
+        mut self,
+        status: u16,
+        cache_status: Option<&HeaderValue>,
+    ) -> Option<Line<impl FnOnce(Arc<Snapshot>, &AnsweredBy) -> Box<Record> + use<>>> {
+        self.done = true;
+        let method = std::mem::take(&mut self.method);
+        let line = self.gw.logging(
+            &mut self.ctx,
+            method,
+            status,
+            cache_status,
+            self.head.take(),
+            self.wall_ns,
+        )?;
+        Some((line, self.log.take(), self.spans.take()))
+    }
+}
+
+impl Drop for Unanswered<'_, '_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        tracing::debug!(
+            request_id = ?self.ctx.request_id,
+            "the request ended before its answer: the client left or the connection was cut"
+        );
+        let method = std::mem::take(&mut self.method);
+        let head = self.head.take();
+        let line = self.gw.logging(
+            &mut self.ctx,
+            method,
+            CLIENT_CLOSED,
+            None,
+            head,
+            self.wall_ns,
+        );
+        if let Some(line) = line {
+            Pending {
+                rec: line(self.snap.clone(), self.answered),
+                log: self.log.take(),
+                spans: self.spans.take(),
+            }
+            .finish();
+        }
+    }
+}

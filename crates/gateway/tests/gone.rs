@@ -1,0 +1,112 @@
+//! A client that goes away before its answer (an HTTP/1.1 connection closed, an HTTP/2
+//! stream reset) while the upstream works: the request is counted and logged with status
+//! 499 under its route, consumer and the target it went to, as nginx logs it, and the
+//! connection's other streams go on.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http::Request;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tollgate_gateway::SystemClock;
+
+#[tokio::test]
+async fn a_client_that_leaves_before_its_answer_is_counted_and_logged_as_499() {
+    let dir = tempdir("gone");
+    let path = dir.join("access.log");
+    // Every request but `/api/fast` waits until released: the client leaves meanwhile.
+    let (backend, mut arrived, release) = gated_backend_with(|req, _| {
+        let gated = req.uri().path() != "/api/fast";
+        (hyper::Response::new("late".to_string()), gated)
+    })
+    .await;
+    let yaml = format!(
+        r#"listeners: [{{address: "127.0.0.1:0", h2c: true}}]
+upstreams:
+  backend: {{targets: ["{backend}"], response_timeout: 30s}}
+consumers: [{{name: alice, keys: [ka]}}]
+routes:
+  - {{name: api, path_prefix: /api/, upstream: backend, auth: {{}}}}
+access_log: {{path: {}}}
+metrics: {{per_consumer: true}}
+"#,
+        path.display()
+    );
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+
+    // HTTP/1.1: the connection closed while the upstream works on the request.
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"GET /api/slow?apikey=ka HTTP/1.1\r\nHost: api.test\r\n\r\n")
+        .await
+        .expect("write");
+    bounded("the request upstream", arrived.recv())
+        .await
+        .expect("arrived");
+    drop(s);
+    let one = r#"tollgate_responses_total{code="499"} 1"#;
+    let m = metrics_with(&gw.gw, one).await;
+    assert!(m.lines().any(|l| l == one), "{m}");
+
+    // HTTP/2: the stream reset while the upstream works; the connection goes on.
+    let io = TokioIo::new(TcpStream::connect(gw.addr).await.expect("connect"));
+    let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let get = |path: &str| {
+        Request::builder()
+            .uri(format!("http://api.test{path}"))
+            .body(Empty::<Bytes>::new())
+            .expect("request")
+    };
+    let answer = tx.send_request(get("/api/reset?apikey=ka"));
+    // Dropping the answer's future resets the stream (CANCEL) once the request is upstream.
+    bounded("the request upstream", async {
+        tokio::select! {
+            r = answer => panic!("answered before the backend was released: {r:?}"),
+            _ = arrived.recv() => {}
+        }
+    })
+    .await;
+    let two = r#"tollgate_responses_total{code="499"} 2"#;
+    let m = metrics_with(&gw.gw, two).await;
+    assert!(m.lines().any(|l| l == two), "{m}");
+    assert!(
+        m.lines()
+            .any(|l| l == r#"tollgate_consumer_requests_total{consumer="alice",class="4xx"} 2"#),
+        "{m}"
+    );
+    let fast = bounded(
+        "a request after the reset",
+        tx.send_request(get("/api/fast?apikey=ka")),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(fast.status(), 200);
+    let body = fast.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"late");
+    release.notify_waiters();
+
+    assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
+    let lines = log_lines(&path);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for (line, path) in lines.iter().zip(["/api/slow", "/api/reset"]) {
+        assert_eq!(line["status"], 499, "{line}");
+        assert_eq!(line["path"], path, "{line}");
+        assert_eq!(line["method"], "GET", "{line}");
+        assert_eq!(line["route"], "api", "{line}");
+        assert_eq!(line["consumer"], "alice", "{line}");
+        assert_eq!(line["bytes_out"], 0, "{line}");
+        assert_eq!(line["upstream_target"], backend.to_string(), "{line}");
+        assert!(
+            line["duration_ms"].as_f64().is_some_and(|d| d > 0.0),
+            "{line}"
+        );
+    }
+    assert_eq!(lines[2]["status"], 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
