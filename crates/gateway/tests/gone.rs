@@ -1,7 +1,8 @@
 //! A client that goes away before its answer (an HTTP/1.1 connection closed, an HTTP/2
 //! stream reset) while the upstream works: the request is counted and logged with status
 //! 499 under its route, consumer and the target it went to, as nginx logs it, and the
-//! connection's other streams go on.
+//! connection's other streams go on. A request cut because a shutdown's drain time ran out
+//! is counted and logged the same way before the shutdown returns.
 
 mod common;
 
@@ -10,7 +11,8 @@ use common::*;
 use http::Request;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::AsyncWriteExt;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate_gateway::SystemClock;
 
@@ -108,5 +110,51 @@ metrics: {{per_consumer: true}}
         );
     }
     assert_eq!(lines[2]["status"], 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_request_cut_when_the_drain_time_is_over_is_logged_before_shutdown_returns() {
+    let dir = tempdir("gone-drain");
+    let path = dir.join("access.log");
+    let (backend, mut arrived, _release) = gated_backend().await;
+    let yaml = yaml(
+        backend,
+        &format!(
+            "routes:\n  - {{name: stuck, path_prefix: /, upstream: backend}}\naccess_log: {{path: {}}}\n",
+            path.display()
+        ),
+    );
+    let mut gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"GET /stuck HTTP/1.1\r\nHost: api.test\r\n\r\n")
+        .await
+        .expect("write");
+    bounded("the request upstream", arrived.recv())
+        .await
+        .expect("arrived");
+    let server = gw.server.take().expect("server");
+    let drained = bounded("shutdown", server.shutdown(Duration::from_millis(100))).await;
+    assert!(
+        !drained,
+        "a stuck request cannot hold shutdown past the drain time"
+    );
+    // Cut: the client's connection is closed without an answer, and the request is
+    // counted and queued to the log by the time the shutdown returns.
+    let mut rest = Vec::new();
+    let read = bounded("the cut connection", s.read_to_end(&mut rest)).await;
+    assert!(read.is_err() || rest.is_empty(), "{read:?} {rest:?}");
+    let m = gw.gw.metrics_text();
+    assert!(
+        m.lines()
+            .any(|l| l == r#"tollgate_responses_total{code="499"} 1"#),
+        "{m}"
+    );
+    assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
+    let lines = log_lines(&path);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["status"], 499);
+    assert_eq!(lines[0]["path"], "/stuck");
+    assert_eq!(lines[0]["route"], "stuck");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -60,7 +60,8 @@ pub struct Server {
     stop: watch::Sender<bool>,
     stopping: Arc<std::sync::atomic::AtomicBool>,
     notify: Arc<tokio::sync::Notify>,
-    accept_loops: JoinSet<()>,
+    /// Each listener's accept loop; it ends with the connections it started.
+    accept_loops: JoinSet<JoinSet<()>>,
     connections: TaskTracker,
 }
 
@@ -103,19 +104,40 @@ impl Server {
     }
 
     /// Stops accepting, lets in-flight requests finish for at most `drain`, and closes idle
-    /// keep-alive connections. Returns whether every connection finished in time.
+    /// keep-alive connections. Returns whether every connection finished in time; those
+    /// that did not are cut, their requests dropped (and so counted and logged) before this
+    /// returns.
     pub async fn shutdown(mut self, drain: Duration) -> bool {
         self.stopping
             .store(true, std::sync::atomic::Ordering::Release);
         self.notify.notify_waiters();
         let _ = self.stop.send(true);
-        while self.accept_loops.join_next().await.is_some() {}
+        let mut connections = Vec::new();
+        while let Some(ended) = self.accept_loops.join_next().await {
+            connections.extend(ended.ok());
+        }
         self.connections.close();
-        tokio::time::timeout(drain, self.connections.wait())
+        let drained = tokio::time::timeout(drain, self.connections.wait())
             .await
-            .is_ok()
+            .is_ok();
+        if !drained {
+            for set in &mut connections {
+                set.abort_all();
+            }
+            // Aborted tasks are dropped at their next turn on the runtime: at once.
+            let cut = async {
+                for mut set in connections {
+                    while set.join_next().await.is_some() {}
+                }
+            };
+            let _ = tokio::time::timeout(CUT_WAIT, cut).await;
+        }
+        drained
     }
 }
+
+/// The most a shutdown waits for the connections it cut to be dropped.
+const CUT_WAIT: Duration = Duration::from_secs(1);
 
 /// Accept errors of one listener: out of file descriptors and the like. Accepting backs
 /// off (10 ms doubling to 1 s) while they last, and they are logged at most once a second,
@@ -189,15 +211,19 @@ async fn accept_loop<H: Handler>(
     mut stop_accepting: watch::Receiver<bool>,
     stop: conn::Stop,
     connections: TaskTracker,
-) {
+) -> JoinSet<()> {
     let builders = Arc::new(conn::Builders::new(&cfg));
     let cap = Arc::new(Semaphore::new(cfg.max_connections));
     let mut errors = AcceptErrors::default();
+    // The connections this loop started, to be cut if a shutdown's drain runs out; those
+    // that ended are let go at each accept.
+    let mut conns = JoinSet::new();
     loop {
         let (stream, peer, permit) = tokio::select! {
-            _ = stop_accepting.changed() => return,
+            _ = stop_accepting.changed() => return conns,
             conn = accept_capped(&sock, &cap, &mut errors) => conn,
         };
+        while conns.try_join_next().is_some() {}
         gw.opened();
         let (gw, cfg, b, stop) = (gw.clone(), cfg.clone(), builders.clone(), stop.clone());
         if cfg.tls.is_none() && !b.h2c() {
@@ -209,7 +235,13 @@ async fn accept_loop<H: Handler>(
             });
             let closer = gw.clone();
             let done = move || closer.closed();
-            connections.spawn(conn::serve_h1(gw, stream, Arc::new(info), stop, done));
+            conns.spawn(connections.track_future(conn::serve_h1(
+                gw,
+                stream,
+                Arc::new(info),
+                stop,
+                done,
+            )));
             continue;
         }
         let events = gw.clone();
@@ -217,7 +249,7 @@ async fn accept_loop<H: Handler>(
             permit,
             drain: connections.token(),
         };
-        connections.spawn(async move {
+        conns.spawn(connections.track_future(async move {
             // Boxed: a task's future is as large as its largest branch.
             if cfg.tls.is_some() {
                 let served = conn::serve_tls(gw, stream, peer, place, cfg, &b, stop);
@@ -231,6 +263,6 @@ async fn accept_loop<H: Handler>(
                 Box::pin(conn::serve_h2c(gw, stream, Arc::new(info), &b, stop)).await;
             }
             events.closed();
-        });
+        }));
     }
 }
