@@ -1,5 +1,6 @@
-//! A client that goes away before its answer (an HTTP/1.1 connection closed, an HTTP/2
-//! stream reset) while the upstream works: the request is counted and logged with status
+//! A client that goes away before its answer (an HTTP/1.1 connection closed, with or
+//! without a request body, or right after the request; an HTTP/2 stream reset) while the
+//! upstream works: the request is counted and logged with status
 //! 499 under its route, consumer and the target it went to, as nginx logs it, and the
 //! connection's other streams go on. A request cut because a shutdown's drain time ran out
 //! is counted and logged the same way before the shutdown returns.
@@ -52,6 +53,20 @@ metrics: {{per_consumer: true}}
     let one = r#"tollgate_responses_total{code="499"} 1"#;
     let m = metrics_with(&gw.gw, one).await;
     assert!(m.lines().any(|l| l == one), "{m}");
+    // A request with a body, the client gone once it has sent all of it.
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(
+        b"POST /api/upload?apikey=ka HTTP/1.1\r\nHost: api.test\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await
+    .expect("write");
+    bounded("the request upstream", arrived.recv())
+        .await
+        .expect("arrived");
+    drop(s);
+    let one = r#"tollgate_responses_total{code="499"} 2"#;
+    let m = metrics_with(&gw.gw, one).await;
+    assert!(m.lines().any(|l| l == one), "{m}");
 
     // HTTP/2: the stream reset while the upstream works; the connection goes on.
     let io = TokioIo::new(TcpStream::connect(gw.addr).await.expect("connect"));
@@ -74,12 +89,12 @@ metrics: {{per_consumer: true}}
         }
     })
     .await;
-    let two = r#"tollgate_responses_total{code="499"} 2"#;
-    let m = metrics_with(&gw.gw, two).await;
-    assert!(m.lines().any(|l| l == two), "{m}");
+    let three = r#"tollgate_responses_total{code="499"} 3"#;
+    let m = metrics_with(&gw.gw, three).await;
+    assert!(m.lines().any(|l| l == three), "{m}");
     assert!(
         m.lines()
-            .any(|l| l == r#"tollgate_consumer_requests_total{consumer="alice",class="4xx"} 2"#),
+            .any(|l| l == r#"tollgate_consumer_requests_total{consumer="alice",class="4xx"} 3"#),
         "{m}"
     );
     let fast = bounded(
@@ -91,15 +106,29 @@ metrics: {{per_consumer: true}}
     assert_eq!(fast.status(), 200);
     let body = fast.into_body().collect().await.expect("body").to_bytes();
     assert_eq!(&body[..], b"late");
+    // A client that closes right after its request: gone before the request's first turn.
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(b"GET /api/at-once?apikey=ka HTTP/1.1\r\nHost: api.test\r\n\r\n")
+        .await
+        .expect("write");
+    drop(s);
+    let four = r#"tollgate_responses_total{code="499"} 4"#;
+    let m = metrics_with(&gw.gw, four).await;
+    assert!(m.lines().any(|l| l == four), "{m}");
     release.notify_waiters();
 
     assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
     let lines = log_lines(&path);
-    assert_eq!(lines.len(), 3, "{lines:?}");
-    for (line, path) in lines.iter().zip(["/api/slow", "/api/reset"]) {
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    let gone = [
+        (&lines[0], "GET", "/api/slow"),
+        (&lines[1], "POST", "/api/upload"),
+        (&lines[2], "GET", "/api/reset"),
+    ];
+    for (line, method, path) in gone {
         assert_eq!(line["status"], 499, "{line}");
         assert_eq!(line["path"], path, "{line}");
-        assert_eq!(line["method"], "GET", "{line}");
+        assert_eq!(line["method"], method, "{line}");
         assert_eq!(line["route"], "api", "{line}");
         assert_eq!(line["consumer"], "alice", "{line}");
         assert_eq!(line["bytes_out"], 0, "{line}");
@@ -109,7 +138,9 @@ metrics: {{per_consumer: true}}
             "{line}"
         );
     }
-    assert_eq!(lines[2]["status"], 200);
+    assert_eq!(lines[3]["status"], 200);
+    assert_eq!(lines[4]["status"], 499);
+    assert_eq!(lines[4]["path"], "/api/at-once");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -225,6 +225,12 @@ impl Pump {
         }
     }
 
+    /// Whether the body has been read whole: what the socket brings now is the client's
+    /// next request, or its close.
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
     /// Whether the client still waits for a `100 Continue` before it sends its body: an
     /// answer written now may be all it sends, and the body may never come.
     pub fn withheld(&self) -> bool {

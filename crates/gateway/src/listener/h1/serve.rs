@@ -152,29 +152,34 @@ where
             tx
         });
 
-        // The answer. A request without a body still has its connection watched: a client
-        // that goes away (or closes its side, as hyper takes it) takes its request with it
-        // (the upstream exchange is dropped); the first bytes of a next request are kept.
+        // The answer. The connection is watched while the handler works (once the body,
+        // if any, has been read whole): a client that goes away (or closes its side, as
+        // hyper takes it) takes its request with it (the upstream exchange is dropped, and
+        // the request is counted and logged as such); the first bytes of a next request
+        // are kept. The handler is polled before the watch: a request is its own from its
+        // first poll, so a client that closed at once is counted too.
         let resp = {
             let mut answer = pin!(gw.serve(req, body, &info));
             let mut gone = false;
             poll_fn(|cx| {
-                match pump.as_mut() {
-                    Some(p) => p.poll(&mut io, &mut rbuf, cx),
-                    // Only while nothing is buffered: a client that sent its next requests
-                    // and then closed its side still has them answered.
-                    None if !gone && rbuf.is_empty() => {
-                        if let Poll::Ready(r) = recv::read_more(&mut io, &mut rbuf, cx) {
-                            gone = !matches!(r, Ok(n) if n > 0);
-                            if gone {
-                                return Poll::Ready(None);
-                            }
-                            cx.waker().wake_by_ref();
-                        }
-                    }
-                    None => {}
+                if let Some(p) = pump.as_mut() {
+                    p.poll(&mut io, &mut rbuf, cx);
                 }
-                answer.as_mut().poll(cx).map(Some)
+                if let Poll::Ready(resp) = answer.as_mut().poll(cx) {
+                    return Poll::Ready(Some(resp));
+                }
+                // Only while nothing is buffered: a client that sent its next requests
+                // and then closed its side still has them answered.
+                if !gone && rbuf.is_empty() && pump.as_ref().is_none_or(Pump::finished) {
+                    if let Poll::Ready(r) = recv::read_more(&mut io, &mut rbuf, cx) {
+                        gone = !matches!(r, Ok(n) if n > 0);
+                        if gone {
+                            return Poll::Ready(None);
+                        }
+                        cx.waker().wake_by_ref();
+                    }
+                }
+                Poll::Pending
             })
             .await
         };
