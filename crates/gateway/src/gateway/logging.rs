@@ -120,10 +120,14 @@ pub(super) struct Unanswered<'g, 's> {
     /// The request's context, for the phases.
     pub(super) ctx: Ctx<'s>,
     method: Method,
-    head: Option<Head>,
-    wall_ns: Option<u64>,
-    log: Option<Arc<AccessLog>>,
-    spans: Option<Arc<Spans>>,
+    /// What the access log and the span keep of the request head, when either is on.
+    pub(super) head: Option<Head>,
+    /// When the request arrived, for the usage history.
+    pub(super) wall_ns: Option<u64>,
+    /// The access log, when on.
+    pub(super) log: Option<Arc<AccessLog>>,
+    /// The span exporter, when the request is sampled.
+    pub(super) spans: Option<Arc<Spans>>,
     /// Counted and logged already.
     done: bool,
 }
@@ -134,18 +138,15 @@ pub(super) struct Unanswered<'g, 's> {
 pub(super) type Line<F> = (F, Option<Arc<AccessLog>>, Option<Arc<Spans>>);
 
 impl<'g, 's> Unanswered<'g, 's> {
-    /// The request of `ctx`, served on `snap` (the snapshot `ctx` borrows), its target noted
-    /// in `answered`; `head` and `wall_ns` as phase 6 takes them.
-    #[allow(clippy::too_many_arguments)]
+    /// The request of `ctx` and `method`, served on `snap` (the snapshot `ctx` borrows), its
+    /// target noted in `answered`. Built where it stays: it is part of the request's future.
+    #[inline]
     pub(super) fn new(
         gw: &'g Gateway,
         snap: &'s Arc<Snapshot>,
         answered: &'s AnsweredBy,
         ctx: Ctx<'s>,
         method: Method,
-        head: Option<Head>,
-        wall_ns: Option<u64>,
-        (log, spans): (Option<Arc<AccessLog>>, Option<Arc<Spans>>),
     ) -> Self {
         Unanswered {
             gw,
@@ -153,10 +154,10 @@ impl<'g, 's> Unanswered<'g, 's> {
             answered,
             ctx,
             method,
-            head,
-            wall_ns,
-            log,
-            spans,
+            head: None,
+            wall_ns: None,
+            log: None,
+            spans: None,
             done: false,
         }
     }
@@ -165,7 +166,7 @@ impl<'g, 's> Unanswered<'g, 's> {
     /// what its access log record is made with, when there is one.
     #[allow(clippy::type_complexity)]
     pub(super) fn answered(
-        mut self,
+        &mut self,
         status: u16,
         cache_status: Option<&HeaderValue>,
     ) -> Option<Line<impl FnOnce(Arc<Snapshot>, &AnsweredBy) -> Box<Record> + use<>>> {
@@ -188,20 +189,22 @@ impl Drop for Unanswered<'_, '_> {
         if self.done {
             return;
         }
+        // A request whose handling panicked is the gateway's failure, not the client's.
+        let status = if std::thread::panicking() {
+            500
+        } else {
+            CLIENT_CLOSED
+        };
         tracing::debug!(
             request_id = ?self.ctx.request_id,
+            status,
             "the request ended before its answer: the client left or the connection was cut"
         );
         let method = std::mem::take(&mut self.method);
         let head = self.head.take();
-        let line = self.gw.logging(
-            &mut self.ctx,
-            method,
-            CLIENT_CLOSED,
-            None,
-            head,
-            self.wall_ns,
-        );
+        let line = self
+            .gw
+            .logging(&mut self.ctx, method, status, None, head, self.wall_ns);
         if let Some(line) = line {
             Pending {
                 rec: line(self.snap.clone(), self.answered),

@@ -71,18 +71,20 @@ impl Gateway {
         conn: &Arc<ConnInfo>,
     ) -> Response<Logged<Body>> {
         let snap = self.snapshot.load_full();
+        let answered = AnsweredBy::default();
         let (id, id_bits) = request_id::pick(
             &parts.headers,
             conn.trusted || conn.listener.trust_request_id,
         );
-        let mut ctx = Ctx::new(&snap, conn, id);
-        let method = parts.method.clone();
         let h2 = parts.version == http::Version::HTTP_2;
+        // From here the request is counted and logged even if it never gets its answer.
+        let ctx = Ctx::new(&snap, conn, id);
+        let mut open = Unanswered::new(self, &snap, &answered, ctx, parts.method.clone());
         let log = self.access_log.load_full();
         // Without `tracing:` nothing is loaded; with it, a guard, not a clone: only a
         // sampled request keeps the exporter.
         let tracing = snap.config.tracing.is_some();
-        let spans = tracing.then(|| self.spans.load()).and_then(|g| {
+        open.spans = tracing.then(|| self.spans.load()).and_then(|g| {
             let s = g.as_ref()?;
             let trace = s.begin(
                 &parts.headers,
@@ -90,27 +92,16 @@ impl Gateway {
                 id_bits,
             );
             let sampled = trace.sampled;
-            ctx.trace = Some(trace);
+            open.ctx.trace = Some(trace);
             sampled.then(|| s.clone())
         });
-        let head = (log.is_some() || spans.is_some())
-            .then(|| Head::of(&parts, conn, log.is_some(), spans.is_some()));
-        let wall_ns = self.analytics.is_some().then(|| self.clock.wall_nanos());
-        let answered = AnsweredBy::default();
-        if head.is_some() {
-            ctx.note_target = Some(&answered);
+        let sampled = open.spans.is_some();
+        if log.is_some() || sampled {
+            open.head = Some(Head::of(&parts, conn, log.is_some(), sampled));
+            open.ctx.note_target = Some(&answered);
         }
-        // From here the request is counted and logged even if it never gets its answer.
-        let mut open = Unanswered::new(
-            self,
-            &snap,
-            &answered,
-            ctx,
-            method,
-            head,
-            wall_ns,
-            (log, spans),
-        );
+        open.log = log;
+        open.wall_ns = self.analytics.is_some().then(|| self.clock.wall_nanos());
         let ctx = &mut open.ctx;
         let mut filtered = self.request_filter(ctx, &mut parts);
         if matches!(filtered, Ok(Filtered::Leasing)) {
@@ -135,6 +126,7 @@ impl Gateway {
         }
         let status = resp.status().as_u16();
         let line = open.answered(status, resp.headers().get(cache::CACHE_STATUS));
+        drop(open);
         // The request's own reference to its snapshot moves into its log record: nothing
         // is counted or copied for it.
         let pending = line.map(|(line, log, spans)| Pending {
