@@ -215,15 +215,16 @@ async fn accept_loop<H: Handler>(
     let builders = Arc::new(conn::Builders::new(&cfg));
     let cap = Arc::new(Semaphore::new(cfg.max_connections));
     let mut errors = AcceptErrors::default();
-    // The connections this loop started, to be cut if a shutdown's drain runs out; those
-    // that ended are let go at each accept.
+    // The connections this loop started, handed to the shutdown to be cut if its drain
+    // runs out (dropping the set would cut them at once); those that ended are let go as
+    // they end, so that a quiet listener holds no finished task.
     let mut conns = JoinSet::new();
     loop {
         let (stream, peer, permit) = tokio::select! {
             _ = stop_accepting.changed() => return conns,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             conn = accept_capped(&sock, &cap, &mut errors) => conn,
         };
-        while conns.try_join_next().is_some() {}
         gw.opened();
         let (gw, cfg, b, stop) = (gw.clone(), cfg.clone(), builders.clone(), stop.clone());
         if cfg.tls.is_none() && !b.h2c() {
