@@ -37,7 +37,7 @@ pub(crate) struct Ctx<'s> {
     /// What the policies learned: the consumer (by index in the snapshot, set as soon as
     /// it is known, so that a later refusal is counted under it) and its limits' standing.
     pub(super) admitted: Admitted,
-    /// Why the gateway answered itself, if it did ([`REASONS`] index).
+    /// Why the gateway answered itself, if it did ([`REASONS`](crate::exchange::REASONS) index).
     pub(super) refusal: Option<usize>,
     /// The limit that refused, for a 429.
     pub(super) limit: Option<Arc<str>>,

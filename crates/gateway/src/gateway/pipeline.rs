@@ -11,9 +11,11 @@
 //!    becomes its answer (one mapping: `response::refuse`).
 //! 5. [`response_filter`](Ctx::response_filter): what every answer owes the client, once:
 //!    the RateLimit headers of an admitted request, CORS, the request id.
-//! 6. [`logging`](Gateway::logging): metrics, usage history and the access log line.
+//! 6. [`logging`](super::logging): metrics, usage history and the access log line, once
+//!    the answer is here or, for a request dropped before it (the client gone, a drain
+//!    over), as a 499.
 //!
-//! One [`Ctx`] carries a request through them all.
+//! One [`Ctx`] carries a request through them all, held by the guard phase 6 counts from.
 
 use super::ctx::Ctx;
 use super::fetch::{share_for, UpFetch};
