@@ -112,7 +112,7 @@ const CLIENT_CLOSED: u16 = 499;
 
 /// A request on its way to its answer, with what it is counted and logged with: dropped
 /// before [`Unanswered::answered`] (its future dropped: the client gone, the connection
-/// cut), it counts and logs the request as a 499.
+/// cut), it counts and logs the request as a 499 (a 500 if its handling panicked).
 pub(super) struct Unanswered<'g, 's> {
     gw: &'g Gateway,
     snap: &'s Arc<Snapshot>,
