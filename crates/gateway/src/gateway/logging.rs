@@ -23,90 +23,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-impl Gateway {
-    /// Phase 6: counts the answer in the metrics and the usage history (under the second
-    /// the request arrived, `wall_ns`), and makes the access log's record, when there is a
-    /// log: it is finished with the request's snapshot and the target that answered, and
-    /// queued when the body has been sent.
-    // The record is finished by a closure that owns what it took from `ctx`, so that the
-    // snapshot `ctx` borrows can then move into it: its type says just that.
-    #[allow(clippy::type_complexity)]
-    fn logging(
-        &self,
-        ctx: &mut Ctx<'_>,
-        method: Method,
-        status: u16,
-        cache_status: Option<&HeaderValue>,
-        head: Option<Head>,
-        wall_ns: Option<u64>,
-    ) -> Option<impl FnOnce(Arc<Snapshot>, &AnsweredBy) -> Box<Record> + use<>> {
-        let snap = ctx.snap;
-        self.metrics.response(status);
-        let stats = ctx.route.map_or(self.metrics.unrouted(), |r| &r.stats);
-        stats.record(&method, status, ctx.start.elapsed().as_secs_f64());
-        if let Some(reason) = ctx.refusal {
-            self.metrics.refusal(reason);
-        }
-        let consumer_index = ctx.admitted.consumer;
-        let consumer = consumer_index.map(|c| snap.consumer_name(c));
-        if snap.config.metrics.per_consumer {
-            if let Some(c) = consumer {
-                self.metrics.consumer(c, status);
-            }
-        }
-        if let (Some(a), Some(wall)) = (&self.analytics, wall_ns) {
-            a.count(
-                wall / 1_000_000_000,
-                consumer_index
-                    .zip(consumer)
-                    .map(|(i, name)| (snap.consumer_identity(i), name)),
-                ctx.route.map_or(&snap.anonymous, |r| &r.name),
-                status,
-            );
-        }
-        let mut head = head?;
-        if let (Some(span), Some(route)) = (head.span.as_mut(), ctx.route) {
-            span.route_path = Some(route.template.clone());
-        }
-        let cache = ctx
-            .route
-            .filter(|r| r.cfg.cache.is_some())
-            .and(cache_status)
-            // The gateway's member alone, in bytes of its own: an upstream's value is a
-            // slice of that answer's whole head, and a record may wait in the log's queue.
-            .and_then(|v| HeaderValue::from_bytes(cache::own_status(v)).ok());
-        let route = ctx.route.map(|r| r.name.clone());
-        let (start, upstream_ns, refusal) = (ctx.start, ctx.upstream_ns, ctx.refusal);
-        let request_id = SmallVec::from_slice(ctx.request_id.as_bytes());
-        let (limit, trace) = (ctx.limit.take(), ctx.trace.take());
-        let client = ctx.conn.peer_ip.clone();
-        Some(move |snap: Arc<Snapshot>, answered: &AnsweredBy| {
-            Box::new(Record {
-                start,
-                request_id,
-                client,
-                method,
-                uri: head.uri,
-                snap,
-                route,
-                consumer: consumer_index,
-                status,
-                bytes_in: head.bytes_in,
-                bytes_out: 0,
-                duration: Duration::ZERO,
-                upstream_ns,
-                target: answered.target.lock().take(),
-                refusal: refusal.and_then(|i| REASONS.get(i).copied()),
-                limit,
-                cache,
-                trace,
-                span_head: head.span,
-                retries: answered.retries.load(Ordering::Relaxed),
-            })
-        })
-    }
-}
-
 /// nginx's status for a request whose client closed the connection before its answer.
 const CLIENT_CLOSED: u16 = 499;
 
@@ -131,11 +47,6 @@ pub(super) struct Unanswered<'g, 's> {
     /// Counted and logged already.
     done: bool,
 }
-
-/// What a request's answer is logged with once its body has been sent: the record's
-/// maker (given the request's snapshot and the target that answered), the access log and
-/// the span exporter.
-pub(super) type Line<F> = (F, Option<Arc<AccessLog>>, Option<Arc<Spans>>);
 
 impl<'g, 's> Unanswered<'g, 's> {
     /// The request of `ctx` and `method`, served on `snap` (the snapshot `ctx` borrows), its
@@ -162,25 +73,88 @@ impl<'g, 's> Unanswered<'g, 's> {
         }
     }
 
-    /// Phase 6 for the answer with `status` (and the cache's `Cache-Status`): counted now;
-    /// what its access log record is made with, when there is one.
-    #[allow(clippy::type_complexity)]
+    /// Phase 6 for the answer with `status` (and the cache's `Cache-Status`): counts it in
+    /// the metrics and the usage history (under the second the request arrived), now; and,
+    /// when there is an access log or a span, makes what queues its record once the body
+    /// has been sent, given the request's snapshot and the target that answered.
+    // The record is finished by a closure that owns what it took from the guard, so that
+    // the snapshot the context borrows can then move into it: its type says just that.
     pub(super) fn answered(
         &mut self,
         status: u16,
         cache_status: Option<&HeaderValue>,
-    ) -> Option<Line<impl FnOnce(Arc<Snapshot>, &AnsweredBy) -> Box<Record> + use<>>> {
+    ) -> Option<impl FnOnce(Arc<Snapshot>, &AnsweredBy) -> Pending + use<>> {
         self.done = true;
+        let gw = self.gw;
         let method = std::mem::take(&mut self.method);
-        let line = self.gw.logging(
-            &mut self.ctx,
-            method,
-            status,
-            cache_status,
-            self.head.take(),
-            self.wall_ns,
-        )?;
-        Some((line, self.log.take(), self.spans.take()))
+        let ctx = &mut self.ctx;
+        let snap = ctx.snap;
+        gw.metrics.response(status);
+        let stats = ctx.route.map_or(gw.metrics.unrouted(), |r| &r.stats);
+        stats.record(&method, status, ctx.start.elapsed().as_secs_f64());
+        if let Some(reason) = ctx.refusal {
+            gw.metrics.refusal(reason);
+        }
+        let consumer_index = ctx.admitted.consumer;
+        let consumer = consumer_index.map(|c| snap.consumer_name(c));
+        if snap.config.metrics.per_consumer {
+            if let Some(c) = consumer {
+                gw.metrics.consumer(c, status);
+            }
+        }
+        if let (Some(a), Some(wall)) = (&gw.analytics, self.wall_ns) {
+            a.count(
+                wall / 1_000_000_000,
+                consumer_index
+                    .zip(consumer)
+                    .map(|(i, name)| (snap.consumer_identity(i), name)),
+                ctx.route.map_or(&snap.anonymous, |r| &r.name),
+                status,
+            );
+        }
+        let mut head = self.head.take()?;
+        if let (Some(span), Some(route)) = (head.span.as_mut(), ctx.route) {
+            span.route_path = Some(route.template.clone());
+        }
+        let cache = ctx
+            .route
+            .filter(|r| r.cfg.cache.is_some())
+            .and(cache_status)
+            // The gateway's member alone, in bytes of its own: an upstream's value is a
+            // slice of that answer's whole head, and a record may wait in the log's queue.
+            .and_then(|v| HeaderValue::from_bytes(cache::own_status(v)).ok());
+        let route = ctx.route.map(|r| r.name.clone());
+        let (start, upstream_ns, refusal) = (ctx.start, ctx.upstream_ns, ctx.refusal);
+        let request_id = SmallVec::from_slice(ctx.request_id.as_bytes());
+        let (limit, trace) = (ctx.limit.take(), ctx.trace.take());
+        let client = ctx.conn.peer_ip.clone();
+        let (log, spans) = (self.log.take(), self.spans.take());
+        Some(move |snap: Arc<Snapshot>, answered: &AnsweredBy| Pending {
+            rec: Box::new(Record {
+                start,
+                request_id,
+                client,
+                method,
+                uri: head.uri,
+                snap,
+                route,
+                consumer: consumer_index,
+                status,
+                bytes_in: head.bytes_in,
+                bytes_out: 0,
+                duration: Duration::ZERO,
+                upstream_ns,
+                target: answered.target.lock().take(),
+                refusal: refusal.and_then(|i| REASONS.get(i).copied()),
+                limit,
+                cache,
+                trace,
+                span_head: head.span,
+                retries: answered.retries.load(Ordering::Relaxed),
+            }),
+            log,
+            spans,
+        })
     }
 }
 
@@ -200,18 +174,8 @@ impl Drop for Unanswered<'_, '_> {
             status,
             "the request ended before its answer: the client left or the connection was cut"
         );
-        let method = std::mem::take(&mut self.method);
-        let head = self.head.take();
-        let line = self
-            .gw
-            .logging(&mut self.ctx, method, status, None, head, self.wall_ns);
-        if let Some(line) = line {
-            Pending {
-                rec: line(self.snap.clone(), self.answered),
-                log: self.log.take(),
-                spans: self.spans.take(),
-            }
-            .finish();
+        if let Some(pending) = self.answered(status, None) {
+            pending(self.snap.clone(), self.answered).finish();
         }
     }
 }

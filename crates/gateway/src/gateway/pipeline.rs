@@ -26,7 +26,7 @@ use crate::cache::{self, Ask};
 use crate::exchange::{ConnInfo, Parts, Refusal, UpstreamWork};
 use crate::inbound;
 use crate::listener::RequestBody;
-use crate::observe::logged::{Logged, Pending};
+use crate::observe::logged::Logged;
 use crate::observe::request_id::{self, X_REQUEST_ID};
 use crate::observe::trace::RequestTrace;
 use crate::policy::limits::{self, Attempt, Limited};
@@ -131,11 +131,7 @@ impl Gateway {
         drop(open);
         // The request's own reference to its snapshot moves into its log record: nothing
         // is counted or copied for it.
-        let pending = line.map(|(line, log, spans)| Pending {
-            rec: line(snap, &answered),
-            log,
-            spans,
-        });
+        let pending = line.map(|line| line(snap, &answered));
         resp.map(|b| Logged::new(b, pending))
     }
 
