@@ -116,52 +116,73 @@ pub async fn redis_connection_at(
     timeout: Duration,
 ) -> Result<(RedisConn, String), redis::RedisError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    if let RedisTarget::Cluster {
-        nodes,
-        username,
-        password,
-        tls,
-    } = target
-    {
-        let scheme = if *tls { "rediss" } else { "redis" };
-        let urls: Vec<String> = nodes.iter().map(|n| format!("{scheme}://{n}")).collect();
-        let mut b = redis::cluster::ClusterClientBuilder::new(urls)
-            .connection_timeout(timeout)
-            .response_timeout(timeout)
-            .retries(2);
-        if let Some(u) = username {
-            b = b.username(u);
+    match target {
+        RedisTarget::Url(url) => {
+            let client = redis::Client::open(url.as_str())?;
+            let addr = client.get_connection_info().addr().to_string();
+            let conn = connect(&client, timeout).await?;
+            Ok((RedisConn::One(conn, None), addr))
         }
-        if let Some(p) = password {
-            b = b.password(p);
+        RedisTarget::Sentinel {
+            sentinels,
+            master_name,
+            ..
+        } => {
+            let urls = sentinel_urls(target, sentinels);
+            sentinel_connection(target, urls, master_name, timeout).await
         }
-        let client = b.build()?;
-        let conn = match tokio::time::timeout(timeout * 2, client.get_async_connection()).await {
-            Ok(c) => c?,
-            Err(_) => {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no node of the Redis Cluster answered in time",
-                )))
-            }
-        };
-        return Ok((RedisConn::Cluster(conn), nodes.join(",")));
+        RedisTarget::Cluster {
+            nodes,
+            username,
+            password,
+            tls,
+        } => {
+            let auth = (username.as_deref(), password.as_deref());
+            let conn = cluster_connection(nodes, auth, *tls, timeout).await?;
+            Ok((RedisConn::Cluster(conn), nodes.join(",")))
+        }
     }
-    let RedisTarget::Sentinel {
-        sentinels,
-        master_name,
-        ..
-    } = target
-    else {
-        let client = match target {
-            RedisTarget::Url(url) => redis::Client::open(url.as_str())?,
-            _ => return Err(not_one()),
-        };
-        let addr = client.get_connection_info().addr().to_string();
-        let conn = connect(&client, timeout).await?;
-        return Ok((RedisConn::One(conn, None), addr));
-    };
-    let urls = sentinel_urls(target, sentinels);
+}
+
+/// A connection to the Redis Cluster of the seed `nodes` (slots learned from them, `MOVED`
+/// and `ASK` followed), as the user and password of `auth`, over TLS when `tls`.
+async fn cluster_connection(
+    nodes: &[String],
+    (username, password): (Option<&str>, Option<&str>),
+    tls: bool,
+    timeout: Duration,
+) -> Result<ClusterConnection, redis::RedisError> {
+    let scheme = if tls { "rediss" } else { "redis" };
+    let urls: Vec<String> = nodes.iter().map(|n| format!("{scheme}://{n}")).collect();
+    let mut b = redis::cluster::ClusterClientBuilder::new(urls)
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .retries(2);
+    if let Some(u) = username {
+        b = b.username(u);
+    }
+    if let Some(p) = password {
+        b = b.password(p);
+    }
+    let client = b.build()?;
+    match tokio::time::timeout(timeout * 2, client.get_async_connection()).await {
+        Ok(c) => c,
+        Err(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "no node of the Redis Cluster answered in time",
+        ))),
+    }
+}
+
+/// A connection to the master the sentinels at `urls` name `master_name` (or, while they
+/// promote a replica, to that replica once it is a master), followed by the process's
+/// watch of what they say.
+async fn sentinel_connection(
+    target: &RedisTarget,
+    urls: Vec<String>,
+    master_name: &str,
+    timeout: Duration,
+) -> Result<(RedisConn, String), redis::RedisError> {
     let watch = watch::watch(urls.clone(), master_name);
     let asked = std::time::Instant::now();
     // During a failover the sentinels still name the old master: go to the replica they
@@ -224,13 +245,6 @@ async fn connect(
     client
         .get_multiplexed_async_connection_with_config(&cfg)
         .await
-}
-
-fn not_one() -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::Client,
-        "a Redis Cluster has no single server",
-    ))
 }
 
 /// Whether the server a connection reached says it is a master (`ROLE`).
