@@ -17,6 +17,29 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate_gateway::SystemClock;
 
+/// Sends `request` on a connection of its own and waits until the backend has it: the
+/// connection, for the client to leave while the upstream works.
+async fn sent_upstream(
+    addr: std::net::SocketAddr,
+    arrived: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
+    request: &[u8],
+) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request).await.expect("write");
+    bounded("the request upstream", arrived.recv())
+        .await
+        .expect("arrived");
+    s
+}
+
+/// The gateway's metrics once they count `n` answers of 499 (the count checked).
+async fn counted_499(gw: &TestGateway, n: usize) -> String {
+    let line = format!(r#"tollgate_responses_total{{code="499"}} {n}"#);
+    let m = metrics_with(&gw.gw, &line).await;
+    assert!(m.lines().any(|l| l == line), "{m}");
+    m
+}
+
 #[tokio::test]
 async fn a_client_that_leaves_before_its_answer_is_counted_and_logged_as_499() {
     let dir = tempdir("gone");
@@ -42,31 +65,14 @@ metrics: {{per_consumer: true}}
     let gw = TestGateway::start(&yaml, SystemClock::new()).await;
 
     // HTTP/1.1: the connection closed while the upstream works on the request.
-    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
-    s.write_all(b"GET /api/slow?apikey=ka HTTP/1.1\r\nHost: api.test\r\n\r\n")
-        .await
-        .expect("write");
-    bounded("the request upstream", arrived.recv())
-        .await
-        .expect("arrived");
-    drop(s);
-    let one = r#"tollgate_responses_total{code="499"} 1"#;
-    let m = metrics_with(&gw.gw, one).await;
-    assert!(m.lines().any(|l| l == one), "{m}");
+    let get = b"GET /api/slow?apikey=ka HTTP/1.1\r\nHost: api.test\r\n\r\n";
+    drop(sent_upstream(gw.addr, &mut arrived, get).await);
+    counted_499(&gw, 1).await;
     // A request with a body, the client gone once it has sent all of it.
-    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
-    s.write_all(
-        b"POST /api/upload?apikey=ka HTTP/1.1\r\nHost: api.test\r\nContent-Length: 5\r\n\r\nhello",
-    )
-    .await
-    .expect("write");
-    bounded("the request upstream", arrived.recv())
-        .await
-        .expect("arrived");
-    drop(s);
-    let one = r#"tollgate_responses_total{code="499"} 2"#;
-    let m = metrics_with(&gw.gw, one).await;
-    assert!(m.lines().any(|l| l == one), "{m}");
+    let post =
+        b"POST /api/upload?apikey=ka HTTP/1.1\r\nHost: api.test\r\nContent-Length: 5\r\n\r\nhello";
+    drop(sent_upstream(gw.addr, &mut arrived, post).await);
+    counted_499(&gw, 2).await;
 
     // HTTP/2: the stream reset while the upstream works; the connection goes on.
     let io = TokioIo::new(TcpStream::connect(gw.addr).await.expect("connect"));
@@ -89,9 +95,7 @@ metrics: {{per_consumer: true}}
         }
     })
     .await;
-    let three = r#"tollgate_responses_total{code="499"} 3"#;
-    let m = metrics_with(&gw.gw, three).await;
-    assert!(m.lines().any(|l| l == three), "{m}");
+    let m = counted_499(&gw, 3).await;
     assert!(
         m.lines()
             .any(|l| l == r#"tollgate_consumer_requests_total{consumer="alice",class="4xx"} 3"#),
@@ -112,9 +116,7 @@ metrics: {{per_consumer: true}}
         .await
         .expect("write");
     drop(s);
-    let four = r#"tollgate_responses_total{code="499"} 4"#;
-    let m = metrics_with(&gw.gw, four).await;
-    assert!(m.lines().any(|l| l == four), "{m}");
+    counted_499(&gw, 4).await;
     release.notify_waiters();
 
     assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
@@ -157,13 +159,8 @@ async fn a_request_cut_when_the_drain_time_is_over_is_logged_before_shutdown_ret
         ),
     );
     let mut gw = TestGateway::start(&yaml, SystemClock::new()).await;
-    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
-    s.write_all(b"GET /stuck HTTP/1.1\r\nHost: api.test\r\n\r\n")
-        .await
-        .expect("write");
-    bounded("the request upstream", arrived.recv())
-        .await
-        .expect("arrived");
+    let get = b"GET /stuck HTTP/1.1\r\nHost: api.test\r\n\r\n";
+    let mut s = sent_upstream(gw.addr, &mut arrived, get).await;
     let server = gw.server.take().expect("server");
     let drained = bounded("shutdown", server.shutdown(Duration::from_millis(100))).await;
     assert!(
