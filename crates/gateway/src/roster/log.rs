@@ -157,12 +157,14 @@ impl Log {
     pub fn rewrite<'a>(&mut self, live: impl Iterator<Item = &'a Managed>) -> std::io::Result<()> {
         let aside = self.path.with_extension("rewriting");
         let written = Log::write_aside(&aside, live)?;
-        // Opened before it is renamed: the handle is the file written, whatever is at the
-        // path by the time the next change looks.
+        // Opened, and its state taken, before it is renamed: the handle is the file
+        // written, and a hand that changes it once it is at the path (emptied while the
+        // folder is synced, say) is told by the next change.
         let file = OpenOptions::new().append(true).open(&aside)?;
+        let identity = FileStat::of(&file.metadata()?);
         std::fs::rename(&aside, &self.path)?;
         sync_dir(&self.path);
-        self.identity = Some(FileStat::of(&file.metadata()?));
+        self.identity = Some(identity);
         self.file = Some(file);
         self.lines = written;
         self.torn = None;
@@ -272,11 +274,12 @@ impl Log {
         }
         f.write_all(&out)?;
         f.sync_all()?;
+        // Its state taken before it is renamed, as in `rewrite`.
+        let identity = FileStat::of(&f.metadata()?);
         std::fs::rename(aside, &self.path)?;
         sync_dir(&self.path);
-        let file = OpenOptions::new().append(true).open(&self.path)?;
-        self.identity = Some(FileStat::of(&file.metadata()?));
-        self.file = Some(file);
+        self.identity = Some(identity);
+        self.file = Some(f);
         self.lines = written + since.len() as u64;
         self.torn = None;
         Ok(())
