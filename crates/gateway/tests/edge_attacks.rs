@@ -142,9 +142,14 @@ async fn an_admin_port_without_a_token_answers_no_web_page() {
     .await;
     let admin = start_admin(&g.gw, None).await;
     let req = |head: String| async move { status_of(&raw(admin, head.as_bytes()).await) };
-    // A cross-site "simple" POST.
-    let text = req("POST /cache/purge HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"all\": true}".into()).await;
+    // A cross-site "simple" POST, as a browser sends it.
+    let text = req("POST /cache/purge HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://evil.example\r\nContent-Type: text/plain\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"all\": true}".into()).await;
     assert_eq!(text, 403);
+    // From a sandboxed frame, or from a browser that sends only the fetch metadata.
+    let null = req("POST /reload HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: null\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into()).await;
+    assert_eq!(null, 403);
+    let site = req("POST /reload HTTP/1.1\r\nHost: 127.0.0.1\r\nSec-Fetch-Site: cross-site\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into()).await;
+    assert_eq!(site, 403);
     // A JSON POST from another origin.
     let foreign = req("POST /cache/purge HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://evil.example\r\nContent-Type: application/json\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"all\": true}".into()).await;
     assert_eq!(foreign, 403);
@@ -161,6 +166,12 @@ async fn an_admin_port_without_a_token_answers_no_web_page() {
     ))
     .await;
     assert_eq!(ok, 200);
+    // A tool's POST (`curl -d`: a form's content type, no Origin).
+    let tool = req(format!(
+        "POST /cache/purge HTTP/1.1\r\nHost: {admin}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{{\"all\": true}}"
+    ))
+    .await;
+    assert_eq!(tool, 200);
     let local =
         req("GET /status HTTP/1.1\r\nHost: localhost:9901\r\nConnection: close\r\n\r\n".into())
             .await;

@@ -62,11 +62,12 @@ fn method_not_allowed(allow: &'static str) -> Answer {
 }
 
 /// Without a token, the admin port's only guard against web pages is the browser's: a
-/// page can send a "simple" cross-site POST (`text/plain`), and a DNS-rebound name makes
-/// the browser read answers as its own. So without a token only `Host`s that name the
-/// admin address (`own`) or a loopback address or name (`localhost`) are answered, and a
-/// POST must be `application/json` (which no page sends cross-site without a preflight the
-/// admin port never grants) from no foreign `Origin`.
+/// page can send a "simple" cross-site POST, and a DNS-rebound name makes the browser read
+/// answers as its own. So without a token only `Host`s that name the admin address (`own`)
+/// or a loopback address or name (`localhost`) are answered, and a POST is refused when the
+/// browser says it comes from elsewhere: a foreign (or `null`) `Origin`, which browsers send
+/// with every cross-origin POST, or a `Sec-Fetch-Site` other than `same-origin` or `none`.
+/// Tools such as curl send neither, so `curl -X POST …/reload` works as it does in Kong.
 fn same_site(req: &Request<Incoming>, own: Option<std::net::IpAddr>) -> Result<(), &'static str> {
     let host = req
         .headers()
@@ -87,15 +88,6 @@ fn same_site(req: &Request<Incoming>, own: Option<std::net::IpAddr>) -> Result<(
         }
     }
     if req.method() == Method::POST {
-        let json = req
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-        if !json {
-            return Err("without an admin token, a POST must be application/json");
-        }
         if let Some(origin) = req.headers().get(http::header::ORIGIN) {
             let own = host.is_some_and(|h| {
                 origin.as_bytes() == format!("http://{h}").as_bytes()
@@ -104,6 +96,10 @@ fn same_site(req: &Request<Incoming>, own: Option<std::net::IpAddr>) -> Result<(
             if !own {
                 return Err("without an admin token, a POST from another origin is refused");
             }
+        }
+        let site = req.headers().get("sec-fetch-site").map(|v| v.as_bytes());
+        if site.is_some_and(|s| s != b"same-origin" && s != b"none") {
+            return Err("without an admin token, a POST from another site is refused");
         }
     }
     Ok(())
