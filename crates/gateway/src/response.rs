@@ -216,6 +216,7 @@ pub fn refuse(refusal: Refusal, request_id: &HeaderValue) -> Response<Body> {
                 }),
             )
         }
+        Refusal::KeysComing(_) => refuse(Refusal::InvalidToken("unknown key id"), request_id),
         Refusal::AmbiguousToken => with(
             json(
                 StatusCode::BAD_REQUEST,

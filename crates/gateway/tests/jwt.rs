@@ -21,7 +21,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tollgate_gateway::SystemClock;
@@ -93,6 +93,9 @@ struct Served {
     jwks: Value,
     fail: bool,
     cache_control: Option<&'static str>,
+    /// When set, a key set's fetch is counted as it arrives and answered once a permit
+    /// is given.
+    hold: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// An issuer on loopback: OpenID metadata and a JWKS, fetches counted.
@@ -112,6 +115,7 @@ impl Issuer {
             jwks: json!({"keys": keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()}),
             fail: false,
             cache_control: None,
+            hold: None,
         }));
         let fetches = Arc::new(AtomicUsize::new(0));
         let fetched = Arc::new(Notify::new());
@@ -131,6 +135,15 @@ impl Issuer {
                     let svc = service_fn(move |req: hyper::Request<Incoming>| {
                         let (s, f, n, base) = (s.clone(), f.clone(), n.clone(), base.clone());
                         async move {
+                            let hold = s.lock().hold.clone();
+                            if let (Some(hold), "/jwks") = (hold, req.uri().path()) {
+                                f.fetch_add(1, Ordering::SeqCst);
+                                n.notify_waiters();
+                                let _ = hold.acquire().await.map(|p| p.forget());
+                                let served = s.lock();
+                                let body = Bytes::from(served.jwks.to_string());
+                                return Ok::<_, Infallible>(hyper::Response::new(Full::new(body)));
+                            }
                             let served = s.lock();
                             let mut r = hyper::Response::new(Full::new(Bytes::new()));
                             if served.fail {
@@ -520,13 +533,38 @@ async fn a_rotated_key_is_fetched_on_its_first_token_and_the_old_one_stops() {
     let old_token = old.sign(&claims(&iss, "alice"));
     assert_eq!(call(&gw, &old_token).await.status, 200);
 
-    issuer.served.lock().jwks = json!({"keys": [new.jwk()]});
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    {
+        let mut served = issuer.served.lock();
+        served.jwks = json!({"keys": [new.jwk()]});
+        served.hold = Some(gate.clone());
+    }
     let new_token = new.sign(&claims(&iss, "alice"));
+    // Within 10 s of the last fetch, an unknown kid is refused at once.
     let a = call(&gw, &new_token).await;
     assert_refused(&a, "unknown key id");
-    // The unknown kid asked for the set again (no sooner than 10 s after the last fetch);
-    // a fetch is counted once its keys are in place.
+    // It asked for the set again, no sooner than 10 s after the last fetch. While that
+    // fetch is under way, a token of the new key waits for it and then passes.
     issuer.fetched(2).await;
+    let mut waiting = {
+        let (url, auth) = (gw.url("/orders/1"), format!("Bearer {new_token}"));
+        tokio::spawn(async move {
+            TestClient::default()
+                .request(Method::GET, &url, &[("authorization", &auth)], "")
+                .await
+        })
+    };
+    // Not answered while the fetch is held (had it been refused, it would be by now).
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiting).await;
+    assert!(
+        early.is_err(),
+        "answered before the fetch it waits for: {early:?}"
+    );
+    gate.add_permits(1);
+    let a = waiting.await.expect("the waiting request");
+    assert_eq!(a.status, 200, "{}", a.body);
+    issuer.served.lock().hold = None;
+    // A fetch is counted once its keys are in place.
     let counted = format!(
         r#"tollgate_jwks_fetches_total{{source="{}",result="ok"}} 2"#,
         issuer.url

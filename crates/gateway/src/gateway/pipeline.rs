@@ -23,7 +23,7 @@ use super::logged_head::Head;
 use super::logging::Unanswered;
 use super::state::Gateway;
 use crate::cache::{self, Ask};
-use crate::exchange::{ConnInfo, Parts, Refusal, UpstreamWork};
+use crate::exchange::{ConnInfo, KeysComing, Parts, Refusal, UpstreamWork};
 use crate::inbound;
 use crate::listener::RequestBody;
 use crate::observe::logged::Logged;
@@ -105,7 +105,12 @@ impl Gateway {
         open.log = log;
         open.wall_ns = self.analytics.is_some().then(|| self.clock.wall_nanos());
         let ctx = &mut open.ctx;
-        let mut filtered = self.request_filter(ctx, &mut parts);
+        let mut filtered = match self.request_filter(ctx, &mut parts) {
+            Err(Refusal::KeysComing(fetched)) => {
+                Box::pin(self.after_keys(ctx, &mut parts, fetched)).await
+            }
+            other => other,
+        };
         if matches!(filtered, Ok(Filtered::Leasing)) {
             filtered = self.after_lease(ctx, &mut parts).await;
         }
@@ -155,6 +160,16 @@ impl Gateway {
         };
         ctx.route = Some(route);
         ctx.origin = policy::cors_origin(route, parts);
+        self.policies(ctx, parts, route)
+    }
+
+    /// Phase 1's policies, on the route found.
+    fn policies<'s>(
+        &self,
+        ctx: &mut Ctx<'s>,
+        parts: &mut Parts,
+        route: &'s crate::snapshot::Route,
+    ) -> Result<Filtered, Refusal> {
         match policy::run(
             ctx.snap,
             route,
@@ -173,6 +188,25 @@ impl Gateway {
                 ctx.admitted = admitted;
                 Ok(Filtered::Leasing)
             }
+        }
+    }
+
+    /// Phase 1 again for a request whose token named a key its set lacked, once the fetch
+    /// of the set it waited for has ended: the policies run once more (a key still unknown
+    /// is refused then, as the next fetch is at least 10 s away).
+    async fn after_keys(
+        &self,
+        ctx: &mut Ctx<'_>,
+        parts: &mut Parts,
+        fetched: KeysComing,
+    ) -> Result<Filtered, Refusal> {
+        let Some(route) = ctx.route else {
+            return Err(Refusal::NoRoute);
+        };
+        fetched.0.await;
+        match self.policies(ctx, parts, route) {
+            Err(Refusal::KeysComing(_)) => Err(Refusal::InvalidToken("unknown key id")),
+            other => other,
         }
     }
 

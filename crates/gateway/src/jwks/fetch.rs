@@ -46,6 +46,7 @@ pub(super) async fn run(set: Weak<KeySet>, wake: Arc<Notify>, url: String, disco
         let timeout = s.timeout();
         let started = Instant::now();
         s.health.lock().last_try = Some(started);
+        s.fetch_begins();
         let got = match &client {
             Some(c) => tokio::time::timeout(timeout, fetch(c, &url, discover))
                 .await
@@ -92,7 +93,7 @@ pub(super) async fn run(set: Weak<KeySet>, wake: Arc<Notify>, url: String, disco
             }
         };
         s.health.lock().next = Some(started + wait);
-        s.settle();
+        s.fetch_ended();
         drop(s);
         tokio::select! {
             _ = tokio::time::sleep_until(started + wait) => {}

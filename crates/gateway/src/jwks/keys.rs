@@ -74,7 +74,12 @@ pub struct KeySet {
     pub(super) wake: Arc<Notify>,
     /// Set when the first fetch has ended, well or not.
     settled: AtomicBool,
+    /// Woken whenever a fetch ends, well or not.
     settled_wake: Notify,
+    /// Fetches ended, well or not.
+    fetches: AtomicU64,
+    /// Whether a fetch is under way.
+    fetching: AtomicBool,
     /// How long one fetch may take, in milliseconds (the newest config's).
     timeout_ms: AtomicU64,
 }
@@ -96,6 +101,8 @@ impl KeySet {
             wake: Arc::new(Notify::new()),
             settled: AtomicBool::new(false),
             settled_wake: Notify::new(),
+            fetches: AtomicU64::new(0),
+            fetching: AtomicBool::new(false),
             timeout_ms: AtomicU64::new(10_000),
         }
     }
@@ -125,6 +132,52 @@ impl KeySet {
     /// fetch). Returns at once; the request is refused.
     pub fn missed(&self) {
         self.wake.notify_one();
+    }
+
+    /// [`KeySet::missed`], for a request that may wait: when a fetch is under way or
+    /// starts at once (the last began [`MIN_REFETCH`] ago or more), the end of that fetch
+    /// (at most the fetch's timeout away), after which the request is checked again; when
+    /// the next fetch is further off, `None` (the request is refused now).
+    pub fn missed_with_wait(self: &Arc<Self>) -> Option<impl std::future::Future<Output = ()>> {
+        self.missed();
+        // Read before the flag: a fetch that ends in between counts as the one awaited.
+        let seen = self.fetches.load(Ordering::Acquire);
+        let soon = self.fetching.load(Ordering::Acquire)
+            || self
+                .health
+                .lock()
+                .last_try
+                .is_none_or(|t| t.elapsed() >= MIN_REFETCH);
+        if !soon {
+            return None;
+        }
+        let set = self.clone();
+        // The fetcher may first sleep out the rest of MIN_REFETCH: a little slack.
+        let wait = self.timeout() + Duration::from_millis(100);
+        Some(async move {
+            let _ = tokio::time::timeout(wait, async {
+                loop {
+                    let ended = set.settled_wake.notified();
+                    if set.fetches.load(Ordering::Acquire) > seen {
+                        return;
+                    }
+                    ended.await;
+                }
+            })
+            .await;
+        })
+    }
+
+    /// A fetch begins (the fetcher's).
+    pub(super) fn fetch_begins(&self) {
+        self.fetching.store(true, Ordering::Release);
+    }
+
+    /// A fetch ended, well or not (the fetcher's): requests waiting on it check again.
+    pub(super) fn fetch_ended(&self) {
+        self.fetching.store(false, Ordering::Release);
+        self.fetches.fetch_add(1, Ordering::AcqRel);
+        self.settle();
     }
 
     /// Waits until the first fetch has ended (at most `wait`): a gateway starting up
@@ -223,4 +276,43 @@ fn key_of(jwk: &Jwk) -> Option<Key> {
         alg,
         key,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set_tried(ago: Duration) -> Arc<KeySet> {
+        let set = Arc::new(KeySet::new("t".into(), Keys::default()));
+        set.health.lock().last_try = Instant::now().checked_sub(ago);
+        set
+    }
+
+    #[tokio::test]
+    async fn a_miss_waits_only_for_a_fetch_under_way_or_starting_at_once() {
+        // The last fetch began 11 s ago: the miss starts one at once, and waits for it.
+        let set = set_tried(Duration::from_secs(11));
+        let wait = set.missed_with_wait().expect("a fetch starts at once");
+        let fetcher = {
+            let set = set.clone();
+            tokio::spawn(async move {
+                set.fetch_begins();
+                set.fetch_ended();
+            })
+        };
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("the wait ends with the fetch");
+        fetcher.await.expect("fetcher");
+        // Just after it, the next fetch is 10 s off: no wait.
+        set.health.lock().last_try = Some(Instant::now());
+        assert!(set.missed_with_wait().is_none());
+        // A fetch under way is waited for, however recent it is.
+        set.fetch_begins();
+        let wait = set.missed_with_wait().expect("a fetch under way");
+        set.fetch_ended();
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("the wait ends with the fetch");
+    }
 }

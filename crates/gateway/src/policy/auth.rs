@@ -41,19 +41,24 @@ pub fn authenticate(
     if let Some(jwt) = &route.jwt {
         let keys_too = !(auth.header.is_empty() && auth.query.is_empty());
         let bearer = super::jwt::bearer(parts)?;
-        // Whatever `Authorization` holds (a token, or another scheme the route does not
-        // read), it goes upstream only where the route says so.
-        if !jwt.cfg.forward_token {
-            parts.headers.remove(AUTHORIZATION);
-        }
         if let Some(value) = bearer {
+            // Verified before `Authorization` goes: a token waiting for its key set is
+            // checked again on the same request.
             let consumer =
                 super::jwt::verify(snap, jwt, super::jwt::token_in(&value), parts, clock)?;
+            if !jwt.cfg.forward_token {
+                parts.headers.remove(AUTHORIZATION);
+            }
             if keys_too && !auth.keep_credential {
                 strip_keys(auth, parts);
             }
             set_consumer(snap, auth, consumer, parts);
             return Ok(Some(consumer));
+        }
+        // Whatever `Authorization` holds (a token, or another scheme the route does not
+        // read), it goes upstream only where the route says so.
+        if !jwt.cfg.forward_token {
+            parts.headers.remove(AUTHORIZATION);
         }
         if !keys_too {
             return Err(Refusal::MissingToken { or_key: false });

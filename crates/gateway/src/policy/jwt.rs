@@ -155,9 +155,12 @@ fn check(
     }
     let keys = jwt.keys.keys();
     if keys.list.is_empty() {
-        // Never fetched yet (the issuer was down): try again, within the refetch bound.
-        jwt.keys.missed();
-        return Err(Refusal::InvalidToken("signing keys unavailable"));
+        // Never fetched yet (the issuer was down): try again, within the refetch bound,
+        // and wait for that try when it starts at once.
+        return Err(match jwt.keys.missed_with_wait() {
+            Some(fetched) => Refusal::KeysComing(crate::exchange::KeysComing(Box::pin(fetched))),
+            None => Refusal::InvalidToken("signing keys unavailable"),
+        });
     }
     // A secret verifies whatever `kid` the token names; a key set's key is found by id.
     let by_id = header.kid.as_deref().filter(|_| !keys.secret);
@@ -170,8 +173,14 @@ fn check(
         keys.list.iter().filter(fits).take(MAX_TRIED).collect();
     if candidates.is_empty() {
         if by_id.is_some() && !keys.list.iter().any(|k| k.kid.as_deref() == by_id) {
-            jwt.keys.missed();
-            return Err(Refusal::InvalidToken("unknown key id"));
+            // An issuer's rotation: the request waits for the fetch the miss starts (or
+            // the one under way) and is checked again, as Kong's and Envoy's do.
+            return Err(match jwt.keys.missed_with_wait() {
+                Some(fetched) => {
+                    Refusal::KeysComing(crate::exchange::KeysComing(Box::pin(fetched)))
+                }
+                None => Refusal::InvalidToken("unknown key id"),
+            });
         }
         return Err(Refusal::InvalidToken("no key for this algorithm"));
     }
