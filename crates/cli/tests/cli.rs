@@ -978,6 +978,21 @@ fn the_demo_runs_beside_busy_ports_with_everything_on() {
     let status = admin_get(admin, "/status");
     let v: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
     assert_eq!(v["analytics"]["enabled"], true, "{status}");
+    // A 429 for the demo's consumer shows under that consumer in /metrics.
+    let refused = (0..6).any(|_| g.get("/api/hello?apikey=demo-key") == 429);
+    assert!(
+        refused,
+        "the burst limit of 5 per 10 s refused none of 9 calls"
+    );
+    let metrics = admin_get(admin, "/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tollgate_consumer_requests_total{")
+                && l.contains("consumer=\"demo\"")
+                && l.contains("class=\"4xx\"")),
+        "{metrics}"
+    );
     g.signal("-TERM");
     assert!(g.child.wait().expect("wait").success());
 }
