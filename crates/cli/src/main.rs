@@ -36,9 +36,9 @@ const VERSION: &str = concat!(
 #[command(name = "tollgate", version = VERSION, propagate_version = true)]
 struct Cli {
     /// How the process log (stderr) is written: `text` for people, `json` (one object a
-    /// line) for log shippers.
-    #[arg(long, global = true, value_enum, default_value_t = serve::LogFormat::Text, env = "TOLLGATE_LOG_FORMAT")]
-    log_format: serve::LogFormat,
+    /// line) for log shippers. Default: the config's `log: {format: ...}`, else `text`.
+    #[arg(long, global = true, value_enum, env = "TOLLGATE_LOG_FORMAT")]
+    log_format: Option<serve::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -107,8 +107,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { config } => check(&config),
         Command::Run { config } => serve::run(&config, log),
-        Command::Echo { listen } => serve::echo(listen, log),
-        Command::Demo(args) => serve::demo(args, log),
+        Command::Echo { listen } => serve::echo(listen, log.unwrap_or(serve::LogFormat::Text)),
+        Command::Demo(args) => serve::demo(args, log.unwrap_or(serve::LogFormat::Text)),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             // Made whole first: a reader that stops early (`| head`) is no failure.

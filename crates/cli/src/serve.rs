@@ -45,8 +45,25 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         })
 }
 
-/// `tollgate run --config FILE`.
-pub fn run(path: &Path, log: LogFormat) -> ExitCode {
+impl From<tollgate_config::LogFormat> for LogFormat {
+    fn from(f: tollgate_config::LogFormat) -> Self {
+        match f {
+            tollgate_config::LogFormat::Text => LogFormat::Text,
+            tollgate_config::LogFormat::Json => LogFormat::Json,
+        }
+    }
+}
+
+/// `tollgate run --config FILE`; the log is written as `flag` says, else as the file's
+/// `log.format` says, else as text.
+pub fn run(path: &Path, flag: Option<LogFormat>) -> ExitCode {
+    let read = std::fs::read_to_string(path);
+    let log = flag
+        .or_else(|| {
+            let text = read.as_deref().ok()?;
+            tollgate_config::log_format_of(text).map(LogFormat::from)
+        })
+        .unwrap_or(LogFormat::Text);
     logging(log);
     // Why the node does not start: plain lines, or JSON objects where the log is JSON (a
     // log shipper then reads these too).
@@ -55,7 +72,7 @@ pub fn run(path: &Path, log: LogFormat) -> ExitCode {
         LogFormat::Json => tracing::error!("{line}"),
         LogFormat::Text => eprintln!("{line}"),
     };
-    let text = match std::fs::read_to_string(path) {
+    let text = match read {
         Ok(t) => t,
         Err(e) => {
             say(format!("cannot read {}: {e}", path.display()), false);

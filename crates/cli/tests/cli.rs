@@ -1256,3 +1256,68 @@ fn a_503_for_want_of_a_healthy_target_is_logged_with_its_route_and_upstream() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_config_naming_no_change_log_keeps_managed_consumers_beside_it_and_may_ask_for_a_json_log() {
+    let (backend, _echo) = echo_backend();
+    let dir = temp_dir("implied-log");
+    std::fs::write(dir.join("admin.token"), "node-secret\n").expect("token");
+    let file = dir.join("node.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "server: {{watch_config: false, drain_timeout: 5s}}\nlisteners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{backend: {{targets: [\"{backend}\"]}}}}\nplans: {{gold: {{limits: [{{requests: 100, per: 1m}}]}}}}\nconsumers: [{{name: alice, keys: [t1]}}]\nroutes:\n  - {{name: a, path_prefix: /a/, upstream: backend, auth: {{}}}}\nadmin: {{address: \"127.0.0.1:{}\", token_file: admin.token}}\n",
+            free_port()
+        ),
+    )
+    .expect("write");
+    let tg = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("consumers")
+            .args(args)
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .expect("run");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        )
+    };
+    let mut gw = Gateway::start(&file);
+    assert!(tg(&["add", "bob", "--plan", "gold"]).0);
+    let (ok, key) = tg(&["key", "bob"]);
+    assert!(ok && key.starts_with("tg_"), "{key}");
+    assert_eq!(gw.get(&format!("/a/?apikey={key}")), 200);
+    gw.signal("-TERM");
+    gw.wait_for("all connections drained");
+    assert!(gw.child.wait().expect("wait").success());
+    // Kept beside the config file, under its name, and brought back by the next start.
+    assert!(dir.join("node.consumers.changes").is_file());
+    let gw = Gateway::start(&file);
+    assert_eq!(gw.get(&format!("/a/?apikey={key}")), 200);
+    gw.signal("-TERM");
+    drop(gw);
+
+    // The file may ask for a JSON process log; `--log-format` would win over it.
+    let yaml = std::fs::read_to_string(&file).expect("config");
+    std::fs::write(&file, format!("{yaml}log: {{format: json}}\n")).expect("write");
+    let mut run = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&file)
+        .env_remove("TOLLGATE_LOG_FORMAT")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = run.stderr.take().expect("stderr");
+    let first = BufReader::new(stderr)
+        .lines()
+        .next()
+        .expect("a log line")
+        .expect("read");
+    let _ = run.kill();
+    let _ = run.wait();
+    let line: serde_json::Value = serde_json::from_str(&first).expect("a JSON line");
+    assert!(line["fields"]["message"].is_string(), "{first}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -48,6 +48,17 @@ pub struct FileConfig {
     pub metrics: Option<Metrics>,
     /// OpenTelemetry traces, exported over OTLP.
     pub tracing: Option<Tracing>,
+    /// The process log (stderr).
+    pub log: Option<Log>,
+}
+
+/// The process log: how it is written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Log {
+    /// `text` for people (the default), `json` for log shippers; `--log-format` and
+    /// `TOLLGATE_LOG_FORMAT` win over it.
+    pub format: Option<crate::model::LogFormat>,
 }
 
 /// OpenTelemetry traces: one span per request, sampled, exported in batches over OTLP.

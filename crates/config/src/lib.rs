@@ -111,7 +111,11 @@ pub fn from_text_of(text: &str, path: &Path) -> Result<Config, ConfigError> {
 /// takes effect at the next restart).
 pub fn from_text_for(text: &str, path: &Path, manages_keys: bool) -> Result<Config, ConfigError> {
     let base = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let cfg = from_yaml_with(text, base.unwrap_or(Path::new(".")), manages_keys)?;
+    let mut cfg = from_yaml_with(text, base.unwrap_or(Path::new(".")), manages_keys)?;
+    if cfg.consumers_log.is_none() && (cfg.admin.is_some() || cfg.cluster.is_some()) {
+        cfg.consumers_log = Some(implied_consumers_log(path));
+        cfg.consumers_log_implied = true;
+    }
     // The change log is appended to: naming the config file itself would spoil it.
     if cfg
         .consumers_log
@@ -127,6 +131,32 @@ pub fn from_text_for(text: &str, path: &Path, manages_keys: bool) -> Result<Conf
         ]));
     }
     Ok(cfg)
+}
+
+/// Where a config file that names neither `consumers_log` nor `consumers_file` keeps the
+/// consumers its admin API changes: beside it, `<its name without extension>.consumers.changes`
+/// (one per config file, so that nodes run from files side by side keep a log each).
+pub fn implied_consumers_log(config: &Path) -> std::path::PathBuf {
+    let stem = config
+        .file_stem()
+        .map_or_else(|| "tollgate".into(), |s| s.to_string_lossy());
+    config.with_file_name(format!("{stem}.consumers.changes"))
+}
+
+/// The `log.format` a config file asks for, read before the file is validated (the
+/// process log is set up first, so that what is wrong with the file is written in it).
+/// `None` when the file names none or is not YAML.
+pub fn log_format_of(text: &str) -> Option<LogFormat> {
+    #[derive(serde::Deserialize)]
+    struct Peek {
+        log: Option<PeekLog>,
+    }
+    #[derive(serde::Deserialize)]
+    struct PeekLog {
+        format: Option<LogFormat>,
+    }
+    let peek: Peek = serde_yaml_ng::from_str(text).ok()?;
+    peek.log?.format
 }
 
 /// What the usage history and the access log name a request without a consumer: never a

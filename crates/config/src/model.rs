@@ -22,8 +22,13 @@ pub struct Config {
     /// The file consumers were read from, if any.
     pub consumers_file: Option<ConsumersFile>,
     /// Where consumers managed through the admin API are kept (one JSON line a change):
-    /// `consumers_log`, else beside `consumers_file`; `None`: in memory only.
+    /// `consumers_log`, else beside `consumers_file`, else beside the config file when the
+    /// admin API or a cluster can change consumers; `None`: in memory only.
     pub consumers_log: Option<std::path::PathBuf>,
+    /// Whether `consumers_log` is the default beside the config file, not named by the
+    /// file: one that cannot be kept there leaves the changes in memory (with a warning)
+    /// instead of refusing them.
+    pub consumers_log_implied: bool,
     /// Where limit counters are kept across restarts, if anywhere.
     pub state: Option<StateConfig>,
     /// Plans; consumers refer to them by index.
@@ -42,6 +47,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// OpenTelemetry traces, if exported.
     pub tracing: Option<TracingConfig>,
+    /// How the process log is written, if the file says (`log.format`).
+    pub log_format: Option<LogFormat>,
     /// What is taken as written but is likely a mistake (an unregistered method), each
     /// with its place in the file: `check` prints them, `run` logs them.
     pub warnings: Vec<crate::Problem>,
@@ -124,6 +131,16 @@ pub struct TracingConfig {
     pub batch_size: usize,
     /// How often held spans are sent when fewer than a batch wait.
     pub export_interval: Duration,
+}
+
+/// How the process log (stderr) is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object a line, for log shippers.
+    Json,
 }
 
 /// `/metrics` options.

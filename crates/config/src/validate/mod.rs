@@ -148,6 +148,8 @@ pub(crate) fn validate(
         });
     }
     Ok(Config {
+        consumers_log_implied: false,
+        log_format: raw.log.as_ref().and_then(|l| l.format),
         cache,
         access_log,
         analytics,

@@ -145,6 +145,25 @@ fn admin_may_not_clash_with_a_listener_nor_listen_everywhere_without_a_token() {
 }
 
 #[test]
+fn the_process_log_format_is_read_from_the_file_and_checked() {
+    let json = format!("{GOOD}log: {{format: json}}\n");
+    assert_eq!(
+        from_yaml(&json).expect("valid").log_format,
+        Some(crate::LogFormat::Json)
+    );
+    assert_eq!(from_yaml(GOOD).expect("valid").log_format, None);
+    // Read before the file is validated: a file wrong elsewhere still says how to log it.
+    let wrong = format!("{GOOD}log: {{format: json}}\nroutes_typo: 1\n");
+    assert_eq!(crate::log_format_of(&wrong), Some(crate::LogFormat::Json));
+    let bad = format!("{GOOD}log: {{format: xml}}\n");
+    let text = from_yaml(&bad).expect_err("invalid").to_string();
+    assert!(
+        text.contains("log.format: unknown variant `xml`, expected `text` or `json`"),
+        "{text}"
+    );
+}
+
+#[test]
 fn observability_settings_are_checked() {
     let cfg = format!(
         "{GOOD}access_log: {{path: stdout}}\nanalytics: {{path: a.db, retention: 7d}}\nmetrics: {{per_consumer: true}}\n"

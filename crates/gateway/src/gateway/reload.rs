@@ -37,6 +37,9 @@ impl Gateway {
         if old.config.analytics != config.analytics {
             tracing::warn!("analytics changes take effect at the next restart");
         }
+        if old.config.log_format != config.log_format {
+            tracing::warn!("log.format changes take effect at the next restart");
+        }
         if old.config.access_log != config.access_log {
             self.access_log.store(
                 config

@@ -98,6 +98,21 @@ impl Gateway {
                     "cannot keep the consumer change log {}: {e}",
                     path.display()
                 );
+                // The default log beside the config file, where it cannot be kept (a
+                // read-only folder, another gateway run from the same file): as before
+                // there was a default. One that is there but damaged stops the start,
+                // as a named one does.
+                use std::io::ErrorKind as K;
+                let unkeepable = matches!(
+                    e.kind(),
+                    K::PermissionDenied | K::ReadOnlyFilesystem | K::NotFound | K::ResourceBusy
+                );
+                if config.consumers_log_implied && unkeepable {
+                    tracing::warn!(
+                        "{why}; consumers managed through the admin API are kept in memory only and lost on restart; name a writable file in consumers_log: to keep them"
+                    );
+                    return crate::roster::Roster::in_memory();
+                }
                 tracing::error!("{why}");
                 crate::roster::Roster::unavailable(why)
             }),
