@@ -56,9 +56,16 @@ fn from_yaml_with(text: &str, base: &Path, index_digests: bool) -> Result<Config
     let parsed = parse::file_types(text).map_err(|ps| placed(ps, Vec::new()))?;
     let mut problems: Vec<Problem> = parsed.problems;
     let covered = parsed.covered;
+    // A limit's name made from its count and window is covered with them: made from a
+    // stand-in, it would be named twice.
+    let derived_from = |path: &str, c: &str| {
+        path.strip_suffix(".name")
+            .is_some_and(|item| c == format!("{item}.per") || c == format!("{item}.requests"))
+    };
     let under = |path: &str| {
         covered.iter().any(|c| {
             path == c
+                || derived_from(path, c)
                 || path
                     .strip_prefix(c.as_str())
                     .is_some_and(|rest| rest.starts_with(['.', '[']))

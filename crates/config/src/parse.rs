@@ -15,33 +15,54 @@ use yaml_rust2::scanner::Marker;
 /// Most problems reported at parse level before giving up on the rest.
 const MAX_PROBLEMS: usize = 50;
 
-/// Where each node of a YAML document starts, by path (`routes[2].upstream`).
+/// Where each node of a YAML document starts, by path (`routes[2].upstream`), and where
+/// the key of each mapping entry is.
 #[derive(Debug, Default)]
-pub struct Positions(HashMap<String, (usize, usize)>);
+pub struct Positions {
+    values: HashMap<String, (usize, usize)>,
+    keys: HashMap<String, (usize, usize)>,
+    /// Keys given twice in one mapping: the path and the place of the second.
+    pub duplicates: Vec<(String, (usize, usize))>,
+}
 
 impl Positions {
     /// Indexes `text`; a text the YAML parser rejects yields no positions.
     pub fn of(text: &str) -> Positions {
         let mut idx = Indexer::default();
         let _ = Parser::new_from_str(text).load(&mut idx, false);
-        Positions(idx.out)
+        Positions {
+            values: idx.out,
+            keys: idx.keys,
+            duplicates: idx.duplicates,
+        }
     }
 
-    /// `line L column C` (1-based) of the node at `path`, or of its nearest parent known.
+    /// `line L column C` (1-based) of the node at `path`, or of its nearest parent known:
+    /// where its value starts, or its key when the value starts on a later line (a block
+    /// mapping or list under it).
     pub fn locate(&self, path: &str) -> Option<(usize, usize)> {
         let mut p = path;
         loop {
-            if let Some(&at) = self.0.get(p) {
-                return Some(at);
+            if let Some(&at) = self.values.get(p) {
+                return Some(match self.keys.get(p) {
+                    Some(&key) if key.0 < at.0 => key,
+                    _ => at,
+                });
             }
             let cut = p.rfind(['.', '['])?;
             p = &p[..cut];
         }
     }
 
-    /// `problem` with ` (line L, column C)` added when its place is known.
+    /// `problem` with ` (line L, column C)` added when its place is known: a setting that
+    /// should not be there is placed at its key.
     pub fn place(&self, mut problem: Problem) -> Problem {
-        if let Some((line, col)) = self.locate(&problem.path) {
+        let key = problem
+            .message
+            .starts_with("unknown setting")
+            .then(|| self.keys.get(&problem.path).copied())
+            .flatten();
+        if let Some((line, col)) = key.or_else(|| self.locate(&problem.path)) {
             if !problem.message.contains(" line ") {
                 problem.message = format!("{} (line {line}, column {col})", problem.message);
             }
@@ -51,14 +72,25 @@ impl Positions {
 }
 
 enum Frame {
-    Map { path: String, key: Option<String> },
-    Seq { path: String, next: usize },
+    Map {
+        path: String,
+        /// The key read, waiting for its value, and where it is.
+        key: Option<(String, (usize, usize))>,
+        /// Keys seen in this mapping.
+        seen: std::collections::HashSet<String>,
+    },
+    Seq {
+        path: String,
+        next: usize,
+    },
 }
 
 #[derive(Default)]
 struct Indexer {
     stack: Vec<Frame>,
     out: HashMap<String, (usize, usize)>,
+    keys: HashMap<String, (usize, usize)>,
+    duplicates: Vec<(String, (usize, usize))>,
 }
 
 impl Indexer {
@@ -71,12 +103,14 @@ impl Indexer {
                 *next += 1;
                 Some(p)
             }
-            Some(Frame::Map { path, key }) => key.take().map(|k| {
-                if path.is_empty() {
+            Some(Frame::Map { path, key, .. }) => key.take().map(|(k, at)| {
+                let p = if path.is_empty() {
                     k
                 } else {
                     format!("{path}.{k}")
-                }
+                };
+                self.keys.entry(p.clone()).or_insert(at);
+                p
             }),
         }
     }
@@ -87,9 +121,17 @@ impl MarkedEventReceiver for Indexer {
         let at = (mark.line(), mark.col() + 1);
         match ev {
             Event::Scalar(s, ..) => {
-                if let Some(Frame::Map { key, .. }) = self.stack.last_mut() {
+                if let Some(Frame::Map { key, seen, path }) = self.stack.last_mut() {
                     if key.is_none() {
-                        *key = Some(s);
+                        if !seen.insert(s.clone()) {
+                            let p = if path.is_empty() {
+                                s.clone()
+                            } else {
+                                format!("{path}.{s}")
+                            };
+                            self.duplicates.push((p, at));
+                        }
+                        *key = Some((s, at));
                         return;
                     }
                 }
@@ -106,7 +148,11 @@ impl MarkedEventReceiver for Indexer {
                 let path = self.child().unwrap_or_default();
                 self.out.entry(path.clone()).or_insert(at);
                 self.stack.push(if matches!(ev, Event::MappingStart(..)) {
-                    Frame::Map { path, key: None }
+                    Frame::Map {
+                        path,
+                        key: None,
+                        seen: Default::default(),
+                    }
                 } else {
                     Frame::Seq { path, next: 0 }
                 });
@@ -206,8 +252,23 @@ pub struct Parsed {
 
 /// Reads `text` into the file types, going on past every problem it can.
 pub fn file_types(text: &str) -> Result<Parsed, Vec<Problem>> {
-    let mut value: Value = serde_yaml_ng::from_str(text)
-        .map_err(|e| vec![Problem::new("", format!("not valid YAML: {e}"))])?;
+    let mut value: Value = serde_yaml_ng::from_str(text).map_err(|e| {
+        // Every key given twice, each at its second place (the YAML reader names one, at
+        // its mapping's start).
+        let twice = Positions::of(text).duplicates;
+        if twice.is_empty() {
+            return vec![Problem::new("", format!("not valid YAML: {e}"))];
+        }
+        twice
+            .into_iter()
+            .map(|(path, (line, col))| {
+                Problem::new(
+                    path,
+                    format!("given twice in one mapping (line {line}, column {col}); keep one"),
+                )
+            })
+            .collect()
+    })?;
     if value.is_null() {
         value = Value::Mapping(Mapping::new());
     }
@@ -362,6 +423,41 @@ mod tests {
         assert_eq!(p.locate("a.b[1].c"), Some((2, 14)));
         assert_eq!(p.locate("d"), Some((3, 4)));
         assert_eq!(p.locate("a.b[7]"), Some((2, 6)));
+    }
+
+    #[test]
+    fn a_setting_with_a_block_under_it_is_placed_at_its_key() {
+        let p = Positions::of("a:\n  b:\n    c: 1\n  d: [1]\n");
+        assert_eq!(p.locate("a.b"), Some((2, 3)));
+        assert_eq!(p.locate("a.b.c"), Some((3, 8)));
+        assert_eq!(p.locate("a.d"), Some((4, 6)));
+        let unknown = p.place(Problem::new("a.b", "unknown setting `b`"));
+        assert!(unknown.message.ends_with("(line 2, column 3)"), "{unknown}");
+        let inline = Positions::of("a: {b: 1, zz: 2}\n");
+        let unknown = inline.place(Problem::new("a.zz", "unknown setting `zz`"));
+        assert!(
+            unknown.message.ends_with("(line 1, column 11)"),
+            "{unknown}"
+        );
+    }
+
+    #[test]
+    fn every_key_given_twice_is_named_at_its_second_place() {
+        let text =
+            "routes: []\nupstreams:\n  echo: {targets: [a]}\n  echo: {targets: [b]}\nroutes: []\n";
+        let problems = match file_types(text) {
+            Err(p) => p,
+            Ok(_) => panic!("duplicate keys read"),
+        };
+        let said: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            said,
+            [
+                "upstreams.echo: given twice in one mapping (line 4, column 3); keep one",
+                "routes: given twice in one mapping (line 5, column 1); keep one",
+            ],
+            "{said:?}"
+        );
     }
 
     #[test]

@@ -63,6 +63,18 @@ routes:
 }
 
 #[test]
+fn a_limit_whose_window_is_unreadable_gets_no_second_problem_for_its_made_up_name() {
+    let bad = GOOD.replace(
+        "upstream: backend",
+        "upstream: backend\n    limits: [{requests: 10, per: 1 minute}, {requests: 10, per: 60}]",
+    );
+    let err = from_yaml(&bad).expect_err("invalid");
+    let said: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
+    assert_eq!(said.len(), 2, "{said:#?}");
+    assert!(said.iter().all(|p| p.contains(".per: ")), "{said:#?}");
+}
+
+#[test]
 fn unknown_fields_are_rejected_with_their_path() {
     let bad = GOOD.replace("upstream: backend", "upstream: backend\n    upstrem: x");
     let err = from_yaml(&bad).expect_err("invalid");
@@ -71,7 +83,7 @@ fn unknown_fields_are_rejected_with_their_path() {
         text.starts_with("routes[0].upstrem: unknown setting `upstrem`"),
         "{text}"
     );
-    assert!(text.contains("(line 12, column 14)"), "{text}");
+    assert!(text.contains("(line 12, column 5)"), "{text}");
 }
 
 #[test]
