@@ -318,14 +318,20 @@ impl Tally {
         }
     }
 
-    /// Whether a limit with `remaining` left would be the tightest so far.
+    /// Whether a limit with `remaining` left could be the tightest so far (its reset
+    /// decides a tie).
     fn tighter(&self, remaining: u64) -> bool {
-        self.tightest.is_none_or(|t| remaining < t.remaining)
+        self.tightest.is_none_or(|t| remaining <= t.remaining)
     }
 
-    /// Notes an admitted limit's standing.
+    /// Notes an admitted limit's standing. The tightest has the fewest requests left; of
+    /// two with as few, the one that resets later (with none left in either, that is the
+    /// one that holds the client off longer: `RateLimit` names it).
     fn admitted(&mut self, s: Standing) {
-        if self.tighter(s.remaining) {
+        let tighter = self.tightest.is_none_or(|t| {
+            s.remaining < t.remaining || (s.remaining == t.remaining && s.reset > t.reset)
+        });
+        if tighter {
             self.tightest = Some(s);
         }
     }
@@ -523,5 +529,15 @@ mod tests {
         let both = [cell(1, 100, 1), cell(2, 5, 100)];
         let s = check(&both, at(0)).expect("ok").expect("limited");
         assert_eq!((s.index, s.remaining), (1, 4));
+    }
+
+    #[test]
+    fn of_two_limits_used_up_the_one_that_holds_off_longer_is_reported() {
+        let both = [cell(1, 1, 1), cell(2, 1, 3600)];
+        let s = check(&both, at(0)).expect("ok").expect("limited");
+        assert_eq!((s.index, s.remaining), (1, 0), "{s:?}");
+        let first_longer = [cell(3, 1, 3600), cell(4, 1, 1)];
+        let s = check(&first_longer, at(0)).expect("ok").expect("limited");
+        assert_eq!((s.index, s.remaining), (0, 0), "{s:?}");
     }
 }
