@@ -6,14 +6,22 @@ use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 fn main() {
-    let commit = Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .output()
+    // A build without the checkout's history (a container's) is told the commit.
+    let given = std::env::var("TOLLGATE_COMMIT")
         .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
+        .map(|s| s.trim().chars().take(40).collect::<String>())
+        .filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric()));
+    let commit = given
+        .or_else(|| {
+            Command::new("git")
+                .args(["rev-parse", "--short=12", "HEAD"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .and_then(|o| String::from_utf8(o.stdout).ok())
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        })
         .unwrap_or_else(|| "unknown commit".to_string());
     let secs = std::env::var("SOURCE_DATE_EPOCH")
         .ok()
@@ -29,6 +37,7 @@ fn main() {
         civil_date(secs / 86_400)
     );
     println!("cargo:rerun-if-env-changed=SOURCE_DATE_EPOCH");
+    println!("cargo:rerun-if-env-changed=TOLLGATE_COMMIT");
     // A new commit changes the stamp: HEAD, and the ref it names.
     for f in [
         "../../.git/HEAD",
