@@ -18,6 +18,9 @@ pub enum Action {
         /// Start after this name (the `next` of the page before).
         #[arg(long)]
         after: Option<String>,
+        /// List the deleted ones too (a deleted consumer of the config stays refused).
+        #[arg(long)]
+        deleted: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -69,11 +72,21 @@ pub fn run(action: Action) -> ExitCode {
         Action::List {
             config,
             after,
+            deleted,
             json,
         } => {
-            let q = after.map_or(String::new(), |a| {
-                format!("?after={}", tollgate_config::percent_encode(&a))
-            });
+            let mut q = Vec::new();
+            if let Some(a) = after {
+                q.push(format!("after={}", tollgate_config::percent_encode(&a)));
+            }
+            if deleted {
+                q.push("deleted=true".to_string());
+            }
+            let q = if q.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", q.join("&"))
+            };
             (config, Method::GET, format!("/consumers{q}"), None, json)
         }
         Action::Add {

@@ -1154,6 +1154,12 @@ fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
     assert_eq!(gw.get("/a/?apikey=t1"), 401);
     let (ok, list, _) = tg(&["list"]);
     assert!(ok && list.contains("bob\tplan=gold\tkeys=1"), "{list}");
+    assert!(
+        !list.contains("alice"),
+        "a deleted consumer is listed: {list}"
+    );
+    let (ok, list, _) = tg(&["list", "--deleted"]);
+    assert!(ok && list.contains("bob\tplan=gold\tkeys=1"), "{list}");
     assert!(list.contains("alice\tplan=-\tkeys=0\tdeleted"), "{list}");
     let (ok, _, err) = tg(&["key", "nobody"]);
     assert!(!ok && err.contains("no consumer \"nobody\""), "{err}");

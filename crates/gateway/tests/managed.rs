@@ -193,6 +193,9 @@ async fn changes_apply_to_the_next_request_and_survive_a_restart() {
         Some(2),
         "{page}"
     );
+    // alice, deleted, is left out unless asked for.
+    assert_eq!(page["next"], "carol", "{page}");
+    let (_, page) = admin(ad, Method::GET, "/consumers?limit=2&deleted=true", None).await;
     assert_eq!(page["next"], "bob", "{page}");
 
     let (_, status) = admin(ad, Method::GET, "/status", None).await;
@@ -558,5 +561,71 @@ routes:
     .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(refused_by(&call(&gw, "/other/7", "ka").await), "q");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_consumer_may_be_put_with_its_name_and_plain_keys_and_leaves_the_list_when_deleted() {
+    let dir = tempdir("managed-kong-style");
+    let (backend, _) = inspect_backend().await;
+    let gw = TestGateway::start(
+        &config(backend, &dir.join("consumers.changes")),
+        SystemClock::new(),
+    )
+    .await;
+    let ad = start_admin(&gw.gw, Some(TOKEN)).await;
+    // The name again in the body, and a key as the caller will send it.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/carol",
+        Some(json!({"name": "carol", "plan": "gold", "keys": ["carol-key-1"]})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    assert!(
+        !v.to_string().contains("carol-key-1"),
+        "kept as a digest: {v}"
+    );
+    let a = call(&gw, "/gold/x", "carol-key-1").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("x-consumer: carol\n"), "{}", a.body);
+    // A body naming another consumer is refused, as is a key that is no key.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/carol",
+        Some(json!({"name": "dave"})),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/carol",
+        Some(json!({"keys": ["has space"]})),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+
+    // Deleted, a consumer leaves the list; `?deleted=true` shows it still.
+    let names = |v: &Value| -> Vec<String> {
+        v["consumers"]
+            .as_array()
+            .expect("consumers")
+            .iter()
+            .map(|c| c["name"].as_str().expect("name").to_string())
+            .collect()
+    };
+    let (_, v) = admin(ad, Method::GET, "/consumers", None).await;
+    assert_eq!(names(&v), ["carol"], "{v}");
+    let (s, _) = admin(ad, Method::DELETE, "/consumers/carol", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(call(&gw, "/gold/x", "carol-key-1").await.status, 401);
+    let (_, v) = admin(ad, Method::GET, "/consumers", None).await;
+    assert!(names(&v).is_empty(), "{v}");
+    let (_, v) = admin(ad, Method::GET, "/consumers?deleted=true", None).await;
+    assert_eq!(names(&v), ["carol"], "{v}");
+    assert_eq!(v["consumers"][0]["deleted"], true, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }

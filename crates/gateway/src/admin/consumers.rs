@@ -113,9 +113,18 @@ fn view(snap: &Snapshot, name: &str) -> Option<Value> {
     }
 }
 
+/// Longest plain key `PUT` takes.
+const MAX_KEY_BYTES: usize = 1024;
+
+/// Whether `k` may be a key: what a header or a query parameter carries as it is.
+fn valid_key(k: &str) -> bool {
+    (1..=MAX_KEY_BYTES).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic())
+}
+
 fn list(snap: &Snapshot, query: Option<&str>) -> Answer {
     let mut after = None;
     let mut limit = 100;
+    let mut deleted = false;
     for (k, v) in query
         .unwrap_or("")
         .split('&')
@@ -123,6 +132,11 @@ fn list(snap: &Snapshot, query: Option<&str>) -> Answer {
     {
         match k {
             "after" => after = Some(crate::query::percent_decode(v).into_owned()),
+            "deleted" => match v {
+                "true" => deleted = true,
+                "false" => deleted = false,
+                _ => return error(StatusCode::BAD_REQUEST, "deleted must be true or false"),
+            },
             "limit" => match v.parse::<usize>() {
                 Ok(n) if (1..=MAX_PAGE).contains(&n) => limit = n,
                 _ => {
@@ -135,7 +149,7 @@ fn list(snap: &Snapshot, query: Option<&str>) -> Answer {
             _ => {}
         }
     }
-    let page = snap.roster.page(after.as_deref(), limit + 1);
+    let page = snap.roster.page(after.as_deref(), limit + 1, deleted);
     let more = page.len() > limit;
     let shown: Vec<Value> = page
         .iter()
@@ -276,9 +290,20 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
         return bad("the body must be a JSON object".into());
     };
     for k in fields.keys() {
-        if !matches!(k.as_str(), "plan" | "key_sha256" | "metadata") {
+        if !matches!(
+            k.as_str(),
+            "name" | "plan" | "keys" | "key_sha256" | "metadata"
+        ) {
             return bad(format!(
-                "unknown field {k:?}: plan, key_sha256 and metadata may be set"
+                "unknown field {k:?}: plan, keys, key_sha256 and metadata may be set"
+            ));
+        }
+    }
+    // As Kong's clients send it: the name again, which must be the path's.
+    if let Some(n) = fields.get("name") {
+        if n.as_str() != Some(name) {
+            return bad(format!(
+                "name: the body names {n}, the path {name:?}; a consumer is renamed by making the new one and deleting the old"
             ));
         }
     }
@@ -311,6 +336,30 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
         }
         Some(Value::Array(_)) => return bad(format!("at most {MAX_KEYS} keys a consumer")),
         Some(_) => return bad("key_sha256 must be a list of 64-hex-digit SHA-256 digests".into()),
+    };
+    // Plain keys are taken too, and kept as their SHA-256 only, beside `key_sha256`'s.
+    let digests = match fields.get("keys") {
+        None => digests,
+        Some(Value::Array(list)) => {
+            let mut out = digests.unwrap_or_default();
+            for (i, k) in list.iter().enumerate() {
+                let Some(k) = k.as_str().filter(|k| valid_key(k)) else {
+                    return bad(format!(
+                        "keys[{i}] is not a key: 1 to {MAX_KEY_BYTES} visible ASCII characters"
+                    ));
+                };
+                let d = hex(&tollgate_config::key_digest(k.as_bytes()));
+                if out.contains(&d) {
+                    return bad(format!("keys[{i}] is given twice"));
+                }
+                out.push(d);
+            }
+            if out.len() > MAX_KEYS {
+                return bad(format!("at most {MAX_KEYS} keys a consumer"));
+            }
+            Some(out)
+        }
+        Some(_) => return bad("keys must be a list of keys".into()),
     };
     let metadata = match fields.get("metadata") {
         None => None,

@@ -139,21 +139,38 @@ impl Roster {
         self.get(&name).filter(|r| !r.deleted)
     }
 
-    /// Every record, sorted by name, from after `after`, at most `limit`.
-    pub fn page(&self, after: Option<&str>, limit: usize) -> Vec<Arc<Managed>> {
+    /// Every record, sorted by name, from after `after`, at most `limit`; the deleted ones
+    /// too only when `deleted`.
+    pub fn page(&self, after: Option<&str>, limit: usize, deleted: bool) -> Vec<Arc<Managed>> {
         use std::ops::Bound;
-        let names: Vec<Arc<str>> = {
-            let all = self.names.lock();
-            let from = match after {
-                Some(a) => Bound::Excluded(a),
-                None => Bound::Unbounded,
+        let mut out = Vec::with_capacity(limit.min(1024));
+        let mut from: Option<Arc<str>> = after.map(Arc::from);
+        loop {
+            // A stretch of names at a time: the records are read without the names' lock.
+            let names: Vec<Arc<str>> = {
+                let all = self.names.lock();
+                let start = match from.as_deref() {
+                    Some(a) => Bound::Excluded(a),
+                    None => Bound::Unbounded,
+                };
+                all.range::<str, _>((start, Bound::Unbounded))
+                    .take(limit)
+                    .cloned()
+                    .collect()
             };
-            all.range::<str, _>((from, Bound::Unbounded))
-                .take(limit)
-                .cloned()
-                .collect()
-        };
-        names.iter().filter_map(|n| self.get(n)).collect()
+            let ended = names.len() < limit;
+            from = names.last().cloned();
+            out.extend(
+                names
+                    .iter()
+                    .filter_map(|n| self.get(n))
+                    .filter(|m| deleted || !m.deleted),
+            );
+            if ended || out.len() >= limit {
+                out.truncate(limit);
+                return out;
+            }
+        }
     }
 
     /// A version above every one seen: the time in milliseconds, times 1024, or one more
