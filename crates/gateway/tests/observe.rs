@@ -235,6 +235,59 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
 }
 
 #[tokio::test]
+async fn behind_a_trusted_proxy_the_access_log_names_the_client_it_forwarded_for() {
+    let dir = tempdir("access-log-proxied");
+    let path = dir.join("access.log");
+    let backend = echo_backend().await;
+    let cfg = format!(
+        "{}access_log: {{path: {}}}\n",
+        yaml(backend, ROUTES).replace(
+            "{address: \"127.0.0.1:0\"}",
+            "{address: \"127.0.0.1:0\", trusted_proxies: [127.0.0.1, 10.0.0.0/8]}",
+        ),
+        path.display()
+    );
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let c = TestClient::default();
+    for xff in [
+        // The nearest address that is not a trusted proxy.
+        "203.0.113.9, 198.51.100.7",
+        // Trusted hops are passed over.
+        "198.51.100.8, 10.1.2.3",
+        // All trusted: the farthest.
+        "10.9.9.9, 127.0.0.1",
+        // An entry that is no address: the peer.
+        "198.51.100.9, not-an-address",
+    ] {
+        let a = c
+            .request(
+                Method::GET,
+                &gw.url("/open/x"),
+                &[("x-forwarded-for", xff)],
+                "",
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    let _ = c.get(&gw.url("/open/no-header")).await;
+    assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
+    let clients: Vec<String> = log_lines(&path)
+        .iter()
+        .map(|l| l["client"].as_str().unwrap_or("?").to_string())
+        .collect();
+    assert_eq!(
+        clients,
+        [
+            "198.51.100.7",
+            "198.51.100.8",
+            "10.9.9.9",
+            "127.0.0.1",
+            "127.0.0.1"
+        ]
+    );
+}
+
+#[tokio::test]
 async fn the_access_log_names_the_target_of_a_cache_miss_and_of_a_failure() {
     let dir = tempdir("access-log-targets");
     let path = dir.join("access.log");

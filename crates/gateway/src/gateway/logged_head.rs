@@ -11,6 +11,8 @@ pub(super) struct Head {
     pub(super) uri: SmallVec<[u8; 96]>,
     pub(super) bytes_in: Option<u64>,
     pub(super) span: Option<Box<SpanHead>>,
+    /// The client a trusted proxy forwarded for, when the peer is one.
+    pub(super) client: Option<HeaderValue>,
 }
 
 impl Head {
@@ -50,10 +52,42 @@ impl Head {
             || SmallVec::from_slice(req.uri.path().as_bytes()),
             |pq| SmallVec::from_slice(pq.as_str().as_bytes()),
         );
+        let client = conn.trusted.then(|| forwarded_client(req, conn)).flatten();
         Head {
             uri,
             bytes_in,
             span,
+            client,
         }
     }
+}
+
+/// The client behind a trusted proxy, as nginx's `real_ip_recursive` finds it: the nearest
+/// `X-Forwarded-For` address that is not a trusted proxy itself (the farthest one given
+/// when all are). `None` (the peer is logged) without the header or past an entry that is
+/// no address.
+fn forwarded_client(req: &Parts, conn: &ConnInfo) -> Option<HeaderValue> {
+    let trusted = &conn.listener.trusted_proxies;
+    let mut farthest = None;
+    let lines: SmallVec<[&HeaderValue; 2]> =
+        req.headers.get_all("x-forwarded-for").iter().collect();
+    for v in lines.into_iter().rev() {
+        for entry in v.to_str().ok()?.rsplit(',') {
+            let ip = address(entry.trim())?;
+            farthest = Some(ip);
+            if !trusted.iter().any(|n| n.contains(ip)) {
+                return HeaderValue::from_str(&ip.to_string()).ok();
+            }
+        }
+    }
+    farthest.and_then(|ip| HeaderValue::from_str(&ip.to_string()).ok())
+}
+
+/// An `X-Forwarded-For` entry's address: `1.2.3.4`, `::1`, or with a port
+/// (`1.2.3.4:5678`, `[::1]:80`).
+fn address(entry: &str) -> Option<std::net::IpAddr> {
+    entry
+        .parse()
+        .ok()
+        .or_else(|| entry.parse::<std::net::SocketAddr>().ok().map(|s| s.ip()))
 }

@@ -127,7 +127,10 @@ impl<'g, 's> Unanswered<'g, 's> {
         let (start, upstream_ns, refusal) = (ctx.start, ctx.upstream_ns, ctx.refusal);
         let request_id = SmallVec::from_slice(ctx.request_id.as_bytes());
         let (limit, trace) = (ctx.limit.take(), ctx.trace.take());
-        let client = ctx.conn.peer_ip.clone();
+        let client = head
+            .client
+            .take()
+            .unwrap_or_else(|| ctx.conn.peer_ip.clone());
         let (log, spans) = (self.log.take(), self.spans.take());
         Some(move |snap: Arc<Snapshot>, answered: &AnsweredBy| Pending {
             rec: Box::new(Record {
