@@ -434,4 +434,19 @@ async fn oversized_bodies_get_413() {
     )
     .await;
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+
+    // A body declared too large is refused before the consumer's limits count it.
+    let a = c
+        .request(
+            Method::POST,
+            &gw.url("/test/x?apikey=t1"),
+            &[],
+            &"x".repeat(2000),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let u = tollgate_gateway::usage::usage(&gw.gw.snapshot(), None, "alice", gw.gw.now())
+        .await
+        .expect("alice's usage");
+    assert!(u.limits.iter().all(|l| l.used == 0), "{u:?}");
 }

@@ -159,6 +159,10 @@ impl Gateway {
             }
         };
         ctx.route = Some(route);
+        // A body declared larger than the listener takes is refused before a policy counts
+        // the request, as nginx's `client_max_body_size` and Kong's size limit come before
+        // their rate limits.
+        crate::upstream::check_declared(&parts.headers, ctx.conn.listener.max_body_bytes)?;
         ctx.origin = policy::cors_origin(route, parts);
         self.policies(ctx, parts, route)
     }
