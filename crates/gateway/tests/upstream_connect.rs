@@ -41,11 +41,12 @@ async fn a_tls_handshake_that_never_ends_is_a_connect_failure_within_connect_tim
     .await;
     let c = TestClient::default();
     // Each target takes the connection and stalls the handshake: the request moves from one
-    // to the other at `connect_timeout`, then gets 502, long before `response_timeout`.
+    // to the other at `connect_timeout`, then gets 504 (as a plain target's connect
+    // timeout does), long before `response_timeout`.
     let answer = bounded("the answer", c.get(&g.url("/x"))).await;
     assert_eq!(
         answer.refusal(),
-        r#"{"status":502,"error":"bad gateway","detail":"connect timed out"}"#
+        r#"{"status":504,"error":"upstream timeout"}"#
     );
     assert_eq!(
         (first.load(Ordering::SeqCst), second.load(Ordering::SeqCst)),

@@ -57,12 +57,15 @@ where
                 Ok(done) => done.map_err(Into::into),
                 Err(_) => Err(Box::new(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    "connect timed out",
+                    CONNECT_TIMED_OUT,
                 )) as BoxError),
             }
         })
     }
 }
+
+/// What a connection not made within `connect_timeout` is called.
+pub const CONNECT_TIMED_OUT: &str = "connect timed out";
 
 /// Why a connection to an `https://` or `h2` target could not be made, for the answer's
 /// detail, and its cause in words for the log (the certificate error, say).
@@ -74,7 +77,7 @@ pub fn connect_failure(e: &(dyn std::error::Error + 'static)) -> (&'static str, 
         }
         let io = err.downcast_ref::<std::io::Error>();
         if io.is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut) {
-            return ("connect timed out", err.to_string());
+            return (CONNECT_TIMED_OUT, err.to_string());
         }
         // An I/O error wrapping another (rustls's, in tokio-rustls's I/O error, in
         // hyper-rustls's) hides it from `source`: its inner error is the next link.

@@ -1,7 +1,7 @@
 //! Forwarding on the alternative client (`https://` and `h2` upstreams): a request whose
 //! body can be sent again moves on to the next target when a connection cannot be opened.
 
-use super::alt::{connect_failure, AltClient};
+use super::alt::{connect_failure, AltClient, CONNECT_TIMED_OUT};
 use super::body::{check_declared, receive, Received, UpBody};
 use super::headers::{coded_answer, rewrite_response};
 use super::response_body::PooledBody;
@@ -116,7 +116,13 @@ pub(super) async fn forward(
                 if e.is_connect() {
                     up.stats.connect_errors.inc();
                     let (detail, why) = connect_failure(&e);
-                    last = Refusal::Upstream(detail);
+                    // No connection within `connect_timeout` is a 504, as to a plain
+                    // target (and as nginx answers it, in the TLS handshake too).
+                    last = if detail == CONNECT_TIMED_OUT {
+                        Refusal::UpstreamTimeout
+                    } else {
+                        Refusal::Upstream(detail)
+                    };
                     if whole.is_some() {
                         up.stats.retries.inc();
                         if let Some(n) = hop.note_target {
