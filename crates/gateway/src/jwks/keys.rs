@@ -15,6 +15,9 @@ use tollgate_config::JwtAlgorithm;
 /// Fewest seconds between two fetches of one set, for any reason.
 pub const MIN_REFETCH: Duration = Duration::from_secs(10);
 
+/// Longest a request whose token names a key the set lacks waits for the set's fetch.
+pub const MAX_MISS_WAIT: Duration = Duration::from_secs(5);
+
 /// One verification key.
 pub struct Key {
     /// Its `kid`, if the set names it.
@@ -80,6 +83,8 @@ pub struct KeySet {
     fetches: AtomicU64,
     /// Whether a fetch is under way.
     fetching: AtomicBool,
+    /// Whether the set is fetched (from a URL or through discovery) by a fetcher.
+    fetched: AtomicBool,
     /// How long one fetch may take, in milliseconds (the newest config's).
     timeout_ms: AtomicU64,
 }
@@ -103,6 +108,7 @@ impl KeySet {
             settled_wake: Notify::new(),
             fetches: AtomicU64::new(0),
             fetching: AtomicBool::new(false),
+            fetched: AtomicBool::new(false),
             timeout_ms: AtomicU64::new(10_000),
         }
     }
@@ -134,26 +140,31 @@ impl KeySet {
         self.wake.notify_one();
     }
 
-    /// [`KeySet::missed`], for a request that may wait: when a fetch is under way or
+    /// [`KeySet::missed`], for a request that may wait: when the set is fetched from a
+    /// source that answers (its last fetch did not fail) and a fetch is under way or
     /// starts at once (the last began [`MIN_REFETCH`] ago or more), the end of that fetch
-    /// (at most the fetch's timeout away), after which the request is checked again; when
-    /// the next fetch is further off, `None` (the request is refused now).
+    /// (at most [`MAX_MISS_WAIT`] away), after which the request is checked again.
+    /// Otherwise `None`: the request is refused now (a key file is never fetched, and a
+    /// failing issuer would hold every such request for its timeout).
     pub fn missed_with_wait(self: &Arc<Self>) -> Option<impl std::future::Future<Output = ()>> {
         self.missed();
+        if !self.fetched.load(Ordering::Acquire) {
+            return None;
+        }
         // Read before the flag: a fetch that ends in between counts as the one awaited.
         let seen = self.fetches.load(Ordering::Acquire);
-        let soon = self.fetching.load(Ordering::Acquire)
-            || self
-                .health
-                .lock()
-                .last_try
-                .is_none_or(|t| t.elapsed() >= MIN_REFETCH);
+        let soon = {
+            let h = self.health.lock();
+            h.failing.is_none()
+                && (self.fetching.load(Ordering::Acquire)
+                    || h.last_try.is_none_or(|t| t.elapsed() >= MIN_REFETCH))
+        };
         if !soon {
             return None;
         }
         let set = self.clone();
         // The fetcher may first sleep out the rest of MIN_REFETCH: a little slack.
-        let wait = self.timeout() + Duration::from_millis(100);
+        let wait = self.timeout().min(MAX_MISS_WAIT) + Duration::from_millis(100);
         Some(async move {
             let _ = tokio::time::timeout(wait, async {
                 loop {
@@ -166,6 +177,11 @@ impl KeySet {
             })
             .await;
         })
+    }
+
+    /// The set has a fetcher: a key it lacks may be waited for.
+    pub(super) fn is_fetched(&self) {
+        self.fetched.store(true, Ordering::Release);
     }
 
     /// A fetch begins (the fetcher's).
@@ -284,6 +300,7 @@ mod tests {
 
     fn set_tried(ago: Duration) -> Arc<KeySet> {
         let set = Arc::new(KeySet::new("t".into(), Keys::default()));
+        set.is_fetched();
         set.health.lock().last_try = Instant::now().checked_sub(ago);
         set
     }
@@ -314,5 +331,11 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), wait)
             .await
             .expect("the wait ends with the fetch");
+        // An issuer whose last fetch failed is not waited for, nor is a key file.
+        set.health.lock().last_try = Instant::now().checked_sub(Duration::from_secs(11));
+        set.health.lock().failing = Some("down".into());
+        assert!(set.missed_with_wait().is_none());
+        let file = Arc::new(KeySet::new("file".into(), Keys::default()));
+        assert!(file.missed_with_wait().is_none());
     }
 }

@@ -68,6 +68,7 @@ impl KeyRing {
                 let discover = matches!(source, JwtKeys::Discovery(_));
                 match tokio::runtime::Handle::try_current() {
                     Ok(rt) => {
+                        set.is_fetched();
                         rt.spawn(fetch::run(
                             Arc::downgrade(&set),
                             set.wake.clone(),
