@@ -362,6 +362,23 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
             good.sign(&claims(&iss, "two words")),
             "consumer claim is not a usable name",
         ),
+        // A numeric user id is a name (here one the gateway does not list).
+        (
+            good.sign(&{
+                let mut c = claims(&iss, "x");
+                c["sub"] = json!(12345);
+                c
+            }),
+            "unknown consumer",
+        ),
+        (
+            good.sign(&{
+                let mut c = claims(&iss, "x");
+                c["sub"] = json!(true);
+                c
+            }),
+            "consumer claim is not a usable name",
+        ),
         ("not.a.token".to_string(), "malformed token"),
     ];
     for (token, why) in cases {
@@ -398,7 +415,7 @@ async fn refusals_name_the_reason_as_rfc_6750_says() {
     assert_eq!(a.status, 400);
     assert!(challenge(&a).starts_with(r#"Bearer error="invalid_request""#));
     let m = gw.gw.metrics_text();
-    assert!(m.contains(r#"reason="invalid_token"} 18"#), "{m}");
+    assert!(m.contains(r#"reason="invalid_token"} 20"#), "{m}");
 }
 
 #[tokio::test]

@@ -279,11 +279,18 @@ fn consumer(
     jwt: &RouteJwt,
     claims: &Map<String, Value>,
 ) -> Result<usize, Refusal> {
-    let name = claims
-        .get(&jwt.cfg.consumer_claim)
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-        .ok_or(Refusal::InvalidToken("no consumer claim"))?;
+    // A whole number (a numeric user id) names the caller as its digits do.
+    let digits;
+    let name = match claims.get(&jwt.cfg.consumer_claim) {
+        Some(Value::String(s)) if !s.is_empty() => s.as_str(),
+        Some(Value::Number(n)) if n.is_u64() || n.is_i64() => {
+            digits = n.to_string();
+            digits.as_str()
+        }
+        None | Some(Value::Null) => return Err(Refusal::InvalidToken("no consumer claim")),
+        Some(Value::String(_)) => return Err(Refusal::InvalidToken("no consumer claim")),
+        Some(_) => return Err(Refusal::InvalidToken("consumer claim is not a usable name")),
+    };
     // It is sent upstream in a header and logged: visible ASCII, no quote or backslash.
     let usable = name != tollgate_config::NO_CONSUMER
         && name.len() <= MAX_NAME
