@@ -145,6 +145,9 @@ async fn an_admin_port_without_a_token_answers_no_web_page() {
     // A cross-site "simple" POST, as a browser sends it.
     let text = req("POST /cache/purge HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://evil.example\r\nContent-Type: text/plain\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"all\": true}".into()).await;
     assert_eq!(text, 403);
+    // From a browser too old to send `Origin`: the form encoding that can carry JSON.
+    let old = req("POST /cache/purge HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"all\": true}".into()).await;
+    assert_eq!(old, 403);
     // From a sandboxed frame, or from a browser that sends only the fetch metadata.
     let null = req("POST /reload HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: null\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into()).await;
     assert_eq!(null, 403);

@@ -68,6 +68,8 @@ fn method_not_allowed(allow: &'static str) -> Answer {
 /// browser says it comes from elsewhere: a foreign (or `null`) `Origin`, which browsers send
 /// with every cross-origin POST, or a `Sec-Fetch-Site` other than `same-origin` or `none`.
 /// Tools such as curl send neither, so `curl -X POST …/reload` works as it does in Kong.
+/// A `text/plain` POST (a form that can carry JSON) must name its `Origin`, against
+/// browsers too old to send it.
 fn same_site(req: &Request<Incoming>, own: Option<std::net::IpAddr>) -> Result<(), &'static str> {
     let host = req
         .headers()
@@ -100,6 +102,17 @@ fn same_site(req: &Request<Incoming>, own: Option<std::net::IpAddr>) -> Result<(
         let site = req.headers().get("sec-fetch-site").map(|v| v.as_bytes());
         if site.is_some_and(|s| s != b"same-origin" && s != b"none") {
             return Err("without an admin token, a POST from another site is refused");
+        }
+        // The one form encoding that can carry a JSON body, from a browser too old to
+        // say where its forms come from.
+        let text = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("text/plain"));
+        if text && req.headers().get(http::header::ORIGIN).is_none() {
+            return Err("without an admin token, a text/plain POST must say its Origin");
         }
     }
     Ok(())
