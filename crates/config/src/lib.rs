@@ -119,9 +119,14 @@ pub fn from_text_of(text: &str, path: &Path) -> Result<Config, ConfigError> {
 pub fn from_text_for(text: &str, path: &Path, manages_keys: bool) -> Result<Config, ConfigError> {
     let base = path.parent().filter(|p| !p.as_os_str().is_empty());
     let mut cfg = from_yaml_with(text, base.unwrap_or(Path::new(".")), manages_keys)?;
-    if cfg.consumers_log.is_none() && (cfg.admin.is_some() || cfg.cluster.is_some()) {
-        cfg.consumers_log = Some(implied_consumers_log(path));
-        cfg.consumers_log_implied = true;
+    // Read while it exists, too: changes made while the admin API was on (a revoked key)
+    // hold after it is turned off.
+    if cfg.consumers_log.is_none() {
+        let implied = implied_consumers_log(path);
+        if cfg.admin.is_some() || cfg.cluster.is_some() || implied.exists() {
+            cfg.consumers_log = Some(implied);
+            cfg.consumers_log_implied = true;
+        }
     }
     // The change log is appended to: naming the config file itself would spoil it.
     if cfg

@@ -93,6 +93,23 @@ impl Gateway {
                 }
                 crate::roster::Roster::in_memory()
             }
+            // The default log beside the config file, in a folder the gateway may not write
+            // (one read-only to its user): its changes are kept in memory, as before there
+            // was a default, instead of being refused one by one.
+            Some(path)
+                if config.consumers_log_implied
+                    && std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)
+                        .is_err() =>
+            {
+                tracing::warn!(
+                    path = %path.display(),
+                    "cannot write the consumer change log beside the config file; consumers managed through the admin API are kept in memory only and lost on restart; name a writable file in consumers_log: to keep them"
+                );
+                crate::roster::Roster::in_memory()
+            }
             Some(path) => crate::roster::Roster::open(path).unwrap_or_else(|e| {
                 let why = format!(
                     "cannot keep the consumer change log {}: {e}",
@@ -135,7 +152,10 @@ impl Gateway {
                     (Some(an), None)
                 }
                 Err(e) => {
-                    tracing::error!("{e}; serving without usage history");
+                    // A required history stops the start: the caller says so.
+                    if !a.required {
+                        tracing::error!("{e}; serving without usage history");
+                    }
                     (None, Some(e.to_string()))
                 }
             },
