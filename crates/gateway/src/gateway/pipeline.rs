@@ -159,11 +159,11 @@ impl Gateway {
             }
         };
         ctx.route = Some(route);
+        ctx.origin = policy::cors_origin(route, parts);
         // A body declared larger than the listener takes is refused before a policy counts
         // the request, as nginx's `client_max_body_size` and Kong's size limit come before
         // their rate limits.
         crate::upstream::check_declared(&parts.headers, ctx.conn.listener.max_body_bytes)?;
-        ctx.origin = policy::cors_origin(route, parts);
         self.policies(ctx, parts, route)
     }
 
