@@ -87,7 +87,9 @@ fn forwarded_client(req: &Parts, conn: &ConnInfo) -> Option<HeaderValue> {
 /// (`1.2.3.4:5678`, `[::1]:80`).
 fn address(entry: &str) -> Option<std::net::IpAddr> {
     entry
-        .parse()
+        .parse::<std::net::IpAddr>()
         .ok()
         .or_else(|| entry.parse::<std::net::SocketAddr>().ok().map(|s| s.ip()))
+        // `::ffff:10.0.0.1` is 10.0.0.1, for the trusted networks as for the log.
+        .map(|ip| ip.to_canonical())
 }
