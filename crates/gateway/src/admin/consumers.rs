@@ -342,6 +342,9 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
         None => digests,
         Some(Value::Array(list)) => {
             let mut out = digests.unwrap_or_default();
+            if out.len() + list.len() > MAX_KEYS {
+                return bad(format!("at most {MAX_KEYS} keys a consumer"));
+            }
             for (i, k) in list.iter().enumerate() {
                 let Some(k) = k.as_str().filter(|k| valid_key(k)) else {
                     return bad(format!(
@@ -353,9 +356,6 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
                     return bad(format!("keys[{i}] is given twice"));
                 }
                 out.push(d);
-            }
-            if out.len() > MAX_KEYS {
-                return bad(format!("at most {MAX_KEYS} keys a consumer"));
             }
             Some(out)
         }
