@@ -114,6 +114,15 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
     let analytics_required = cfg.analytics.as_ref().is_some_and(|a| a.required);
     let bound = match tollgate_gateway::bind(&cfg.listeners).await {
         Ok(b) => b,
+        // The demo's addresses are its flags', not a file's.
+        Err(e) if banner.is_some() => {
+            tracing::error!(
+                "cannot listen on {}: {} (is another process using it? give tollgate demo other ports with --listen, --backend and --admin)",
+                e.address,
+                e.source
+            );
+            return ExitCode::FAILURE;
+        }
         Err(e) => {
             tracing::error!("{e}");
             return ExitCode::FAILURE;

@@ -26,10 +26,23 @@ fn temp_dir(name: &str) -> PathBuf {
 
 #[test]
 fn check_accepts_every_shipped_example() {
+    // The package's config, with the admin token file its install makes.
+    let dir = temp_dir("shipped");
+    let token = dir.join("admin.token");
+    std::fs::write(&token, "a-token-as-installed\n").expect("token");
+    let packaged = std::fs::read_to_string(repo_root().join("packaging/tollgate.yaml"))
+        .expect("packaged config");
+    assert!(packaged.contains("token_file: /etc/tollgate/admin.token"));
+    let installed = dir.join("tollgate.yaml");
+    std::fs::write(
+        &installed,
+        packaged.replace("/etc/tollgate/admin.token", &token.display().to_string()),
+    )
+    .expect("write");
     let mut files = vec![
         repo_root().join("examples/demo.yaml"),
         repo_root().join("examples/jwt.yaml"),
-        repo_root().join("packaging/tollgate.yaml"),
+        installed,
     ];
     for dir in ["examples/seed", "examples/cluster"] {
         for entry in std::fs::read_dir(repo_root().join(dir)).expect(dir) {
@@ -565,6 +578,9 @@ fn demo_says_nothing_of_itself_when_it_cannot_listen() {
     assert!(!stdout.contains("Try:"), "banner printed: {stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot"), "{stderr}");
+    if stderr.contains("cannot listen") {
+        assert!(stderr.contains("--listen"), "{stderr}");
+    }
 }
 
 #[test]
