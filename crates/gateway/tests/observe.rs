@@ -288,6 +288,35 @@ async fn behind_a_trusted_proxy_the_access_log_names_the_client_it_forwarded_for
 }
 
 #[tokio::test]
+async fn the_access_log_counts_a_chunked_body_as_it_is_read() {
+    let dir = tempdir("access-log-chunked");
+    let path = dir.join("access.log");
+    let backend = echo_backend().await;
+    let cfg = format!(
+        "{}access_log: {{path: {}}}\n",
+        yaml(backend, ROUTES),
+        path.display()
+    );
+    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let sent = raw(
+        gw.addr,
+        b"POST /open/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&sent), 200, "{sent}");
+    let declared = raw(
+        gw.addr,
+        b"POST /open/y HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+    )
+    .await;
+    assert_eq!(status_of(&declared), 200, "{declared}");
+    assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
+    let lines = log_lines(&path);
+    let bytes_in: Vec<_> = lines.iter().map(|l| l["bytes_in"].clone()).collect();
+    assert_eq!(bytes_in, [serde_json::json!(11), serde_json::json!(3)]);
+}
+
+#[tokio::test]
 async fn the_access_log_names_the_target_of_a_cache_miss_and_of_a_failure() {
     let dir = tempdir("access-log-targets");
     let path = dir.join("access.log");

@@ -143,7 +143,8 @@ impl<'g, 's> Unanswered<'g, 's> {
                 route,
                 consumer: consumer_index,
                 status,
-                bytes_in: head.bytes_in,
+                // Declared, else counted as read (a chunked body).
+                bytes_in: head.bytes_in.or_else(|| answered.body_read()),
                 bytes_out: 0,
                 duration: Duration::ZERO,
                 upstream_ns,

@@ -43,7 +43,7 @@ pub struct Record {
     pub consumer: Option<usize>,
     /// Response status.
     pub status: u16,
-    /// Request body bytes declared by `Content-Length` (none when chunked).
+    /// Request body bytes declared by `Content-Length`, else those read of a chunked body.
     pub bytes_in: Option<u64>,
     /// Response body bytes sent.
     pub bytes_out: u64,

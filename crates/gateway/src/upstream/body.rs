@@ -8,6 +8,7 @@
 //! `request_buffering: false`, stream as they arrive, after what was read first.
 
 use super::gather::Gather;
+use super::target::AnsweredBy;
 use crate::exchange::{Lines, Refusal};
 use crate::listener::body::Held;
 use crate::listener::RequestBody;
@@ -17,7 +18,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -58,6 +59,8 @@ pub struct BodyWatch {
     waiting_on_client: AtomicBool,
     done: AtomicBool,
     ended: Notify,
+    /// Bytes of the body read from the client so far.
+    read: AtomicU64,
 }
 
 impl BodyWatch {
@@ -68,7 +71,13 @@ impl BodyWatch {
             waiting_on_client: AtomicBool::new(false),
             done: AtomicBool::new(false),
             ended: Notify::new(),
+            read: AtomicU64::new(0),
         })
+    }
+
+    /// Bytes of the body read from the client so far (all of them once it is finished).
+    pub fn bytes_read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
     }
 
     /// The client's fault, if the body broke because of it.
@@ -179,7 +188,14 @@ pub async fn receive(
     max: u64,
     timeout: Duration,
     stream_at_once: bool,
+    note: Option<&AnsweredBy>,
 ) -> Result<Received, Refusal> {
+    let whole = |len: u64, chunks: Gather, mut incoming: RequestBody| {
+        if let Some(n) = note {
+            n.body_whole(len);
+        }
+        Ok(Received::Whole(chunks.into_pieces(), incoming.keep_held()))
+    };
     // Tiny pieces (a body chunked a byte at a time) are gathered: the buffer holds the
     // body's bytes, not a piece and its read buffer per byte.
     let mut chunks = Gather::default();
@@ -200,7 +216,7 @@ pub async fn receive(
                 .await
                 .map_err(|_| Refusal::RequestTimeout)??;
             match frame {
-                None => return Ok(Received::Whole(chunks.into_pieces(), incoming.keep_held())),
+                None => return whole(len, chunks, incoming),
                 Some(Err(_)) => return Err(ClientFault::Malformed.refusal()),
                 Some(Ok(f)) => {
                     if let Ok(data) = f.into_data() {
@@ -214,12 +230,16 @@ pub async fn receive(
                 }
             }
             if incoming.is_end_stream() {
-                return Ok(Received::Whole(chunks.into_pieces(), incoming.keep_held()));
+                return whole(len, chunks, incoming);
             }
         }
     }
     let held = incoming.keep_held();
     let watch = BodyWatch::new();
+    watch.read.store(len, Ordering::Relaxed);
+    if let Some(n) = note {
+        n.body_streaming(&watch);
+    }
     let rest = Rest {
         incoming,
         allowed: max - len,
@@ -279,6 +299,7 @@ impl Body for UpBody {
                     return Poll::Ready(None);
                 } else {
                     rest.allowed -= n;
+                    rest.watch.read.fetch_add(n, Ordering::Relaxed);
                     if rest.incoming.is_end_stream() {
                         rest.watch.finish();
                     }

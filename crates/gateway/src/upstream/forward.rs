@@ -103,7 +103,16 @@ async fn forward_body(
     let load = if incoming.is_end_stream() {
         Load::Empty
     } else {
-        match body::receive(incoming, hop.max_body, hop.body_timeout, hop.stream_body).await? {
+        let note = hop.note_target;
+        match body::receive(
+            incoming,
+            hop.max_body,
+            hop.body_timeout,
+            hop.stream_body,
+            note,
+        )
+        .await?
+        {
             Received::Whole(chunks, held) => Load::Whole {
                 chunks,
                 _held: held,

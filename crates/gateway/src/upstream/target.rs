@@ -78,6 +78,16 @@ pub struct AnsweredBy {
     pub target: parking_lot::Mutex<Option<Arc<str>>>,
     /// Tries after the first.
     pub retries: std::sync::atomic::AtomicU32,
+    /// The request body read from the client: its length when it was read whole, or
+    /// what a streaming body has brought so far.
+    body: parking_lot::Mutex<Option<BodyRead>>,
+}
+
+/// How much of a request body was read.
+#[derive(Debug)]
+enum BodyRead {
+    Whole(u64),
+    Streaming(Arc<super::body::BodyWatch>),
 }
 
 impl AnsweredBy {
@@ -85,6 +95,25 @@ impl AnsweredBy {
     /// the last that failed.
     pub fn tried(&self, target: &Arc<str>) {
         *self.target.lock() = Some(target.clone());
+    }
+
+    /// Notes a request body read whole: `len` bytes.
+    pub(super) fn body_whole(&self, len: u64) {
+        *self.body.lock() = Some(BodyRead::Whole(len));
+    }
+
+    /// Notes a request body streaming on: `watch` counts what it brings.
+    pub(super) fn body_streaming(&self, watch: &Arc<super::body::BodyWatch>) {
+        *self.body.lock() = Some(BodyRead::Streaming(watch.clone()));
+    }
+
+    /// The request body's bytes read from the client, if a body was read.
+    pub fn body_read(&self) -> Option<u64> {
+        match &*self.body.lock() {
+            None => None,
+            Some(BodyRead::Whole(n)) => Some(*n),
+            Some(BodyRead::Streaming(w)) => Some(w.bytes_read()),
+        }
     }
 
     /// Adds what `other` noted (a fetch made for the request) to this.

@@ -29,7 +29,15 @@ pub(super) async fn forward(
     // function is done with it.
     let (mut streaming, whole, _held) = match body {
         Some(b) if !b.is_end_stream() => {
-            match receive(b, hop.max_body, hop.body_timeout, hop.stream_body).await? {
+            match receive(
+                b,
+                hop.max_body,
+                hop.body_timeout,
+                hop.stream_body,
+                hop.note_target,
+            )
+            .await?
+            {
                 Received::Whole(chunks, held) => (None, Some(chunks), held),
                 Received::Streaming(b, _) => (Some(b), None, Default::default()),
             }
