@@ -8,7 +8,6 @@
 //! `request_buffering: false`, stream as they arrive, after what was read first.
 
 use super::gather::Gather;
-use super::target::AnsweredBy;
 use crate::exchange::{Lines, Refusal};
 use crate::listener::body::Held;
 use crate::listener::RequestBody;
@@ -162,8 +161,8 @@ impl UpBody {
 
 /// A body being read from the client.
 pub enum Received {
-    /// All of it, in pieces, counted as held until the guard is dropped.
-    Whole(Vec<Bytes>, Held),
+    /// All of it, in pieces, counted as held until the guard is dropped; its length.
+    Whole(Vec<Bytes>, Held, u64),
     /// What came first, and the rest streaming, watched.
     Streaming(UpBody, Arc<BodyWatch>),
 }
@@ -188,13 +187,13 @@ pub async fn receive(
     max: u64,
     timeout: Duration,
     stream_at_once: bool,
-    note: Option<&AnsweredBy>,
 ) -> Result<Received, Refusal> {
     let whole = |len: u64, chunks: Gather, mut incoming: RequestBody| {
-        if let Some(n) = note {
-            n.body_whole(len);
-        }
-        Ok(Received::Whole(chunks.into_pieces(), incoming.keep_held()))
+        Ok(Received::Whole(
+            chunks.into_pieces(),
+            incoming.keep_held(),
+            len,
+        ))
     };
     // Tiny pieces (a body chunked a byte at a time) are gathered: the buffer holds the
     // body's bytes, not a piece and its read buffer per byte.
@@ -237,9 +236,6 @@ pub async fn receive(
     let held = incoming.keep_held();
     let watch = BodyWatch::new();
     watch.read.store(len, Ordering::Relaxed);
-    if let Some(n) = note {
-        n.body_streaming(&watch);
-    }
     let rest = Rest {
         incoming,
         allowed: max - len,

@@ -104,20 +104,22 @@ async fn forward_body(
         Load::Empty
     } else {
         let note = hop.note_target;
-        match body::receive(
-            incoming,
-            hop.max_body,
-            hop.body_timeout,
-            hop.stream_body,
-            note,
-        )
-        .await?
-        {
-            Received::Whole(chunks, held) => Load::Whole {
-                chunks,
-                _held: held,
-            },
-            Received::Streaming(b, w) => Load::Streaming(Box::new((Some(b), w))),
+        match body::receive(incoming, hop.max_body, hop.body_timeout, hop.stream_body).await? {
+            Received::Whole(chunks, held, len) => {
+                if let Some(n) = note {
+                    n.body_whole(len);
+                }
+                Load::Whole {
+                    chunks,
+                    _held: held,
+                }
+            }
+            Received::Streaming(b, w) => {
+                if let Some(n) = note {
+                    n.body_streaming(&w);
+                }
+                Load::Streaming(Box::new((Some(b), w)))
+            }
         }
     };
     send(up, req, &hop, load).await

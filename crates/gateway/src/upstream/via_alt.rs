@@ -29,17 +29,20 @@ pub(super) async fn forward(
     // function is done with it.
     let (mut streaming, whole, _held) = match body {
         Some(b) if !b.is_end_stream() => {
-            match receive(
-                b,
-                hop.max_body,
-                hop.body_timeout,
-                hop.stream_body,
-                hop.note_target,
-            )
-            .await?
-            {
-                Received::Whole(chunks, held) => (None, Some(chunks), held),
-                Received::Streaming(b, _) => (Some(b), None, Default::default()),
+            let note = hop.note_target;
+            match receive(b, hop.max_body, hop.body_timeout, hop.stream_body).await? {
+                Received::Whole(chunks, held, len) => {
+                    if let Some(n) = note {
+                        n.body_whole(len);
+                    }
+                    (None, Some(chunks), held)
+                }
+                Received::Streaming(b, w) => {
+                    if let Some(n) = note {
+                        n.body_streaming(&w);
+                    }
+                    (Some(b), None, Default::default())
+                }
             }
         }
         _ => (None, Some(Vec::new()), Default::default()),
