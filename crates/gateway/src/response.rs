@@ -202,7 +202,7 @@ pub fn refuse(refusal: Refusal, request_id: &HeaderValue) -> Response<Body> {
             }
             r
         }
-        Refusal::InvalidToken(why) => {
+        Refusal::InvalidToken(why) | Refusal::KeysComing { why, .. } => {
             // The reasons are fixed strings without quotes or backslashes.
             let challenge = format!(r#"Bearer error="invalid_token", error_description="{why}""#);
             with(
@@ -216,7 +216,6 @@ pub fn refuse(refusal: Refusal, request_id: &HeaderValue) -> Response<Body> {
                 }),
             )
         }
-        Refusal::KeysComing(_) => refuse(Refusal::InvalidToken("unknown key id"), request_id),
         Refusal::AmbiguousToken => with(
             json(
                 StatusCode::BAD_REQUEST,

@@ -7,4 +7,4 @@ pub mod refusal;
 
 pub use conn::{ConnInfo, Place, UpstreamShare, UpstreamWork};
 pub use head::{Fields, Lines, Parts};
-pub use refusal::{KeysComing, Refusal, REASONS};
+pub use refusal::{Refusal, REASONS};

@@ -90,21 +90,17 @@ pub enum Refusal {
     /// unlisted callers as it takes until the next reload.
     #[error("too many unlisted callers")]
     TooManyGuests,
-    /// The token names a key its set lacks, and a fetch of the set is under way (an
-    /// issuer's rotation): the pipeline waits for it and checks the request once more.
-    /// Should it reach an answer, it is `InvalidToken("unknown key id")`.
-    #[error("invalid token: unknown key id")]
-    KeysComing(KeysComing),
-}
-
-/// The end of a key set's fetch, which a request whose token named an unknown key waits
-/// for (bounded by the fetch's own timeout).
-pub struct KeysComing(pub std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>);
-
-impl std::fmt::Debug for KeysComing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KeysComing")
-    }
+    /// The token names a key its set lacks (or the set has none yet), and a fetch of the
+    /// set is under way (an issuer's rotation): the pipeline waits for the fetch after the
+    /// `seen`th to end and checks the request once more. Should it reach an answer, it is
+    /// `InvalidToken(why)`.
+    #[error("invalid token: {why}")]
+    KeysComing {
+        /// Fetches of the route's key set that had ended when the token was checked.
+        seen: u64,
+        /// The reason, should the request be refused after all.
+        why: &'static str,
+    },
 }
 
 /// Every reason the gateway answers a request itself, as labels for metrics and the
@@ -157,7 +153,7 @@ impl Refusal {
             Refusal::UnknownClientCert => 16,
             Refusal::NoHealthyTarget => 17,
             Refusal::MissingToken { .. } => 18,
-            Refusal::InvalidToken(_) | Refusal::KeysComing(_) => 19,
+            Refusal::InvalidToken(_) | Refusal::KeysComing { .. } => 19,
             Refusal::AmbiguousToken => 20,
             Refusal::TooManyGuests => 21,
         }

@@ -23,7 +23,7 @@ use super::logged_head::Head;
 use super::logging::Unanswered;
 use super::state::Gateway;
 use crate::cache::{self, Ask};
-use crate::exchange::{ConnInfo, KeysComing, Parts, Refusal, UpstreamWork};
+use crate::exchange::{ConnInfo, Parts, Refusal, UpstreamWork};
 use crate::inbound;
 use crate::listener::RequestBody;
 use crate::observe::logged::Logged;
@@ -105,12 +105,13 @@ impl Gateway {
         open.log = log;
         open.wall_ns = self.analytics.is_some().then(|| self.clock.wall_nanos());
         let ctx = &mut open.ctx;
-        let mut filtered = match self.request_filter(ctx, &mut parts) {
-            Err(Refusal::KeysComing(fetched)) => {
-                Box::pin(self.after_keys(ctx, &mut parts, fetched)).await
-            }
-            other => other,
-        };
+        // A body declared larger than the listener takes (its `Content-Length`, as the
+        // body knows it before any of it is read).
+        let too_large = body.size_hint().lower() > conn.listener.max_body_bytes;
+        let mut filtered = self.request_filter(ctx, &mut parts, too_large);
+        if let Err(Refusal::KeysComing { .. }) = filtered {
+            filtered = Box::pin(self.after_keys(ctx, &mut parts, filtered)).await;
+        }
         if matches!(filtered, Ok(Filtered::Leasing)) {
             filtered = self.after_lease(ctx, &mut parts).await;
         }
@@ -146,6 +147,7 @@ impl Gateway {
         &self,
         ctx: &mut Ctx<'s>,
         parts: &mut Parts,
+        too_large: bool,
     ) -> Result<Filtered, Refusal> {
         // Read before `prepare` strips the hop-by-hop headers that ask for it.
         ctx.upgrade = inbound::upgrade_asked(parts);
@@ -163,7 +165,9 @@ impl Gateway {
         // A body declared larger than the listener takes is refused before a policy counts
         // the request, as nginx's `client_max_body_size` and Kong's size limit come before
         // their rate limits.
-        crate::upstream::check_declared(&parts.headers, ctx.conn.listener.max_body_bytes)?;
+        if too_large {
+            return Err(Refusal::PayloadTooLarge);
+        }
         self.policies(ctx, parts, route)
     }
 
@@ -202,14 +206,17 @@ impl Gateway {
         &self,
         ctx: &mut Ctx<'_>,
         parts: &mut Parts,
-        fetched: KeysComing,
+        filtered: Result<Filtered, Refusal>,
     ) -> Result<Filtered, Refusal> {
-        let Some(route) = ctx.route else {
+        let (Some(route), Err(Refusal::KeysComing { seen, why })) = (ctx.route, filtered) else {
             return Err(Refusal::NoRoute);
         };
-        fetched.0.await;
+        let Some(jwt) = &route.jwt else {
+            return Err(Refusal::InvalidToken(why));
+        };
+        jwt.keys.fetched_since(seen).await;
         match self.policies(ctx, parts, route) {
-            Err(Refusal::KeysComing(_)) => Err(Refusal::InvalidToken("unknown key id")),
+            Err(Refusal::KeysComing { why, .. }) => Err(Refusal::InvalidToken(why)),
             other => other,
         }
     }

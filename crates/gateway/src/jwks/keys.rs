@@ -142,11 +142,11 @@ impl KeySet {
 
     /// [`KeySet::missed`], for a request that may wait: when the set is fetched from a
     /// source that answers (its last fetch did not fail) and a fetch is under way or
-    /// starts at once (the last began [`MIN_REFETCH`] ago or more), the end of that fetch
-    /// (at most [`MAX_MISS_WAIT`] away), after which the request is checked again.
-    /// Otherwise `None`: the request is refused now (a key file is never fetched, and a
-    /// failing issuer would hold every such request for its timeout).
-    pub fn missed_with_wait(self: &Arc<Self>) -> Option<impl std::future::Future<Output = ()>> {
+    /// starts at once (the last began [`MIN_REFETCH`] ago or more), the fetches ended so
+    /// far, for [`KeySet::fetched_since`]; the request is checked again once the next
+    /// ends. Otherwise `None`: the request is refused now (a key file is never fetched,
+    /// and a failing issuer would hold every such request for its timeout).
+    pub fn missed_with_wait(&self) -> Option<u64> {
         self.missed();
         if !self.fetched.load(Ordering::Acquire) {
             return None;
@@ -159,24 +159,24 @@ impl KeySet {
                 && (self.fetching.load(Ordering::Acquire)
                     || h.last_try.is_none_or(|t| t.elapsed() >= MIN_REFETCH))
         };
-        if !soon {
-            return None;
-        }
-        let set = self.clone();
+        soon.then_some(seen)
+    }
+
+    /// Waits until more than `seen` fetches have ended, at most the fetch's timeout (and
+    /// [`MAX_MISS_WAIT`]).
+    pub async fn fetched_since(&self, seen: u64) {
         // The fetcher may first sleep out the rest of MIN_REFETCH: a little slack.
         let wait = self.timeout().min(MAX_MISS_WAIT) + Duration::from_millis(100);
-        Some(async move {
-            let _ = tokio::time::timeout(wait, async {
-                loop {
-                    let ended = set.settled_wake.notified();
-                    if set.fetches.load(Ordering::Acquire) > seen {
-                        return;
-                    }
-                    ended.await;
+        let _ = tokio::time::timeout(wait, async {
+            loop {
+                let ended = self.settled_wake.notified();
+                if self.fetches.load(Ordering::Acquire) > seen {
+                    return;
                 }
-            })
-            .await;
+                ended.await;
+            }
         })
+        .await;
     }
 
     /// The set has a fetcher: a key it lacks may be waited for.
@@ -309,7 +309,8 @@ mod tests {
     async fn a_miss_waits_only_for_a_fetch_under_way_or_starting_at_once() {
         // The last fetch began 11 s ago: the miss starts one at once, and waits for it.
         let set = set_tried(Duration::from_secs(11));
-        let wait = set.missed_with_wait().expect("a fetch starts at once");
+        let seen = set.missed_with_wait().expect("a fetch starts at once");
+        let wait = set.fetched_since(seen);
         let fetcher = {
             let set = set.clone();
             tokio::spawn(async move {
@@ -326,8 +327,9 @@ mod tests {
         assert!(set.missed_with_wait().is_none());
         // A fetch under way is waited for, however recent it is.
         set.fetch_begins();
-        let wait = set.missed_with_wait().expect("a fetch under way");
+        let seen = set.missed_with_wait().expect("a fetch under way");
         set.fetch_ended();
+        let wait = set.fetched_since(seen);
         tokio::time::timeout(Duration::from_secs(5), wait)
             .await
             .expect("the wait ends with the fetch");

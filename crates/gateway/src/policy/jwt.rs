@@ -157,9 +157,10 @@ fn check(
     if keys.list.is_empty() {
         // Never fetched yet (the issuer was down): try again, within the refetch bound,
         // and wait for that try when it starts at once.
+        let why = "signing keys unavailable";
         return Err(match jwt.keys.missed_with_wait() {
-            Some(fetched) => Refusal::KeysComing(crate::exchange::KeysComing(Box::pin(fetched))),
-            None => Refusal::InvalidToken("signing keys unavailable"),
+            Some(seen) => Refusal::KeysComing { seen, why },
+            None => Refusal::InvalidToken(why),
         });
     }
     // A secret verifies whatever `kid` the token names; a key set's key is found by id.
@@ -175,11 +176,10 @@ fn check(
         if by_id.is_some() && !keys.list.iter().any(|k| k.kid.as_deref() == by_id) {
             // An issuer's rotation: the request waits for the fetch the miss starts (or
             // the one under way) and is checked again, as Kong's and Envoy's do.
+            let why = "unknown key id";
             return Err(match jwt.keys.missed_with_wait() {
-                Some(fetched) => {
-                    Refusal::KeysComing(crate::exchange::KeysComing(Box::pin(fetched)))
-                }
-                None => Refusal::InvalidToken("unknown key id"),
+                Some(seen) => Refusal::KeysComing { seen, why },
+                None => Refusal::InvalidToken(why),
             });
         }
         return Err(Refusal::InvalidToken("no key for this algorithm"));

@@ -25,7 +25,6 @@ mod target;
 mod upgrade;
 mod via_alt;
 
-pub use body::check_declared;
 pub use forward::{fetch, forward};
 pub use headers::{forwarding_name, sent, Sent};
 pub use response_body::{Collector, PooledBody};
