@@ -3,7 +3,7 @@
 use super::answer::{error, json, Answer};
 use crate::cache::{Keying, Purge};
 use crate::gateway::Gateway;
-use crate::observe::analytics::{Query, Step, MAX_BUCKETS};
+use crate::observe::analytics::{History, Query, Step, MAX_BUCKETS};
 use crate::usage::{usage as consumer_usage, UsageError};
 use http::{Request, StatusCode};
 use hyper::body::Incoming;
@@ -366,7 +366,11 @@ pub async fn analytics(gw: &Gateway, q: Option<&str>) -> Answer {
         };
     };
     match an.query(&query, now).await {
-        Ok(rows) => {
+        Ok(History {
+            rows,
+            source,
+            cluster_error,
+        }) => {
             let mut totals: BTreeMap<String, u64> = BTreeMap::new();
             for r in &rows {
                 *totals.entry(r.status.clone()).or_default() += r.count;
@@ -374,7 +378,8 @@ pub async fn analytics(gw: &Gateway, q: Option<&str>) -> Answer {
             json(
                 StatusCode::OK,
                 &j!({
-                    "source": an.source(),
+                    "source": source,
+                    "cluster_error": cluster_error,
                     "step": query.step.name(),
                     "from": query.from / query.step.secs() * query.step.secs(),
                     "to": query.to,
@@ -403,7 +408,7 @@ pub async fn top(gw: &Gateway) -> Answer {
             to: now + 1,
             step: Step::Minute,
         };
-        if let Ok(rows) = an.query(&q, now).await {
+        if let Ok(History { rows, .. }) = an.query(&q, now).await {
             let mut by: BTreeMap<String, u64> = BTreeMap::new();
             for r in rows.iter().filter(|r| r.consumer != "-") {
                 *by.entry(r.consumer.clone()).or_default() += r.count;

@@ -248,24 +248,46 @@ impl Analytics {
     }
 
     /// Reads the history: from Redis (the whole cluster) when shared, else this node's
-    /// database. Counts not yet flushed are flushed first.
+    /// database. Counts not yet flushed are flushed first. When Redis cannot answer, this
+    /// node's own history answers, and why Redis did not comes with it.
     pub async fn query(
         self: &Arc<Self>,
         q: &Query,
         now_secs: u64,
-    ) -> Result<Vec<Row>, AnalyticsError> {
+    ) -> Result<History, AnalyticsError> {
         self.flush(now_secs).await;
+        let mut cluster_error = None;
         if let Some(r) = &self.redis {
-            return r.query(q).await;
+            match r.query(q).await {
+                Ok(rows) => {
+                    return Ok(History {
+                        rows,
+                        source: "cluster",
+                        cluster_error: None,
+                    })
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        "usage history: Redis cannot answer ({e}); this node's answers"
+                    );
+                    cluster_error = Some(e.to_string());
+                }
+            }
         }
         let me = self.clone();
         let q = q.clone();
-        tokio::task::spawn_blocking(move || query_db(&me.db.lock(), &me.path, &q))
+        let rows = tokio::task::spawn_blocking(move || query_db(&me.db.lock(), &me.path, &q))
             .await
-            .unwrap_or_else(|_| Ok(Vec::new()))
+            .unwrap_or_else(|_| Ok(Vec::new()))?;
+        Ok(History {
+            rows,
+            source: "node",
+            cluster_error,
+        })
     }
 
-    /// Where the history is read from, for answers: `cluster` or `node`.
+    /// Where the history is read from while Redis answers, for `/status`: `cluster` or
+    /// `node`.
     pub fn source(&self) -> &'static str {
         if self.redis.is_some() {
             "cluster"
@@ -273,6 +295,17 @@ impl Analytics {
             "node"
         }
     }
+}
+
+/// What a read of the history found.
+#[derive(Debug)]
+pub struct History {
+    /// The counts.
+    pub rows: Vec<Row>,
+    /// Where they were read: `cluster` (Redis) or `node` (this node's database).
+    pub source: &'static str,
+    /// Why Redis did not answer, when the node's own history did in its place.
+    pub cluster_error: Option<String>,
 }
 
 /// Reads the cluster's history from Redis directly (the CLI).
