@@ -169,10 +169,13 @@ pub fn history(path: &Path, consumer: &str, ago: &str, json: bool) -> ExitCode {
 
 async fn read_history(cfg: &Config, q: &Query) -> Result<(Vec<Row>, &'static str), String> {
     if let Some(c) = &cfg.cluster {
-        let rows = analytics::query_redis(c, q)
-            .await
-            .map_err(|e| e.to_string())?;
-        return Ok((rows, "cluster (Redis)"));
+        match analytics::query_redis(c, q).await {
+            Ok(rows) => return Ok((rows, "cluster (Redis)")),
+            // The node's own history, as its admin endpoint answers then.
+            Err(e) => {
+                eprintln!("tollgate usage: Redis cannot answer ({e}); this node's history only")
+            }
+        }
     }
     let mut tried = None;
     if let Some(admin) = &cfg.admin {
