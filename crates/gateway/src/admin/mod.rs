@@ -64,12 +64,11 @@ fn method_not_allowed(allow: &'static str) -> Answer {
 /// Without a token, the admin port's only guard against web pages is the browser's: a
 /// page can send a "simple" cross-site POST, and a DNS-rebound name makes the browser read
 /// answers as its own. So without a token only `Host`s that name the admin address (`own`)
-/// or a loopback address or name (`localhost`) are answered, and a POST is refused when the
-/// browser says it comes from elsewhere: a foreign (or `null`) `Origin`, which browsers send
-/// with every cross-origin POST, or a `Sec-Fetch-Site` other than `same-origin` or `none`.
-/// Tools such as curl send neither, so `curl -X POST …/reload` works as it does in Kong.
-/// A `text/plain` POST (a form that can carry JSON) must name its `Origin`, against
-/// browsers too old to send it.
+/// or a loopback address or name (`localhost`) are answered, and a POST must be
+/// `application/json` (which no page sends cross-site without a preflight the admin port
+/// never grants, whatever the browser's age) and is refused when the browser says it comes
+/// from elsewhere: a foreign (or `null`) `Origin`, or a `Sec-Fetch-Site` other than
+/// `same-origin` or `none`.
 fn same_site(req: &Request<Incoming>, own: Option<std::net::IpAddr>) -> Result<(), &'static str> {
     let host = req
         .headers()
@@ -103,16 +102,14 @@ fn same_site(req: &Request<Incoming>, own: Option<std::net::IpAddr>) -> Result<(
         if site.is_some_and(|s| s != b"same-origin" && s != b"none") {
             return Err("without an admin token, a POST from another site is refused");
         }
-        // The one form encoding that can carry a JSON body, from a browser too old to
-        // say where its forms come from.
-        let text = req
+        let json = req
             .headers()
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split(';').next())
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("text/plain"));
-        if text && req.headers().get(http::header::ORIGIN).is_none() {
-            return Err("without an admin token, a text/plain POST must say its Origin");
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return Err("without an admin token, a POST must be application/json");
         }
     }
     Ok(())
