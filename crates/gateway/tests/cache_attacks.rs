@@ -269,6 +269,38 @@ async fn the_key_holds_the_host_as_sent_port_included() {
 }
 
 #[tokio::test]
+async fn a_get_asking_to_be_taken_as_another_method_is_neither_stored_nor_served_from_the_cache() {
+    let s = setup().await;
+    // Stored by a plain GET first: a request asking for another method is not served it.
+    let plain = get(&s, "a", "/thing", "").await;
+    assert!(body(&plain).contains("n=1"), "{plain}");
+    for (i, name) in [
+        "X-HTTP-Method-Override",
+        "X-HTTP-Method",
+        "X-Method-Override",
+        "x_http_method_override",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let a = get(&s, "a", "/thing", &format!("{name}: DELETE\r\n")).await;
+        assert!(
+            a.contains("cache-status: tollgate; fwd=bypass"),
+            "{name}: {a}"
+        );
+        assert_eq!(upstream(&s), i + 2, "{name} went upstream");
+        // And what it got is not what the next GET is served.
+        let b = get(&s, "a", "/thing", "").await;
+        assert!(body(&b).contains("n=1"), "{name} poisoned the entry: {b}");
+    }
+    // On a URI not stored yet, its answer is not stored either.
+    let first = get(&s, "a", "/other", "X-HTTP-Method-Override: PUT\r\n").await;
+    assert!(first.contains("fwd=bypass"), "{first}");
+    let next = get(&s, "a", "/other", "").await;
+    assert!(!next.contains("tollgate; hit"), "{next}");
+}
+
+#[tokio::test]
 async fn keyed_query_names_match_in_every_spelling() {
     let s = setup().await;
     for evil in [

@@ -99,6 +99,23 @@ pub(super) fn asks_no_store(req: &Fields) -> bool {
     })
 }
 
+/// Whether the request asks its upstream to take it as another method
+/// (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`, in `-` or `_`
+/// spelling, which Express, Rails and ASP.NET middlewares act on): its answer may be a
+/// `DELETE`'s or a `PUT`'s, never one to store for a `GET`, and the cache does not handle
+/// it at all.
+pub fn overrides_method(req: &Fields) -> bool {
+    req.names().any(|n| {
+        let whole: &[&[u8]] = match n.len() {
+            13 => &[b"x-http-method"],
+            17 => &[b"x-method-override"],
+            22 => &[b"x-http-method-override"],
+            _ => return false,
+        };
+        whole.iter().any(|w| crate::inbound::spells(n, w))
+    })
+}
+
 /// Whether the request asks for a part of an answer or sets a precondition the cache does
 /// not judge itself (`Range` on a miss, `If-Match`, `If-Unmodified-Since`, `If-Range`):
 /// such a request goes upstream as it is, and what it gets is never stored nor decides

@@ -29,4 +29,4 @@ pub use answer::{add_status, own_status, CACHE_STATUS};
 pub use fill::PASS_STATUS;
 pub use inflight::{is_unsafe, went_upstream};
 pub use inflight::{Cache, Fetch, Keying, Purge};
-pub use key::{Ask, Key};
+pub use key::{overrides_method, Ask, Key};

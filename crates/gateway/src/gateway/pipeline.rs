@@ -306,10 +306,13 @@ impl Gateway {
             trusted: ctx.conn.trusted,
             https: ctx.conn.listener.tls.is_some(),
         };
-        if !(matches!(parts.method, Method::GET | Method::HEAD) && body.is_end_stream()) {
+        if !(matches!(parts.method, Method::GET | Method::HEAD)
+            && body.is_end_stream()
+            && !cache::overrides_method(&parts.headers))
+        {
             let sent = cache::is_unsafe(&parts.method).then(|| parts.copy());
-            // RFC 9211: forwarded for its method, or (a GET or HEAD with a body) not
-            // handled by the cache at all.
+            // RFC 9211: forwarded for its method, or (a GET or HEAD with a body, or one
+            // asking to be taken as another method) not handled by the cache at all.
             let status = if matches!(parts.method, Method::GET | Method::HEAD) {
                 "tollgate; fwd=bypass"
             } else {
