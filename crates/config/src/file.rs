@@ -264,8 +264,9 @@ pub struct ListenerTls {
     pub client_ca: Option<String>,
     /// `required` (default when `client_ca` is set) or `optional`.
     pub client_auth: Option<String>,
-    /// Oldest TLS version accepted: `"1.2"` (default) or `"1.3"`.
-    pub min_version: Option<String>,
+    /// Oldest TLS version accepted: `"1.2"` (default) or `"1.3"` (quoted or not, or as
+    /// nginx writes it: `TLSv1.3`).
+    pub min_version: Option<crate::units::Text>,
 }
 
 /// One certificate chain and its private key, PEM files.

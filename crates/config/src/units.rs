@@ -79,6 +79,36 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
+/// Text that YAML may read as a number when unquoted (`min_version: 1.2`): kept as the
+/// text it was written as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text(pub String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("text")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// A size in bytes, written as an integer or with a unit: `KiB`, `MiB`, `GiB` (powers of
 /// 1024) or `KB`, `MB`, `GB` (powers of 1000).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -147,7 +147,18 @@ fn tls(t: &file::ListenerTls, at: &str, base: &Path, p: &mut Problems) -> Option
             "needs `client_ca` (the CA client certificates are verified against)",
         );
     }
-    let tls12 = match t.min_version.as_deref() {
+    let version = t.min_version.as_ref().map(|v| {
+        let v = v.0.trim();
+        let lower = v.to_ascii_lowercase();
+        match lower
+            .strip_prefix("tlsv")
+            .or_else(|| lower.strip_prefix("tls"))
+        {
+            Some(n) => n.trim().to_string(),
+            None => v.to_string(),
+        }
+    });
+    let tls12 = match version.as_deref() {
         None | Some("1.2") => true,
         Some("1.3") => false,
         Some(other) => {

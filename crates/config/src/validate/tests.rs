@@ -304,6 +304,20 @@ fn routes_sort_most_specific_first() {
 }
 
 #[test]
+fn a_tls_version_is_taken_unquoted_and_as_nginx_writes_it() {
+    for v in ["1.3", "\"1.3\"", "TLSv1.3", "1.2", "tlsv1.2", "TLS1.2"] {
+        let cfg = format!(
+            "listeners:\n  - {{address: \"127.0.0.1:8443\", tls: {{certificates: [{{cert: /nonexistent/c.pem, key: /nonexistent/k.pem}}], min_version: {v}}}}}\n"
+        );
+        let text = from_yaml(&cfg).expect_err("no certificate").to_string();
+        assert!(!text.contains("min_version"), "{v}: {text}");
+    }
+    let cfg = "listeners:\n  - {address: \"127.0.0.1:8443\", tls: {certificates: [{cert: /nonexistent/c.pem, key: /nonexistent/k.pem}], min_version: 1.1}}\n";
+    let text = from_yaml(cfg).expect_err("invalid").to_string();
+    assert!(text.contains("min_version: \"1.1\" is not"), "{text}");
+}
+
+#[test]
 fn edge_settings_are_checked_with_their_place() {
     let bad = r#"
 listeners:
