@@ -304,6 +304,21 @@ fn routes_sort_most_specific_first() {
 }
 
 #[test]
+fn a_target_with_a_scheme_and_no_port_takes_the_schemes() {
+    let cfg = "listeners: [{address: \"127.0.0.1:8080\"}]\nupstreams:\n  s: {targets: [\"https://api.internal\"]}\n  p: {targets: [\"http://[::1]/\"]}\nroutes:\n  - {path_prefix: /s/, upstream: s}\n  - {path_prefix: /p/, upstream: p}\n";
+    let c = from_yaml(cfg).expect("valid");
+    let targets: Vec<_> = c.upstreams.iter().map(|u| u.targets.clone()).collect();
+    assert!(
+        targets.contains(&vec!["api.internal:443".to_string()]),
+        "{targets:?}"
+    );
+    assert!(
+        targets.contains(&vec!["[::1]:80".to_string()]),
+        "{targets:?}"
+    );
+}
+
+#[test]
 fn a_tls_version_is_taken_unquoted_and_as_nginx_writes_it() {
     for v in ["1.3", "\"1.3\"", "TLSv1.3", "1.2", "tlsv1.2", "TLS1.2"] {
         let cfg = format!(

@@ -68,19 +68,28 @@ pub(super) fn upstreams(
 }
 
 /// Targets as `host:port` (the scheme removed), and whether they are `https://`. An
-/// upstream's targets all use one scheme.
+/// upstream's targets all use one scheme. A target with a scheme and no port gets the
+/// scheme's (`https://api.internal` is `api.internal:443`), as nginx and Kong take it.
 fn targets(raw: &[String], at: &str, p: &mut Problems) -> (Vec<String>, bool) {
     let mut out = Vec::with_capacity(raw.len());
     let mut schemes = Vec::with_capacity(raw.len());
     for (j, t) in raw.iter().enumerate() {
-        let (https, rest) = if let Some(r) = t.strip_prefix("https://") {
-            (true, r)
+        let (https, rest, port) = if let Some(r) = t.strip_prefix("https://") {
+            (true, r, Some(443))
         } else if let Some(r) = t.strip_prefix("http://") {
-            (false, r)
+            (false, r, Some(80))
         } else {
-            (false, t.as_str())
+            (false, t.as_str(), None)
         };
         let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let with_port;
+        let rest = match (port, rest.parse::<http::uri::Authority>()) {
+            (Some(n), Ok(a)) if a.port_u16().is_none() && a.as_str() == rest => {
+                with_port = format!("{rest}:{n}");
+                with_port.as_str()
+            }
+            _ => rest,
+        };
         let ok = rest
             .parse::<http::uri::Authority>()
             .ok()
