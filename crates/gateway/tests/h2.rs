@@ -470,6 +470,18 @@ async fn h2spec_passes_on_tls_and_h2c_listeners() {
     run_h2spec(g.addr, true).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2spec_passes_where_the_gateway_answers_before_the_body_ends() {
+    // Every request h2spec sends gets the gateway's own 401 at once, most before their
+    // body's frames arrive: those are checked all the same while the client's side is
+    // open.
+    let backend = echo_backend().await;
+    let keyed = "listeners:\n  - {address: \"127.0.0.1:0\", h2c: true}\nupstreams:\n  backend: {targets: [\"BACKEND\"]}\nconsumers:\n  - {name: alice, keys: [k-alice]}\nroutes:\n  - {name: keyed, path_prefix: /, upstream: backend, auth: {header: [x-api-key]}}\n"
+        .replace("BACKEND", &backend.to_string());
+    let g = TestGateway::start(&keyed, SystemClock::new()).await;
+    run_h2spec(g.addr, false).await;
+}
+
 #[tokio::test]
 async fn the_streams_of_one_connection_do_not_wait_for_each_other() {
     // The streams of a connection run in the connection's task: one waiting on its

@@ -317,9 +317,24 @@ where
             );
             self.reset(id, code::CANCEL);
         }
+        // Answered streams whose clients still send past LINGER are told to stop, and
+        // their late frames ignored.
+        let lingered: Vec<u32> = self
+            .streams
+            .iter()
+            .filter_map(|(id, st)| (st.linger_until? <= now).then_some(*id))
+            .collect();
+        for id in lingered {
+            frame::rst_stream(&mut self.wbuf, id, code::NO_ERROR);
+            self.remove(id, "answered before the body ended");
+            self.remember(id);
+        }
         for st in self.streams.values() {
             if let Some(since) = st.blocked_since {
                 next = next.min(since + self.limits.send_timeout);
+            }
+            if let Some(until) = st.linger_until {
+                next = next.min(until);
             }
         }
         // A header block on its way is not idle: its own deadline (above) bounds it.

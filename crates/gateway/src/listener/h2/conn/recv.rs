@@ -222,6 +222,11 @@ where
                 self.reset(id, code::PROTOCOL_ERROR);
                 return Ok(());
             }
+            if st.state == StreamState::HalfClosedLocal {
+                // Both sides ended: closed.
+                self.remove(id, "answered before the body ended");
+                return Ok(());
+            }
             st.state = StreamState::HalfClosedRemote;
             if let Some(tx) = st.recv.take() {
                 tx.end(Some(trailers));
@@ -321,6 +326,7 @@ where
                 expects_continue,
                 blocked_since: None,
                 upstream: false,
+                linger_until: None,
             },
         );
         Ok(())
@@ -383,6 +389,11 @@ where
         self.window_in.owe(unread);
         st.give_back(&mut self.wbuf, id, unread);
         if end {
+            if st.state == StreamState::HalfClosedLocal {
+                // Both sides ended: closed.
+                self.remove(id, "answered before the body ended");
+                return Ok(());
+            }
             st.state = StreamState::HalfClosedRemote;
             if let Some(tx) = st.recv.take() {
                 tx.end(None);
@@ -398,8 +409,10 @@ where
         if id == 0 || self.streams.idle(id) {
             return Err(ConnError(code::PROTOCOL_ERROR));
         }
-        if self.streams.contains_key(&id) {
-            if self.flood.spend_reset(Instant::now()) {
+        if let Some(st) = self.streams.get(&id) {
+            // A client stopping a body whose answer it has is no abuse.
+            let answered = st.state == StreamState::HalfClosedLocal;
+            if !answered && self.flood.spend_reset(Instant::now()) {
                 return Err(ConnError(code::ENHANCE_YOUR_CALM));
             }
             self.remove(id, "stream reset by the client");

@@ -3,7 +3,7 @@
 
 use super::super::frame::{self, code};
 use super::super::{hpack, request};
-use super::streams::{Out, StreamState};
+use super::streams::{Out, StreamState, LINGER, MAX_LINGERING};
 use super::{Connection, WRITE_HIGH};
 use crate::exchange::Parts;
 use crate::listener::body::RequestBody;
@@ -245,14 +245,43 @@ where
         if upstream {
             self.flood.bank(Instant::now());
         }
-        let Some(st) = self.streams.get(&id) else {
+        let lingering = self
+            .streams
+            .values()
+            .filter(|s| s.state == StreamState::HalfClosedLocal)
+            .count();
+        let Some(open) = self.streams.get(&id).map(|s| s.state == StreamState::Open) else {
             return;
         };
-        if st.state == StreamState::Open {
-            frame::rst_stream(&mut self.wbuf, id, code::NO_ERROR);
-            self.remember(id);
+        if !open || lingering >= MAX_LINGERING {
+            if open {
+                frame::rst_stream(&mut self.wbuf, id, code::NO_ERROR);
+                self.remember(id);
+            }
+            self.remove(id, "answered before the body ended");
+            return;
         }
-        self.remove(id, "answered before the body ended");
+        let Some(st) = self.streams.get_mut(&id) else {
+            return;
+        };
+        // The client still sends: its side may end within LINGER (the body it had under
+        // way), its frames checked as ever; the request's future and body feed are done.
+        let until = Instant::now() + LINGER;
+        st.state = StreamState::HalfClosedLocal;
+        st.linger_until = Some(until);
+        st.out = None;
+        st.blocked_since = None;
+        st.expects_continue = false;
+        let (slot, recv) = (st.slot.take(), st.recv.take());
+        if let Some(slot) = slot {
+            self.exec.cancel(slot);
+        }
+        if let Some(tx) = recv {
+            tx.break_off("answered before the body ended");
+        }
+        if until < self.timer.deadline() {
+            self.timer.as_mut().reset(until);
+        }
     }
 
     /// Credits the client with what the streams have read.

@@ -3,8 +3,11 @@
 //! ids of the last streams reset, whose late frames are ignored rather than errors.
 //!
 //! A stream is in the table from its HEADERS to its end; closed, it is gone from it. A
-//! server's side ends when its answer has been sent, and the stream is then closed (a
-//! client still sending is told to stop), so a stream is never half closed the other way.
+//! server's side ends when its answer has been sent. A client still sending then may go on
+//! for [`LINGER`] (its frames checked as ever, its data dropped), the stream half closed
+//! (local) until the client ends its side; past that, or past [`MAX_LINGERING`] such
+//! streams, it is told to stop (RST_STREAM NO_ERROR, RFC 9113 §8.1) and its late frames
+//! are ignored.
 
 use super::super::body::Sender;
 use super::super::frame;
@@ -16,6 +19,15 @@ use tokio::time::Instant;
 /// Streams reset whose late frames are ignored rather than treated as errors.
 const RECENT_RESETS: usize = 128;
 
+/// How long a stream answered while its client still sends waits for the client's side
+/// to end before the client is told to stop.
+pub(super) const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Most streams of a connection that linger so; past them, an answered stream's client is
+/// told to stop at once (a client that sends many bodies it never ends would otherwise
+/// fill its stream limit with them).
+pub(super) const MAX_LINGERING: usize = 8;
+
 /// Where an open stream stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum StreamState {
@@ -23,6 +35,9 @@ pub(super) enum StreamState {
     Open,
     /// The client has ended its side (END_STREAM): only the answer is to come.
     HalfClosedRemote,
+    /// The answer has been sent and the client still sends: its frames are checked, its
+    /// data dropped, until it ends its side or [`LINGER`] passes.
+    HalfClosedLocal,
 }
 
 /// An answer being sent.
@@ -58,13 +73,17 @@ pub(super) struct Stream<B> {
     pub(super) blocked_since: Option<Instant>,
     /// The answer came from the upstream (it banks a reset once sent).
     pub(super) upstream: bool,
+    /// When a stream half closed (local) is told to stop.
+    pub(super) linger_until: Option<Instant>,
 }
 
 impl<B> Stream<B> {
     /// Owes the client `n` more bytes of window; sends the update once half the window
     /// is owed. Nothing is owed once the client has ended its side.
+    /// A stream answered already gets none back either: what its client may still send is
+    /// bounded by the window it has.
     pub(super) fn give_back(&mut self, wbuf: &mut Vec<u8>, id: u32, n: usize) {
-        if self.state == StreamState::HalfClosedRemote {
+        if self.state != StreamState::Open {
             return;
         }
         self.window_in.owe(n);
