@@ -37,6 +37,11 @@ impl RecvWindow {
     }
 
     /// Owes the client `n` more bytes of window.
+    /// What the peer may still send before more window is given.
+    pub(super) fn left(&self) -> i64 {
+        self.window
+    }
+
     pub(super) fn owe(&mut self, n: usize) {
         self.owed += n;
     }

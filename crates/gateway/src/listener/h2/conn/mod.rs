@@ -138,6 +138,8 @@ pub struct Connection<S, F, M, B> {
     timer: Pin<Box<Sleep>>,
     idle_since: Instant,
     busy: bool,
+    /// Streams half closed (local): answered while their clients still send.
+    lingering: usize,
     date: (u64, HeaderValue),
     scratch: Vec<u8>,
     /// What the streams' bodies hold before going upstream.
@@ -185,6 +187,7 @@ where
             timer: Box::pin(tokio::time::sleep_until(now + limits.idle)),
             idle_since: now,
             busy: false,
+            lingering: 0,
             date: (0, HeaderValue::from_static("")),
             scratch: Vec::new(),
             budget: Budget::new(limits.max_request_buffer),
@@ -328,6 +331,12 @@ where
             frame::rst_stream(&mut self.wbuf, id, code::NO_ERROR);
             self.remove(id, "answered before the body ended");
             self.remember(id);
+        }
+        // Streams just removed here leave the connection idle from now, not from when it
+        // was last idle.
+        if self.streams.is_empty() && self.busy {
+            self.busy = false;
+            self.idle_since = now;
         }
         for st in self.streams.values() {
             if let Some(since) = st.blocked_since {

@@ -55,6 +55,9 @@ where
     /// Drops a stream: its future, and its body's feed with the reason.
     pub(super) fn remove(&mut self, id: u32, why: &'static str) {
         if let Some(st) = self.streams.remove(&id) {
+            if st.state == StreamState::HalfClosedLocal {
+                self.lingering -= 1;
+            }
             if let Some(slot) = st.slot {
                 self.exec.cancel(slot);
             }
@@ -245,15 +248,18 @@ where
         if upstream {
             self.flood.bank(Instant::now());
         }
-        let lingering = self
-            .streams
-            .values()
-            .filter(|s| s.state == StreamState::HalfClosedLocal)
-            .count();
-        let Some(open) = self.streams.get(&id).map(|s| s.state == StreamState::Open) else {
+        // A body its window cannot bring whole (the stream's window is not given back
+        // while it lingers) is not waited for.
+        let Some((open, fits)) = self.streams.get(&id).map(|s| {
+            let rest = s.length.map(|l| l.saturating_sub(s.received));
+            (
+                s.state == StreamState::Open,
+                rest.is_none_or(|r| i64::try_from(r).is_ok_and(|r| r <= s.window_in.left())),
+            )
+        }) else {
             return;
         };
-        if !open || lingering >= MAX_LINGERING {
+        if !open || !fits || self.lingering >= MAX_LINGERING {
             if open {
                 frame::rst_stream(&mut self.wbuf, id, code::NO_ERROR);
                 self.remember(id);
@@ -267,6 +273,7 @@ where
         // The client still sends: its side may end within LINGER (the body it had under
         // way), its frames checked as ever; the request's future and body feed are done.
         let until = Instant::now() + LINGER;
+        self.lingering += 1;
         st.state = StreamState::HalfClosedLocal;
         st.linger_until = Some(until);
         st.out = None;
