@@ -306,11 +306,14 @@ impl Gateway {
             trusted: ctx.conn.trusted,
             https: ctx.conn.listener.tls.is_some(),
         };
+        let overridden = cache::overrides_method(&parts.headers);
         if !(matches!(parts.method, Method::GET | Method::HEAD)
             && body.is_end_stream()
-            && !cache::overrides_method(&parts.headers))
+            && !overridden)
         {
-            let sent = cache::is_unsafe(&parts.method).then(|| parts.copy());
+            // One taken upstream as another method may have changed the resource: its
+            // success invalidates the URI as an unsafe method's does.
+            let sent = (cache::is_unsafe(&parts.method) || overridden).then(|| parts.copy());
             // RFC 9211: forwarded for its method, or (a GET or HEAD with a body, or one
             // asking to be taken as another method) not handled by the cache at all.
             let status = if matches!(parts.method, Method::GET | Method::HEAD) {
