@@ -90,10 +90,11 @@ fn targets(raw: &[String], at: &str, p: &mut Problems) -> (Vec<String>, bool) {
             }
             _ => rest,
         };
+        // No user info: it would go upstream in `Host`.
         let ok = rest
             .parse::<http::uri::Authority>()
             .ok()
-            .filter(|a| a.port_u16().is_some() && a.as_str() == rest);
+            .filter(|a| a.port_u16().is_some() && a.as_str() == rest && !rest.contains('@'));
         if ok.is_none() {
             p.add(
                 format!("{at}.targets[{j}]"),

@@ -149,9 +149,12 @@ impl Upstream {
             .iter()
             .filter_map(|t| {
                 let cap = Cap::new(cfg.max_connections);
+                // `Host` without the scheme's own port, as clients write it.
+                let default = if cfg.tls { ":443" } else { ":80" };
+                let host = t.strip_suffix(default).unwrap_or(t);
                 Some(Target {
                     name: Arc::from(t.as_str()),
-                    host: HeaderValue::from_str(t).ok()?,
+                    host: HeaderValue::from_str(host).ok()?,
                     pool: h1::Pool::new(
                         t,
                         cfg.pool_max_idle,
@@ -477,7 +480,7 @@ pub(super) fn log_failure_because(
         _ => return,
     };
     if log_due(up) {
-        let target = target.host.to_str().unwrap_or("?");
+        let target: &str = &target.name;
         match cause {
             Some(cause) => {
                 tracing::info!(route, upstream = %up.cfg.name, target, "{refusal}: {cause}")
