@@ -316,6 +316,10 @@ fn a_target_with_a_scheme_and_no_port_takes_the_schemes() {
         targets.contains(&vec!["[::1]:80".to_string()]),
         "{targets:?}"
     );
+    // User info would go upstream in `Host`.
+    let cfg = "listeners: [{address: \"127.0.0.1:8080\"}]\nupstreams:\n  s: {targets: [\"https://u:p@api.internal:8443\"]}\nroutes:\n  - {path_prefix: /, upstream: s}\n";
+    let text = from_yaml(cfg).expect_err("user info").to_string();
+    assert!(text.contains("is not a host:port target"), "{text}");
 }
 
 #[test]
