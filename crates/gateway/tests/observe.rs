@@ -135,17 +135,30 @@ async fn a_listener_that_trusts_request_ids_keeps_them() {
     assert_eq!(a.header("x-request-id").len(), 32);
 }
 
-#[tokio::test]
-async fn the_access_log_writes_one_json_line_per_request_without_keys() {
-    let dir = tempdir("access-log");
-    let path = dir.join("access.log");
+/// A gateway on `ROUTES` in front of the echo backend, its listener given `listener`'s
+/// settings too, writing its access log to a file of its own; that file, and the backend.
+async fn logging_gateway(
+    name: &str,
+    listener: &str,
+) -> (TestGateway, std::path::PathBuf, SocketAddr) {
+    let path = tempdir(name).join("access.log");
     let backend = echo_backend().await;
     let cfg = format!(
         "{}access_log: {{path: {}}}\n",
-        yaml(backend, ROUTES),
+        yaml(backend, ROUTES).replace(
+            "{address: \"127.0.0.1:0\"}",
+            &format!("{{address: \"127.0.0.1:0\"{listener}}}"),
+        ),
         path.display()
     );
     let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    (gw, path, backend)
+}
+
+#[tokio::test]
+async fn the_access_log_writes_one_json_line_per_request_without_keys() {
+    let (gw, path, backend) = logging_gateway("access-log", "").await;
+    let dir = path.parent().expect("dir").to_path_buf();
     let c = TestClient::default();
 
     let ok = c.get(&gw.url("/api/items?apikey=alice-key&page=2")).await;
@@ -236,18 +249,11 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
 
 #[tokio::test]
 async fn behind_a_trusted_proxy_the_access_log_names_the_client_it_forwarded_for() {
-    let dir = tempdir("access-log-proxied");
-    let path = dir.join("access.log");
-    let backend = echo_backend().await;
-    let cfg = format!(
-        "{}access_log: {{path: {}}}\n",
-        yaml(backend, ROUTES).replace(
-            "{address: \"127.0.0.1:0\"}",
-            "{address: \"127.0.0.1:0\", trusted_proxies: [127.0.0.1, 10.0.0.0/8]}",
-        ),
-        path.display()
-    );
-    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let (gw, path, _) = logging_gateway(
+        "access-log-proxied",
+        ", trusted_proxies: [127.0.0.1, 10.0.0.0/8]",
+    )
+    .await;
     let c = TestClient::default();
     for xff in [
         // The nearest address that is not a trusted proxy.
@@ -289,15 +295,7 @@ async fn behind_a_trusted_proxy_the_access_log_names_the_client_it_forwarded_for
 
 #[tokio::test]
 async fn the_access_log_counts_a_chunked_body_as_it_is_read() {
-    let dir = tempdir("access-log-chunked");
-    let path = dir.join("access.log");
-    let backend = echo_backend().await;
-    let cfg = format!(
-        "{}access_log: {{path: {}}}\n",
-        yaml(backend, ROUTES),
-        path.display()
-    );
-    let gw = TestGateway::start(&cfg, ManualClock::new()).await;
+    let (gw, path, _) = logging_gateway("access-log-chunked", "").await;
     let sent = raw(
         gw.addr,
         b"POST /open/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
