@@ -1119,6 +1119,31 @@ fn bench_measures_https_too() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A node whose admin API manages consumers (token in `admin.token` beside it), with
+/// `more` added to its config.
+fn managed_node(backend: SocketAddr, more: &str) -> String {
+    format!(
+        "server: {{watch_config: false, drain_timeout: 5s}}\nlisteners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{backend: {{targets: [\"{backend}\"]}}}}\nplans: {{gold: {{limits: [{{requests: 100, per: 1m}}]}}}}\nconsumers: [{{name: alice, keys: [t1]}}]\n{more}routes:\n  - {{name: a, path_prefix: /a/, upstream: backend, auth: {{}}}}\nadmin: {{address: \"127.0.0.1:{}\", token_file: admin.token}}\n",
+        free_port()
+    )
+}
+
+/// `tollgate consumers ARGS --config FILE`: whether it succeeded, its stdout, its stderr.
+fn consumers_cli(file: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .arg("consumers")
+        .args(args)
+        .arg("--config")
+        .arg(file)
+        .output()
+        .expect("run");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
     let (backend, _echo) = echo_backend();
@@ -1128,26 +1153,10 @@ fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
     let file = dir.join("tollgate.yaml");
     std::fs::write(
         &file,
-        format!(
-            "server: {{watch_config: false, drain_timeout: 5s}}\nlisteners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{backend: {{targets: [\"{backend}\"]}}}}\nplans: {{gold: {{limits: [{{requests: 100, per: 1m}}]}}}}\nconsumers: [{{name: alice, keys: [t1]}}]\nconsumers_log: consumers.changes\nroutes:\n  - {{name: a, path_prefix: /a/, upstream: backend, auth: {{}}}}\nadmin: {{address: \"127.0.0.1:{}\", token_file: admin.token}}\n",
-            free_port()
-        ),
+        managed_node(backend, "consumers_log: consumers.changes\n"),
     )
     .expect("write");
-    let tg = |args: &[&str]| {
-        let out = Command::new(BIN)
-            .arg("consumers")
-            .args(args)
-            .arg("--config")
-            .arg(&file)
-            .output()
-            .expect("run");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).trim().to_string(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let tg = |args: &[&str]| consumers_cli(&file, args);
     let mut gw = Gateway::start(&file);
     let (ok, _, err) = tg(&["add", "bob", "--plan", "gold"]);
     assert!(ok, "{err}");
@@ -1285,30 +1294,11 @@ fn a_config_naming_no_change_log_keeps_managed_consumers_beside_it_and_may_ask_f
     let dir = temp_dir("implied-log");
     std::fs::write(dir.join("admin.token"), "node-secret\n").expect("token");
     let file = dir.join("node.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "server: {{watch_config: false, drain_timeout: 5s}}\nlisteners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{backend: {{targets: [\"{backend}\"]}}}}\nplans: {{gold: {{limits: [{{requests: 100, per: 1m}}]}}}}\nconsumers: [{{name: alice, keys: [t1]}}]\nroutes:\n  - {{name: a, path_prefix: /a/, upstream: backend, auth: {{}}}}\nadmin: {{address: \"127.0.0.1:{}\", token_file: admin.token}}\n",
-            free_port()
-        ),
-    )
-    .expect("write");
-    let tg = |args: &[&str]| {
-        let out = Command::new(BIN)
-            .arg("consumers")
-            .args(args)
-            .arg("--config")
-            .arg(&file)
-            .output()
-            .expect("run");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        )
-    };
+    std::fs::write(&file, managed_node(backend, "")).expect("write");
+    let tg = |args: &[&str]| consumers_cli(&file, args);
     let mut gw = Gateway::start(&file);
     assert!(tg(&["add", "bob", "--plan", "gold"]).0);
-    let (ok, key) = tg(&["key", "bob"]);
+    let (ok, key, _) = tg(&["key", "bob"]);
     assert!(ok && key.starts_with("tg_"), "{key}");
     assert_eq!(gw.get(&format!("/a/?apikey={key}")), 200);
     gw.signal("-TERM");
