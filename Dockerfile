@@ -1,5 +1,7 @@
 # tollgate in a container: `docker build --build-arg TOLLGATE_COMMIT=$(git rev-parse --short=12 HEAD) -t tollgate .`, then
-#   docker run -p 8080:8080 -p 9901:9901 -e TOLLGATE_ADMIN_TOKEN=... -v $PWD/tollgate.yaml:/etc/tollgate/tollgate.yaml tollgate
+#   docker run -p 8080:8080 -p 9901:9901 -e TOLLGATE_ADMIN_TOKEN=... tollgate
+# Your own config: start from the image's (`docker run --rm --entrypoint cat tollgate
+# /etc/tollgate/tollgate.yaml > tollgate.yaml`), then `-v $PWD/tollgate.yaml:/etc/tollgate/tollgate.yaml`.
 # The image runs as an unprivileged user and holds the binary, CA roots and the default
 # config (packaging/tollgate.yaml, its admin port open to the container's network behind
 # TOLLGATE_ADMIN_TOKEN) only.
