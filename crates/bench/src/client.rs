@@ -48,6 +48,8 @@ impl Stream {
 pub enum ErrorKind {
     /// The connection could not be opened.
     Connect,
+    /// The TLS handshake failed (a certificate not trusted without `-k`, a plain port).
+    Tls,
     /// The request could not be written.
     Write,
     /// The server closed the connection before a full response.
@@ -62,8 +64,9 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// All kinds, in report order.
-    pub const ALL: [ErrorKind; 6] = [
+    pub const ALL: [ErrorKind; 7] = [
         ErrorKind::Connect,
+        ErrorKind::Tls,
         ErrorKind::Write,
         ErrorKind::Closed,
         ErrorKind::Read,
@@ -89,7 +92,7 @@ enum Framing {
 
 impl Conn {
     /// Opens a connection with `TCP_NODELAY`, with the TLS handshake when `tls` is given
-    /// (a failed handshake is a connect error).
+    /// (a failed handshake is a TLS error).
     pub async fn open(addr: SocketAddr, tls: Option<&Tls>) -> Result<Conn, ErrorKind> {
         let tcp = TcpStream::connect(addr)
             .await
@@ -101,7 +104,7 @@ impl Conn {
                 let s = tokio_rustls::TlsConnector::from(t.config.clone())
                     .connect(t.name.clone(), tcp)
                     .await
-                    .map_err(|_| ErrorKind::Connect)?;
+                    .map_err(|_| ErrorKind::Tls)?;
                 Stream::Tls(Box::new(s))
             }
         };

@@ -164,8 +164,9 @@ fn try_run(args: BenchArgs) -> Result<ExitCode, String> {
         let progress = duration.is_none_or(|d| d > Duration::from_secs(3)) || !terminal;
         if !terminal {
             eprintln!(
-                "tollgate bench: {url}, {} connections{}",
+                "tollgate bench: {url}, {} connection{}{}",
                 args.connections,
+                if args.connections == 1 { "" } else { "s" },
                 args.rate
                     .map_or(String::new(), |r| format!(", {r} req/s open loop"))
             );
@@ -343,7 +344,7 @@ async fn connection(plan: Arc<Plan>) -> Tally {
                     }
                 }
                 conn = None;
-                if kind == ErrorKind::Connect {
+                if matches!(kind, ErrorKind::Connect | ErrorKind::Tls) {
                     // Do not spin on a refused port; the next ticket retries.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }

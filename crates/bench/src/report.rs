@@ -196,11 +196,18 @@ impl Report {
             );
         }
         // Only when nothing connected: a timeout or a reset means something is listening.
-        if s.statuses.is_empty() && s.requests > 0 && s.errors.keys().all(|k| k == "connect") {
-            let _ = writeln!(
-                o,
-                "  No request was answered: is anything listening at the URL?"
-            );
+        if s.statuses.is_empty() && s.requests > 0 {
+            if s.errors.keys().all(|k| k == "connect") {
+                let _ = writeln!(
+                    o,
+                    "  No request was answered: is anything listening at the URL?"
+                );
+            } else if s.errors.keys().all(|k| k == "tls") {
+                let _ = writeln!(
+                    o,
+                    "  No request was answered: the TLS handshake failed (a self-signed certificate needs -k; a plain port, http://)"
+                );
+            }
         }
         let _ = writeln!(
             o,

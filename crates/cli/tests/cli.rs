@@ -688,7 +688,7 @@ fn bench_counts_requests_statuses_and_latency() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(
         err.starts_with(&format!(
-            "tollgate bench: http://{backend}/x, 1 connections"
+            "tollgate bench: http://{backend}/x, 1 connection\n"
         )),
         "{err}"
     );
@@ -1110,10 +1110,20 @@ fn bench_measures_https_too() {
     let (code, v) = bench_json(&["-k", "-n", "30", "-c", "2", &url]);
     assert_eq!(code, Some(0), "{v}");
     assert_eq!(v["successful"], 30, "{v}");
-    // Without -k it is not trusted: every connection fails.
+    // Without -k it is not trusted: every handshake fails, and the report says so
+    // (not "is anything listening").
     let (code, v) = bench_json(&["-n", "3", "-c", "1", &url]);
     assert_eq!(code, Some(1), "{v}");
-    assert_eq!(v["errors"]["connect"], 3, "{v}");
+    assert_eq!(v["errors"]["tls"], 3, "{v}");
+    assert!(v["errors"].get("connect").is_none(), "{v}");
+    let out = Command::new(BIN)
+        .args(["bench", "-n", "1", "-c", "1", &url])
+        .output()
+        .expect("bench");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("TLS handshake failed"), "{text}");
+    assert!(text.contains("-k"), "{text}");
+    assert!(!text.contains("listening"), "{text}");
     g.signal("-TERM");
     let _ = g.child.wait();
     let _ = std::fs::remove_dir_all(&dir);
@@ -1158,8 +1168,17 @@ fn consumers_are_managed_from_the_command_line_and_kept_across_a_restart() {
     .expect("write");
     let tg = |args: &[&str]| consumers_cli(&file, args);
     let mut gw = Gateway::start(&file);
-    let (ok, _, err) = tg(&["add", "bob", "--plan", "gold"]);
+    // Nothing managed yet: an empty list, and a word that the config's own are not in it.
+    let (ok, list, err) = tg(&["list"]);
+    assert!(ok && list.is_empty(), "{list}");
+    assert!(
+        err.contains("no consumer is managed through the admin API")
+            && err.contains("the config's own consumers (1) are not listed"),
+        "{err}"
+    );
+    let (ok, added, err) = tg(&["add", "bob", "--plan", "gold"]);
     assert!(ok, "{err}");
+    assert_eq!(added.trim(), "bob\tplan=gold\tkeys=0", "{added}");
     let (ok, key, err) = tg(&["key", "bob"]);
     assert!(ok && key.starts_with("tg_"), "{key} {err}");
     assert!(err.contains("shown this once"), "{err}");
