@@ -202,22 +202,47 @@ fn print(v: &Value, json: bool) {
     }
     if let Some(list) = v.get("consumers").and_then(Value::as_array) {
         for c in list {
-            println!(
-                "{}\tplan={}\tkeys={}{}",
-                c["name"].as_str().unwrap_or("?"),
-                c["plan"].as_str().unwrap_or("-"),
-                c["keys"],
-                if c["deleted"] == true {
-                    "\tdeleted"
-                } else {
-                    ""
-                }
-            );
+            println!("{}", row(c));
         }
         if let Some(next) = v.get("next").and_then(Value::as_str) {
             eprintln!("more: --after {next}");
+        } else {
+            // The config's own consumers are not listed: say so, so that an empty list
+            // does not read as "no consumers".
+            let in_config = v["listed_in_config"].as_u64().unwrap_or(0);
+            let none = if list.is_empty() {
+                "no consumer is managed through the admin API; "
+            } else {
+                ""
+            };
+            if in_config > 0 || list.is_empty() {
+                eprintln!("{none}the config's own consumers ({in_config}) are not listed here");
+            }
         }
         return;
     }
+    // One consumer (as `add` answers): the list's line for it.
+    if v.get("name").and_then(Value::as_str).is_some() && v.get("plan").is_some() {
+        println!("{}", row(v));
+        return;
+    }
     println!("{}", serde_json::to_string(v).unwrap_or_default());
+}
+
+/// A consumer as one line: name, plan, keys (and `deleted`), tab-separated.
+fn row(c: &Value) -> String {
+    // A list counts the keys; one consumer's record holds them.
+    let keys = c["keys"]
+        .as_array()
+        .map_or_else(|| c["keys"].to_string(), |k| k.len().to_string());
+    format!(
+        "{}\tplan={}\tkeys={keys}{}",
+        c["name"].as_str().unwrap_or("?"),
+        c["plan"].as_str().unwrap_or("-"),
+        if c["deleted"] == true {
+            "\tdeleted"
+        } else {
+            ""
+        }
+    )
 }

@@ -115,11 +115,26 @@ fn table_text(v: &serde_json::Value) -> String {
     ));
     for l in limits {
         out.push_str(&format!(
-            "  {:<24} {:<16} {:>10} / {:<10} per {:>7}s  ({} left)\n",
-            l.name, l.scope, l.used, l.requests, l.window_seconds, l.remaining
+            "  {:<24} {:<16} {:>10} / {:<10} per {:>8}  ({} left)\n",
+            l.name,
+            l.scope,
+            l.used,
+            l.requests,
+            window(l.window_seconds),
+            l.remaining
         ));
     }
     out
+}
+
+/// A window as the config writes it: `10s`, `5m`, `1h`, `30d` (the shortest exact form).
+fn window(seconds: u64) -> String {
+    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
+        if seconds >= len && seconds.is_multiple_of(len) {
+            return format!("{}{unit}", seconds / len);
+        }
+    }
+    format!("{seconds}s")
 }
 
 /// `tollgate usage CONSUMER --history DURATION`: the consumer's requests per route and
@@ -280,5 +295,15 @@ mod tests {
             "limits": [limit]}));
         assert!(local.contains("used / allowed"), "{local}");
         assert!(local.contains("         4 / 10"), "{local}");
+        assert!(local.contains("per       1m  (6 left)"), "{local}");
+    }
+
+    #[test]
+    fn windows_read_as_the_config_writes_them() {
+        let got: Vec<String> = [1, 10, 60, 90, 3_600, 86_400, 2_592_000]
+            .into_iter()
+            .map(window)
+            .collect();
+        assert_eq!(got, ["1s", "10s", "1m", "90s", "1h", "1d", "30d"]);
     }
 }
