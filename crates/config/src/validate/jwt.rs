@@ -48,29 +48,32 @@ pub(super) fn jwt(
         j.jwks_file.is_some(),
         j.secret_file.is_some(),
     ];
-    let keys = match sources.iter().filter(|s| **s).count() {
+    // A source that cannot be used stops nothing else from being checked: every problem
+    // of the route's `jwt` is reported at once.
+    let given = sources.iter().filter(|s| **s).count();
+    let keys = match given {
         0 => match &j.issuer {
             Some(issuer) => {
                 url(issuer, &format!("{at}.issuer"), "discovery", p);
-                JwtKeys::Discovery(issuer.clone())
+                Some(JwtKeys::Discovery(issuer.clone()))
             }
             None => {
                 p.add(
                     at,
                     "needs `issuer` (its OpenID metadata names the keys), `jwks_url`, `jwks_file` or `secret_file`",
                 );
-                return None;
+                None
             }
         },
         1 => {
             if let Some(u) = &j.jwks_url {
                 url(u, &format!("{at}.jwks_url"), "jwks", p);
-                JwtKeys::Url(u.clone())
+                Some(JwtKeys::Url(u.clone()))
             } else if let Some(f) = &j.jwks_file {
-                JwtKeys::File(jwks_file(f, &format!("{at}.jwks_file"), base, p)?)
+                jwks_file(f, &format!("{at}.jwks_file"), base, p).map(JwtKeys::File)
             } else {
                 let f = j.secret_file.as_deref().unwrap_or_default();
-                JwtKeys::Secret(secret_file(f, &format!("{at}.secret_file"), base, p)?)
+                secret_file(f, &format!("{at}.secret_file"), base, p).map(JwtKeys::Secret)
             }
         }
         _ => {
@@ -78,12 +81,18 @@ pub(super) fn jwt(
                 at,
                 "give one of `jwks_url`, `jwks_file` and `secret_file`, not several",
             );
-            return None;
+            None
         }
     };
-    let symmetric = matches!(keys, JwtKeys::Secret(_));
+    // Whether the keys are a shared secret, when the source is clear (one given, or the
+    // issuer alone), even if it could not be read.
+    let symmetric = match given {
+        0 if j.issuer.is_some() => Some(false),
+        1 => Some(j.secret_file.is_some()),
+        _ => None,
+    };
     let mut algorithms = algorithms(j.algorithms.as_deref(), symmetric, at, p);
-    if let JwtKeys::Secret(s) = &keys {
+    if let Some(JwtKeys::Secret(s)) = &keys {
         // RFC 7518 §3.2: a secret at least as long as the hash. Listed algorithms the secret
         // is too short for are refused; left to the default, they are left out.
         match &j.algorithms {
@@ -183,7 +192,7 @@ pub(super) fn jwt(
         }
     }
     Some(JwtConfig {
-        keys,
+        keys: keys?,
         issuer: j.issuer.clone().filter(|i| !i.is_empty()),
         audiences: j.audiences.clone(),
         algorithms,
@@ -218,7 +227,7 @@ fn url(raw: &str, at: &str, what: &str, p: &mut Problems) {
 /// public key used as an HMAC secret is the classic forgery).
 fn algorithms(
     raw: Option<&[String]>,
-    symmetric: bool,
+    symmetric: Option<bool>,
     at: &str,
     p: &mut Problems,
 ) -> Vec<JwtAlgorithm> {
@@ -226,7 +235,7 @@ fn algorithms(
         return JwtAlgorithm::ALL
             .iter()
             .map(|(_, a)| *a)
-            .filter(|a| a.symmetric() == symmetric)
+            .filter(|a| symmetric.is_none_or(|s| a.symmetric() == s))
             .collect();
     };
     if raw.is_empty() {
@@ -250,12 +259,12 @@ fn algorithms(
             );
             continue;
         };
-        if alg.symmetric() && !symmetric {
+        if alg.symmetric() && symmetric == Some(false) {
             p.add(
                 here,
                 format!("{name} is signed with a shared secret: it needs `secret_file`"),
             );
-        } else if !alg.symmetric() && symmetric {
+        } else if !alg.symmetric() && symmetric == Some(true) {
             p.add(
                 here,
                 format!(

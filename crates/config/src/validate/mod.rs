@@ -53,7 +53,10 @@ pub(crate) fn validate(
         index_digests || may_manage_keys(&raw, base),
         &mut p,
     );
-    let consumer_index = &consumers;
+    let consumer_index = route::ConsumerNames {
+        table: &consumers,
+        written: raw.consumers.iter().map(|c| c.name.as_str()).collect(),
+    };
 
     let mut routes = Vec::with_capacity(raw.routes.len());
     let mut names = HashSet::new();
@@ -65,7 +68,7 @@ pub(crate) fn validate(
             base,
             &upstream_index,
             &plan_index,
-            consumer_index,
+            &consumer_index,
             &mut p,
         ) {
             if !names.insert(route.name.clone()) {
@@ -409,7 +412,7 @@ fn consumers(
         if c.name.is_empty() || HeaderValueCheck::invalid(&c.name) {
             p.add(
                 format!("{at}.name"),
-                "must be non-empty printable ASCII (it is sent upstream in a header)",
+                "must be non-empty printable ASCII without spaces (it is sent upstream in a header)",
             );
             ok = false;
         } else if c.name == crate::NO_CONSUMER {

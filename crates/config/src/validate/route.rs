@@ -5,7 +5,7 @@ use super::problems::Problems;
 use crate::file;
 use crate::model::*;
 use http::{HeaderName, Method};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 const DEFAULT_CONSUMER_HEADER: &str = "x-consumer";
 
@@ -94,13 +94,22 @@ fn header_names(raw: &[String], at: &str, p: &mut Problems) -> Vec<HeaderName> {
     out
 }
 
+/// The consumers routes may name: those the config holds, and the names written inline
+/// (a consumer refused for its own problem is not "unknown" as well).
+pub(super) struct ConsumerNames<'a> {
+    /// The consumers taken.
+    pub table: &'a crate::Consumers,
+    /// Every inline consumer's name, taken or not.
+    pub written: HashSet<&'a str>,
+}
+
 pub(super) fn route(
     r: &file::Route,
     at: &str,
     base: &std::path::Path,
     upstream_index: &HashMap<String, usize>,
     plan_index: &HashMap<String, usize>,
-    consumer_index: &crate::Consumers,
+    consumer_index: &ConsumerNames<'_>,
     p: &mut Problems,
 ) -> Option<RouteConfig> {
     let path = match (&r.path_prefix, &r.path) {
@@ -235,8 +244,9 @@ pub(super) fn route(
         }
         let mut out = AllowConfig::default();
         for (i, c) in a.consumers.iter().enumerate() {
-            match consumer_index.find(c) {
+            match consumer_index.table.find(c) {
                 Some(ix) => out.consumers.push(ix),
+                None if consumer_index.written.contains(c.as_str()) => {}
                 None => p.add(
                     format!("{at}.allow.consumers[{i}]"),
                     format!("unknown consumer {c:?}"),
@@ -272,6 +282,16 @@ pub(super) fn route(
                 format!("{at}.cors.origins"),
                 "at least one origin (or \"*\")",
             );
+        }
+        // Browsers send `Origin` as `scheme://host[:port]`, in lower case, and it is
+        // compared byte for byte: an origin written another way would never match.
+        for (i, o) in c.origins.iter().enumerate() {
+            if o != "*" && !origin_form(o) {
+                p.warn(
+                    format!("{at}.cors.origins[{i}]"),
+                    format!("{o:?} never matches: browsers send an origin as scheme://host[:port], lower case, with no path or trailing slash"),
+                );
+            }
         }
         if any && c.credentials {
             p.add(
@@ -347,4 +367,19 @@ pub(super) fn route(
         cache,
         websocket: r.websocket,
     })
+}
+
+/// Whether `o` is written as a browser sends `Origin`: `scheme://host[:port]` in lower
+/// case, no path (or the opaque `null`).
+fn origin_form(o: &str) -> bool {
+    if o == "null" {
+        return true;
+    }
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return false;
+    };
+    !scheme.is_empty()
+        && !rest.is_empty()
+        && !rest.contains(['/', '?', '#'])
+        && !o.bytes().any(|b| b.is_ascii_uppercase() || b.is_ascii_whitespace())
 }

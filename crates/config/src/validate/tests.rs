@@ -35,10 +35,11 @@ consumers:
   - {name: alice, keys: [k1], plan: bronze}
   - {name: bob, keys: [k1]}
   - {name: "-", keys: [k3]}
+  - {name: dave, key_sha256: [not-hex]}
 routes:
   - {path_prefix: /a/, upstream: backend}
   - {path_prefix: b, upstream: orders, methods: [GET, "B@D"]}
-  - {path: /c, upstream: backend, allow: {consumers: [carol]}}
+  - {path: /c, upstream: backend, allow: {consumers: [carol, dave]}}
 "#;
     let err = from_yaml(bad).expect_err("invalid");
     let text: Vec<String> = err.problems().iter().map(|p| p.to_string()).collect();
@@ -53,6 +54,7 @@ routes:
         "routes[1].methods[1]: \"B@D\" is not an HTTP method",
         "routes[2].allow: needs `auth` on the route",
         "routes[2].allow.consumers[0]: unknown consumer \"carol\"",
+        "consumers[3].key_sha256[0]:",
     ];
     for e in expect {
         assert!(
@@ -60,6 +62,11 @@ routes:
             "missing {e:?} in {text:#?}"
         );
     }
+    // dave is refused for his own key, not named unknown as well.
+    assert!(
+        !text.iter().any(|t| t.contains("unknown consumer \"dave\"")),
+        "{text:#?}"
+    );
 }
 
 #[test]
@@ -459,6 +466,7 @@ routes:
   - {name: f, path_prefix: /f/, upstream: backend, auth: {jwt: {jwks_url: "http://x/j", secret_file: s}}}
   - {name: g, path_prefix: /g/, upstream: backend, auth: {jwt: {jwks_file: oct.json}}}
   - {name: h, path_prefix: /h/, upstream: backend, auth: {jwt: {secret_file: forty.secret, algorithms: [HS256, HS384]}}}
+  - {name: i, path_prefix: /i/, upstream: backend, auth: {jwt: {secret_file: missing.secret, clock_skew: 1h, max_token_bytes: 100}}}
 "#;
     let err = crate::from_yaml_in(bad, &dir)
         .expect_err("invalid")
@@ -481,6 +489,10 @@ routes:
         "routes[5].auth.jwt: give one of `jwks_url`, `jwks_file` and `secret_file`, not several",
         "holds no public key (only shared-secret `oct` keys, or none)",
         "routes[7].auth.jwt.algorithms[1]: HS384 needs a secret of at least 48 bytes (RFC 7518 §3.2); the secret has 40",
+        // A key source that cannot be read hides nothing else of the route's `jwt`.
+        "routes[8].auth.jwt.secret_file:",
+        "routes[8].auth.jwt.clock_skew: must be at most 10m",
+        "routes[8].auth.jwt.max_token_bytes: must be between 256 and 64KiB",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
@@ -700,5 +712,38 @@ fn a_bad_value_is_reported_once_not_again_through_a_default_drawn_from_it() {
         text.iter()
             .any(|t| t.starts_with("listeners[0].http2.max_header_list_size")),
         "{text:#?}"
+    );
+}
+
+#[test]
+fn a_cors_origin_a_browser_never_sends_is_warned_of() {
+    let cfg = from_yaml(
+        r#"
+listeners: [{address: "127.0.0.1:8080"}]
+upstreams:
+  backend: {targets: ["127.0.0.1:1337"]}
+routes:
+  - name: a
+    path_prefix: /
+    upstream: backend
+    cors: {origins: ["https://a.example", "http://b.example:8080", "null", "https://c.example/", "HTTPS://D.example", "e.example"]}
+"#,
+    )
+    .expect("valid: a warning, not a problem");
+    let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
+    for i in 3..=5 {
+        let at = format!("routes[0].cors.origins[{i}]: ");
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.starts_with(&at) && w.contains("never matches")),
+            "missing {at} in {warned:#?}"
+        );
+    }
+    assert!(
+        !warned.iter().any(|w| w.starts_with("routes[0].cors.origins[0]")
+            || w.starts_with("routes[0].cors.origins[1]")
+            || w.starts_with("routes[0].cors.origins[2]")),
+        "{warned:#?}"
     );
 }
