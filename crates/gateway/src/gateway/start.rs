@@ -86,7 +86,8 @@ impl Gateway {
         });
         let roster = match &config.consumers_log {
             None => {
-                if config.admin.is_some() {
+                // Only where the API can change consumers: it needs a token.
+                if config.admin.as_ref().is_some_and(|a| a.token.is_some()) {
                     tracing::warn!(
                         "consumers managed through the admin API are kept in memory only and lost on restart; name a file in consumers_log: to keep them"
                     );
@@ -134,6 +135,16 @@ impl Gateway {
                 crate::roster::Roster::unavailable(why)
             }),
         };
+        // Said only where something can make the log: the admin API (it needs a token)
+        // or another node's changes.
+        let can_change =
+            config.admin.as_ref().is_some_and(|a| a.token.is_some()) || config.cluster.is_some();
+        if let (true, true, Some(path)) = (roster.new_log(), can_change, &config.consumers_log) {
+            tracing::info!(
+                path = %path.display(),
+                "no consumer change log yet: the first change through the admin API makes it"
+            );
+        }
         let roster = Arc::new(roster);
         if let (Some(c), Ok(_)) = (&config.cluster, tokio::runtime::Handle::try_current()) {
             crate::roster::share::spawn(&roster, c);

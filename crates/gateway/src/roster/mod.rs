@@ -56,6 +56,8 @@ pub struct Roster {
     compaction: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Where changes made here go to be shared with other nodes (cluster mode).
     outbox: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Managed>>>,
+    /// Whether the change log did not exist when opened.
+    new_log: bool,
 }
 
 impl Roster {
@@ -76,12 +78,6 @@ impl Roster {
     /// lines are skipped (and named in the log).
     pub fn open(path: &Path) -> std::io::Result<Roster> {
         let (log, replayed) = Log::open(path)?;
-        if replayed.missing {
-            tracing::info!(
-                path = %path.display(),
-                "no consumer change log yet: the first change through the admin API makes it"
-            );
-        }
         if !replayed.skipped.is_empty() {
             tracing::warn!(
                 path = %path.display(),
@@ -89,7 +85,10 @@ impl Roster {
                 "consumer change log: a torn last line (a crash mid-write) was skipped; the next change cuts it off"
             );
         }
-        let roster = Roster::default();
+        let roster = Roster {
+            new_log: replayed.missing,
+            ..Roster::default()
+        };
         for r in replayed.records {
             roster.apply(r);
         }
@@ -111,6 +110,12 @@ impl Roster {
         }
         *roster.log.lock() = Some(log);
         Ok(roster)
+    }
+
+    /// Whether the change log did not exist yet when the roster opened it (the first
+    /// change makes it).
+    pub fn new_log(&self) -> bool {
+        self.new_log
     }
 
     /// Why changes are refused, when the change log could not be read at start.
