@@ -327,7 +327,7 @@ async fn the_access_log_names_the_target_of_a_cache_miss_and_of_a_failure() {
         r#"listeners: [{{address: "127.0.0.1:0"}}]
 upstreams:
   backend: {{targets: ["{backend}"], response_timeout: 2s}}
-  gone: {{targets: ["{dead}"], connect_timeout: 1s}}
+  gone: {{targets: ["{dead}"], connect_timeout: 1s, health: {{failures: 1, backoff: 1h}}}}
 access_log: {{path: {}}}
 routes:
   - {{name: cached, path_prefix: /cached/, upstream: backend, cache: {{default_ttl: 10s}}}}
@@ -353,15 +353,25 @@ routes:
         c.get(&gw.url("/gone/x")).await.status,
         StatusCode::BAD_GATEWAY
     );
+    // Its one target is out now: the next request is refused before any is tried.
+    assert_eq!(
+        c.get(&gw.url("/gone/y")).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
     let lines = log_lines(&path);
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines.len(), 4, "{lines:?}");
     // The miss went to the backend, the hit nowhere, the failure to the target it tried.
     assert_eq!(lines[0]["upstream_target"], backend.to_string());
     assert!(lines[0]["upstream_ms"].as_f64().is_some(), "{}", lines[0]);
     assert_eq!(lines[1]["upstream_target"], serde_json::Value::Null);
     assert_eq!(lines[2]["status"], 502);
     assert_eq!(lines[2]["upstream_target"], dead.to_string());
+    assert!(lines[2]["upstream_ms"].as_f64().is_some(), "{}", lines[2]);
+    // No target tried, no time upstream.
+    assert_eq!(lines[3]["status"], 503);
+    assert_eq!(lines[3]["upstream_target"], serde_json::Value::Null);
+    assert_eq!(lines[3]["upstream_ms"], serde_json::Value::Null, "{}", lines[3]);
 }
 
 #[tokio::test]

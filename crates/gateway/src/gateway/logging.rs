@@ -132,32 +132,38 @@ impl<'g, 's> Unanswered<'g, 's> {
             .take()
             .unwrap_or_else(|| ctx.conn.peer_ip.clone());
         let (log, spans) = (self.log.take(), self.spans.take());
-        Some(move |snap: Arc<Snapshot>, answered: &AnsweredBy| Pending {
-            rec: Box::new(Record {
-                start,
-                request_id,
-                client,
-                method,
-                uri: head.uri,
-                snap,
-                route,
-                consumer: consumer_index,
-                status,
-                // Declared, else counted as read (a chunked body).
-                bytes_in: head.bytes_in.or_else(|| answered.body_read()),
-                bytes_out: 0,
-                duration: Duration::ZERO,
-                upstream_ns,
-                target: answered.target.lock().take(),
-                refusal: refusal.and_then(|i| REASONS.get(i).copied()),
-                limit,
-                cache,
-                trace,
-                span_head: head.span,
-                retries: answered.retries.load(Ordering::Relaxed),
-            }),
-            log,
-            spans,
+        Some(move |snap: Arc<Snapshot>, answered: &AnsweredBy| {
+            let target = answered.target.lock().take();
+            Pending {
+                rec: Box::new(Record {
+                    start,
+                    request_id,
+                    client,
+                    method,
+                    uri: head.uri,
+                    snap,
+                    route,
+                    consumer: consumer_index,
+                    status,
+                    // Declared, else counted as read (a chunked body).
+                    bytes_in: head.bytes_in.or_else(|| answered.body_read()),
+                    bytes_out: 0,
+                    duration: Duration::ZERO,
+                    // Only where a target was tried: a request refused or timed out before
+                    // one was picked (a body that never came, no healthy target) spent no
+                    // time upstream.
+                    upstream_ns: upstream_ns.filter(|_| target.is_some()),
+                    target,
+                    refusal: refusal.and_then(|i| REASONS.get(i).copied()),
+                    limit,
+                    cache,
+                    trace,
+                    span_head: head.span,
+                    retries: answered.retries.load(Ordering::Relaxed),
+                }),
+                log,
+                spans,
+            }
         })
     }
 }
