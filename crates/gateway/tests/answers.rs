@@ -316,6 +316,14 @@ async fn malformed_requests_get_a_precise_4xx_and_a_closed_connection() {
     let (gw, _) = setup().await;
     let r = raw(gw.addr, b"GARBAGE\r\n\r\n").await;
     assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    // A line without its version is the line's fault, a bad byte in the target the
+    // target's.
+    let r = raw(gw.addr, b"GET /open\r\nHost: x\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    assert!(r.contains("malformed request line"), "{r}");
+    let r = raw(gw.addr, b"GET /op\x01en HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    assert!(r.contains("invalid request target"), "{r}");
 
     let r = raw(gw.addr, b"GET /test/../admin HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(r.starts_with("HTTP/1.1 400"), "{r}");

@@ -190,7 +190,7 @@ fn locate(bytes: &[u8], limits: Limits, fields: &mut Spots) -> Result<Option<Loc
             }
             Ok(None)
         }
-        Err(e) => Err(refusal_of(e, req.method.is_none())),
+        Err(e) => Err(refusal_of(e, req.method.is_none(), bytes)),
     }
 }
 
@@ -349,17 +349,26 @@ fn range_in(whole: &[u8], part: &[u8]) -> (usize, usize) {
 }
 
 /// The answer to a head httparse refused.
-fn refusal_of(e: httparse::Error, no_method: bool) -> Refused {
+fn refusal_of(e: httparse::Error, no_method: bool, bytes: &[u8]) -> Refused {
     use httparse::Error as E;
     match e {
         E::TooManyHeaders => refused(431, "more than max_headers header fields"),
         E::Token if no_method => refused(400, "invalid method"),
+        // A line that ends after its target (`GET /x`, HTTP/0.9's form) has no version:
+        // the line itself is wrong, not the target.
+        E::Token if !target_ends_in_space(bytes) => refused(400, "malformed request line"),
         E::Token => refused(400, "invalid request target"),
         E::Version => refused(400, "invalid HTTP version"),
         E::HeaderName => refused(400, "invalid header name"),
         E::HeaderValue => refused(400, "invalid header value"),
         E::NewLine | E::Status => refused(400, "malformed request line"),
     }
+}
+
+/// Whether the request line holds a space after its method's: a target followed by more.
+fn target_ends_in_space(bytes: &[u8]) -> bool {
+    let line = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    line.iter().filter(|b| **b == b' ').count() >= 2
 }
 
 /// A `Content-Length` value: digits only (no sign, no spaces, no list), no overflow.
