@@ -371,7 +371,12 @@ routes:
     // No target tried, no time upstream.
     assert_eq!(lines[3]["status"], 503);
     assert_eq!(lines[3]["upstream_target"], serde_json::Value::Null);
-    assert_eq!(lines[3]["upstream_ms"], serde_json::Value::Null, "{}", lines[3]);
+    assert_eq!(
+        lines[3]["upstream_ms"],
+        serde_json::Value::Null,
+        "{}",
+        lines[3]
+    );
 }
 
 #[tokio::test]

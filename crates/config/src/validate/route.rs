@@ -381,5 +381,7 @@ fn origin_form(o: &str) -> bool {
     !scheme.is_empty()
         && !rest.is_empty()
         && !rest.contains(['/', '?', '#'])
-        && !o.bytes().any(|b| b.is_ascii_uppercase() || b.is_ascii_whitespace())
+        && !o
+            .bytes()
+            .any(|b| b.is_ascii_uppercase() || b.is_ascii_whitespace())
 }

@@ -741,9 +741,11 @@ routes:
         );
     }
     assert!(
-        !warned.iter().any(|w| w.starts_with("routes[0].cors.origins[0]")
-            || w.starts_with("routes[0].cors.origins[1]")
-            || w.starts_with("routes[0].cors.origins[2]")),
+        !warned
+            .iter()
+            .any(|w| w.starts_with("routes[0].cors.origins[0]")
+                || w.starts_with("routes[0].cors.origins[1]")
+                || w.starts_with("routes[0].cors.origins[2]")),
         "{warned:#?}"
     );
 }
