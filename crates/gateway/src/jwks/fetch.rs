@@ -74,10 +74,15 @@ pub(super) async fn run(set: Weak<KeySet>, wake: Arc<Notify>, url: String, disco
                 h.failed += 1;
                 let have = s.keys().list.len();
                 if h.failing.as_deref() != Some(e.as_str()) {
+                    let then = if have == 0 {
+                        "no keys yet: its tokens are refused until a fetch succeeds"
+                    } else {
+                        "serving the last good keys"
+                    };
                     tracing::warn!(
                         source = %url,
                         keys_kept = have,
-                        "cannot fetch token signing keys: {e}; serving the last good keys"
+                        "cannot fetch token signing keys: {e}; {then}"
                     );
                 }
                 h.failing = Some(e);
