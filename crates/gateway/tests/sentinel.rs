@@ -2,7 +2,8 @@
 //! sentinels on loopback. The master is killed and the gateway follows the one the
 //! sentinels promote, without a restart; a planned failover (`SENTINEL FAILOVER`) is
 //! followed before the sentinels demote the old master, through sentinels that ask for a
-//! password, and does not loosen a limit.
+//! password, and does not loosen a limit. A replica named as the server is retried with
+//! backoff, not at every sync interval.
 
 mod common;
 
@@ -452,4 +453,84 @@ cluster:
     // may go unused, never more admitted.
     assert!(admitted >= 240, "only {admitted} of 300 admitted");
     let _ = std::fs::remove_dir_all(&set.dir);
+}
+
+/// Connections `port` has taken since it started (`INFO stats`), asked on `c`.
+fn connections_taken(c: &mut ::redis::Connection) -> u64 {
+    ::redis::cmd("INFO")
+        .arg("stats")
+        .query::<String>(c)
+        .ok()
+        .and_then(|i| {
+            i.lines()
+                .find_map(|l| l.strip_prefix("total_connections_received:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_named_as_the_server_is_retried_with_backoff() {
+    // A master and its replica; the node is given the replica, which refuses writes
+    // (READONLY) on every connection the node makes.
+    let dir = tempdir("replica-named");
+    let (m, r) = (free_port(), free_port());
+    let base = |port: u16| {
+        vec![
+            "--port".to_string(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+            "--dir".into(),
+            dir.display().to_string(),
+        ]
+    };
+    let _master = spawn(&base(m));
+    let mut replica_args = base(r);
+    replica_args.extend(["--replicaof".into(), "127.0.0.1".into(), m.to_string()]);
+    let _replica = spawn(&replica_args);
+    wait("the replica in sync", || {
+        conn(r).is_some_and(|mut c| {
+            ::redis::cmd("INFO")
+                .arg("replication")
+                .query::<String>(&mut c)
+                .is_ok_and(|i| i.contains("master_link_status:up"))
+        })
+    });
+    let mut watch = conn(r).expect("a connection to the replica");
+    let before = connections_taken(&mut watch);
+    let (backend, _) = inspect_backend().await;
+    let yaml = yaml(
+        backend,
+        &format!(
+            r#"consumers: [{{name: alice, keys: [ka]}}]
+routes:
+  - {{name: api, path_prefix: /api/, upstream: backend, auth: {{}}, limits: [{{requests: 1000, per: 1h}}]}}
+cluster:
+  redis: redis://127.0.0.1:{r}/0
+  sync_interval: 10ms
+"#
+        ),
+    );
+    let started = Instant::now();
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    // Each connection of the syncer fails its first round. Made again at once, it took
+    // about one a sync interval (a hundred a second); with the backoff (100, 200,
+    // 400 ms…) its fourth comes 700 ms after its first at the soonest. (One more
+    // connection is the managed consumers' reader, which a replica serves.)
+    wait("five connections from the node", || {
+        connections_taken(&mut watch) >= before + 5
+    });
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(600),
+        "five connections within {took:?}: no backoff"
+    );
+    let down = "tollgate_cluster_redis_up 0";
+    assert!(metrics_with(&gw.gw, down).await.contains(down));
+    let _ = std::fs::remove_dir_all(&dir);
 }

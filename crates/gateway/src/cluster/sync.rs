@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 /// How often a node renews its mark among the live nodes.
 const HEARTBEAT: Duration = Duration::from_secs(1);
+/// The first wait before connecting again after a failure.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// How long every part of a Redis Cluster answers before a part's failure is over (one
 /// warning and one notice per failure, however the rounds fall).
 const QUIET: Duration = Duration::from_secs(10);
@@ -41,9 +43,12 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
             pending: HashMap::new(),
             probe: Probe::default(),
             reloaded: None,
+            backoff: FIRST_BACKOFF,
+            retry_at: None,
+            futile: 0,
+            said: None,
         };
         let mut flight: FuturesUnordered<BoxFuture<'static, Landed>> = FuturesUnordered::new();
-        let mut backoff = Duration::from_millis(100);
         loop {
             // Every sync interval, at once when a request waits for a lease, and as each
             // part in flight lands.
@@ -68,29 +73,43 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                 s.conn = None;
             }
             if s.conn.is_none() {
+                // A connection whose rounds failed before any answered: the next waits out
+                // the backoff, as a failed connect does.
+                let wait = s.retry_at.take().map_or(Duration::ZERO, |t| {
+                    t.saturating_duration_since(Instant::now())
+                });
+                if !wait.is_zero() {
+                    s.failed(&c);
+                    drop(c);
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
                 match connect(&c).await {
                     Ok(x) => {
                         s.conn = Some(x);
-                        backoff = Duration::from_millis(100);
                         s.last_heartbeat = None;
-                        tracing::info!(redis = %c.cfg.redis.shown(), "cluster: connected to Redis; sharing limits");
+                        // Said once, not at each try of a connection that never answers a
+                        // round (a replica, one node of a Redis Cluster named as a server).
+                        if s.futile == 0 {
+                            tracing::info!(redis = %c.cfg.redis.shown(), "cluster: connected to Redis; sharing limits");
+                        }
+                        s.futile += 1;
                     }
                     Err(e) => {
                         c.metrics.errors.fetch_add(1, Ordering::Relaxed);
-                        if c.up.swap(false, Ordering::Relaxed)
-                            || backoff == Duration::from_millis(100)
-                        {
+                        let why = e.to_string();
+                        if c.up.swap(false, Ordering::Relaxed) || s.said.as_ref() != Some(&why) {
                             tracing::warn!(
                                 redis = %c.cfg.redis.shown(),
                                 policy = ?c.cfg.on_redis_down,
                                 "cluster: Redis unreachable ({e}); retrying with backoff"
                             );
                         }
+                        s.said = Some(why);
                         s.failed(&c);
-                        let most = crate::redis_link::max_backoff(&c.cfg.redis);
+                        let wait = s.next_backoff(&c);
                         drop(c);
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(most);
+                        tokio::time::sleep(wait).await;
                         continue;
                     }
                 }
@@ -122,6 +141,14 @@ struct Syncer {
     probe: Probe,
     /// When the lease script was last loaded again after a master said it lacked it.
     reloaded: Option<Instant>,
+    /// The wait before the next connect after a failure (doubling to a bound).
+    backoff: Duration,
+    /// No connect before this: the last connection failed before any round answered.
+    retry_at: Option<Instant>,
+    /// Connections made since a round last answered.
+    futile: u32,
+    /// The failure last logged while Redis is down (each new one is logged once).
+    said: Option<String>,
 }
 
 /// One question "does any master of the Redis Cluster answer?", shared by every part that
@@ -314,6 +341,9 @@ impl Syncer {
                     tracing::info!("cluster: Redis answers; shared counting resumed");
                     self.resumed = Some(Instant::now());
                 }
+                if current {
+                    (self.backoff, self.futile, self.said) = (FIRST_BACKOFF, 0, None);
+                }
                 let fresh = self
                     .resumed
                     .is_some_and(|t| t.elapsed() < Duration::from_millis(super::asks::NODE_TTL_MS));
@@ -373,10 +403,23 @@ impl Syncer {
                         }
                     }
                     None if current => {
-                        if c.up.swap(false, Ordering::Relaxed) {
-                            tracing::warn!(policy = ?c.cfg.on_redis_down, "cluster: Redis failed ({e}); reconnecting");
+                        let why = e.to_string();
+                        let was_up = c.up.swap(false, Ordering::Relaxed);
+                        if was_up || self.said.as_ref() != Some(&why) {
+                            tracing::warn!(
+                                policy = ?c.cfg.on_redis_down,
+                                "cluster: Redis failed ({e}){}; reconnecting",
+                                misnamed(&e)
+                            );
                         }
+                        self.said = Some(why);
                         self.conn = None;
+                        // A connection that worked reconnects at once (a failover); one
+                        // that never answered a round waits, or it would be made again
+                        // every sync interval.
+                        if !was_up {
+                            self.retry_at = Some(Instant::now() + self.next_backoff(c));
+                        }
                     }
                     _ => {}
                 }
@@ -415,6 +458,13 @@ impl Syncer {
         }
     }
 
+    /// The wait before the next connect, doubled for the one after (to the target's bound).
+    fn next_backoff(&mut self, c: &Cluster) -> Duration {
+        let wait = self.backoff;
+        self.backoff = (wait * 2).min(crate::redis_link::max_backoff(&c.cfg.redis));
+        wait
+    }
+
     /// A round that could not be sent (no connection to Redis): it ends at once, and a
     /// request waiting for a lease checks again (and finds the store down).
     fn failed(&mut self, c: &Cluster) {
@@ -429,6 +479,21 @@ impl Syncer {
         if c.connected_to_cluster(masters) && self.partly.is_some() {
             self.conn = None;
         }
+    }
+}
+
+/// What a round's failure says of the config, when the server named is not one that
+/// takes writes of every key: one node of a Redis Cluster, or a replica.
+fn misnamed(e: &redis::RedisError) -> &'static str {
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    match e.kind() {
+        K::Server(S::Moved | S::Ask | S::CrossSlot) => {
+            ": the server is one node of a Redis Cluster; list its nodes in cluster.redis.cluster_nodes"
+        }
+        K::Server(S::ReadOnly) => {
+            ": the server is a replica; name the master, or its sentinels in cluster.redis.sentinels"
+        }
+        _ => "",
     }
 }
 
