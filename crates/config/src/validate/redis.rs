@@ -34,9 +34,11 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                 match key {
                     "url" => url = Some(text(v, &here, p)),
                     "master_name" => master_name = Some(text(v, &here, p)),
+                    // Redis has 16 by default (`databases` raises it): a number past
+                    // the server's is refused by it, and logged.
                     "db" => match v.as_i64() {
-                        Some(n) if (0..=15).contains(&n) => db = n,
-                        _ => p.add(here, "must be a database number from 0 to 15"),
+                        Some(n) if (0..=i64::from(u32::MAX)).contains(&n) => db = n,
+                        _ => p.add(here, "must be a database number (0 or more)"),
                     },
                     "sentinels" => {
                         listed = true;
@@ -173,6 +175,16 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
 fn secret(v: &Value, base: &Path, at: &str, p: &mut Problems) -> Option<String> {
     let f = text(v, at, p);
     match std::fs::read_to_string(base.join(&f)) {
+        Ok(s) if s.trim().is_empty() => {
+            p.add(
+                at,
+                format!(
+                    "{} is empty: it must hold the password",
+                    base.join(&f).display()
+                ),
+            );
+            None
+        }
         Ok(s) => Some(s.trim_end_matches(['\n', '\r']).to_string()),
         Err(e) => {
             p.add(at, format!("cannot read {}: {e}", base.join(&f).display()));
@@ -194,7 +206,14 @@ fn text(v: &Value, at: &str, p: &mut Problems) -> String {
 /// A non-empty list of `host:port`, each a `name` (for the errors, with an `example`).
 fn host_ports(v: &Value, here: &str, name: &str, example: &str, p: &mut Problems) -> Vec<String> {
     let Some(list) = v.as_sequence().filter(|l| !l.is_empty()) else {
-        p.add(here, format!("must list at least one {name} as host:port"));
+        let given = match v {
+            Value::String(s) => format!(" (a list: [{s}], not {s:?})"),
+            _ => String::new(),
+        };
+        p.add(
+            here,
+            format!("must list at least one {name} as host:port{given}"),
+        );
         return Vec::new();
     };
     let mut out = Vec::with_capacity(list.len());
@@ -241,6 +260,31 @@ fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -
         );
         return RedisTarget::Url(url.to_string());
     };
+    // What the Redis client would refuse at every connect, said here with its place.
+    match url::Url::parse(url) {
+        Err(e) => {
+            p.add(
+                at,
+                format!("{url:?} is not a valid URL ({e}); e.g. redis://127.0.0.1:6379/0"),
+            );
+            return RedisTarget::Url(url.to_string());
+        }
+        Ok(u) => {
+            if u.host_str().is_none_or(str::is_empty) {
+                p.add(
+                    at,
+                    format!("{url:?} names no host; e.g. redis://127.0.0.1:6379/0"),
+                );
+            }
+            let db = u.path().trim_start_matches('/');
+            if !db.is_empty() && db.parse::<u32>().is_err() {
+                p.add(
+                    at,
+                    format!("{url:?}: the path is the database number (`/0`), not {db:?}"),
+                );
+            }
+        }
+    }
     let Some(pw) = password else {
         return RedisTarget::Url(url.to_string());
     };

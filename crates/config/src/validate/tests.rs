@@ -568,6 +568,39 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
         c.cluster.expect("cluster").redis,
         crate::RedisTarget::Url("redis://10.0.0.5:6379/0".into())
     );
+    // What the Redis client would refuse at every connect is refused here, in its place.
+    for (url, want) in [
+        ("redis://127.0.0.1:notaport/0", "is not a valid URL"),
+        ("redis://:6379/0", "is not a valid URL"),
+        ("redis:///0", "names no host"),
+        (
+            "redis://127.0.0.1:6379/abc",
+            "the path is the database number",
+        ),
+    ] {
+        let err = with(url).expect_err(url).to_string();
+        assert!(
+            err.contains("cluster.redis: ") && err.contains(want),
+            "{url}: {err}"
+        );
+    }
+    assert!(
+        with("redis://127.0.0.1:6379/99").is_ok(),
+        "a server may have more databases"
+    );
+    assert!(with("{url: \"redis://10.0.0.5\", db: 20}").is_ok());
+    std::fs::write(dir.join("empty.pass"), "\n").expect("write");
+    let err = with("{url: \"redis://10.0.0.5\", password_file: empty.pass}")
+        .expect_err("an empty password file")
+        .to_string();
+    assert!(
+        err.contains("cluster.redis.password_file: ") && err.contains("is empty"),
+        "{err}"
+    );
+    let err = with("{cluster_nodes: \"10.0.1.1:6379\"}")
+        .expect_err("one node not in a list")
+        .to_string();
+    assert!(err.contains("(a list: [10.0.1.1:6379]"), "{err}");
     let c = with("{url: \"redis://10.0.0.5:6379/0\", password_file: redis.pass}").expect("url");
     assert_eq!(
         c.cluster.expect("cluster").redis,
