@@ -205,6 +205,35 @@ async fn in_a_cluster_any_node_answers_for_all_of_them() {
         rows(&v),
         vec![(minute, "alice".into(), "api".into(), "2xx".into(), 5)]
     );
+    // Each bucket is spread over hashes by consumer: alice's counts are all in one of
+    // the minute's sixteen, and none in a hash of every consumer.
+    let held: Vec<u64> = (0..16)
+        .map(|n| redis.hsum(&format!("tgan:usage:1m:{minute}:{n}")))
+        .collect();
+    assert_eq!(held.iter().sum::<u64>(), 5, "{held:?}");
+    assert_eq!(held.iter().filter(|n| **n > 0).count(), 1, "{held:?}");
+    assert_eq!(redis.hsum(&format!("tgan:usage:1m:{minute}")), 0);
+    // A bucket's one hash of every consumer, as earlier versions wrote it, still counts.
+    {
+        let client = ::redis::Client::open(redis.url()).expect("url");
+        let mut raw = client.get_connection().expect("connect");
+        ::redis::cmd("HINCRBY")
+            .arg(format!("tgan:usage:1m:{minute}"))
+            .arg("bob\tapi\t2")
+            .arg(7)
+            .query::<u64>(&mut raw)
+            .expect("HINCRBY");
+    }
+    let _ = c.get(&a.url("/api/x?apikey=bob-key")).await;
+    let everyone = analytics(&c, a_admin, "step=1m").await;
+    assert_eq!(
+        rows(&everyone),
+        vec![
+            (minute, "alice".into(), "api".into(), "2xx".into(), 5),
+            (minute, "bob".into(), "api".into(), "2xx".into(), 8),
+        ],
+        "{everyone}"
+    );
 
     // Counts Redis could not take are added with the next batch, not lost. (The server
     // comes back empty: what it held before is gone with it.)

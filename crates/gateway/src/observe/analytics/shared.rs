@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tollgate_config::ClusterConfig;
 
-/// The cluster's copy of the history: one hash per bucket, `consumer\troute\tclass` → count.
+/// The cluster's copy of the history: per bucket, [`SHARDS`] hashes of
+/// `consumer\troute\tclass` → count, a consumer's counts in the one its name picks, so
+/// that a Redis Cluster spreads a bucket over its masters by consumer.
 pub(super) struct RedisLink {
     target: tollgate_config::RedisTarget,
     prefix: String,
@@ -42,6 +44,18 @@ struct Increment {
     expire: u64,
 }
 
+/// Hashes per bucket. Fixed: every node, of every version, must put a consumer's counts
+/// in the same one.
+const SHARDS: u32 = 16;
+
+/// The shard of a bucket that holds `consumer`'s counts: FNV-1a of the name.
+fn shard(consumer: &str) -> u32 {
+    let h = consumer.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    h % SHARDS
+}
+
 /// Most counts kept for another try while Redis does not take them (a count is one
 /// consumer, route and class in one bucket); past it, counts for new ones are dropped.
 const MAX_PENDING: usize = 100_000;
@@ -57,8 +71,14 @@ impl RedisLink {
         }
     }
 
-    fn key(&self, step: Step, ts: u64) -> String {
-        format!("{}:usage:{}:{ts}", self.prefix, step.name())
+    /// The hash of the bucket at `ts` that holds the consumers of `shard`; `None`: the
+    /// bucket's one hash of every consumer, as earlier versions wrote it (still read, so
+    /// that history written before, or by a node not yet upgraded, counts).
+    fn key(&self, step: Step, ts: u64, shard: Option<u32>) -> String {
+        match shard {
+            Some(n) => format!("{}:usage:{}:{ts}:{n}", self.prefix, step.name()),
+            None => format!("{}:usage:{}:{ts}", self.prefix, step.name()),
+        }
     }
 
     async fn conn(&self) -> Result<crate::redis_link::RedisConn, redis::RedisError> {
@@ -84,7 +104,10 @@ impl RedisLink {
                 } else {
                     ttl
                 };
-                let at = (self.key(step, ts / s * s), format!("{c}\t{r}\t{class}"));
+                let at = (
+                    self.key(step, ts / s * s, Some(shard(c))),
+                    format!("{c}\t{r}\t{class}"),
+                );
                 let e = all.entry(at).or_insert(Increment {
                     n: 0,
                     expire: keep + s,
@@ -109,8 +132,8 @@ impl RedisLink {
             cmds.push((key.clone(), add));
             cmds.push((key.clone(), expire));
         }
-        // Each bucket is its own key: a Redis Cluster spreads them over its masters, and
-        // a master that fails fails its own part alone.
+        // Each bucket's shard is its own key: a Redis Cluster spreads them over its
+        // masters, and a master that fails fails its own part alone.
         let mut parts = crate::redis_link::query_by_slot(&conn, cmds, None);
         let mut failed = HashMap::new();
         let mut first_error = None;
@@ -171,15 +194,20 @@ impl RedisLink {
             .map(|b| b * s)
             .filter(|ts| *ts < q.to)
             .collect();
-        let cmds = buckets
-            .iter()
-            .map(|ts| {
-                let key = self.key(q.step, *ts);
+        // One consumer's counts are in one shard of each bucket; everyone's in all.
+        let shards: Vec<Option<u32>> = match q.consumer.as_deref() {
+            Some(c) => vec![Some(shard(c)), None],
+            None => (0..SHARDS).map(Some).chain([None]).collect(),
+        };
+        let mut cmds = Vec::with_capacity(buckets.len() * shards.len());
+        for ts in &buckets {
+            for n in &shards {
+                let key = self.key(q.step, *ts, *n);
                 let mut cmd = redis::cmd("HGETALL");
                 cmd.arg(&key);
-                (key, cmd)
-            })
-            .collect();
+                cmds.push((key, cmd));
+            }
+        }
         let all: Vec<HashMap<String, u64>> = match crate::redis_link::query_keyed(&conn, cmds).await
         {
             Ok(v) => v
@@ -191,9 +219,18 @@ impl RedisLink {
                 return Err(e.into());
             }
         };
+        // A bucket's hashes summed (a count may be in its shard and in the old hash both),
+        // then its rows in order.
         let mut rows = Vec::new();
-        for (ts, fields) in buckets.iter().zip(all) {
-            let mut part: Vec<Row> = fields
+        let mut fields = all.into_iter();
+        for ts in &buckets {
+            let mut sum: HashMap<String, u64> = HashMap::new();
+            for _ in &shards {
+                for (f, count) in fields.next().unwrap_or_default() {
+                    *sum.entry(f).or_default() += count;
+                }
+            }
+            let mut part: Vec<Row> = sum
                 .into_iter()
                 .filter_map(|(f, count)| {
                     let mut it = f.splitn(3, '\t');
