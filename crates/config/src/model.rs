@@ -230,6 +230,8 @@ pub enum RedisTarget {
         sentinel_username: Option<String>,
         /// The sentinels' own password (their `requirepass`), if they have one.
         sentinel_password: Option<String>,
+        /// Whether the sentinels and the master are reached over TLS (`tls:`).
+        tls: bool,
     },
     /// A Redis Cluster, found through any of its nodes; keys are spread over its masters
     /// by hash slot, and MOVED / ASK redirections are followed.
@@ -279,6 +281,28 @@ pub struct ClusterConfig {
     pub max_overadmission: f64,
     /// Prefix of every Redis key.
     pub key_prefix: String,
+    /// What TLS to Redis trusts and presents (`cluster.redis.tls: {ca_file, cert_file,
+    /// key_file}`); `None`: the system's roots, no client certificate.
+    pub redis_tls: Option<std::sync::Arc<RedisTls>>,
+}
+
+/// The files of TLS to Redis, read at load: a CA bundle to trust instead of the system's
+/// roots, and a client certificate with its key (Redis's `tls-auth-clients`).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RedisTls {
+    /// The CA bundle's PEM.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The client certificate's PEM and its key's.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
 }
 
 /// Process-wide settings.

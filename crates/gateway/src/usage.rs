@@ -99,9 +99,12 @@ pub async fn usage(
     }
     let shared = !keys.is_empty();
     if let (Some(c), true) = (cluster, shared) {
-        let conn =
-            crate::redis_link::redis_connection(&c.cfg.redis, std::time::Duration::from_secs(2))
-                .await?;
+        let conn = crate::redis_link::redis_connection(
+            &c.cfg.redis,
+            c.cfg.redis_tls.as_ref(),
+            std::time::Duration::from_secs(2),
+        )
+        .await?;
         let cmds = keys
             .iter()
             .map(|(_, k, _)| {

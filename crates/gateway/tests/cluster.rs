@@ -646,3 +646,127 @@ fn the_lease_script_runs_each_ask_once_however_often_it_arrives() {
     assert_eq!(lease(&redis, "n1", 3, 1, 0), (1, 11, true));
     assert_eq!(redis.hsum(key), 11);
 }
+
+/// A redis-server speaking TLS only, with a certificate of `ca`, asking clients for one
+/// of `ca` too; killed by its pid when dropped.
+struct TlsRedis(std::process::Child, u16);
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tls_redis(ca: &common::tls::TestCa, dir: &std::path::Path) -> TlsRedis {
+    let server = ca.server("redis", &["127.0.0.1"]);
+    let port = common::ports::free_port();
+    let child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--tls-port",
+            &port.to_string(),
+        ])
+        .arg("--tls-cert-file")
+        .arg(&server.cert)
+        .arg("--tls-key-file")
+        .arg(&server.key)
+        .arg("--tls-ca-cert-file")
+        .arg(&ca.pem)
+        .args([
+            "--tls-auth-clients",
+            "yes",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed (the test script installs it)");
+    let tls = TlsRedis(child, port);
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not listen"
+        );
+        std::thread::yield_now();
+    }
+    tls
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_shared_over_tls_with_a_private_ca_and_a_client_certificate() {
+    let dir = tempdir("redis-tls");
+    let ca = common::tls::TestCa::new(&dir, "redis-ca");
+    let redis = tls_redis(&ca, &dir);
+    let client = ca.client("gateway", "tollgate");
+    let backend = echo_backend().await;
+    let node = |tls: String| {
+        yaml(
+            backend,
+            &format!(
+                r#"
+cluster:
+  redis: {{url: "rediss://127.0.0.1:{port}/0", tls: {tls}}}
+  sync_interval: 5ms
+  key_prefix: tgtls
+plans:
+  standard: {{limits: [{{requests: 3, per: 1m}}]}}
+consumers:
+  - {{name: alice, keys: [k1], plan: standard}}
+routes:
+  - {{name: test, path_prefix: /test/, upstream: backend, auth: {{}}}}
+"#,
+                port = redis.1
+            ),
+        )
+    };
+    let clock = clock();
+    // The CA and the client certificate from the config: the node reaches Redis and
+    // shares the limit through it.
+    let full = format!(
+        "{{ca_file: {}, cert_file: {}, key_file: {}}}",
+        ca.pem.display(),
+        client.cert.display(),
+        client.key.display()
+    );
+    let nodes = nodes(2, &node(full), &clock).await;
+    let c = TestClient::default();
+    let mut codes = Vec::new();
+    for n in [0, 1, 0, 1] {
+        codes.push(
+            c.get(&nodes[n].url("/test/x?apikey=k1"))
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(
+        codes,
+        [200, 200, 200, 429],
+        "3 per minute across both nodes"
+    );
+    // Without a client certificate the server refuses the handshake: never up.
+    let anonymous = TestGateway::start(
+        &node(format!("{{ca_file: {}}}", ca.pem.display())),
+        clock.clone(),
+    )
+    .await;
+    let cluster = anonymous.gw.cluster().expect("cluster");
+    bounded("a refused handshake counted", async {
+        while cluster.metrics.errors.load(Ordering::Relaxed) < 2 {
+            synced(&anonymous).await;
+        }
+    })
+    .await;
+    assert!(!cluster.is_up());
+    let _ = std::fs::remove_dir_all(&dir);
+}

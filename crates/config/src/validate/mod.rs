@@ -174,7 +174,7 @@ pub(crate) fn validate(
 }
 
 fn cluster(c: &file::Cluster, base: &Path, p: &mut Problems) -> ClusterConfig {
-    let redis = redis::redis(&c.redis, base, p);
+    let (redis, redis_tls) = redis::redis(&c.redis, base, p);
     let sync_interval = c.sync_interval.map_or(Duration::from_millis(10), |d| d.0);
     if sync_interval < Duration::from_millis(1) || sync_interval > Duration::from_secs(10) {
         p.add("cluster.sync_interval", "must be between 1ms and 10s");
@@ -215,6 +215,7 @@ fn cluster(c: &file::Cluster, base: &Path, p: &mut Problems) -> ClusterConfig {
     }
     ClusterConfig {
         redis,
+        redis_tls,
         sync_interval,
         on_redis_down,
         max_overadmission,

@@ -5,14 +5,25 @@
 //! `sentinel_password_file` (and `sentinel_username`).
 
 use super::problems::Problems;
-use crate::model::RedisTarget;
-use serde_yaml_ng::Value;
+use crate::model::{RedisTarget, RedisTls};
+use serde_yaml_ng::{Mapping, Value};
 use std::path::Path;
+use std::sync::Arc;
 
 const AT: &str = "cluster.redis";
 
-/// Validates `cluster.redis`.
-pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
+/// Validates `cluster.redis`: the target, and the files TLS to it takes (`tls:` as a map).
+pub(super) fn redis(
+    v: &Value,
+    base: &Path,
+    p: &mut Problems,
+) -> (RedisTarget, Option<Arc<RedisTls>>) {
+    let mut files = None;
+    let target = target(v, base, &mut files, p);
+    (target, files.map(Arc::new))
+}
+
+fn target(v: &Value, base: &Path, files: &mut Option<RedisTls>, p: &mut Problems) -> RedisTarget {
     match v {
         Value::String(url) => url_target(url, AT, None, p),
         Value::Mapping(m) => {
@@ -50,9 +61,16 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                     "sentinel_username" => {
                         sentinel_username = Some(text(v, &here, p)).filter(|u| !u.is_empty())
                     }
-                    "tls" => match v.as_bool() {
-                        Some(b) => tls = Some(b),
-                        None => p.add(here, "must be true or false"),
+                    "tls" => match v {
+                        Value::Bool(b) => tls = Some(*b),
+                        Value::Mapping(t) => {
+                            tls = Some(true);
+                            *files = tls_files(t, base, &here, p);
+                        }
+                        _ => p.add(
+                            here,
+                            "must be true, false, or a map of `ca_file`, `cert_file` and `key_file`",
+                        ),
                     },
                     "cluster_nodes" => {
                         listed = true;
@@ -87,11 +105,18 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                     }
                 }
             }
-            if tls.is_some() && cluster_nodes.is_empty() {
-                p.add(
-                    format!("{AT}.tls"),
-                    "goes with `cluster_nodes`; for one server, write a rediss:// URL",
-                );
+            // One server's URL says whether it speaks TLS; `tls:` must agree with it.
+            if let (Some(t), Some(u)) = (tls, &url) {
+                if t != u.starts_with("rediss://") {
+                    p.add(
+                        format!("{AT}.tls"),
+                        if t {
+                            "TLS to one server needs a rediss:// URL"
+                        } else {
+                            "the URL is rediss:// (TLS)"
+                        },
+                    );
+                }
             }
             if !cluster_nodes.is_empty() {
                 if db != 0 {
@@ -148,6 +173,7 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
                         db,
                         sentinel_username,
                         sentinel_password,
+                        tls: tls.unwrap_or(false),
                     }
                 }
                 (None, true) => {
@@ -169,6 +195,61 @@ pub(super) fn redis(v: &Value, base: &Path, p: &mut Problems) -> RedisTarget {
             RedisTarget::Url(String::new())
         }
     }
+}
+
+/// `tls: {ca_file, cert_file, key_file}`: the CA bundle to trust instead of the system's
+/// roots, and the client certificate with its key, each read and checked now.
+fn tls_files(t: &Mapping, base: &Path, here: &str, p: &mut Problems) -> Option<RedisTls> {
+    let mut out = RedisTls {
+        ca_pem: None,
+        client: None,
+    };
+    let (mut cert, mut key) = (None, None);
+    let mut ok = true;
+    for (k, v) in t {
+        let key_name = k.as_str().unwrap_or("?");
+        let at = format!("{here}.{key_name}");
+        let file = || base.join(v.as_str().unwrap_or_default());
+        match key_name {
+            "ca_file" => match crate::tls::load_ca(file()) {
+                Ok(_) => out.ca_pem = std::fs::read(file()).ok(),
+                Err(e) => {
+                    p.add(at, e);
+                    ok = false;
+                }
+            },
+            "cert_file" => cert = Some((file(), at)),
+            "key_file" => key = Some((file(), at)),
+            other => {
+                p.add(
+                    at,
+                    format!("unknown setting {other:?}, expected one of `ca_file`, `cert_file`, `key_file`"),
+                );
+                ok = false;
+            }
+        }
+    }
+    match (cert, key) {
+        (Some((c, at)), Some((k, _))) => match crate::tls::load_cert(c.clone(), k.clone()) {
+            Ok(_) => {
+                out.client = std::fs::read(&c).ok().zip(std::fs::read(&k).ok());
+            }
+            Err(e) => {
+                p.add(at, e);
+                ok = false;
+            }
+        },
+        (Some((_, at)), None) => {
+            p.add(at, "needs `key_file`, the certificate's key");
+            ok = false;
+        }
+        (None, Some((_, at))) => {
+            p.add(at, "needs `cert_file`, the certificate it is the key of");
+            ok = false;
+        }
+        (None, None) => {}
+    }
+    ok.then_some(out)
 }
 
 /// The first line of the file `v` names (relative to the config's folder).

@@ -640,6 +640,7 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
             db: 0,
             sentinel_username: Some("watch".into()),
             sentinel_password: Some("s3cret/+".into()),
+            tls: false,
         }
     );
     let err = with("{url: \"redis://h:1\", sentinel_password_file: redis.pass}")
@@ -679,7 +680,36 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
     for want in [
         "cluster.redis.cluster_nodes[1]: \"b\" must be host:port",
         "cluster.redis.db: a Redis Cluster has database 0 only",
-        "cluster.redis.tls: must be true or false",
+        "cluster.redis.tls: must be true, false, or a map",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    // TLS files: a CA to trust, a client certificate and its key, read now; `tls:` and a
+    // one-server URL agree on TLS.
+    let ca = rcgen::generate_simple_self_signed(vec!["redis.test".to_string()]).expect("cert");
+    std::fs::write(dir.join("ca.pem"), ca.cert.pem()).expect("write");
+    std::fs::write(dir.join("client.key"), ca.signing_key.serialize_pem()).expect("write");
+    let c = with("{url: \"rediss://10.0.0.5:6380/0\", tls: {ca_file: ca.pem, cert_file: ca.pem, key_file: client.key}}")
+        .expect("TLS files");
+    let files = c.cluster.expect("cluster").redis_tls.expect("files");
+    assert_eq!(files.ca_pem.as_deref(), Some(ca.cert.pem().as_bytes()));
+    assert!(files.client.is_some());
+    let c = with("{sentinels: [\"10.0.0.1:26379\"], master_name: m, tls: {ca_file: ca.pem}}")
+        .expect("sentinels over TLS");
+    assert!(matches!(
+        c.cluster.expect("cluster").redis,
+        crate::RedisTarget::Sentinel { tls: true, .. }
+    ));
+    let err = with(
+        "{url: \"redis://10.0.0.5/0\", tls: {ca_file: missing.pem, cert_file: ca.pem, colour: x}}",
+    )
+    .expect_err("bad TLS")
+    .to_string();
+    for want in [
+        "cluster.redis.tls: TLS to one server needs a rediss:// URL",
+        "cluster.redis.tls.ca_file: cannot read",
+        "cluster.redis.tls.cert_file: needs `key_file`",
+        "cluster.redis.tls.colour: unknown setting",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }

@@ -498,8 +498,12 @@ fn misnamed(e: &redis::RedisError) -> &'static str {
 }
 
 async fn connect(c: &Cluster) -> Result<(RedisConn, String), redis::RedisError> {
-    let (mut conn, address) =
-        crate::redis_link::redis_connection_at(&c.cfg.redis, Duration::from_secs(1)).await?;
+    let (mut conn, address) = crate::redis_link::redis_connection_at(
+        &c.cfg.redis,
+        c.cfg.redis_tls.as_ref(),
+        Duration::from_secs(1),
+    )
+    .await?;
     c.link.fetch_add(1, Ordering::Relaxed);
     // On a Redis Cluster this goes to every master.
     let sha = match load_script(&mut conn).await {

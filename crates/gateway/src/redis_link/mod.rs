@@ -14,7 +14,35 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_config::RedisTarget;
+use tollgate_config::{RedisTarget, RedisTls};
+
+/// What TLS to Redis trusts and presents, when the config names files for it.
+pub type TlsFiles<'a> = Option<&'a Arc<RedisTls>>;
+
+/// A client of the server `info` names: over TLS with `tls`'s CA and client certificate
+/// when it gives them (the URL or address says whether TLS is spoken at all).
+fn client(
+    info: impl redis::IntoConnectionInfo,
+    tls: TlsFiles<'_>,
+) -> redis::RedisResult<redis::Client> {
+    let info = info.into_connection_info()?;
+    match tls {
+        Some(t) if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) => {
+            redis::Client::build_with_tls(info, certificates(t))
+        }
+        _ => redis::Client::open(info),
+    }
+}
+
+fn certificates(t: &RedisTls) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: t.client.as_ref().map(|(cert, key)| redis::ClientTlsConfig {
+            client_cert: cert.clone(),
+            client_key: key.clone(),
+        }),
+        root_cert: t.ca_pem.clone(),
+    }
+}
 
 /// A connection to the Redis a config names. Cheap to clone (both kinds multiplex).
 #[derive(Clone)]
@@ -104,21 +132,23 @@ pub fn max_backoff(target: &RedisTarget) -> Duration {
 /// Every Redis link of the gateway opens this way.
 pub async fn redis_connection(
     target: &RedisTarget,
+    tls: TlsFiles<'_>,
     timeout: Duration,
 ) -> Result<RedisConn, redis::RedisError> {
-    Ok(redis_connection_at(target, timeout).await?.0)
+    Ok(redis_connection_at(target, tls, timeout).await?.0)
 }
 
 /// [`redis_connection`], and the address of the server it reached (`host:port`: with
 /// sentinels, the master they named; for a Redis Cluster, the seed nodes).
 pub async fn redis_connection_at(
     target: &RedisTarget,
+    tls: TlsFiles<'_>,
     timeout: Duration,
 ) -> Result<(RedisConn, String), redis::RedisError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     match target {
         RedisTarget::Url(url) => {
-            let client = redis::Client::open(url.as_str())?;
+            let client = client(url.as_str(), tls)?;
             let addr = client.get_connection_info().addr().to_string();
             let conn = connect(&client, timeout).await?;
             Ok((RedisConn::One(conn, None), addr))
@@ -129,16 +159,16 @@ pub async fn redis_connection_at(
             ..
         } => {
             let urls = sentinel_urls(target, sentinels);
-            sentinel_connection(target, urls, master_name, timeout).await
+            sentinel_connection(target, urls, master_name, tls, timeout).await
         }
         RedisTarget::Cluster {
             nodes,
             username,
             password,
-            tls,
+            tls: on,
         } => {
             let auth = (username.as_deref(), password.as_deref());
-            let conn = cluster_connection(nodes, auth, *tls, timeout).await?;
+            let conn = cluster_connection(nodes, auth, tls.filter(|_| *on), *on, timeout).await?;
             Ok((RedisConn::Cluster(conn), nodes.join(",")))
         }
     }
@@ -149,6 +179,7 @@ pub async fn redis_connection_at(
 async fn cluster_connection(
     nodes: &[String],
     (username, password): (Option<&str>, Option<&str>),
+    files: TlsFiles<'_>,
     tls: bool,
     timeout: Duration,
 ) -> Result<ClusterConnection, redis::RedisError> {
@@ -163,6 +194,9 @@ async fn cluster_connection(
     }
     if let Some(p) = password {
         b = b.password(p);
+    }
+    if let Some(t) = files {
+        b = b.certs(certificates(t));
     }
     let client = b.build()?;
     match tokio::time::timeout(timeout * 2, client.get_async_connection()).await {
@@ -181,9 +215,10 @@ async fn sentinel_connection(
     target: &RedisTarget,
     urls: Vec<String>,
     master_name: &str,
+    tls: TlsFiles<'_>,
     timeout: Duration,
 ) -> Result<(RedisConn, String), redis::RedisError> {
-    let watch = watch::watch(urls.clone(), master_name);
+    let watch = watch::watch(urls.clone(), master_name, tls.cloned());
     let asked = std::time::Instant::now();
     // During a failover the sentinels still name the old master: go to the replica they
     // are promoting instead, once it says it is a master.
@@ -191,9 +226,11 @@ async fn sentinel_connection(
     let addr = match &promoting {
         Some(to) => to.clone(),
         None => {
-            let named =
-                tokio::time::timeout(timeout, watch::named_master(&urls, master_name, &mut None))
-                    .await;
+            let named = tokio::time::timeout(
+                timeout,
+                watch::named_master(&urls, master_name, tls, &mut None),
+            )
+            .await;
             match named {
                 Ok(Some(addr)) => addr,
                 _ => {
@@ -205,7 +242,7 @@ async fn sentinel_connection(
             }
         }
     };
-    let mut conn = connect(&client_at(target, &addr)?, timeout).await?;
+    let mut conn = connect(&client_at(target, &addr, tls)?, timeout).await?;
     // As the sentinels' clients are asked to: the server named must say it is a master
     // (one they name before it has been promoted, or after it was demoted, is not yet).
     if !is_master(&mut conn).await? {
@@ -271,15 +308,23 @@ fn sentinel_urls(target: &RedisTarget, sentinels: &[String]) -> Vec<String> {
         ),
         _ => String::new(),
     };
+    let scheme = match target {
+        RedisTarget::Sentinel { tls: true, .. } => "rediss",
+        _ => "redis",
+    };
     sentinels
         .iter()
-        .map(|s| format!("redis://{auth}{s}"))
+        .map(|s| format!("{scheme}://{auth}{s}"))
         .collect()
 }
 
 /// The client of the server at `address` (`host:port`, as the sentinels name servers),
 /// with the credentials and database the target gives its master.
-fn client_at(target: &RedisTarget, address: &str) -> redis::RedisResult<redis::Client> {
+fn client_at(
+    target: &RedisTarget,
+    address: &str,
+    tls: TlsFiles<'_>,
+) -> redis::RedisResult<redis::Client> {
     let bad = || {
         redis::RedisError::from((
             redis::ErrorKind::Client,
@@ -289,12 +334,18 @@ fn client_at(target: &RedisTarget, address: &str) -> redis::RedisResult<redis::C
     };
     let (host, port) = address.rsplit_once(':').ok_or_else(bad)?;
     let port: u16 = port.parse().map_err(|_| bad())?;
-    let info = redis::IntoConnectionInfo::into_connection_info(redis::ConnectionAddr::Tcp(
-        host.to_string(),
-        port,
-    ))?
-    .set_redis_settings(node_info(target));
-    redis::Client::open(info)
+    let addr = match target {
+        RedisTarget::Sentinel { tls: true, .. } => redis::ConnectionAddr::TcpTls {
+            host: host.to_string(),
+            port,
+            insecure: false,
+            tls_params: None,
+        },
+        _ => redis::ConnectionAddr::Tcp(host.to_string(), port),
+    };
+    let info = redis::IntoConnectionInfo::into_connection_info(addr)?
+        .set_redis_settings(node_info(target));
+    client(info, tls)
 }
 
 /// The credentials and database of a master the sentinels name.

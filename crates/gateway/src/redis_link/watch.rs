@@ -13,6 +13,7 @@ use redis::aio::MultiplexedConnection;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
+use tollgate_config::RedisTls;
 
 /// How often the sentinels are asked which master they name: what a missed event costs.
 pub(super) const FOLLOW_EVERY: Duration = Duration::from_secs(1);
@@ -153,7 +154,8 @@ impl Watch {
 /// failover is when that happens), what the watch heard must not be forgotten.
 type Watches = Mutex<HashMap<Key, Arc<Watch>>>;
 
-type Key = (Vec<String>, String);
+/// The sentinels' URLs, the master's name, and the files of TLS to them.
+type Key = (Vec<String>, String, Option<Arc<RedisTls>>);
 
 static WATCHES: OnceLock<Watches> = OnceLock::new();
 
@@ -162,9 +164,13 @@ const UNUSED_MOST: Duration = Duration::from_secs(60);
 
 /// The watch of `master_name` through `sentinels` (URLs), shared by every connection of
 /// this process to it: made, with its tasks, by the first one.
-pub(super) fn watch(sentinels: Vec<String>, master_name: &str) -> Arc<Watch> {
+pub(super) fn watch(
+    sentinels: Vec<String>,
+    master_name: &str,
+    tls: Option<Arc<RedisTls>>,
+) -> Arc<Watch> {
     let mut all = WATCHES.get_or_init(Watches::default).lock();
-    let key = (sentinels, master_name.to_string());
+    let key = (sentinels, master_name.to_string(), tls);
     if let Some(w) = all.get(&key).filter(|w| w.alive()) {
         return w.clone();
     }
@@ -177,7 +183,7 @@ pub(super) fn watch(sentinels: Vec<String>, master_name: &str) -> Arc<Watch> {
     });
     tokio::spawn(ask(key.clone(), Arc::downgrade(&w)));
     for url in &key.0 {
-        tokio::spawn(listen(url.clone(), Arc::downgrade(&w)));
+        tokio::spawn(listen(url.clone(), key.2.clone(), Arc::downgrade(&w)));
     }
     all.insert(key, w.clone());
     w
@@ -200,11 +206,13 @@ async fn ask(key: Key, weak: Weak<Watch>) {
             None => return,
         }
         // Bounded: sentinels that do not answer make a round no longer than this.
-        let named =
-            tokio::time::timeout(FOLLOW_EVERY * 2, named_master(&key.0, &key.1, &mut asking))
-                .await
-                .ok()
-                .flatten();
+        let named = tokio::time::timeout(
+            FOLLOW_EVERY * 2,
+            named_master(&key.0, &key.1, key.2.as_ref(), &mut asking),
+        )
+        .await
+        .ok()
+        .flatten();
         let Some(w) = weak.upgrade() else { return };
         if let Some(named) = named {
             w.named(named, asked);
@@ -226,12 +234,14 @@ async fn ask(key: Key, weak: Weak<Watch>) {
 
 /// Listens to one sentinel's failover events for as long as the watch is held,
 /// reconnecting with backoff (from 100 ms to [`FOLLOW_EVERY`]) when it fails.
-async fn listen(url: String, weak: Weak<Watch>) {
+async fn listen(url: String, tls: Option<Arc<RedisTls>>, weak: Weak<Watch>) {
     let mut backoff = Duration::from_millis(100);
     let mut warned = false;
     while weak.strong_count() > 0 {
         if let Ok(Ok(mut pubsub)) = tokio::time::timeout(FOLLOW_EVERY, async {
-            redis::Client::open(url.as_str())?.get_async_pubsub().await
+            super::client(url.as_str(), tls.as_ref())?
+                .get_async_pubsub()
+                .await
         })
         .await
         {
@@ -271,6 +281,7 @@ async fn listen(url: String, weak: Weak<Watch>) {
 pub(super) async fn named_master(
     sentinels: &[String],
     master_name: &str,
+    tls: super::TlsFiles<'_>,
     asking: &mut Option<(usize, MultiplexedConnection)>,
 ) -> Option<String> {
     let start = asking.as_ref().map_or(0, |(i, _)| *i);
@@ -282,7 +293,7 @@ pub(super) async fn named_master(
                 let cfg = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(FOLLOW_EVERY))
                     .set_response_timeout(Some(FOLLOW_EVERY));
-                let Ok(client) = redis::Client::open(sentinels[i].as_str()) else {
+                let Ok(client) = super::client(sentinels[i].as_str(), tls) else {
                     continue;
                 };
                 match client

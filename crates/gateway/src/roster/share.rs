@@ -49,7 +49,8 @@ pub fn spawn(roster: &Arc<Roster>, cfg: &ClusterConfig) {
         hash: format!("{{{}:consumers}}", cfg.key_prefix),
         stream: format!("{{{}:consumers}}:changes", cfg.key_prefix),
     };
-    tokio::spawn(run(Arc::downgrade(roster), cfg.redis.clone(), keys, rx));
+    let link = (cfg.redis.clone(), cfg.redis_tls.clone());
+    tokio::spawn(run(Arc::downgrade(roster), link, keys, rx));
 }
 
 struct Keys {
@@ -59,7 +60,10 @@ struct Keys {
 
 async fn run(
     roster: Weak<Roster>,
-    url: tollgate_config::RedisTarget,
+    (url, tls): (
+        tollgate_config::RedisTarget,
+        Option<Arc<tollgate_config::RedisTls>>,
+    ),
     keys: Keys,
     mut outbox: UnboundedReceiver<Managed>,
 ) {
@@ -70,7 +74,7 @@ async fn run(
         if roster.strong_count() == 0 {
             return;
         }
-        let outcome = match crate::redis_link::redis_connection(&url, TIMEOUT).await {
+        let outcome = match crate::redis_link::redis_connection(&url, tls.as_ref(), TIMEOUT).await {
             Ok(mut con) => {
                 wait = POLL;
                 session(&roster, &mut con, &keys, &script, &mut outbox, &mut said).await

@@ -12,6 +12,7 @@ use tollgate_config::ClusterConfig;
 /// that a Redis Cluster spreads a bucket over its masters by consumer.
 pub(super) struct RedisLink {
     target: tollgate_config::RedisTarget,
+    tls: Option<std::sync::Arc<tollgate_config::RedisTls>>,
     prefix: String,
     conn: tokio::sync::Mutex<Option<crate::redis_link::RedisConn>>,
     /// Counts Redis did not take (a failover, a moved slot): added with the next batch.
@@ -64,6 +65,7 @@ impl RedisLink {
     pub(super) fn new(c: &ClusterConfig) -> Self {
         RedisLink {
             target: c.redis.clone(),
+            tls: c.redis_tls.clone(),
             prefix: c.key_prefix.clone(),
             conn: tokio::sync::Mutex::new(None),
             pending: Mutex::new(HashMap::new()),
@@ -86,7 +88,12 @@ impl RedisLink {
         if let Some(c) = guard.as_ref() {
             return Ok(c.clone());
         }
-        let c = crate::redis_link::redis_connection(&self.target, Duration::from_secs(2)).await?;
+        let c = crate::redis_link::redis_connection(
+            &self.target,
+            self.tls.as_ref(),
+            Duration::from_secs(2),
+        )
+        .await?;
         *guard = Some(c.clone());
         Ok(c)
     }
