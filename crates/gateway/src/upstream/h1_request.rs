@@ -44,7 +44,8 @@ pub enum Framing {
 /// Sets the framing headers of a request with `body` and says how it is framed. A body
 /// read whole goes with the length of what was read (the gateway's own count, as nginx
 /// sends it; none for no body unless the client declared one); a streaming body keeps the
-/// length the client declared (which the listener holds it to), or goes chunked.
+/// length the client declared (which the listener holds it to), written plainly, or goes
+/// chunked.
 pub fn frame_request(headers: &mut Fields, body: &Outgoing<'_>) -> Framing {
     match body {
         Outgoing::Whole(chunks) => {
@@ -58,11 +59,23 @@ pub fn frame_request(headers: &mut Fields, body: &Outgoing<'_>) -> Framing {
             Framing::Length
         }
         Outgoing::Streaming => {
-            if let Some(declared) = headers.get(header::CONTENT_LENGTH).cloned() {
-                // Once, even when the client repeated it (HTTP/2 allows equal copies).
-                headers.insert(header::CONTENT_LENGTH, declared);
-                return Framing::Length;
+            // The number the listener framed the body by, written plainly and once (a
+            // client's `070000` or repeated copies could be read otherwise upstream).
+            let declared = headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok());
+            if let Some(n) = declared {
+                let mut digits = itoa::Buffer::new();
+                if let Ok(v) = HeaderValue::from_str(digits.format(n)) {
+                    headers.insert(header::CONTENT_LENGTH, v);
+                    return Framing::Length;
+                }
             }
+            // A length that is not plain digits (the listener does not let one through)
+            // is not passed on: the body goes chunked.
+            headers.remove(header::CONTENT_LENGTH);
             headers.insert(
                 header::TRANSFER_ENCODING,
                 HeaderValue::from_static("chunked"),
@@ -312,6 +325,13 @@ mod tests {
             *h.get(header::CONTENT_LENGTH).expect("set"),
             "3",
             "a streaming body keeps it"
+        );
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("070000"));
+        assert_eq!(frame_request(&mut h, &Outgoing::Streaming), Framing::Length);
+        assert_eq!(
+            *h.get(header::CONTENT_LENGTH).expect("set"),
+            "70000",
+            "written plainly: no leading zeros an octal reader would take"
         );
         let three = [Bytes::from_static(b"abc")];
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("03"));
