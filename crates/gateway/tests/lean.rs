@@ -58,6 +58,53 @@ async fn decodes_chunked_responses_and_keeps_the_connection() {
 }
 
 #[tokio::test]
+async fn a_chunked_answer_another_reader_could_frame_otherwise_is_cut_off_at_once() {
+    // Bytes that end a line for some readers and not for others: a bare LF (in a size
+    // line, an extension, a trailer) or a bare CR. The answer is cut off as soon as they
+    // come (not after the read timeout), and its connection is not used again.
+    let (backend, conns) = raw_backend(|h| {
+        let body: &[u8] = if h.starts_with("GET /bare-lf") {
+            b"5\nhello\n0\n\n"
+        } else if h.starts_with("GET /ext-lf") {
+            b"5;a=b\nc\r\nhello\r\n0\r\n\r\n"
+        } else if h.starts_with("GET /ext-cr") {
+            b"5;a\rb\r\nhello\r\n0\r\n\r\n"
+        } else if h.starts_with("GET /trailer") {
+            b"5\r\nhello\r\n0\r\nX: a\nHTTP/1.1 200 OK\r\n\r\n"
+        } else {
+            // Spaces after a size, as the listener takes them from clients.
+            b"2 \r\nok\r\n0\r\n\r\n"
+        };
+        let mut a = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        a.extend_from_slice(body);
+        Some(a)
+    })
+    .await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    for path in ["/bare-lf", "/ext-lf", "/ext-cr", "/trailer"] {
+        let before = conns.load(Ordering::SeqCst);
+        let r = raw(
+            gw.addr,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(
+            !r.contains("hello\r\n0\r\n\r\n"),
+            "{path}: passed on whole: {r:?}"
+        );
+        assert!(!r.is_empty(), "{path}: nothing answered");
+        assert_eq!(
+            conns.load(Ordering::SeqCst),
+            before + 1,
+            "{path}: a connection of its own, not one left by the last"
+        );
+    }
+    let c = TestClient::default();
+    let a = c.get(&gw.url("/space")).await;
+    assert_eq!((a.status, a.body.as_str()), (StatusCode::OK, "ok"));
+}
+
+#[tokio::test]
 async fn reads_http_1_0_bodies_until_close() {
     // An HTTP/1.0 body without a length ends only when the backend closes.
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");

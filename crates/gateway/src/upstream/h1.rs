@@ -131,13 +131,38 @@ pub(super) fn parse_chunk_size(line: &[u8]) -> Option<u64> {
         return None;
     }
     let rest = &line[digits..];
-    // Only spaces and tabs may come before an extension (RFC 9112 §7.1.1's BWS).
-    let rest_ok =
-        rest.is_empty() || rest.iter().find(|b| !matches!(b, b' ' | b'\t')) == Some(&b';');
+    // Only spaces and tabs may come before an extension (RFC 9112 §7.1.1's BWS), or end
+    // the line, as the listener takes them; and no control byte but a tab anywhere (a
+    // bare CR, a NUL: what another reader of the same bytes could end the line at).
+    let rest_ok = matches!(
+        rest.iter().find(|b| !matches!(b, b' ' | b'\t')),
+        None | Some(b';')
+    ) && field_text(rest);
     if !rest_ok {
         return None;
     }
     u64::from_str_radix(std::str::from_utf8(&line[..digits]).ok()?, 16).ok()
+}
+
+/// Whether `bytes` are field text: no control byte but a horizontal tab (RFC 9110 §5.5).
+pub(super) fn field_text(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
+
+/// Whether `line` is a trailer field a reader can only read one way: `name: value`, the
+/// name a token, the value field text (no obs-fold, no space before the colon).
+pub(super) fn trailer_line(line: &[u8]) -> bool {
+    let Some(colon) = line.iter().position(|b| *b == b':') else {
+        return false;
+    };
+    let (name, value) = (&line[..colon], &line[colon + 1..]);
+    !name.is_empty()
+        && name
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b))
+        && field_text(value)
 }
 
 pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parsed>, H1Error> {

@@ -184,13 +184,29 @@ impl H1Body {
                     };
                     match chunk {
                         Chunk::Size | Chunk::Trailers => {
-                            if let Some(end) = conn.buf.windows(2).position(|w| w == b"\r\n") {
-                                let line = conn.buf.split_to(end + 2);
+                            // A line ends at its LF, which a CR must come before: a bare LF
+                            // is refused at once (other readers end the line there), not
+                            // waited past.
+                            if let Some(lf) = conn.buf.iter().position(|b| *b == b'\n') {
+                                if lf == 0 || conn.buf[lf - 1] != b'\r' {
+                                    return Poll::Ready(Some(Err(
+                                        io::ErrorKind::InvalidData.into()
+                                    )));
+                                }
+                                let end = lf - 1;
+                                let line = conn.buf.split_to(lf + 1);
                                 let line = &line[..end];
                                 if matches!(chunk, Chunk::Trailers) {
                                     if line.is_empty() {
                                         self.finish();
                                         return Poll::Ready(None);
+                                    }
+                                    // Trailers are not passed on, but a line another
+                                    // reader could take otherwise ends the answer.
+                                    if !super::h1::trailer_line(line) {
+                                        return Poll::Ready(Some(Err(
+                                            io::ErrorKind::InvalidData.into()
+                                        )));
                                     }
                                     continue;
                                 }

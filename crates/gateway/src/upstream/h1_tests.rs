@@ -157,8 +157,18 @@ fn chunk_sizes_are_strict() {
     assert_eq!(parse_chunk_size(b"1a;ext=1"), Some(26));
     assert_eq!(parse_chunk_size(b"1a ;ext"), Some(26));
     assert_eq!(parse_chunk_size(b"1a \t;ext"), Some(26));
+    assert_eq!(
+        parse_chunk_size(b"1a "),
+        Some(26),
+        "spaces after, as clients may"
+    );
+    assert_eq!(parse_chunk_size(b"1a;a=\"b c\""), Some(26));
     for bad in [
-        &b"+1a"[..],
+        &b"1a;a=b\nc"[..],
+        b"1a;a\rb",
+        b"1a;a\x00b",
+        b"1a;a\x7fb",
+        b"+1a",
         b" 1a",
         b"1a x",
         b"",
@@ -174,6 +184,22 @@ fn chunk_sizes_are_strict() {
             "{:?}",
             String::from_utf8_lossy(bad)
         );
+    }
+}
+
+#[test]
+fn trailer_lines_are_fields() {
+    assert!(trailer_line(b"X-Checksum: abc"));
+    assert!(trailer_line(b"x:"));
+    for bad in [
+        &b"not a header"[..],
+        b": empty name",
+        b"X : space before the colon",
+        b" X: folded",
+        b"X: a\x00b",
+        b"X: a\rb",
+    ] {
+        assert!(!trailer_line(bad), "{:?}", String::from_utf8_lossy(bad));
     }
 }
 
