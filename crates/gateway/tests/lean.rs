@@ -105,6 +105,19 @@ async fn a_chunked_answer_another_reader_could_frame_otherwise_is_cut_off_at_onc
 }
 
 #[tokio::test]
+async fn a_status_without_a_reason_goes_on_with_an_empty_one() {
+    let (backend, _) =
+        raw_backend(|_| Some(b"HTTP/1.1 599 Odd\r\nContent-Length: 0\r\n\r\n".to_vec())).await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let r = raw(
+        gw.addr,
+        b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 599 \r\n"), "{r:?}");
+}
+
+#[tokio::test]
 async fn reads_http_1_0_bodies_until_close() {
     // An HTTP/1.0 body without a length ends only when the backend closes.
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -150,7 +150,9 @@ fn status_line(status: StatusCode, out: &mut Vec<u8>) {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+    // A status without a registered reason (an upstream's 599, 999) goes with an empty
+    // one, as RFC 9112 §4 allows.
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
 }
 
