@@ -124,6 +124,22 @@ async fn framing_in_doubt_is_refused_with_the_reason_and_a_close() {
             400,
             "Transfer-Encoding given twice",
         ),
+        // RFC 9112 §6.3: chunked not last leaves the length unknown: 400, not 501.
+        (
+            b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n",
+            400,
+            "chunked is not the last transfer coding",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n0\r\n\r\n",
+            400,
+            "chunked is not the last transfer coding",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
+            400,
+            "chunked given twice",
+        ),
         (
             b"POST /x HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
             400,
@@ -356,7 +372,7 @@ async fn a_head_request_refused_before_its_head_parses_gets_the_answer_head_alon
     // Refused for a field once the head has parsed: the same.
     let r = raw(
         gw.addr,
-        b"HEAD /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"HEAD /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
     )
     .await;
     assert_eq!(status_of(&r), 501, "{r}");

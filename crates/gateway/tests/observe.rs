@@ -173,7 +173,7 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
     // A request refused before its head could be read is named, counted and logged too.
     let bad = raw(
         gw.addr,
-        b"POST /api/items?apikey=alice-key HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"POST /api/items?apikey=alice-key HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
     )
     .await;
     assert_eq!(status_of(&bad), 501, "{bad}");

@@ -25,6 +25,8 @@ const LIMITS: Limits = Limits {
 /// of chunk extensions per body, counted with their whitespace (hyper counts a little less).
 const DELIBERATE: &[&str] = &[
     "transfer coding not supported (only chunked)",
+    "chunked given twice",
+    "chunked is not the last transfer coding",
     "Transfer-Encoding given twice",
     "control byte in a chunk size line",
     "malformed trailer section",

@@ -278,7 +278,7 @@ fn head_of(head: &Bytes, read: Located, fields: &Spots) -> Result<Head, Refused>
                     .trim_ascii()
                     .eq_ignore_ascii_case(b"chunked")
                 {
-                    return Err(refused(501, "transfer coding not supported (only chunked)"));
+                    return Err(transfer_coding_refused(value.as_bytes()));
                 }
                 chunked = true;
             }
@@ -340,6 +340,28 @@ fn head_of(head: &Bytes, read: Located, fields: &Spots) -> Result<Head, Refused>
         upgrade,
         te_trailers,
     })
+}
+
+/// The answer to a `Transfer-Encoding` other than `chunked` alone. RFC 9112 §6.3: one
+/// whose last coding is not `chunked` leaves the body's length unknown (400, as is
+/// `chunked` applied twice, which §7.1 forbids); a list ending in it, with a coding the
+/// gateway does not decode before, is a coding not implemented (§6.1: 501). The
+/// connection is closed either way.
+fn transfer_coding_refused(value: &[u8]) -> Refused {
+    let codings = || {
+        value
+            .split(|b| *b == b',')
+            .map(<[u8]>::trim_ascii)
+            .filter(|c| !c.is_empty())
+    };
+    let is_chunked = |c: &[u8]| c.eq_ignore_ascii_case(b"chunked");
+    if codings().filter(|c| is_chunked(c)).count() > 1 {
+        return refused(400, "chunked given twice");
+    }
+    if !codings().next_back().is_some_and(is_chunked) {
+        return refused(400, "chunked is not the last transfer coding");
+    }
+    refused(501, "transfer coding not supported (only chunked)")
 }
 
 /// Where `part` (a sub-slice of `whole`) lies in it.
