@@ -324,6 +324,24 @@ async fn malformed_requests_get_a_precise_4xx_and_a_closed_connection() {
     let r = raw(gw.addr, b"GET /op\x01en HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(r.starts_with("HTTP/1.1 400"), "{r}");
     assert!(r.contains("invalid request target"), "{r}");
+    // Another major version is one not spoken here (505, as nginx); a broken one, 400.
+    for v in ["HTTP/2.0", "HTTP/3.0", "HTTP/0.9"] {
+        let r = raw(
+            gw.addr,
+            format!("GET /open {v}\r\nHost: x\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(r.starts_with("HTTP/1.1 505"), "{v}: {r}");
+        assert!(r.to_ascii_lowercase().contains("connection: close"), "{r}");
+    }
+    for v in ["HTTP/1.x", "HTTP/2", "HTTP/22.0", "HTTX/2.0"] {
+        let r = raw(
+            gw.addr,
+            format!("GET /open {v}\r\nHost: x\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(r.starts_with("HTTP/1.1 400"), "{v}: {r}");
+    }
 
     let r = raw(gw.addr, b"GET /test/../admin HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(r.starts_with("HTTP/1.1 400"), "{r}");

@@ -380,10 +380,26 @@ fn refusal_of(e: httparse::Error, no_method: bool, bytes: &[u8]) -> Refused {
         // the line itself is wrong, not the target.
         E::Token if !target_ends_in_space(bytes) => refused(400, "malformed request line"),
         E::Token => refused(400, "invalid request target"),
+        E::Version if other_major(bytes) => refused(505, "HTTP version not supported"),
         E::Version => refused(400, "invalid HTTP version"),
         E::HeaderName => refused(400, "invalid header name"),
         E::HeaderValue => refused(400, "invalid header value"),
         E::NewLine | E::Status => refused(400, "malformed request line"),
+    }
+}
+
+/// Whether the request line ends in a well-formed version of another major than 1
+/// (`HTTP/2.0`, `HTTP/3.0`, `HTTP/0.9`): one the gateway does not speak on this line,
+/// RFC 9110 §15.6.6's 505, as nginx answers it. A malformed version stays a 400.
+fn other_major(bytes: &[u8]) -> bool {
+    let line = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let version = line.rsplit(|b| *b == b' ').next().unwrap_or_default();
+    match version.strip_prefix(b"HTTP/") {
+        Some([major, b'.', minor]) => {
+            major.is_ascii_digit() && minor.is_ascii_digit() && *major != b'1'
+        }
+        _ => false,
     }
 }
 
