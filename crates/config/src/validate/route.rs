@@ -68,7 +68,14 @@ fn methods(raw: &[String], at: &str, p: &mut Problems) -> Vec<Method> {
         if Method::from_bytes(upper.as_bytes()).is_ok() && !REGISTERED.contains(&upper.as_str()) {
             p.warn(
                 format!("{at}[{i}]"),
-                format!("{m:?} is not a registered HTTP method (taken as written)"),
+                format!("{m:?} is not a registered HTTP method (taken as {upper})"),
+            );
+        } else if Method::from_bytes(upper.as_bytes()).is_ok() && *m != upper {
+            // Clients' methods are case-sensitive (a `get` gets 400): the list is read in
+            // upper case, and says so.
+            p.warn(
+                format!("{at}[{i}]"),
+                format!("methods are case-sensitive: {m:?} is taken as {upper}"),
             );
         }
         match Method::from_bytes(upper.as_bytes()) {

@@ -812,3 +812,32 @@ routes:
         "{warned:#?}"
     );
 }
+
+#[test]
+fn a_method_written_in_lower_case_is_taken_in_upper_case_with_a_warning() {
+    let cfg = from_yaml(
+        r#"
+listeners: [{address: "127.0.0.1:8080"}]
+upstreams:
+  backend: {targets: ["127.0.0.1:1337"]}
+routes:
+  - {name: a, path_prefix: /, upstream: backend, methods: [get, POST]}
+"#,
+    )
+    .expect("valid");
+    assert_eq!(
+        cfg.routes[0].methods,
+        Some(vec![http::Method::GET, http::Method::POST])
+    );
+    let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warned.iter().any(|w| w.starts_with(
+            "routes[0].methods[0]: methods are case-sensitive: \"get\" is taken as GET"
+        )),
+        "{warned:#?}"
+    );
+    assert!(
+        !warned.iter().any(|w| w.starts_with("routes[0].methods[1]")),
+        "{warned:#?}"
+    );
+}
