@@ -26,6 +26,7 @@ pub use consumers::{key_digest, Consumers};
 pub use consumers_file::parse_digest;
 pub use error::{ConfigError, Problem};
 pub use model::*;
+pub use tls::RedisTls;
 pub use token::*;
 
 use std::path::Path;

@@ -283,26 +283,7 @@ pub struct ClusterConfig {
     pub key_prefix: String,
     /// What TLS to Redis trusts and presents (`cluster.redis.tls: {ca_file, cert_file,
     /// key_file}`); `None`: the system's roots, no client certificate.
-    pub redis_tls: Option<std::sync::Arc<RedisTls>>,
-}
-
-/// The files of TLS to Redis, read at load: a CA bundle to trust instead of the system's
-/// roots, and a client certificate with its key (Redis's `tls-auth-clients`).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct RedisTls {
-    /// The CA bundle's PEM.
-    pub ca_pem: Option<Vec<u8>>,
-    /// The client certificate's PEM and its key's.
-    pub client: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl std::fmt::Debug for RedisTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisTls")
-            .field("ca", &self.ca_pem.is_some())
-            .field("client_certificate", &self.client.is_some())
-            .finish()
-    }
+    pub redis_tls: Option<std::sync::Arc<crate::tls::RedisTls>>,
 }
 
 /// Process-wide settings.

@@ -73,6 +73,25 @@ impl std::hash::Hash for CaBundle {
     }
 }
 
+/// The files of TLS to Redis, read at load: a CA bundle to trust instead of the system's
+/// roots, and a client certificate with its key (Redis's `tls-auth-clients`).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RedisTls {
+    /// The CA bundle's PEM.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The client certificate's PEM and its key's.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
+}
+
 /// A PEM reading error in words a user can act on (the library's names the end marker as
 /// a list of bytes).
 fn pem_words(e: &rustls::pki_types::pem::Error, key: bool) -> String {

@@ -5,7 +5,8 @@
 //! `sentinel_password_file` (and `sentinel_username`).
 
 use super::problems::Problems;
-use crate::model::{RedisTarget, RedisTls};
+use crate::model::RedisTarget;
+use crate::tls::RedisTls;
 use serde_yaml_ng::{Mapping, Value};
 use std::path::Path;
 use std::sync::Arc;

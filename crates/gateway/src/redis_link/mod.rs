@@ -5,7 +5,11 @@
 //! connection fails its commands and its owner reconnects), or to a Redis Cluster (keys
 //! routed by hash slot, MOVED / ASK followed).
 
+mod client;
 mod watch;
+
+pub use client::TlsFiles;
+use client::{certificates, client};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -14,35 +18,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_config::{RedisTarget, RedisTls};
-
-/// What TLS to Redis trusts and presents, when the config names files for it.
-pub type TlsFiles<'a> = Option<&'a Arc<RedisTls>>;
-
-/// A client of the server `info` names: over TLS with `tls`'s CA and client certificate
-/// when it gives them (the URL or address says whether TLS is spoken at all).
-fn client(
-    info: impl redis::IntoConnectionInfo,
-    tls: TlsFiles<'_>,
-) -> redis::RedisResult<redis::Client> {
-    let info = info.into_connection_info()?;
-    match tls {
-        Some(t) if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) => {
-            redis::Client::build_with_tls(info, certificates(t))
-        }
-        _ => redis::Client::open(info),
-    }
-}
-
-fn certificates(t: &RedisTls) -> redis::TlsCertificates {
-    redis::TlsCertificates {
-        client_tls: t.client.as_ref().map(|(cert, key)| redis::ClientTlsConfig {
-            client_cert: cert.clone(),
-            client_key: key.clone(),
-        }),
-        root_cert: t.ca_pem.clone(),
-    }
-}
+use tollgate_config::RedisTarget;
 
 /// A connection to the Redis a config names. Cheap to clone (both kinds multiplex).
 #[derive(Clone)]

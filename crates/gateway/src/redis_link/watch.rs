@@ -239,7 +239,7 @@ async fn listen(url: String, tls: Option<Arc<RedisTls>>, weak: Weak<Watch>) {
     let mut warned = false;
     while weak.strong_count() > 0 {
         if let Ok(Ok(mut pubsub)) = tokio::time::timeout(FOLLOW_EVERY, async {
-            super::client(url.as_str(), tls.as_ref())?
+            super::client::client(url.as_str(), tls.as_ref())?
                 .get_async_pubsub()
                 .await
         })
@@ -281,7 +281,7 @@ async fn listen(url: String, tls: Option<Arc<RedisTls>>, weak: Weak<Watch>) {
 pub(super) async fn named_master(
     sentinels: &[String],
     master_name: &str,
-    tls: super::TlsFiles<'_>,
+    tls: super::client::TlsFiles<'_>,
     asking: &mut Option<(usize, MultiplexedConnection)>,
 ) -> Option<String> {
     let start = asking.as_ref().map_or(0, |(i, _)| *i);
@@ -293,7 +293,7 @@ pub(super) async fn named_master(
                 let cfg = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(FOLLOW_EVERY))
                     .set_response_timeout(Some(FOLLOW_EVERY));
-                let Ok(client) = super::client(sentinels[i].as_str(), tls) else {
+                let Ok(client) = super::client::client(sentinels[i].as_str(), tls) else {
                     continue;
                 };
                 match client
