@@ -97,12 +97,13 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
                     }
                     Err(e) => {
                         c.metrics.errors.fetch_add(1, Ordering::Relaxed);
-                        let why = e.to_string();
+                        let why = failure(&e);
                         if c.up.swap(false, Ordering::Relaxed) || s.said.as_ref() != Some(&why) {
                             tracing::warn!(
                                 redis = %c.cfg.redis.shown(),
                                 policy = ?c.cfg.on_redis_down,
-                                "cluster: Redis unreachable ({e}); retrying with backoff"
+                                "cluster: Redis unreachable ({}); retrying with backoff",
+                                shortened(&e)
                             );
                         }
                         s.said = Some(why);
@@ -402,22 +403,24 @@ impl Syncer {
                             }
                         }
                     }
-                    None if current => {
-                        let why = e.to_string();
-                        let was_up = c.up.swap(false, Ordering::Relaxed);
-                        if was_up || self.said.as_ref() != Some(&why) {
+                    // The connection's first failure decides; its other rounds and parts
+                    // that fail with it change nothing more.
+                    None if current && self.conn.is_some() => {
+                        let why = failure(&e);
+                        if c.up.swap(false, Ordering::Relaxed) || self.said.as_ref() != Some(&why) {
                             tracing::warn!(
                                 policy = ?c.cfg.on_redis_down,
-                                "cluster: Redis failed ({e}){}; reconnecting",
+                                "cluster: Redis failed ({}){}; reconnecting",
+                                shortened(&e),
                                 misnamed(&e)
                             );
                         }
                         self.said = Some(why);
                         self.conn = None;
-                        // A connection that worked reconnects at once (a failover); one
-                        // that never answered a round waits, or it would be made again
+                        // A connection that answered a round reconnects at once (a
+                        // failover); one that never did waits, or it would be made again
                         // every sync interval.
-                        if !was_up {
+                        if self.futile > 0 {
                             self.retry_at = Some(Instant::now() + self.next_backoff(c));
                         }
                     }
@@ -480,6 +483,25 @@ impl Syncer {
             self.conn = None;
         }
     }
+}
+
+/// A failure as told from the last one logged: a server's answer by its kind (a `MOVED`
+/// names other slots each round), anything else by its words.
+fn failure(e: &redis::RedisError) -> String {
+    match e.kind() {
+        redis::ErrorKind::Server(k) => format!("{k:?}"),
+        _ => shortened(e),
+    }
+}
+
+/// An error's words, cut to a line's length (a pipeline's lists every command that failed).
+fn shortened(e: &redis::RedisError) -> String {
+    let mut text = e.to_string();
+    if let Some((at, _)) = text.char_indices().nth(300) {
+        text.truncate(at);
+        text.push('…');
+    }
+    text
 }
 
 /// What a round's failure says of the config, when the server named is not one that
