@@ -137,8 +137,15 @@ pub fn load_cert(cert_path: PathBuf, key_path: PathBuf) -> Result<LoadedCert, St
     };
     let names = webpki::EndEntityCert::try_from(leaf)
         .map_err(|e| {
+            // OpenSSL's `x509 -req` without extensions makes a version 1 certificate,
+            // which rustls does not take.
+            let hint = if matches!(e, webpki::Error::UnsupportedCertVersion) {
+                " (an X.509 version 1 certificate: TLS here takes version 3; issue it with extensions, e.g. `openssl x509 -req … -extfile <(printf 'basicConstraints=CA:FALSE')`)"
+            } else {
+                ""
+            };
             format!(
-                "{}: the first certificate cannot be parsed: {e}",
+                "{}: the first certificate cannot be parsed: {e}{hint}",
                 cert_path.display()
             )
         })?

@@ -352,13 +352,28 @@ fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -
             return RedisTarget::Url(url.to_string());
         }
         Ok(u) => {
-            if u.host_str().is_none_or(str::is_empty) {
-                p.add(
+            match u.host() {
+                None => p.add(
                     at,
                     format!("{url:?} names no host; e.g. redis://127.0.0.1:6379/0"),
-                );
+                ),
+                // What a server listens on, not an address to connect to (the client
+                // refuses it).
+                // (A `redis://` host is opaque to the URL parser: an IPv4 address comes
+                // as a name.)
+                Some(host) => {
+                    let ip = match host {
+                        url::Host::Domain(d) => d.parse::<std::net::IpAddr>().ok(),
+                        url::Host::Ipv4(ip) => Some(ip.into()),
+                        url::Host::Ipv6(ip) => Some(ip.into()),
+                    };
+                    if let Some(ip) = ip.filter(std::net::IpAddr::is_unspecified) {
+                        p.add(at, format!("{url:?}: {ip} is no address to connect to"));
+                    }
+                }
             }
-            let db = u.path().trim_start_matches('/');
+            // Read as the client reads it: slashes on either side of the number.
+            let db = u.path().trim_matches('/');
             if !db.is_empty() && db.parse::<u32>().is_err() {
                 p.add(
                     at,

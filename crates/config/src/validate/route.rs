@@ -296,7 +296,7 @@ pub(super) fn route(
             if o != "*" && !origin_form(o) {
                 p.warn(
                     format!("{at}.cors.origins[{i}]"),
-                    format!("{o:?} never matches: browsers send an origin as scheme://host[:port], lower case, with no path or trailing slash"),
+                    format!("{o:?} never matches: browsers send an origin as scheme://host[:port], lower case, with no path or trailing slash, no default port, no wildcard, and a name beyond ASCII in punycode (it is compared byte for byte)"),
                 );
             }
         }
@@ -385,9 +385,18 @@ fn origin_form(o: &str) -> bool {
     let Some((scheme, rest)) = o.split_once("://") else {
         return false;
     };
+    // The scheme's own port is left out by browsers; a wildcard is not a pattern here;
+    // a name beyond ASCII is sent in its punycode form.
+    let default_port = match scheme {
+        "https" => rest.ends_with(":443"),
+        "http" => rest.ends_with(":80"),
+        _ => false,
+    };
     !scheme.is_empty()
         && !rest.is_empty()
-        && !rest.contains(['/', '?', '#'])
+        && !default_port
+        && o.is_ascii()
+        && !rest.contains(['/', '?', '#', '*'])
         && !o
             .bytes()
             .any(|b| b.is_ascii_uppercase() || b.is_ascii_whitespace())

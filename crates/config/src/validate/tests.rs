@@ -577,6 +577,8 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
             "redis://127.0.0.1:6379/abc",
             "the path is the database number",
         ),
+        ("redis://0.0.0.0:6379/0", "is no address to connect to"),
+        ("redis://[::]:6379/0", "is no address to connect to"),
     ] {
         let err = with(url).expect_err(url).to_string();
         assert!(
@@ -588,6 +590,13 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
         with("redis://127.0.0.1:6379/99").is_ok(),
         "a server may have more databases"
     );
+    for ok in [
+        "redis://127.0.0.1:6379/0/",
+        "redis://[::1]:6379/0?protocol=resp3",
+        "rediss://user:p%40ss@redis.internal:6380",
+    ] {
+        assert!(with(ok).is_ok(), "{ok}");
+    }
     assert!(with("{url: \"redis://10.0.0.5\", db: 20}").is_ok());
     std::fs::write(dir.join("empty.pass"), "\n").expect("write");
     let err = with("{url: \"redis://10.0.0.5\", password_file: empty.pass}")
@@ -789,12 +798,12 @@ routes:
   - name: a
     path_prefix: /
     upstream: backend
-    cors: {origins: ["https://a.example", "http://b.example:8080", "null", "https://c.example/", "HTTPS://D.example", "e.example"]}
+    cors: {origins: ["https://a.example", "http://b.example:8080", "null", "https://c.example/", "HTTPS://D.example", "e.example", "https://f.example:443", "https://*.g.example", "https://bücher.example"]}
 "#,
     )
     .expect("valid: a warning, not a problem");
     let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
-    for i in 3..=5 {
+    for i in 3..=8 {
         let at = format!("routes[0].cors.origins[{i}]: ");
         assert!(
             warned
