@@ -334,6 +334,14 @@ async fn malformed_requests_get_a_precise_4xx_and_a_closed_connection() {
         assert!(r.starts_with("HTTP/1.1 505"), "{v}: {r}");
         assert!(r.to_ascii_lowercase().contains("connection: close"), "{r}");
     }
+    // After an empty line first (which a server may skip), the same.
+    let r = raw(gw.addr, b"\r\nGET /open HTTP/2.0\r\nHost: x\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 505"), "{r}");
+    let r = raw(gw.addr, b"\r\nGET /op\x01en HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(r.contains("invalid request target"), "{r}");
+    // A target with a space in it breaks the line, whatever version follows.
+    let r = raw(gw.addr, b"GET /a b HTTP/2.0\r\nHost: x\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
     for v in ["HTTP/1.x", "HTTP/2", "HTTP/22.0", "HTTX/2.0"] {
         let r = raw(
             gw.addr,

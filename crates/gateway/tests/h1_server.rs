@@ -141,6 +141,16 @@ async fn framing_in_doubt_is_refused_with_the_reason_and_a_close() {
             "chunked given twice",
         ),
         (
+            b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked,\r\n\r\n0\r\n\r\n",
+            400,
+            "empty element in Transfer-Encoding",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked;q=1\r\n\r\n0\r\n\r\n",
+            400,
+            "transfer coding with parameters",
+        ),
+        (
             b"POST /x HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
             400,
             "Transfer-Encoding in an HTTP/1.0 request",

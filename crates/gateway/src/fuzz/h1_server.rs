@@ -27,6 +27,8 @@ const DELIBERATE: &[&str] = &[
     "transfer coding not supported (only chunked)",
     "chunked given twice",
     "chunked is not the last transfer coding",
+    "transfer coding with parameters",
+    "empty element in Transfer-Encoding",
     "Transfer-Encoding given twice",
     "control byte in a chunk size line",
     "malformed trailer section",

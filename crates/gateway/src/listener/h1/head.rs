@@ -355,11 +355,19 @@ fn transfer_coding_refused(value: &[u8]) -> Refused {
             .filter(|c| !c.is_empty())
     };
     let is_chunked = |c: &[u8]| c.eq_ignore_ascii_case(b"chunked");
+    if codings().any(|c| c.contains(&b';')) {
+        return refused(400, "transfer coding with parameters");
+    }
     if codings().filter(|c| is_chunked(c)).count() > 1 {
         return refused(400, "chunked given twice");
     }
     if !codings().next_back().is_some_and(is_chunked) {
         return refused(400, "chunked is not the last transfer coding");
+    }
+    // `chunked` with empty list elements beside it (`chunked,`): RFC 9110 §5.6.1 has them
+    // ignored, but not every reader does; refused rather than guessed.
+    if codings().count() == 1 {
+        return refused(400, "empty element in Transfer-Encoding");
     }
     refused(501, "transfer coding not supported (only chunked)")
 }
@@ -392,8 +400,12 @@ fn refusal_of(e: httparse::Error, no_method: bool, bytes: &[u8]) -> Refused {
 /// (`HTTP/2.0`, `HTTP/3.0`, `HTTP/0.9`): one the gateway does not speak on this line,
 /// RFC 9110 §15.6.6's 505, as nginx answers it. A malformed version stays a 400.
 fn other_major(bytes: &[u8]) -> bool {
-    let line = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    // (The line as the log shows it: after empty lines, without its end, 2 KiB at most.)
+    let line = request_line(bytes);
+    // Method, target, version: a target with a space in it is the line's fault (400).
+    if line.iter().filter(|b| **b == b' ').count() != 2 {
+        return false;
+    }
     let version = line.rsplit(|b| *b == b' ').next().unwrap_or_default();
     match version.strip_prefix(b"HTTP/") {
         Some([major, b'.', minor]) => {
@@ -405,7 +417,10 @@ fn other_major(bytes: &[u8]) -> bool {
 
 /// Whether the request line holds a space after its method's: a target followed by more.
 fn target_ends_in_space(bytes: &[u8]) -> bool {
-    let line = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = after_empty_lines(bytes)
+        .split(|b| *b == b'\n')
+        .next()
+        .unwrap_or_default();
     line.iter().filter(|b| **b == b' ').count() >= 2
 }
 
