@@ -151,20 +151,6 @@ pub(super) fn field_text(bytes: &[u8]) -> bool {
         .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
-/// Whether `line` is a trailer field a reader can only read one way: `name: value`, the
-/// name a token, the value field text (no obs-fold, no space before the colon).
-pub(super) fn trailer_line(line: &[u8]) -> bool {
-    let Some(colon) = line.iter().position(|b| *b == b':') else {
-        return false;
-    };
-    let (name, value) = (&line[..colon], &line[colon + 1..]);
-    !name.is_empty()
-        && name
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b))
-        && field_text(value)
-}
-
 pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parsed>, H1Error> {
     // Uninitialised: filling 100 empty headers before each parse cost about 300
     // instructions per answer.

@@ -201,9 +201,11 @@ impl H1Body {
                                         self.finish();
                                         return Poll::Ready(None);
                                     }
-                                    // Trailers are not passed on, but a line another
-                                    // reader could take otherwise ends the answer.
-                                    if !super::h1::trailer_line(line) {
+                                    // Trailers are not passed on, and an odd one (a
+                                    // space before its colon, a fold) is dropped as they
+                                    // are; a control byte another reader could end the
+                                    // line at ends the answer.
+                                    if !super::h1::field_text(line) {
                                         return Poll::Ready(Some(Err(
                                             io::ErrorKind::InvalidData.into()
                                         )));
