@@ -210,13 +210,15 @@ fn print(v: &Value, json: bool) {
             // The config's own consumers are not listed: say so, so that an empty list
             // does not read as "no consumers".
             let in_config = v["listed_in_config"].as_u64().unwrap_or(0);
-            let none = if list.is_empty() {
-                "no consumer is managed through the admin API; "
-            } else {
-                ""
-            };
-            if in_config > 0 || list.is_empty() {
-                eprintln!("{none}the config's own consumers ({in_config}) are not listed here");
+            match (list.is_empty(), in_config) {
+                (true, 0) => eprintln!(
+                    "no consumer is managed through the admin API, and the config lists none"
+                ),
+                (true, n) => eprintln!(
+                    "no consumer is managed through the admin API; the config's own consumers ({n}) are not listed here"
+                ),
+                (false, 0) => {}
+                (false, n) => eprintln!("the config's own consumers ({n}) are not listed here"),
             }
         }
         return;
