@@ -76,8 +76,8 @@ async fn run(
         }
         let outcome = match crate::redis_link::redis_connection(&url, tls.as_ref(), TIMEOUT).await {
             Ok(mut con) => {
-                wait = POLL;
-                session(&roster, &mut con, &keys, &script, &mut outbox, &mut said).await
+                let (out, said) = (&mut outbox, &mut said);
+                session(&roster, &mut con, (&keys, &script), out, said, &mut wait).await
             }
             Err(e) => Err(e),
         };
@@ -99,14 +99,16 @@ async fn run(
 }
 
 /// One connection's life: catch up, then follow the stream and publish local changes.
-/// Ends `Ok` when the roster is gone.
+/// Ends `Ok` when the roster is gone. The wait before the next connection is reset only
+/// once caught up: a server that takes connections and fails them (one node of a Redis
+/// Cluster, a replica refusing the writes) is tried again with backoff.
 async fn session(
     roster: &Weak<Roster>,
     con: &mut RedisConn,
-    keys: &Keys,
-    script: &redis::Script,
+    (keys, script): (&Keys, &redis::Script),
     outbox: &mut UnboundedReceiver<Managed>,
     said: &mut Option<String>,
+    wait: &mut Duration,
 ) -> redis::RedisResult<()> {
     // The stream's end first: what is added while the hash is read is read again after.
     let last: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
@@ -159,6 +161,7 @@ async fn session(
     if said.take().is_some() {
         tracing::info!("managed consumers: Redis is reachable again; sharing changes");
     }
+    *wait = POLL;
     let mut tick = tokio::time::interval(POLL);
     loop {
         tokio::select! {
