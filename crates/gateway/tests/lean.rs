@@ -70,6 +70,9 @@ async fn a_chunked_answer_another_reader_could_frame_otherwise_is_cut_off_at_onc
             b"5;a=b\nc\r\nhello\r\n0\r\n\r\n"
         } else if h.starts_with("GET /ext-cr") {
             b"5;a\rb\r\nhello\r\n0\r\n\r\n"
+        } else if h.starts_with("GET /cr-only") {
+            // Lines ended by a bare CR alone: no LF ever comes.
+            b"5\rhello\r0\r\r"
         } else if h.starts_with("GET /trailer") {
             b"5\r\nhello\r\n0\r\nX: a\nHTTP/1.1 200 OK\r\n\r\n"
         } else if h.starts_with("GET /odd-trailer") {
@@ -85,7 +88,7 @@ async fn a_chunked_answer_another_reader_could_frame_otherwise_is_cut_off_at_onc
     })
     .await;
     let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
-    for path in ["/bare-lf", "/ext-lf", "/ext-cr", "/trailer"] {
+    for path in ["/bare-lf", "/ext-lf", "/ext-cr", "/cr-only", "/trailer"] {
         let before = conns.load(Ordering::SeqCst);
         let r = raw(
             gw.addr,

@@ -494,10 +494,11 @@ fn failure(e: &redis::RedisError) -> String {
     }
 }
 
-/// An error's words, cut to a line's length (a pipeline's lists every command that failed).
+/// An error's words, cut so that its log line stays near 300 characters with the hint
+/// beside it (a pipeline's error lists every command that failed).
 fn shortened(e: &redis::RedisError) -> String {
     let mut text = e.to_string();
-    if let Some((at, _)) = text.char_indices().nth(300) {
+    if let Some((at, _)) = text.char_indices().nth(160) {
         text.truncate(at);
         text.push('…');
     }

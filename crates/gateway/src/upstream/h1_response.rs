@@ -187,7 +187,18 @@ impl H1Body {
                             // A line ends at its LF, which a CR must come before: a bare LF
                             // is refused at once (other readers end the line there), not
                             // waited past.
-                            if let Some(lf) = conn.buf.iter().position(|b| *b == b'\n') {
+                            let lf = conn.buf.iter().position(|b| *b == b'\n');
+                            // So is a control byte, a CR but right before the LF included,
+                            // before the line's end comes (or at once, if it never does).
+                            let upto = lf.unwrap_or(conn.buf.len());
+                            let stray = conn.buf[..upto].iter().enumerate().any(|(i, &b)| {
+                                let cr_at_end = b == b'\r' && (i + 1 == upto);
+                                (b < 0x20 && b != b'\t' && !cr_at_end) || b == 0x7f
+                            });
+                            if stray {
+                                return Poll::Ready(Some(Err(io::ErrorKind::InvalidData.into())));
+                            }
+                            if let Some(lf) = lf {
                                 if lf == 0 || conn.buf[lf - 1] != b'\r' {
                                     return Poll::Ready(Some(Err(
                                         io::ErrorKind::InvalidData.into()
