@@ -325,7 +325,13 @@ fn host_port(s: &str) -> bool {
         let plain = !h.is_empty()
             && !h.contains(['/', '@', ' ', '\t'])
             && (!h.contains(':') || (h.starts_with('[') && h.ends_with(']')));
-        plain && port.parse::<u16>().is_ok_and(|n| n > 0)
+        // `0.0.0.0` or `[::]` is what a server listens on, not an address to connect to.
+        let wildcard = h
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_unspecified());
+        plain && !wildcard && port.parse::<u16>().is_ok_and(|n| n > 0)
     })
 }
 

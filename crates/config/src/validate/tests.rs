@@ -606,6 +606,13 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
         err.contains("cluster.redis.password_file: ") && err.contains("is empty"),
         "{err}"
     );
+    let err = with("{cluster_nodes: [\"0.0.0.0:7000\"]}")
+        .expect_err("a wildcard node")
+        .to_string();
+    assert!(
+        err.contains("cluster.redis.cluster_nodes[0]: \"0.0.0.0:7000\" must be host:port"),
+        "{err}"
+    );
     let err = with("{cluster_nodes: \"10.0.1.1:6379\"}")
         .expect_err("one node not in a list")
         .to_string();
