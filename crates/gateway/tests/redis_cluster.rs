@@ -1,6 +1,7 @@
 //! Limits shared through a real Redis Cluster on loopback: each consumer's counts in the
 //! slot of its name, spread over the masters; a slot moved to another master (MOVED) and
-//! a master killed and replaced by its replica, followed without a restart.
+//! a master killed and replaced by its replica, followed without a restart. One node of it
+//! named as the server is retried with backoff.
 
 mod common;
 
@@ -404,4 +405,61 @@ async fn a_consumer_made_on_one_node_reaches_the_other_through_the_cluster() {
             .query::<bool>(&mut c)
             .unwrap_or(false)
     }));
+}
+
+/// Connections the server behind `c` has taken since it started (`INFO stats`).
+fn connections_taken(c: &mut ::redis::Connection) -> u64 {
+    ::redis::cmd("INFO")
+        .arg("stats")
+        .query::<String>(c)
+        .ok()
+        .and_then(|i| {
+            i.lines()
+                .find_map(|l| l.strip_prefix("total_connections_received:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_of_a_cluster_named_as_the_server_is_retried_with_backoff() {
+    // One node of a Redis Cluster given as `url`: the managed consumers' reads and the
+    // limits' rounds get MOVED for the slots it does not keep, on every connection.
+    let cluster = RedisCluster::start("cluster-as-url", false);
+    let node = &cluster.nodes[0];
+    let prefix = (0..100)
+        .map(|i| format!("tgu{i}"))
+        .find(|p| !node.owns(&format!("{{{p}:consumers}}")) && !node.owns(&format!("{p}:nodes")))
+        .expect("a prefix whose consumers and nodes live on other masters");
+    let mut watch = node.conn().expect("a connection to the node");
+    let before = connections_taken(&mut watch);
+    let backend = echo_backend().await;
+    let yaml = yaml(
+        backend,
+        &format!(
+            r#"
+cluster:
+  redis: redis://127.0.0.1:{port}/0
+  sync_interval: 10ms
+  key_prefix: {prefix}
+consumers: [{{name: alice, keys: [ka]}}]
+routes:
+  - {{name: test, path_prefix: /test/, upstream: backend, auth: {{}}}}
+"#,
+            port = node.port
+        ),
+    );
+    let started = std::time::Instant::now();
+    let _gw = TestGateway::start(&yaml, clock()).await;
+    // The limits' syncer and the managed consumers' link each back off (100, 200, 400,
+    // 800 ms, …): fourteen connections between them take over two and a half seconds.
+    // Reconnected from each connect, the consumers' link alone made ten a second.
+    wait("fourteen connections from the node", || {
+        connections_taken(&mut watch) >= before + 14
+    });
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(2500),
+        "fourteen connections within {took:?}: no backoff"
+    );
 }
