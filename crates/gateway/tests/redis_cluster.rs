@@ -407,20 +407,6 @@ async fn a_consumer_made_on_one_node_reaches_the_other_through_the_cluster() {
     }));
 }
 
-/// Connections the server behind `c` has taken since it started (`INFO stats`).
-fn connections_taken(c: &mut ::redis::Connection) -> u64 {
-    ::redis::cmd("INFO")
-        .arg("stats")
-        .query::<String>(c)
-        .ok()
-        .and_then(|i| {
-            i.lines()
-                .find_map(|l| l.strip_prefix("total_connections_received:"))
-                .and_then(|n| n.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_node_of_a_cluster_named_as_the_server_is_retried_with_backoff() {
     // One node of a Redis Cluster given as `url`: the managed consumers' reads and the
@@ -432,7 +418,7 @@ async fn one_node_of_a_cluster_named_as_the_server_is_retried_with_backoff() {
         .find(|p| !node.owns(&format!("{{{p}:consumers}}")) && !node.owns(&format!("{p}:nodes")))
         .expect("a prefix whose consumers and nodes live on other masters");
     let mut watch = node.conn().expect("a connection to the node");
-    let before = connections_taken(&mut watch);
+    let before = common::redis::connections_taken(&mut watch);
     let backend = echo_backend().await;
     let yaml = yaml(
         backend,
@@ -455,7 +441,7 @@ routes:
     // 800 ms, …): fourteen connections between them take over two and a half seconds.
     // Reconnected from each connect, the consumers' link alone made ten a second.
     wait("fourteen connections from the node", || {
-        connections_taken(&mut watch) >= before + 14
+        common::redis::connections_taken(&mut watch) >= before + 14
     });
     let took = started.elapsed();
     assert!(

@@ -124,8 +124,8 @@ struct Sentinels {
     _sentinels: Vec<Proc>,
 }
 
-fn sentinels(name: &str, password: Option<&str>) -> Sentinels {
-    let dir = tempdir(name);
+/// A master and its replica on free ports, the replica in sync: their ports and processes.
+fn master_and_replica(dir: &std::path::Path) -> (u16, u16, Proc, Proc) {
     let (m, r) = (free_port(), free_port());
     let base = |port: u16| {
         vec![
@@ -144,7 +144,7 @@ fn sentinels(name: &str, password: Option<&str>) -> Sentinels {
             dir.display().to_string(),
         ]
     };
-    let master = Some(spawn(&base(m)));
+    let master = spawn(&base(m));
     let mut replica_args = base(r);
     replica_args.extend(["--replicaof".into(), "127.0.0.1".into(), m.to_string()]);
     let replica = spawn(&replica_args);
@@ -156,6 +156,13 @@ fn sentinels(name: &str, password: Option<&str>) -> Sentinels {
                 .is_ok_and(|i| i.contains("master_link_status:up"))
         })
     });
+    (m, r, master, replica)
+}
+
+fn sentinels(name: &str, password: Option<&str>) -> Sentinels {
+    let dir = tempdir(name);
+    let (m, r, master, replica) = master_and_replica(&dir);
+    let master = Some(master);
     let auth = password.map_or_else(String::new, |pw| {
         format!("requirepass {pw}\nsentinel sentinel-pass {pw}\n")
     });
@@ -455,54 +462,14 @@ cluster:
     let _ = std::fs::remove_dir_all(&set.dir);
 }
 
-/// Connections `port` has taken since it started (`INFO stats`), asked on `c`.
-fn connections_taken(c: &mut ::redis::Connection) -> u64 {
-    ::redis::cmd("INFO")
-        .arg("stats")
-        .query::<String>(c)
-        .ok()
-        .and_then(|i| {
-            i.lines()
-                .find_map(|l| l.strip_prefix("total_connections_received:"))
-                .and_then(|n| n.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_named_as_the_server_is_retried_with_backoff() {
     // A master and its replica; the node is given the replica, which refuses writes
     // (READONLY) on every connection the node makes.
     let dir = tempdir("replica-named");
-    let (m, r) = (free_port(), free_port());
-    let base = |port: u16| {
-        vec![
-            "--port".to_string(),
-            port.to_string(),
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "--save".into(),
-            String::new(),
-            "--appendonly".into(),
-            "no".into(),
-            "--dir".into(),
-            dir.display().to_string(),
-        ]
-    };
-    let _master = spawn(&base(m));
-    let mut replica_args = base(r);
-    replica_args.extend(["--replicaof".into(), "127.0.0.1".into(), m.to_string()]);
-    let _replica = spawn(&replica_args);
-    wait("the replica in sync", || {
-        conn(r).is_some_and(|mut c| {
-            ::redis::cmd("INFO")
-                .arg("replication")
-                .query::<String>(&mut c)
-                .is_ok_and(|i| i.contains("master_link_status:up"))
-        })
-    });
+    let (_, r, _master, _replica) = master_and_replica(&dir);
     let mut watch = conn(r).expect("a connection to the replica");
-    let before = connections_taken(&mut watch);
+    let before = common::redis::connections_taken(&mut watch);
     let (backend, _) = inspect_backend().await;
     let yaml = yaml(
         backend,
@@ -523,7 +490,7 @@ cluster:
     // 400 ms…) its fourth comes 700 ms after its first at the soonest. (One more
     // connection is the managed consumers' reader, which a replica serves.)
     wait("five connections from the node", || {
-        connections_taken(&mut watch) >= before + 5
+        common::redis::connections_taken(&mut watch) >= before + 5
     });
     let took = started.elapsed();
     assert!(

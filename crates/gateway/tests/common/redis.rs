@@ -108,3 +108,18 @@ impl Drop for RedisServer {
         self.stop();
     }
 }
+
+/// Connections the server behind `c` has taken since it started (`INFO stats`): how often
+/// a gateway connected, for the tests of its backoff.
+pub fn connections_taken(c: &mut redis::Connection) -> u64 {
+    redis::cmd("INFO")
+        .arg("stats")
+        .query::<String>(c)
+        .ok()
+        .and_then(|i| {
+            i.lines()
+                .find_map(|l| l.strip_prefix("total_connections_received:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
