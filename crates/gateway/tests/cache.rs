@@ -882,6 +882,33 @@ async fn purges_by_url_prefix_tag_and_everything() {
     assert!(stats.contains("\"entries\":8"), "{stats}");
     assert!(purge(r#"{"all": true}"#).await.contains("\"purged\":8"));
     assert!(purge(r#"{"nothing": 1}"#).await.starts_with("HTTP/1.1 400"));
+    // A URL or prefix spelled as a client may spell it finds what its request stored
+    // (the path normalized as the request's was); one no request could name is refused.
+    for (client, purged) in [
+        ("/n/a%7Eb", r#"{"url": "/n//a~b"}"#),
+        ("/n/%41bc", r#"{"url": "/n/Abc"}"#),
+        ("/n/x//y", r#"{"url": "/n/x%2fy"}"#),
+        ("/p/re~fix/1", r#"{"prefix": "/p/re%7efix/"}"#),
+    ] {
+        assert!(s
+            .get(client)
+            .await
+            .header("cache-status")
+            .contains("stored"));
+        assert!(s.get(client).await.header("cache-status").contains("hit"));
+        let answer = purge(purged).await;
+        if purged.contains("%2f") {
+            assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+            assert!(answer.contains("encoded slash"), "{answer}");
+            continue;
+        }
+        assert!(answer.contains("\"purged\":1"), "{purged}: {answer}");
+        let again = s.get(client).await;
+        assert!(again.header("cache-status").contains("fwd="), "{client}");
+    }
+    assert!(purge(r#"{"url": "/n/../a"}"#)
+        .await
+        .starts_with("HTTP/1.1 400"));
 }
 
 #[tokio::test]

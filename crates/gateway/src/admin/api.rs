@@ -238,9 +238,15 @@ pub async fn purge(gw: &Gateway, req: Request<Incoming>) -> Answer {
     let what = if v.get("all").and_then(|b| b.as_bool()) == Some(true) {
         Purge::All
     } else if let Some(u) = text("url") {
-        Purge::Url(u)
+        match purged_url(&u) {
+            Ok(u) => Purge::Url(u),
+            Err(why) => return bad(&format!("url {u:?}: {why}")),
+        }
     } else if let Some(p) = text("prefix") {
-        Purge::Prefix(p)
+        match normal_path(&p) {
+            Ok(p) => Purge::Prefix(p),
+            Err(why) => return bad(&format!("prefix {p:?}: {why}")),
+        }
     } else if let Some(t) = text("tag") {
         Purge::Tag(t)
     } else {
@@ -260,6 +266,44 @@ pub async fn purge(gw: &Gateway, req: Request<Incoming>) -> Answer {
         .collect();
     let n = gw.cache().purge(what, &routes);
     json(StatusCode::OK, &j!({"purged": n}))
+}
+
+/// A path as the listener makes a request's before it is keyed (`/a%7Eb` is `/a~b`,
+/// `//` is `/`), so that a purge finds what a client stored whichever way it spelled it;
+/// what no request could have been stored under (dot-segments, an encoded slash) is refused.
+fn normal_path(p: &str) -> Result<String, &'static str> {
+    match crate::inbound::normalize_path(p) {
+        Ok(n) => Ok(n.unwrap_or_else(|| p.to_string())),
+        Err(crate::exchange::Refusal::BadRequest(why)) => Err(why),
+        Err(_) => Err("invalid path"),
+    }
+}
+
+/// A purge's URL (`http://host/path?q`, or `/path?q`) with its path made as a request's.
+fn purged_url(u: &str) -> Result<String, &'static str> {
+    let (before, rest) = if u.starts_with('/') {
+        ("", u)
+    } else {
+        let Some(at) = u.find("://") else {
+            return Err("give a path or an http(s) URL");
+        };
+        let after = &u[at + 3..];
+        let path_at = after.find(['/', '?']).map_or(u.len(), |i| at + 3 + i);
+        u.split_at(path_at)
+    };
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let path = if path.is_empty() {
+        "/".to_string()
+    } else {
+        normal_path(path)?
+    };
+    Ok(match query {
+        Some(q) => format!("{before}{path}?{q}"),
+        None => format!("{before}{path}"),
+    })
 }
 
 /// `GET /usage/{consumer}`: the consumer's standing in each of its limits.
@@ -490,6 +534,25 @@ mod tests {
         )
         .expect("rfc3339");
         assert_eq!(q.to - q.from, 86_400);
+    }
+
+    #[test]
+    fn a_purged_url_is_read_as_a_request_path_is() {
+        let ok = |u| purged_url(u).expect(u);
+        assert_eq!(ok("/o/a%7Eb"), "/o/a~b");
+        assert_eq!(ok("/o/x//y?q=%7E"), "/o/x/y?q=%7E");
+        assert_eq!(ok("/%41bc"), "/Abc");
+        assert_eq!(
+            ok("http://GW.test:8080/a%7eb?x"),
+            "http://GW.test:8080/a~b?x"
+        );
+        assert_eq!(ok("https://gw.test"), "https://gw.test/");
+        assert_eq!(ok("http://gw.test?x=1"), "http://gw.test/?x=1");
+        for bad in ["/a/../b", "/a%2Fb", "/a%zz", "gw.test/a"] {
+            assert!(purged_url(bad).is_err(), "{bad}");
+        }
+        assert_eq!(normal_path("/pre%7Efix/").as_deref(), Ok("/pre~fix/"));
+        assert!(normal_path("pre").is_err());
     }
 
     #[test]
