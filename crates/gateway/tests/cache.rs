@@ -605,6 +605,136 @@ async fn concurrent_misses_for_one_key_reach_the_backend_once() {
     assert!(collapsed > 0);
 }
 
+/// Waits until `n` requests wait for another's fetch.
+async fn waiting(gw: &TestGateway, n: u64) {
+    let w = &gw.gw.cache().store.metrics.waiting;
+    bounded("requests waiting", async {
+        while w.load(Ordering::SeqCst) != n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+/// A gateway sharing entries before a backend that answers `Vary: Accept-Encoding` (the
+/// request's value in the body) only when released.
+async fn varying_gated() -> (
+    TestGateway,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    Arc<tokio::sync::Notify>,
+) {
+    let (backend, arrived, release) = gated_backend_with(|req, n| {
+        let enc = req
+            .headers()
+            .get("accept-encoding")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let mut r = hyper::Response::new(format!("enc={enc} n={n}"));
+        let h = r.headers_mut();
+        h.insert(
+            "cache-control",
+            http::HeaderValue::from_static("max-age=60"),
+        );
+        h.insert("vary", http::HeaderValue::from_static("Accept-Encoding"));
+        (r, true)
+    })
+    .await;
+    let cfg = config(backend, true, "").replace("response_timeout: 2s", "response_timeout: 20s");
+    let (gw, _clock) = TestGateway::with_manual_clock(&cfg).await;
+    (gw, arrived, release)
+}
+
+/// `n` concurrent GETs of `path` with key `ka` and `headers`.
+fn burst_with(
+    gw: &TestGateway,
+    path: &str,
+    n: usize,
+    headers: &'static [(&'static str, &'static str)],
+) -> Vec<tokio::task::JoinHandle<Answer>> {
+    let c = TestClient::default();
+    (0..n)
+        .map(|_| {
+            let (c, url) = (c.clone(), gw.url(path));
+            tokio::spawn(async move {
+                let mut h = vec![("X-API-Key", "ka")];
+                h.extend_from_slice(headers);
+                c.request(http::Method::GET, &url, &h, "").await
+            })
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn requests_that_cannot_use_the_answer_they_waited_for_send_one_of_them_upstream() {
+    let (gw, mut arrived, release) = varying_gated().await;
+    let first = burst_with(&gw, "/v", 1, &[("Accept-Encoding", "identity")]).remove(0);
+    bounded("first upstream", arrived.recv()).await;
+    // They wait for the first request's answer, which turns out to be another variant's.
+    let calls = burst_with(&gw, "/v", 50, &[("Accept-Encoding", "gzip")]);
+    waiting(&gw, 50).await;
+    release.notify_one();
+    let a = bounded("first", first).await.expect("join");
+    assert_eq!(a.body, "enc=identity n=1");
+    // One of them goes upstream; the others wait for it again.
+    bounded("second upstream", arrived.recv()).await;
+    waiting(&gw, 49).await;
+    release.notify_one();
+    for call in calls {
+        let a = bounded("answer", call).await.expect("join");
+        assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "enc=gzip n=2"));
+    }
+    assert!(
+        arrived.try_recv().is_err(),
+        "a third request reached the backend"
+    );
+}
+
+#[tokio::test]
+async fn a_request_with_credentials_does_not_lead_the_others_upstream() {
+    let (gw, mut arrived, release) = varying_gated().await;
+    // Its answer (not `public`) may not be stored for others (RFC 9111 §3.5).
+    let mut first = burst_with(
+        &gw,
+        "/v",
+        1,
+        &[("Accept-Encoding", "gzip"), ("Authorization", "Bearer x")],
+    )
+    .remove(0);
+    bounded("first upstream", arrived.recv()).await;
+    // They do not wait for it: one of them goes upstream, the others wait for that one.
+    let calls = burst_with(&gw, "/v", 50, &[("Accept-Encoding", "gzip")]);
+    bounded("second upstream", arrived.recv()).await;
+    waiting(&gw, 49).await;
+    // One release lets one of the two gated requests go; then the other.
+    release.notify_one();
+    let done = bounded("one answered", async {
+        tokio::select! {
+            a = &mut first => Some(a),
+            _ = waiting(&gw, 0) => None,
+        }
+    })
+    .await;
+    release.notify_one();
+    let a = match done {
+        Some(a) => a,
+        None => bounded("first", first).await,
+    }
+    .expect("join");
+    assert!(a.body.starts_with("enc=gzip n="), "{}", a.body);
+    let mut bodies = std::collections::BTreeSet::new();
+    for call in calls {
+        let a = bounded("answer", call).await.expect("join");
+        assert_eq!(a.status, 200);
+        bodies.insert(a.body);
+    }
+    assert_eq!(bodies.len(), 1, "all from one fetch: {bodies:?}");
+    assert!(
+        arrived.try_recv().is_err(),
+        "a third request reached the backend"
+    );
+}
+
 /// A backend whose first answer to `path` is `first` (with `Cache-Control: cc`), then `later`
 /// after a release; unsafe methods are answered at once.
 async fn stale_backend(

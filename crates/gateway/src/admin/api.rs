@@ -209,6 +209,7 @@ pub fn cache(gw: &Gateway) -> Answer {
             "stale": n(&m.stale),
             "revalidated": n(&m.revalidated),
             "coalesced": n(&m.coalesced),
+            "waiting": n(&m.waiting),
             "stored": n(&m.stored),
             "evictions": n(&m.evictions),
             "purged": n(&m.purged),

@@ -14,7 +14,7 @@ pub const CACHE_STATUS: http::HeaderName = http::HeaderName::from_static("cache-
 /// Adds the gateway's member to `Cache-Status`, after what a cache nearer the origin wrote
 /// there (RFC 9211 §2: a cache keeps the field's value and adds its own at the end), so
 /// the whole chain can be read. One field line: the upstream's lines joined, then ours.
-pub fn add_status(h: &mut HeaderMap, ours: HeaderValue) {
+pub(crate) fn add_status(h: &mut HeaderMap, ours: HeaderValue) {
     let mut upstream = h.get_all(&CACHE_STATUS).iter().peekable();
     if upstream.peek().is_none() {
         h.insert(CACHE_STATUS, ours);
@@ -64,10 +64,27 @@ pub(super) fn satisfied(req: &Fields, headers: &HeaderMap) -> bool {
     let since = req
         .get(header::IF_MODIFIED_SINCE)
         .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());
+    // Without `Last-Modified`, the answer's `Date` tells when it was last known as it is
+    // (RFC 9111 §4.3.2).
     let modified = headers
         .get(header::LAST_MODIFIED)
+        .or_else(|| headers.get(header::DATE))
         .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());
     matches!((since, modified), (Some(s), Some(m)) if m <= s)
+}
+
+/// The answer to a client that asked for a stored answer only (`only-if-cached`) when
+/// none can be given without the upstream (RFC 9111 §5.2.1.7).
+pub(super) fn only_if_cached() -> Response<Body> {
+    let mut r = Response::new(full(Bytes::from_static(b"not in the cache\n")));
+    *r.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    add_status(
+        h,
+        HeaderValue::from_static("tollgate; detail=only-if-cached"),
+    );
+    r
 }
 
 /// A 304 for a client whose conditional the upstream's fresh 200 satisfies: that answer's
@@ -211,9 +228,16 @@ pub(super) fn answer(e: &Entry, req: &Parts, now_ns: u64, status: String) -> Res
 /// An upstream's answer as a client gets it: with the gateway's `Cache-Status` member, and
 /// without the `Surrogate-Control` directives this cache acts on.
 pub(super) fn with_status(mut r: Response<Body>, status: &'static str) -> Response<Body> {
-    super::control::strip_surrogate(r.headers_mut());
-    add_status(r.headers_mut(), HeaderValue::from_static(status));
+    forwarded(r.headers_mut(), status);
     r
+}
+
+/// Makes the headers of an upstream's answer passed on through a caching route (stored or
+/// not) as a client gets them: the `Surrogate-Control` directives this cache acts on taken
+/// out, its `Cache-Status` member added.
+pub fn forwarded(h: &mut HeaderMap, status: &'static str) {
+    super::control::strip_surrogate(h);
+    add_status(h, HeaderValue::from_static(status));
 }
 
 #[cfg(test)]

@@ -18,8 +18,11 @@ pub struct Directives {
     pub private: bool,
     /// `public`.
     pub public: bool,
-    /// `must-revalidate`, `proxy-revalidate` or `s-maxage`: never served stale.
+    /// `must-revalidate` or `s-maxage`: never served stale.
     pub must_revalidate: bool,
+    /// `proxy-revalidate`: never served stale by a shared cache, like `must-revalidate`,
+    /// but not among what lets an answer to a request with credentials be stored (§3.5).
+    pub proxy_revalidate: bool,
     /// `max-age`, seconds.
     pub max_age: Option<u64>,
     /// `s-maxage`, seconds (for shared caches, over `max-age`).
@@ -123,7 +126,8 @@ fn directives_of(headers: &impl Lines, name: &header::HeaderName) -> Directives 
                 "no-cache" => d.no_cache = true,
                 "private" => d.private = true,
                 "public" => d.public = true,
-                "must-revalidate" | "proxy-revalidate" => d.must_revalidate = true,
+                "must-revalidate" => d.must_revalidate = true,
+                "proxy-revalidate" => d.proxy_revalidate = true,
                 "must-understand" => d.must_understand = true,
                 "max-age" => timed(&mut d, |d| &mut d.max_age),
                 "s-maxage" => {
@@ -260,7 +264,7 @@ pub fn storable(
     Some(Freshness {
         lifetime,
         initial_age: age.max(apparent),
-        must_revalidate: d.must_revalidate,
+        must_revalidate: d.must_revalidate || d.proxy_revalidate,
         no_cache: d.no_cache,
         stale_while_revalidate: Duration::from_secs(d.stale_while_revalidate.unwrap_or(0)),
         stale_if_error: Duration::from_secs(d.stale_if_error.unwrap_or(0)),
@@ -338,6 +342,34 @@ mod tests {
         ] {
             assert_eq!(age_of(&[bad]), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn an_answer_to_credentials_is_stored_only_on_what_section_3_5_names() {
+        let cc = |v| [("cache-control", v)];
+        assert_eq!(fresh_for(200, &cc("max-age=60"), true), None);
+        assert_eq!(fresh_for(200, &cc("max-age=60, public"), true), Some(60));
+        assert_eq!(
+            fresh_for(200, &cc("max-age=60, must-revalidate"), true),
+            Some(60)
+        );
+        assert_eq!(fresh_for(200, &cc("s-maxage=60"), true), Some(60));
+        // `proxy-revalidate` is not among them: it only forbids serving stale.
+        assert_eq!(
+            fresh_for(200, &cc("max-age=60, proxy-revalidate"), true),
+            None
+        );
+        let f = storable(
+            &Method::GET,
+            StatusCode::OK,
+            &HeaderMap::new(),
+            &resp(&cc("max-age=60, proxy-revalidate")),
+            false,
+            Duration::ZERO,
+            SystemTime::UNIX_EPOCH,
+        )
+        .expect("stored without credentials");
+        assert!(f.must_revalidate, "never served stale");
     }
 
     #[test]

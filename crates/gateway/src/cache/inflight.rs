@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// The cache: the store and the requests on their way upstream for a key.
 pub struct Cache {
@@ -48,6 +48,23 @@ impl Drop for Leader {
     fn drop(&mut self) {
         self.inflight.lock().remove(&self.key);
     }
+}
+
+/// Takes one from a gauge when dropped.
+struct Countdown<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for Countdown<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a request whose key has no usable entry does ([`Cache::turn`]).
+pub(super) enum Turn {
+    /// Waits for the request on its way upstream for the key.
+    Wait(watch::Receiver<bool>),
+    /// Goes upstream itself, as the key's leader or not.
+    Go(Option<Leader>),
 }
 
 /// Sends a request upstream for the cache (a GET or HEAD without a body).
@@ -104,6 +121,68 @@ pub fn is_unsafe(m: &Method) -> bool {
     )
 }
 
+/// The path and query a `Location` or `Content-Location` names on `host`, resolved
+/// against the request's path (RFC 3986 §5.2: `xr`, `../xr`, `//host/xr`, `http://host/xr`)
+/// and normalized as a request's path is; `None` for another host or what no request
+/// could name.
+fn resolve<'a>(base: &str, loc: &'a str, host: &str) -> Option<(String, Option<&'a str>)> {
+    let loc = loc.split('#').next().unwrap_or("");
+    let (loc, query) = match loc.split_once('?') {
+        Some((l, q)) => (l, Some(q)),
+        None => (loc, None),
+    };
+    let rest = match loc.find("://") {
+        Some(i)
+            if loc[..i].eq_ignore_ascii_case("http") || loc[..i].eq_ignore_ascii_case("https") =>
+        {
+            Some(&loc[i + 1..])
+        }
+        Some(_) => return None,
+        None => None,
+    };
+    let path = match rest.or_else(|| loc.starts_with("//").then_some(loc)) {
+        Some(net) => {
+            let net = &net[2..];
+            let (authority, path) = net.split_at(net.find('/').unwrap_or(net.len()));
+            let h = crate::inbound::host_only(authority.rsplit('@').next().unwrap_or(""));
+            if !h.eq_ignore_ascii_case(host) {
+                return None;
+            }
+            if path.is_empty() {
+                "/".to_string()
+            } else {
+                path.to_string()
+            }
+        }
+        None if loc.starts_with('/') => loc.to_string(),
+        None if loc.is_empty() => base.to_string(),
+        None => {
+            let dir = &base[..base.rfind('/').map_or(0, |i| i + 1)];
+            format!("{dir}{loc}")
+        }
+    };
+    // Dot-segments removed (RFC 3986 §5.2.4), then the path made as a request's.
+    let mut out: Vec<&str> = Vec::new();
+    let segs: Vec<&str> = path.split('/').skip(1).collect();
+    for (i, seg) in segs.iter().enumerate() {
+        let last = i + 1 == segs.len();
+        match *seg {
+            "." | ".." => {
+                if *seg == ".." {
+                    out.pop();
+                }
+                if last {
+                    out.push("");
+                }
+            }
+            s => out.push(s),
+        }
+    }
+    let path = format!("/{}", out.join("/"));
+    let path = crate::inbound::normalize_path(&path).ok()?.unwrap_or(path);
+    Some((path, query))
+}
+
 impl Cache {
     /// A cache of at most `max_size` bytes keeping responses up to `max_object` bytes.
     pub fn new(max_size: u64, max_object: u64) -> Arc<Cache> {
@@ -123,12 +202,8 @@ impl Cache {
             let Some(loc) = resp.get(&name).and_then(|v| v.to_str().ok()) else {
                 continue;
             };
-            let Ok(u) = loc.parse::<http::Uri>() else {
-                continue;
-            };
-            let same_host = u.host().is_none_or(|h| h.eq_ignore_ascii_case(&host));
-            if same_host && u.path().starts_with('/') {
-                let target = url_of(u.path(), u.query(), ask);
+            if let Some((path, query)) = resolve(req.uri.path(), loc, &host) {
+                let target = url_of(&path, query, ask);
                 self.store
                     .invalidate_uri(&uri_key(ask, &req.headers, &target));
             }
@@ -196,12 +271,42 @@ impl Cache {
         }
     }
 
-    /// Waits (at most `wait`) for the request gone upstream for the same key; whether it
-    /// found the upstream failing.
-    pub(super) async fn wait_for(mut rx: watch::Receiver<bool>, wait: Duration) -> bool {
-        let _ = tokio::time::timeout(wait, rx.changed()).await;
+    /// Waits (until `deadline` at most) for the request gone upstream for the same key;
+    /// whether it found the upstream failing.
+    pub(super) async fn wait_for(&self, mut rx: watch::Receiver<bool>, deadline: Instant) -> bool {
+        let waiting = &self.store.metrics.waiting;
+        waiting.fetch_add(1, Ordering::Relaxed);
+        // Counted down however the wait ends, a client gone meanwhile included.
+        let _done = Countdown(waiting);
+        let _ = tokio::time::timeout_at(deadline, rx.changed()).await;
         let failed = *rx.borrow();
         failed
+    }
+
+    /// What a request for `flight` does, decided under one lock so that of the requests
+    /// let go together exactly one goes upstream: wait for the one already on its way
+    /// (while `may_wait`), or go itself, leading when `may_lead` (a leader's answer is
+    /// what the requests that come meanwhile wait for). A request whose answer may be
+    /// shaped by its own credentials does not lead: what it gets may be no use to others.
+    pub(super) fn turn(&self, flight: &str, may_wait: bool, may_lead: bool) -> Turn {
+        let mut map = self.inflight.lock();
+        if let Some(rx) = map.get(flight) {
+            return if may_wait {
+                Turn::Wait(rx.clone())
+            } else {
+                Turn::Go(None)
+            };
+        }
+        if !may_lead {
+            return Turn::Go(None);
+        }
+        let (tx, rx) = watch::channel(false);
+        map.insert(flight.to_string(), rx);
+        Turn::Go(Some(Leader {
+            key: flight.to_string(),
+            inflight: self.inflight.clone(),
+            done: tx,
+        }))
     }
 
     /// Registers the request as the one going upstream for `flight`.
@@ -217,5 +322,34 @@ impl Cache {
             inflight: self.inflight.clone(),
             done: tx,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve;
+
+    #[test]
+    fn a_location_is_resolved_against_the_request_as_a_client_would() {
+        let r = |loc| resolve("/o/w-X", loc, "gw.test").map(|(p, q)| (p, q.map(str::to_string)));
+        let path = |p: &str| Some((p.to_string(), None));
+        assert_eq!(r("xr9-X"), path("/o/xr9-X"));
+        assert_eq!(r("../xr2-X"), path("/xr2-X"));
+        assert_eq!(r("./a/./b/../c"), path("/o/a/c"));
+        assert_eq!(r("//gw.test/o/xr4-X"), path("/o/xr4-X"));
+        assert_eq!(r("//GW.TEST:8080/o/x"), path("/o/x"));
+        assert_eq!(r("http://gw.test"), path("/"));
+        assert_eq!(r("HTTPS://user@gw.test/a%2Db"), path("/a-b"));
+        assert_eq!(r("/o/xr7%2DX#frag"), path("/o/xr7-X"));
+        assert_eq!(r("/a/.."), path("/"));
+        assert_eq!(r("/a/b/."), path("/a/b/"));
+        assert_eq!(
+            r("x?q=1"),
+            Some(("/o/x".to_string(), Some("q=1".to_string())))
+        );
+        assert_eq!(r("//other.test/o/x"), None);
+        assert_eq!(r("http://other.test/o/x"), None);
+        assert_eq!(r("ftp://gw.test/o/x"), None);
+        assert_eq!(r("/a%2Fb"), None, "no request names it");
     }
 }

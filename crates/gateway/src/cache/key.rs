@@ -6,6 +6,7 @@ use super::store::Varies;
 use crate::clock::Clock;
 use crate::exchange::{Fields, Parts};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::Method;
 use smallvec::SmallVec;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -91,10 +92,15 @@ impl Ask<'_> {
 /// Whether the client asked that nothing of this exchange be stored (`no-store`): its
 /// answer is neither stored nor taken as the key's, and it is not answered from the store.
 pub(super) fn asks_no_store(req: &Fields) -> bool {
+    asks(req, "no-store")
+}
+
+/// Whether the request's `Cache-Control` holds `directive` (one without a value).
+pub(super) fn asks(req: &Fields, directive: &str) -> bool {
     req.get_all(header::CACHE_CONTROL).iter().any(|v| {
         v.to_str().is_ok_and(|v| {
             v.split(',')
-                .any(|d| d.trim().eq_ignore_ascii_case("no-store"))
+                .any(|d| d.trim().eq_ignore_ascii_case(directive))
         })
     })
 }
@@ -105,14 +111,29 @@ pub(super) fn asks_no_store(req: &Fields) -> bool {
 /// `DELETE`'s or a `PUT`'s, never one to store for a `GET`, and the cache does not handle
 /// it at all.
 pub fn overrides_method(req: &Fields) -> bool {
-    req.names().any(|n| {
-        let whole: &[&[u8]] = match n.len() {
-            13 => &[b"x-http-method"],
-            17 => &[b"x-method-override"],
-            22 => &[b"x-http-method-override"],
-            _ => return false,
-        };
-        whole.iter().any(|w| crate::inbound::spells(n, w))
+    req.names().any(is_override)
+}
+
+fn is_override(n: &[u8]) -> bool {
+    let whole: &[u8] = match n.len() {
+        13 => b"x-http-method",
+        17 => b"x-method-override",
+        22 => b"x-http-method-override",
+        _ => return false,
+    };
+    crate::inbound::spells(n, whole)
+}
+
+/// Whether the request asks its upstream to take it as an unsafe method that `allows`
+/// (the route's methods) takes: only then may its success have changed the resource, and
+/// invalidate what is stored for it. Middlewares read the value in any case (Express
+/// upper-cases it); `GET` or a method the route refuses changes nothing that the cache
+/// should drop, or anyone could empty it with a header.
+pub fn overrides_to_unsafe(req: &Fields, allows: impl Fn(&Method) -> bool) -> bool {
+    req.iter().any(|(n, v)| {
+        is_override(n)
+            && Method::from_bytes(v.as_bytes().trim_ascii().to_ascii_uppercase().as_slice())
+                .is_ok_and(|m| super::inflight::is_unsafe(&m) && allows(&m))
     })
 }
 
@@ -361,7 +382,11 @@ pub(super) fn varies_of(cfg: &RouteCacheConfig, resp: &HeaderMap) -> Varies {
 pub fn header_for_key(req: &Fields, name: &HeaderName, out: &mut String) {
     let mut first = true;
     for v in req.get_all(name) {
-        if !first {
+        if first {
+            // Present, if empty: an absent field matches only an absent one (RFC 9111
+            // §4.1), and a backend may answer `X-Foo:` otherwise than no `X-Foo`.
+            out.push('\u{2}');
+        } else {
             out.push(',');
         }
         first = false;

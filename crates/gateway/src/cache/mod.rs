@@ -25,8 +25,8 @@ mod revalidate;
 mod serve;
 pub mod store;
 
-pub use answer::{add_status, own_status, CACHE_STATUS};
+pub use answer::{forwarded, own_status, CACHE_STATUS};
 pub use fill::PASS_STATUS;
 pub use inflight::{is_unsafe, went_upstream};
 pub use inflight::{Cache, Fetch, Keying, Purge};
-pub use key::{overrides_method, Ask, Key};
+pub use key::{overrides_method, overrides_to_unsafe, Ask, Key};

@@ -19,6 +19,12 @@ impl Report for Cache {
             "URIs with something stored, in the cache's index.",
             store.index_len() as u64,
         )?;
+        gauge(
+            e,
+            "cache_waiting",
+            "Requests waiting now for another request's fetch of the same key.",
+            load(&cm.waiting),
+        )?;
         for (name, help, v) in [
             ("cache_hits", "Answered from the cache.", &cm.hits),
             (

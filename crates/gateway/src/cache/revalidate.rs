@@ -56,6 +56,13 @@ impl Cache {
                 headers.append(name.clone(), v.clone());
             }
         }
+        // A 304 without `Date` is dated when it arrived (RFC 9110 §6.6.1): the stored
+        // `Date` is the first answer's, and kept it would age the refreshed entry from then.
+        if !not_modified.contains_key(header::DATE) {
+            if let Ok(v) = header::HeaderValue::from_str(&httpdate::fmt_http_date(ask.wall())) {
+                headers.insert(header::DATE, v);
+            }
+        }
         // A 304 to a request with `Authorization` refreshes what others are served only
         // where an answer to such a request may be stored (RFC 9111 §3.5): its headers
         // may be that caller's.

@@ -2,14 +2,15 @@
 
 use super::answer::{self, answer};
 use super::fill::{Miss, PASS_STATUS};
-use super::inflight::{Cache, Fetch};
-use super::key::{shapes_its_answer, variant_key, Ask, Key};
+use super::inflight::{Cache, Fetch, Turn};
+use super::key::{asks, shapes_its_answer, variant_key, Ask, Key};
 use crate::exchange::{Fields, Parts, Refusal};
 use crate::response::Body;
 use http::header;
 use http::{Method, Response, StatusCode};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 impl Cache {
     /// Answers a GET or HEAD from the cache, or through the way upstream `up` makes (only
@@ -30,13 +31,26 @@ impl Cache {
         let mut waited: Option<String> = None;
         // The request this one waited for found the upstream failing.
         let mut upstream_failed = false;
+        // Waiting ends here, one `ask.wait` after it began, however many requests this
+        // one waits for in turn (as nginx's `proxy_cache_lock_timeout`): when the answer
+        // it waited for is no use to it (another variant's, one cut off, one to a request
+        // with credentials), the waiting requests choose one of them to go upstream next.
+        let mut deadline: Option<Instant> = None;
+        // Credentials may shape an answer: such a request never leads the others.
+        let may_lead = !parts.headers.contains_key(header::AUTHORIZATION)
+            && !parts.headers.contains_key(header::PROXY_AUTHORIZATION);
+        let only_cached = asks(&parts.headers, "only-if-cached");
         loop {
+            let may_wait = deadline.is_none_or(|d| Instant::now() < d);
             // Checked again after waiting for another request's answer, which may have
             // found its answer could not be stored.
             if waited
                 .as_deref()
                 .is_some_and(|k| self.store.is_uncacheable(k, ask.now_ns))
             {
+                if only_cached {
+                    return Ok(answer::only_if_cached());
+                }
                 return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
             }
             // The key without varying headers first: most responses vary on nothing. A
@@ -79,40 +93,48 @@ impl Cache {
                     let status = "tollgate; fwd=stale; collapsed".to_string();
                     return Ok(answer(&e, &parts, now, status));
                 }
+                if only_cached {
+                    return Ok(answer::only_if_cached());
+                }
                 // Stale: one request asks the upstream, the others wait for its answer.
                 let flight = vary_key.as_deref().unwrap_or(&plain);
-                let waiting = self.inflight.lock().get(flight).cloned();
-                if let (Some(rx), false) = (waiting, collapsed) {
-                    upstream_failed = Self::wait_for(rx, ask.wait).await;
-                    collapsed = true;
-                    waited = Some(flight.to_string());
-                    continue;
+                match self.turn(flight, may_wait, may_lead) {
+                    Turn::Wait(rx) => {
+                        let until = *deadline.get_or_insert_with(|| Instant::now() + ask.wait);
+                        upstream_failed = self.wait_for(rx, until).await;
+                        collapsed = true;
+                        waited = Some(flight.to_string());
+                        continue;
+                    }
+                    Turn::Go(leader) => {
+                        return self
+                            .revalidate(&ask, (uri, url), parts, e, up(), leader)
+                            .await;
+                    }
                 }
-                let leader = self.lead(flight.to_string());
-                return self
-                    .revalidate(&ask, (uri, url), parts, e, up(), leader)
-                    .await;
             }
-            // A miss: wait for a request already on its way upstream for this key, once.
+            // A miss: wait for a request already on its way upstream for this key.
             // Of a URI known to vary, the key is the variant's: another variant's miss is
             // not this one's answer, and its answer being private says nothing of this.
             let flight = vary_key.as_deref().unwrap_or(plain.as_str());
+            if only_cached {
+                return Ok(answer::only_if_cached());
+            }
             if parts.method == Method::HEAD || shapes_its_answer(&parts.headers) {
                 return self
                     .straight_upstream(&*up(), parts, miss.status(false))
                     .await;
             }
-            let waiting = self.inflight.lock().get(flight).cloned();
-            match waiting {
-                Some(rx) if !collapsed => {
-                    upstream_failed = Self::wait_for(rx, ask.wait).await;
+            let leader = match self.turn(flight, may_wait, may_lead) {
+                Turn::Wait(rx) => {
+                    let until = *deadline.get_or_insert_with(|| Instant::now() + ask.wait);
+                    upstream_failed = self.wait_for(rx, until).await;
                     collapsed = true;
                     waited = Some(flight.to_string());
                     continue;
                 }
-                _ => {}
-            }
-            let leader = self.lead(flight.to_string());
+                Turn::Go(leader) => leader,
+            };
             m.misses.fetch_add(1, Ordering::Relaxed);
             // The whole answer, whatever the client has: it is stored for every client,
             // and a 200 answers a conditional request too (as Varnish fetches a miss).

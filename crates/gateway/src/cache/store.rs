@@ -199,6 +199,8 @@ pub struct CacheMetrics {
     pub revalidated: AtomicU64,
     /// Waited for another request's answer to the same key and were served from it.
     pub coalesced: AtomicU64,
+    /// Requests waiting now for another request's answer to the same key.
+    pub waiting: AtomicU64,
     /// Responses stored.
     pub stored: AtomicU64,
     /// Entries evicted to make room.

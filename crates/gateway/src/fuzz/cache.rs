@@ -80,7 +80,7 @@ pub fn cache_control(data: &[u8]) {
     assert!(!d.private && !d.malformed);
     assert!(!control::directives(&req).no_store);
     assert!(!authorized || d.public || d.must_revalidate || d.s_maxage.is_some());
-    assert_eq!(f.must_revalidate, d.must_revalidate);
+    assert_eq!(f.must_revalidate, d.must_revalidate || d.proxy_revalidate);
     assert_eq!(f.no_cache, d.no_cache);
     let validators = resp.contains_key(header::ETAG) || resp.contains_key(header::LAST_MODIFIED);
     assert!(!f.lifetime.is_zero() || validators);

@@ -311,9 +311,14 @@ impl Gateway {
             && body.is_end_stream()
             && !overridden)
         {
-            // One taken upstream as another method may have changed the resource: its
-            // success invalidates the URI as an unsafe method's does.
-            let sent = (cache::is_unsafe(&parts.method) || overridden).then(|| parts.copy());
+            // One taken upstream as an unsafe method the route takes may have changed the
+            // resource: its success invalidates the URI as that method's does.
+            let writes = cache::is_unsafe(&parts.method)
+                || (overridden
+                    && cache::overrides_to_unsafe(&parts.headers, |m| {
+                        policy::method::allows(route, m, false)
+                    }));
+            let sent = writes.then(|| parts.copy());
             // RFC 9211: forwarded for its method, or (a GET or HEAD with a body, or one
             // asking to be taken as another method) not handled by the cache at all.
             let status = if matches!(parts.method, Method::GET | Method::HEAD) {
@@ -325,7 +330,7 @@ impl Gateway {
             if let (Some(sent), true) = (sent, written(&resp)) {
                 self.invalidate_writes(ctx.snap, ctx.conn, &sent, resp.headers());
             }
-            cache::add_status(resp.headers_mut(), HeaderValue::from_static(status));
+            cache::forwarded(resp.headers_mut(), status);
             return Ok(resp.map(Either::Left));
         }
         let key = cache::Key::of(&ask, &parts);
@@ -334,10 +339,7 @@ impl Gateway {
             let mut resp = forward_timed(ctx, route, parts, body, hop)
                 .await?
                 .map(Either::Left);
-            cache::add_status(
-                resp.headers_mut(),
-                HeaderValue::from_static(cache::PASS_STATUS),
-            );
+            cache::forwarded(resp.headers_mut(), cache::PASS_STATUS);
             return Ok(resp);
         }
         // The cache's way upstream, made only when a request needs it (a hit does not).

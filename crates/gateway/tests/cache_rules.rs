@@ -1,0 +1,251 @@
+//! The cache's finer RFC 9111 rules: a 304 without `Date`, relative `Location`s, an empty
+//! varying header, method overrides, `only-if-cached`, `Surrogate-Control` on answers not
+//! stored, `If-Modified-Since` against `Date`.
+
+mod common;
+
+use common::*;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// The backend: its answer to a request head, by path (`n` counts the requests to it).
+fn answer(head: &str, n: usize) -> (Vec<u8>, bool) {
+    let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+    let has = |name: &str| {
+        head.lines().any(|l| {
+            l.split_once(':')
+                .is_some_and(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+        })
+    };
+    let reply = |status: &str, extra: &str, body: &str| {
+        let bytes = format!(
+            "HTTP/1.1 {status}\r\n{extra}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        (bytes.into_bytes(), false)
+    };
+    if head.starts_with("POST") {
+        let loc = path.split_once("loc=").map_or("", |(_, l)| l);
+        return reply("201 Created", &format!("Location: {loc}\r\n"), "made");
+    }
+    let body = format!("n={n}");
+    match path.split('?').next().unwrap_or("/") {
+        // The first answer is dated; the 304s that refresh it are not.
+        "/dated" if has("if-none-match") => reply(
+            "304 Not Modified",
+            "ETag: \"v1\"\r\nCache-Control: max-age=2\r\n",
+            "",
+        ),
+        "/dated" => reply(
+            "200 OK",
+            "Date: Thu, 01 Jan 1970 00:00:00 GMT\r\nETag: \"v1\"\r\nCache-Control: max-age=2\r\n",
+            &body,
+        ),
+        "/foo" => reply(
+            "200 OK",
+            "Cache-Control: max-age=60\r\nVary: X-Foo\r\n",
+            &body,
+        ),
+        "/surrogate" => reply(
+            "200 OK",
+            "Cache-Control: max-age=60\r\nSurrogate-Control: no-store\r\n",
+            &body,
+        ),
+        "/date-only" => reply(
+            "200 OK",
+            "Date: Thu, 01 Jan 1970 00:00:00 GMT\r\nCache-Control: max-age=60\r\n",
+            &body,
+        ),
+        _ => reply("200 OK", "Cache-Control: max-age=60\r\n", &body),
+    }
+}
+
+struct Setup {
+    gw: TestGateway,
+    clock: std::sync::Arc<tollgate_gateway::ManualClock>,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    c: TestClient,
+}
+
+async fn setup() -> Setup {
+    // Bodies name the count of requests the backend saw.
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c2 = count.clone();
+    let (backend, _, _) = scripted_backend(move |h, _| {
+        let n = c2.fetch_add(1, Ordering::SeqCst) + 1;
+        answer(h, n)
+    })
+    .await;
+    let cfg = yaml(
+        backend,
+        r#"
+cache: {max_size: 1MiB, max_object_size: 64KiB}
+routes:
+  - name: reads
+    path_prefix: /g/
+    upstream: backend
+    methods: [GET, HEAD]
+    cache: {default_ttl: 10s, shared: true}
+  - name: all
+    path_prefix: /
+    upstream: backend
+    cache: {default_ttl: 10s, shared: true}
+"#,
+    );
+    let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
+    Setup {
+        gw,
+        clock,
+        requests: count,
+        c: TestClient::default(),
+    }
+}
+
+impl Setup {
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        self.c
+            .request(http::Method::GET, &self.gw.url(path), headers, "")
+            .await
+    }
+
+    fn upstream(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Whether `path` is answered from the store now.
+    async fn is_hit(&self, path: &str) -> bool {
+        let a = self.get(path, &[]).await;
+        assert_eq!(a.status, 200, "{path}");
+        a.header("cache-status").contains("hit")
+    }
+}
+
+#[tokio::test]
+async fn a_304_without_date_makes_the_entry_fresh_again() {
+    let s = setup().await;
+    assert_eq!(s.get("/dated", &[]).await.body, "n=1");
+    s.clock.advance(Duration::from_secs(5));
+    let a = s.get("/dated", &[]).await;
+    assert_eq!(
+        a.header("cache-status"),
+        "tollgate; fwd=stale; fwd-status=304"
+    );
+    // Dated when it arrived (RFC 9110 §6.6.1): fresh for its two seconds from then.
+    let again = s.get("/dated", &[]).await;
+    assert!(
+        again.header("cache-status").contains("hit"),
+        "{:?}",
+        again.headers
+    );
+    assert_eq!(again.body, "n=1");
+    assert_eq!(s.upstream(), 2);
+}
+
+#[tokio::test]
+async fn a_relative_location_invalidates_the_uri_it_names_resolved_against_the_request() {
+    let s = setup().await;
+    for (stored, loc) in [
+        ("/o/x9", "x9"),
+        ("/y2", "../y2"),
+        ("/o/x4", "//127.0.0.1/o/x4"),
+        ("/o/x7-X", "/o/x7%2DX"),
+    ] {
+        s.get(stored, &[]).await;
+        assert!(s.is_hit(stored).await, "{stored}");
+        let url = s.gw.url(&format!("/o/w?loc={loc}"));
+        let made = s.c.request(http::Method::POST, &url, &[], "").await;
+        assert_eq!(made.status, 201);
+        assert!(
+            !s.is_hit(stored).await,
+            "{loc} should have dropped {stored}"
+        );
+    }
+    // Another host's URI is not this one's.
+    s.get("/o/z", &[]).await;
+    let url = s.gw.url("/o/w?loc=//other.test/o/z");
+    s.c.request(http::Method::POST, &url, &[], "").await;
+    assert!(s.is_hit("/o/z").await);
+}
+
+#[tokio::test]
+async fn an_empty_varying_header_is_not_an_absent_one() {
+    let s = setup().await;
+    assert_eq!(s.get("/foo", &[("X-Foo", "")]).await.body, "n=1");
+    let absent = s.get("/foo", &[]).await;
+    assert_eq!(absent.body, "n=2", "{:?}", absent.headers);
+    assert_eq!(s.get("/foo", &[("X-Foo", "")]).await.body, "n=1");
+    assert_eq!(s.get("/foo", &[]).await.body, "n=2");
+}
+
+#[tokio::test]
+async fn a_method_override_invalidates_only_as_an_unsafe_method_the_route_takes() {
+    let s = setup().await;
+    let with = |name: &'static str, value: &'static str| [(name, value)];
+    // A route that takes GET and HEAD only: no override drops its entries.
+    s.get("/g/a", &[]).await;
+    for (name, value) in [
+        ("X-HTTP-Method-Override", "DELETE"),
+        ("X-HTTP-Method-Override", "GET"),
+        ("X_Method_Override", "put"),
+    ] {
+        let a = s.get("/g/a", &with(name, value)).await;
+        assert_eq!(
+            a.header("cache-status"),
+            "tollgate; fwd=bypass",
+            "not served from it"
+        );
+        assert!(s.is_hit("/g/a").await, "{name}: {value}");
+    }
+    // A route that takes every method: an unsafe one taken as such does.
+    s.get("/b", &[]).await;
+    s.get("/b", &with("X-HTTP-Method-Override", "HEAD")).await;
+    assert!(s.is_hit("/b").await, "HEAD changes nothing");
+    s.get("/b", &with("X-HTTP-Method", " delete ")).await;
+    assert!(!s.is_hit("/b").await, "taken as DELETE");
+}
+
+#[tokio::test]
+async fn only_if_cached_is_answered_from_the_store_or_with_504() {
+    let s = setup().await;
+    let only = [("Cache-Control", "only-if-cached")];
+    let miss = s.get("/c", &only).await;
+    assert_eq!(miss.status, 504);
+    assert_eq!(
+        miss.header("cache-status"),
+        "tollgate; detail=only-if-cached"
+    );
+    assert_eq!(s.upstream(), 0);
+    s.get("/c", &[]).await;
+    let hit = s.get("/c", &only).await;
+    assert_eq!((hit.status.as_u16(), hit.body.as_str()), (200, "n=1"));
+    // Stale, it would need the upstream.
+    s.clock.advance(Duration::from_secs(120));
+    assert_eq!(s.get("/c", &only).await.status, 504);
+    assert_eq!(s.upstream(), 1);
+}
+
+#[tokio::test]
+async fn surrogate_control_is_taken_out_of_answers_it_kept_out_of_the_store() {
+    let s = setup().await;
+    for _ in 0..2 {
+        let a = s.get("/surrogate", &[]).await;
+        assert!(a.header("cache-status").contains("fwd="), "{:?}", a.headers);
+        assert!(
+            a.headers.get("surrogate-control").is_none(),
+            "{:?}",
+            a.headers
+        );
+    }
+    assert_eq!(s.upstream(), 2);
+}
+
+#[tokio::test]
+async fn if_modified_since_is_judged_by_date_without_last_modified() {
+    let s = setup().await;
+    s.get("/date-only", &[]).await;
+    let since = [("If-Modified-Since", "Thu, 01 Jan 1970 00:00:00 GMT")];
+    assert_eq!(s.get("/date-only", &since).await.status, 304);
+    let before = [("If-Modified-Since", "Wed, 31 Dec 1969 23:59:59 GMT")];
+    assert_eq!(s.get("/date-only", &before).await.status, 200);
+    assert_eq!(s.upstream(), 1);
+}
