@@ -377,6 +377,10 @@ routes:
         "{}",
         lines[3]
     );
+    // Nor in the route's upstream histogram: the 502's try is there, the 503 is not.
+    let m = gw.gw.metrics_text();
+    let count = r#"tollgate_upstream_duration_seconds_count{route="gone"} 1"#;
+    assert!(m.lines().any(|l| l == count), "{m}");
 }
 
 #[tokio::test]

@@ -2,8 +2,8 @@
 //! what each phase learned of it, and the small steps that read it (the hop upstream, what
 //! every answer owes the client).
 
-use super::fetch::nanos;
-use crate::exchange::{ConnInfo, Parts};
+use super::fetch::{nanos, went_upstream};
+use crate::exchange::{ConnInfo, Parts, Refusal};
 use crate::observe::request_id::X_REQUEST_ID;
 use crate::observe::trace::RequestTrace;
 use crate::policy::{self, cors, Admitted};
@@ -101,11 +101,19 @@ impl<'s> Ctx<'s> {
         }
     }
 
-    /// Notes the wait for an upstream's answer, here and in the route's histogram.
-    pub(super) fn upstream_took(&mut self, route: &Route, since: Instant) {
+    /// Notes the wait for an upstream's answer, here and in the route's histogram (only
+    /// when a request went to a target: see [`went_upstream`]).
+    pub(super) fn upstream_took<T>(
+        &mut self,
+        route: &Route,
+        since: Instant,
+        outcome: &Result<T, Refusal>,
+    ) {
         let ns = nanos(since);
         self.upstream_ns = Some(ns);
-        route.stats.upstream(ns as f64 / 1e9);
+        if went_upstream(outcome) {
+            route.stats.upstream(ns as f64 / 1e9);
+        }
     }
 
     /// Phase 5: what every answer owes the client, added once. An answer that came from

@@ -77,7 +77,9 @@ impl cache::Fetch for UpFetch {
         let r = upstream::fetch(&self.upstream, parts, hop).await;
         let ns = nanos(t);
         self.took_ns.store(ns, Ordering::Relaxed);
-        self.stats.upstream(ns as f64 / 1e9);
+        if went_upstream(&r) {
+            self.stats.upstream(ns as f64 / 1e9);
+        }
         r.map(|resp| resp.map(|b| b.holding(share)))
     }
 }
@@ -106,4 +108,14 @@ pub(super) async fn share_for(
 /// Nanoseconds since `since`.
 pub(super) fn nanos(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Whether a try upstream sent the request to a target: not when none was healthy, nor
+/// when every connection stayed busy past the wait (as nginx's `$upstream_header_time` and
+/// Envoy's `upstream_rq_time` record nothing then). The upstream histogram times answers.
+pub(super) fn went_upstream<T>(outcome: &Result<T, Refusal>) -> bool {
+    !matches!(
+        outcome,
+        Err(Refusal::NoHealthyTarget | Refusal::UpstreamBusy)
+    )
 }

@@ -281,7 +281,7 @@ impl Gateway {
                 };
                 let t = Instant::now();
                 let resp = Box::pin(upstream::upgrade(&route.upstream, parts, ask, hop)).await;
-                ctx.upstream_took(route, t);
+                ctx.upstream_took(route, t, &resp);
                 return Ok(resp?.map(Either::Left));
             }
         }
@@ -389,7 +389,7 @@ fn forward_timed<'a, 's: 'a>(
         let share = share_for(ctx.conn, parts.version, &route.upstream).await?;
         let t = Instant::now();
         let resp = upstream::forward(&route.upstream, parts, body, hop).await;
-        ctx.upstream_took(route, t);
+        ctx.upstream_took(route, t, &resp);
         resp.map(|r| r.map(|b| b.holding(share)))
     })
 }
