@@ -214,9 +214,10 @@ fn on_disk(paths: &[&Path]) -> u64 {
     crate::fingerprint(&all)
 }
 
-/// Every group of TLS files the config names (a chain and its key, a client CA, an upstream
-/// CA) with the fingerprint its content was loaded with. Renewed certificates reload the
-/// config even when its own text did not change.
+/// Every group of key files the config names (a chain and its key, a client CA, an upstream
+/// CA, a route's `jwks_file` or `secret_file`) with the fingerprint its content was loaded
+/// with. Renewed certificates and rotated token keys reload the config even when its own
+/// text did not change.
 fn groups(cfg: &crate::Config) -> Vec<(u64, Vec<&Path>)> {
     let mut out = Vec::new();
     for l in &cfg.listeners {
@@ -237,15 +238,23 @@ fn groups(cfg: &crate::Config) -> Vec<(u64, Vec<&Path>)> {
             out.push((ca.fingerprint, vec![ca.path.as_path()]));
         }
     }
+    // Token keys read from disk, by the same rule: a rotated secret or key set reloads.
+    for r in &cfg.routes {
+        let jwt = r.auth.as_ref().and_then(|a| a.jwt.as_ref());
+        if let Some((path, loaded)) = jwt.and_then(|j| j.key_file.as_ref()) {
+            out.push((*loaded, vec![path.as_path()]));
+        }
+    }
     out
 }
 
-/// Every TLS file the config names, for a watcher to look at their metadata.
+/// Every TLS file (and token key file) the config names, for a watcher to look at their
+/// metadata.
 pub fn paths(cfg: &crate::Config) -> Vec<&Path> {
     groups(cfg).into_iter().flat_map(|(_, p)| p).collect()
 }
 
-/// A fingerprint of what the config's TLS files hold now, and whether that differs from
+/// A fingerprint of what the config's TLS files (and token key files) hold now, and whether that differs from
 /// what the config was loaded with; `None` when it names no TLS file.
 pub fn files_on_disk(cfg: &crate::Config) -> Option<(u64, bool)> {
     let files: Vec<(u64, u64)> = groups(cfg)

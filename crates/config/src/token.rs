@@ -111,4 +111,6 @@ pub struct JwtConfig {
     pub max_token_bytes: usize,
     /// Timeout of one fetch of the JWKS or the issuer's metadata.
     pub fetch_timeout: Duration,
+    /// The `jwks_file` or `secret_file` read, with the fingerprint of what it held then.
+    pub key_file: Option<(std::path::PathBuf, u64)>,
 }

@@ -6,8 +6,9 @@
 //! `server.watch_config: false` in the running config, the file is not looked at.
 //!
 //! The running config's `consumers_file` is watched the same way; a change there reloads
-//! the config file (which reads both). So are its TLS certificate, key and CA files: when
-//! their content changes (a renewal), the config is reloaded once for that content.
+//! the config file (which reads both). So are its TLS certificate, key and CA files, and
+//! its routes' `jwks_file` and `secret_file`: when their content changes (a renewal, a
+//! rotated key), the config is reloaded once for that content.
 //! Reloads run on a blocking thread, so traffic goes on on the old config while a large
 //! consumers file loads.
 
@@ -156,7 +157,9 @@ pub fn watch_file(
             if let Some((now, true)) = tls {
                 if tried_tls != Some(now) {
                     tried_tls = Some(now);
-                    tracing::info!("a TLS certificate, key or CA file changed");
+                    tracing::info!(
+                        "a TLS certificate, key or CA file, or a token key file, changed"
+                    );
                     if reload(&gw, &path, None).await {
                         continue;
                     }

@@ -476,6 +476,52 @@ routes:
 }
 
 #[tokio::test]
+async fn a_rotated_secret_file_is_taken_by_a_reload_of_an_unchanged_config() {
+    let (backend, _) = inspect_backend().await;
+    let dir = tempdir("jwt-secret-rotates");
+    let secret = dir.join("hs.secret");
+    let (old, new) = (
+        b"the first secret, of at least thirty-two bytes".as_slice(),
+        b"the second secret, of at least thirty-two bytes".as_slice(),
+    );
+    std::fs::write(&secret, old).expect("write");
+    let yaml = yaml(
+        backend,
+        &format!(
+            "consumers:\n  - {{name: alice, keys: [ka]}}\nroutes:\n  - {{name: orders, path_prefix: /orders/, upstream: backend, auth: {{jwt: {{secret_file: \"{}\"}}}}}}\n",
+            secret.display()
+        ),
+    );
+    let path = dir.join("tollgate.yaml");
+    std::fs::write(&path, &yaml).expect("write");
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    // As the gateway reloads: on a blocking thread (the key sets are made on the runtime).
+    let reload = |g: std::sync::Arc<tollgate_gateway::Gateway>, p: std::path::PathBuf| async move {
+        tokio::task::spawn_blocking(move || g.reload_file(&p))
+            .await
+            .expect("join")
+    };
+    reload(gw.gw.clone(), path.clone())
+        .await
+        .expect("from its file");
+    let c = json!({"sub": "alice", "exp": now() + 60});
+    let sign = |key: &[u8]| {
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &c,
+            &EncodingKey::from_secret(key),
+        )
+        .expect("sign")
+    };
+    assert_eq!(call(&gw, &sign(old)).await.status, 200);
+    std::fs::write(&secret, new).expect("rotate");
+    reload(gw.gw.clone(), path.clone()).await.expect("reload");
+    assert_eq!(call(&gw, &sign(new)).await.status, 200);
+    assert_refused(&call(&gw, &sign(old)).await, "bad signature");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn unlisted_callers_get_the_plan_of_their_token_or_the_anonymous_plan() {
     let key = Signer::load("ec256.pem", Algorithm::ES256, "e");
     let issuer = Issuer::start(&[&key]).await;

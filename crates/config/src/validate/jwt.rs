@@ -51,6 +51,8 @@ pub(super) fn jwt(
     // A source that cannot be used stops nothing else from being checked: every problem
     // of the route's `jwt` is reported at once.
     let given = sources.iter().filter(|s| **s).count();
+    // The key file read, with what it held: an edit reloads the config (a rotated secret).
+    let mut key_file = None;
     let keys = match given {
         0 => match &j.issuer {
             Some(issuer) => {
@@ -70,10 +72,14 @@ pub(super) fn jwt(
                 url(u, &format!("{at}.jwks_url"), "jwks", p);
                 Some(JwtKeys::Url(u.clone()))
             } else if let Some(f) = &j.jwks_file {
-                jwks_file(f, &format!("{at}.jwks_file"), base, p).map(JwtKeys::File)
+                let (keys, read) = jwks_file(f, &format!("{at}.jwks_file"), base, p);
+                key_file = read;
+                keys.map(JwtKeys::File)
             } else {
                 let f = j.secret_file.as_deref().unwrap_or_default();
-                secret_file(f, &format!("{at}.secret_file"), base, p).map(JwtKeys::Secret)
+                let (keys, read) = secret_file(f, &format!("{at}.secret_file"), base, p);
+                key_file = read;
+                keys.map(JwtKeys::Secret)
             }
         }
         _ => {
@@ -204,6 +210,7 @@ pub(super) fn jwt(
         claims_to_headers,
         max_token_bytes,
         fetch_timeout,
+        key_file,
     })
 }
 
@@ -279,15 +286,23 @@ fn algorithms(
 }
 
 /// Reads a JWKS file and checks it holds a `keys` list.
-fn jwks_file(name: &str, at: &str, base: &Path, p: &mut Problems) -> Option<Arc<str>> {
+/// A file read, and the fingerprint of what it held.
+type Read = Option<(std::path::PathBuf, u64)>;
+
+fn jwks_file(name: &str, at: &str, base: &Path, p: &mut Problems) -> (Option<Arc<str>>, Read) {
     let path = base.join(name);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) => {
             p.add(at, format!("cannot read {}: {e}", path.display()));
-            return None;
+            return (None, None);
         }
     };
+    let read = Some((path.clone(), crate::fingerprint(text.as_bytes())));
+    (jwks_text(text, &path, at, p), read)
+}
+
+fn jwks_text(text: String, path: &Path, at: &str, p: &mut Problems) -> Option<Arc<str>> {
     let public_keys = |v: &serde_json::Value| {
         v.get("keys")
             .and_then(|k| k.as_array())
@@ -326,15 +341,20 @@ fn jwks_file(name: &str, at: &str, base: &Path, p: &mut Problems) -> Option<Arc<
 }
 
 /// Reads an HMAC secret (a trailing newline is not part of it).
-fn secret_file(name: &str, at: &str, base: &Path, p: &mut Problems) -> Option<Arc<[u8]>> {
+fn secret_file(name: &str, at: &str, base: &Path, p: &mut Problems) -> (Option<Arc<[u8]>>, Read) {
     let path = base.join(name);
-    let mut bytes = match std::fs::read(&path) {
+    let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) => {
             p.add(at, format!("cannot read {}: {e}", path.display()));
-            return None;
+            return (None, None);
         }
     };
+    let read = Some((path.clone(), crate::fingerprint(&bytes)));
+    (secret_bytes(bytes, &path, at, p), read)
+}
+
+fn secret_bytes(mut bytes: Vec<u8>, path: &Path, at: &str, p: &mut Problems) -> Option<Arc<[u8]>> {
     while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         bytes.pop();
     }

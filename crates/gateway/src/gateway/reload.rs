@@ -147,8 +147,9 @@ impl Gateway {
         })
     }
 
-    /// Whether a certificate, key or CA file the running config names now holds other
-    /// content than it was loaded with (renewed certificates).
+    /// Whether a certificate, key or CA file, or a token key file (`jwks_file`,
+    /// `secret_file`), the running config names now holds other content than it was
+    /// loaded with (renewed certificates, a rotated secret).
     pub fn tls_files_changed(&self) -> bool {
         tollgate_config::tls::files_on_disk(&self.snapshot.load().config).is_some_and(|(_, c)| c)
     }
