@@ -28,6 +28,7 @@ pub use error::{ConfigError, Problem};
 pub use model::*;
 pub use tls::RedisTls;
 pub use token::*;
+pub use validate::same_file;
 
 use std::path::Path;
 
@@ -129,6 +130,34 @@ pub fn from_text_for(text: &str, path: &Path, manages_keys: bool) -> Result<Conf
             cfg.consumers_log_implied = true;
         }
     }
+    // A log of changes beside the config file that this config does not keep (it names
+    // another, or a consumers file whose log is elsewhere): starting without it would
+    // bring back the consumers and keys it deleted.
+    let implied = implied_consumers_log(path);
+    let has_records = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.len() > 0);
+    if let Some(log) = cfg.consumers_log.as_deref() {
+        if !cfg.consumers_log_implied
+            && has_records(&implied)
+            && !validate::same_file(log, &implied)
+        {
+            let key = if text_names(text, "consumers_log") {
+                "consumers_log"
+            } else {
+                "consumers_file"
+            };
+            let problem = Problem::new(
+                key,
+                format!(
+                    "the consumer change log {} holds changes made through the admin API, but this config keeps its changes in {}: starting without them would undo them (deleted consumers and revoked keys back); move it there, or name it in consumers_log",
+                    implied.display(),
+                    log.display()
+                ),
+            );
+            return Err(ConfigError::invalid(vec![
+                parse::Positions::of(text).place(problem)
+            ]));
+        }
+    }
     // The change log is appended to: naming the config file itself would spoil it.
     if cfg
         .consumers_log
@@ -144,6 +173,14 @@ pub fn from_text_for(text: &str, path: &Path, manages_keys: bool) -> Result<Conf
         ]));
     }
     Ok(cfg)
+}
+
+/// Whether the YAML text sets `key` at its top level.
+fn text_names(text: &str, key: &str) -> bool {
+    text.lines().any(|l| {
+        l.strip_prefix(key)
+            .is_some_and(|r| r.trim_start().starts_with(':'))
+    })
 }
 
 /// Where a config file that names neither `consumers_log` nor `consumers_file` keeps the

@@ -629,3 +629,52 @@ async fn a_consumer_may_be_put_with_its_name_and_plain_keys_and_leaves_the_list_
     assert_eq!(v["consumers"][0]["deleted"], true, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn the_change_log_does_not_move_under_a_running_gateway_nor_get_left_behind() {
+    let dir = tempdir("managed-log-moves");
+    let log = dir.join("consumers.changes");
+    let (backend, _) = inspect_backend().await;
+    let yaml = config(backend, &log);
+    let path = dir.join("tollgate.yaml");
+    std::fs::write(&path, &yaml).expect("write");
+    let gw = TestGateway::start(&yaml, SystemClock::new()).await;
+    let ad = start_admin(&gw.gw, Some(TOKEN)).await;
+    let (s, v) = admin(ad, Method::DELETE, "/consumers/alice", None).await;
+    assert_eq!(s, 200, "{v}");
+    // A reload naming another log (or a consumers file, whose log is beside it) would
+    // leave the deletion behind at the next start: refused, the old config serving on.
+    let elsewhere = yaml.replace("consumers.changes", "moved.changes");
+    std::fs::write(&path, &elsewhere).expect("write");
+    let err = gw.gw.reload_file(&path).expect_err("refused").to_string();
+    assert!(
+        err.contains("consumers_log: this config keeps the consumers' changes in")
+            && err.contains("the log moves only at a restart"),
+        "{err}"
+    );
+    let (_, status) = admin(ad, Method::GET, "/status", None).await;
+    assert_eq!(
+        status["managed_consumers"]["log"],
+        json!(log.display().to_string()),
+        "{status}"
+    );
+    assert_eq!(call(&gw, "/api/x", "ka").await.status, 401, "still deleted");
+
+    // At a start, a log with records beside the config file that the config does not
+    // keep is a problem in its place, not a silent loss.
+    let implied = tollgate_config::implied_consumers_log(&path);
+    std::fs::copy(&log, &implied).expect("copy");
+    let err = tollgate_config::from_text_of(&elsewhere, &path)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains("consumers_log")
+            && err.contains("holds changes made through the admin API")
+            && err.contains(&implied.display().to_string()),
+        "{err}"
+    );
+    // Named in consumers_log, it is taken.
+    let named = yaml.replace(&log.display().to_string(), &implied.display().to_string());
+    tollgate_config::from_text_of(&named, &path).expect("its own log");
+    let _ = std::fs::remove_dir_all(&dir);
+}

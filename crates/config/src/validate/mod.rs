@@ -550,7 +550,7 @@ mod tests;
 
 /// Whether two paths name one file: the same text, or (when both exist) the same file
 /// once symbolic links and `..` are resolved, or one file under two hard links.
-pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
+pub fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     // A hard link is one file under two names: the same device and inode.
     let inode = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));

@@ -81,7 +81,8 @@ pub fn status(gw: &Gateway) -> Answer {
             "managed_consumers": {
                 "records": snap.roster.len(),
                 "changes_applied": snap.roster.changes(),
-                "log": snap.config.consumers_log.as_ref().map(|p| p.display().to_string()),
+                // The file written to: a log named since a start is taken at the next.
+                "log": snap.roster.log_path().map(|p| p.display().to_string()),
                 "error": snap.roster.broken(),
             },
             "cluster": cluster,

@@ -58,6 +58,8 @@ pub struct Roster {
     outbox: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Managed>>>,
     /// Whether the change log did not exist when opened.
     new_log: bool,
+    /// The change log's path (not behind `log`'s lock: a reload asks for it under it).
+    log_path: Option<std::path::PathBuf>,
 }
 
 impl Roster {
@@ -87,6 +89,7 @@ impl Roster {
         }
         let roster = Roster {
             new_log: replayed.missing,
+            log_path: Some(path.to_path_buf()),
             ..Roster::default()
         };
         for r in replayed.records {
@@ -116,6 +119,11 @@ impl Roster {
     /// change makes it).
     pub fn new_log(&self) -> bool {
         self.new_log
+    }
+
+    /// The change log the roster writes to (none when it keeps its changes in memory).
+    pub fn log_path(&self) -> Option<&Path> {
+        self.log_path.as_deref()
     }
 
     /// Why changes are refused, when the change log could not be read at start.
@@ -388,6 +396,28 @@ impl Roster {
     pub fn conflicts(&self, config: &tollgate_config::Config) -> Vec<tollgate_config::Problem> {
         let consumers = &config.consumers;
         let mut found = Vec::new();
+        // The log is opened at start and written to until the gateway stops: a config
+        // that keeps the changes elsewhere would, at the next start, read a log without
+        // them (deleted consumers and revoked keys back).
+        if let Some(running) = self.log_path() {
+            let kept = config
+                .consumers_log
+                .as_deref()
+                .is_some_and(|l| tollgate_config::same_file(l, running));
+            if !kept {
+                let to = config
+                    .consumers_log
+                    .as_deref()
+                    .map_or("no change log".to_string(), |l| l.display().to_string());
+                found.push(tollgate_config::Problem::new(
+                    "consumers_log",
+                    format!(
+                        "this config keeps the consumers' changes in {to}, but the gateway writes them to {} until it stops; the log moves only at a restart: stop the gateway, move the file, then start it",
+                        running.display()
+                    ),
+                ));
+            }
+        }
         for r in self.by_name.iter().filter(|r| !r.deleted) {
             if let Some(plan) = r.plan.as_ref() {
                 if !config.plans.iter().any(|p| p.name == *plan) {
