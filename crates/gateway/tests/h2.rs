@@ -337,6 +337,44 @@ async fn a_stream_given_no_window_is_reset_after_send_timeout() {
 }
 
 #[tokio::test]
+async fn a_stream_given_its_window_a_byte_at_a_time_is_reset_after_send_timeout() {
+    let (backend, mut broke) = huge_answer_backend().await;
+    let g = TestGateway::start(
+        &h2c_yaml(backend, ", send_timeout: 300ms"),
+        SystemClock::new(),
+    )
+    .await;
+    let s = TcpStream::connect(g.addr).await.expect("connect");
+    let (mut r, mut w) = s.into_split();
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[0, 0x4, 0, 0, 0, 0]));
+    out.extend(frame(0x1, 0x5, 1, GET_ROOT));
+    w.write_all(&out).await.expect("write");
+    // One byte of window every 50 ms, for as long as the stream lives: 20 bytes a second
+    // is no client reading, however often it speaks.
+    let trickle = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
+        for _ in 0..200 {
+            tick.tick().await;
+            if w.write_all(&frame(0x8, 0, 1, &1u32.to_be_bytes()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let (_, id, payload) = bounded("RST_STREAM", frame_where(&mut r, |k, _| k == 0x3))
+        .await
+        .expect("the stream was reset");
+    assert_eq!((id, payload), (1, 8u32.to_be_bytes().to_vec()), "CANCEL");
+    bounded("the upstream connection closed", broke.recv())
+        .await
+        .expect("the backend saw its connection end");
+    trickle.abort();
+}
+
+#[tokio::test]
 async fn rapid_reset_floods_get_goaway() {
     let (backend, hits) = inspect_backend().await;
     let g = TestGateway::start(

@@ -325,6 +325,7 @@ where
                 head: is_head,
                 expects_continue,
                 blocked_since: None,
+                sent_blocked: 0,
                 upstream: false,
                 linger_until: None,
             },

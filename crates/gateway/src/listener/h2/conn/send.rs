@@ -11,6 +11,12 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body::Body;
 use std::future::Future;
+
+/// What an answer waiting on the client's window must send before its wait ends (the
+/// largest frame a client must take, RFC 9113 §4.2): a reading client gives that much at
+/// once; one giving a byte at a time holds the stream (and the upstream connection behind
+/// it) only until `send_timeout`.
+const PROGRESS: usize = 16_384;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -181,8 +187,17 @@ where
                         }
                         return true;
                     }
-                    st.blocked_since = None;
                     let n = data.len().min(room as usize);
+                    if st.blocked_since.is_some() {
+                        // A window given a byte at a time is not a client reading (as a
+                        // TCP socket is not writable again for one byte): the wait ends
+                        // once a frame's worth, or the whole piece waiting, has gone.
+                        st.sent_blocked += n;
+                        if st.sent_blocked >= PROGRESS.min(data.len()) {
+                            st.blocked_since = None;
+                            st.sent_blocked = 0;
+                        }
+                    }
                     st.window_out.spend(n);
                     self.window_out.spend(n);
                     frame::data(&mut self.wbuf, id, &data[..n], end && n == data.len());
@@ -278,6 +293,7 @@ where
         st.linger_until = Some(until);
         st.out = None;
         st.blocked_since = None;
+        st.sent_blocked = 0;
         st.expects_continue = false;
         let (slot, recv) = (st.slot.take(), st.recv.take());
         if let Some(slot) = slot {

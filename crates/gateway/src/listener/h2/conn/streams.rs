@@ -71,6 +71,8 @@ pub(super) struct Stream<B> {
     pub(super) expects_continue: bool,
     /// Since when the answer has waited on the client's window.
     pub(super) blocked_since: Option<Instant>,
+    /// Bytes sent since then: a wait ends only with a frame's worth of progress.
+    pub(super) sent_blocked: usize,
     /// The answer came from the upstream (it banks a reset once sent).
     pub(super) upstream: bool,
     /// When a stream half closed (local) is told to stop.
