@@ -131,6 +131,15 @@ async fn a_status_without_a_reason_goes_on_with_an_empty_one() {
 }
 
 #[tokio::test]
+async fn a_status_past_599_is_no_answer() {
+    let (backend, _) =
+        raw_backend(|_| Some(b"HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nok".to_vec())).await;
+    let gw = TestGateway::start(&yaml(backend, OPEN), SystemClock::new()).await;
+    let a = TestClient::default().get(&gw.url("/x")).await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{}", a.body);
+}
+
+#[tokio::test]
 async fn reads_http_1_0_bodies_until_close() {
     // An HTTP/1.0 body without a length ends only when the backend closes.
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -163,8 +163,11 @@ pub(super) fn parse_head(buf: &BytesMut, method: &Method) -> Result<Option<Parse
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(_) => return Err(H1Error::Malformed),
     };
+    // Statuses are 100 to 599 (RFC 9110 §15): `600` to `999`, which `httparse` and `http`
+    // take, is no answer a client could read.
     let status = resp
         .code
+        .filter(|c| *c < 600)
         .and_then(|c| StatusCode::from_u16(c).ok())
         .ok_or(H1Error::Malformed)?;
     let version = if resp.version == Some(1) {

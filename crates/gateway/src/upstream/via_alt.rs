@@ -110,6 +110,13 @@ pub(super) async fn forward(
             Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 return Err(unasked_switch(up, hop.route, target));
             }
+            Ok(Ok(resp)) if resp.status().as_u16() >= 600 => {
+                // No status a client could read (RFC 9110 §15: 100 to 599).
+                up.outcome(target, false);
+                let r = Refusal::Upstream("invalid status");
+                log_failure(up, hop.route, target, &r);
+                return Err(r);
+            }
             Ok(Ok(resp)) if coded_answer(&method, resp.status(), resp.headers()) => {
                 up.outcome(target, !resp.status().is_server_error());
                 return Err(coded(up, hop.route, target));
