@@ -528,7 +528,7 @@ async fn unlisted_callers_get_the_plan_of_their_token_or_the_anonymous_plan() {
     let gw = gateway(
         &issuer,
         ", plan_claim: plan, anonymous_plan: free, claims_to_headers: {X-User-Email: email}",
-        "",
+        "metrics: {per_consumer: true}\n",
     )
     .await;
     let iss = issuer.url.clone();
@@ -584,6 +584,14 @@ async fn unlisted_callers_get_the_plan_of_their_token_or_the_anonymous_plan() {
     assert!(!a.body.contains("ceo@example.com"), "{}", a.body);
     let m = gw.gw.metrics_text();
     assert!(m.contains(r#"reason="rate_limited"} 2"#), "{m}");
+    // Their names come from tokens: one series for all of them, not one each.
+    for line in [
+        r#"tollgate_consumer_requests_total{consumer="unlisted callers",class="2xx"} 4"#,
+        r#"tollgate_consumer_requests_total{consumer="unlisted callers",class="4xx"} 2"#,
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line}\n{m}");
+    }
+    assert!(!m.contains(r#"consumer="zed""#), "{m}");
 }
 
 #[tokio::test]

@@ -23,6 +23,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The `consumer` label of callers by token that no list names (no name has a space).
+const UNLISTED: &str = "unlisted callers";
+
 /// nginx's status for a request whose client closed the connection before its answer.
 const CLIENT_CLOSED: u16 = 499;
 
@@ -98,8 +101,13 @@ impl<'g, 's> Unanswered<'g, 's> {
         let consumer_index = ctx.admitted.consumer;
         let consumer = consumer_index.map(|c| snap.consumer_name(c));
         if snap.config.metrics.per_consumer {
-            if let Some(c) = consumer {
-                gw.metrics.consumer(c, status);
+            if let (Some(i), Some(c)) = (consumer_index, consumer) {
+                // Callers by token that no list names (on `anonymous_plan` or a plan
+                // claim) share one series: their names come from tokens, not from the
+                // config, and each reload starts a new table of them.
+                let listed = i < snap.config.consumers.len() || snap.roster.get(c).is_some();
+                gw.metrics
+                    .consumer(if listed { c } else { UNLISTED }, status);
             }
         }
         if let (Some(a), Some(wall)) = (&gw.analytics, self.wall_ns) {
