@@ -438,11 +438,48 @@ async fn metrics_count_requests_refusals_limits_latency_and_connections() {
         .await;
     let _ = c.get(&gw.url("/elsewhere")).await;
 
-    let m = admin_call(&c, addr, Method::GET, "/metrics").await;
+    // What Prometheus asks for: OpenMetrics.
+    let bearer = format!("Bearer {TOKEN}");
+    let m = c
+        .request(
+            Method::GET,
+            &format!("http://{addr}/metrics"),
+            &[
+                ("authorization", &bearer),
+                (
+                    "accept",
+                    "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+                ),
+            ],
+            "",
+        )
+        .await;
     assert_eq!(m.status, StatusCode::OK);
     assert!(m
         .header("content-type")
         .starts_with("application/openmetrics-text"));
+    // Anyone else (curl, text-format scrapers): the text format, counters typed by the
+    // names of their samples, the same samples.
+    let plain = admin_call(&c, addr, Method::GET, "/metrics").await;
+    assert_eq!(
+        plain.header("content-type"),
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    assert!(
+        plain
+            .body
+            .contains("\n# TYPE tollgate_requests_total counter\n"),
+        "{}",
+        plain.body
+    );
+    assert!(!plain.body.contains("# EOF"));
+    let samples = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| !l.starts_with('#') && !l.starts_with("tollgate_client_connections"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(samples(&plain.body).len(), samples(&m.body).len());
     let t = &m.body;
     let at = |s: &str| sample(t, s).unwrap_or_else(|| panic!("no {s} in\n{t}"));
     assert_eq!(

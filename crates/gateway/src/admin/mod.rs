@@ -16,6 +16,7 @@ use answer::{answer, error, json, Answer, JSON};
 
 use crate::gateway::Gateway;
 use crate::listener::{accept_capped, AcceptErrors};
+use crate::observe::text_format;
 use http::header::HeaderValue;
 use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
@@ -157,11 +158,26 @@ async fn handle(
     match path.as_str() {
         "/healthz" => answer(StatusCode::OK, JSON, r#"{"status":"ok"}"#),
         "/" => answer(StatusCode::OK, "text/html; charset=utf-8", DASHBOARD),
-        "/metrics" => answer(
-            StatusCode::OK,
-            crate::observe::metrics::CONTENT_TYPE,
-            gw.metrics_text(),
-        ),
+        "/metrics" => {
+            // OpenMetrics to who asks for it (Prometheus does), else the text format.
+            let accept = req
+                .headers()
+                .get(http::header::ACCEPT)
+                .map(|v| v.as_bytes());
+            if text_format::wants_openmetrics(accept) {
+                answer(
+                    StatusCode::OK,
+                    crate::observe::metrics::CONTENT_TYPE,
+                    gw.metrics_text(),
+                )
+            } else {
+                answer(
+                    StatusCode::OK,
+                    text_format::CONTENT_TYPE,
+                    text_format::from_openmetrics(&gw.metrics_text()),
+                )
+            }
+        }
         "/status" => api::status(gw),
         "/config" => api::config(gw),
         "/reload" => api::reload(gw).await,

@@ -10,6 +10,7 @@ pub mod record;
 pub mod request_id;
 pub mod scrape;
 pub mod series;
+pub mod text_format;
 pub mod trace;
 
 /// The status class (1–5) of a status code, as an index 0–4.
