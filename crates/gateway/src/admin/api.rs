@@ -332,8 +332,31 @@ fn parse_time(s: &str, now: u64) -> Option<u64> {
             .ok()
             .map(|d| d.as_secs());
     }
+    if let Some(t) = with_offset(s) {
+        return Some(t);
+    }
     let d = humantime::parse_duration(s.strip_prefix('-').unwrap_or(s)).ok()?;
     Some(now.saturating_sub(d.as_secs()))
+}
+
+/// An RFC 3339 time with a numeric offset (`2027-01-15T01:00:00+01:00`; a `+` read as a
+/// space from a query string is taken as one), in unix seconds.
+fn with_offset(s: &str) -> Option<u64> {
+    let at = s.len().checked_sub(6)?;
+    let (base, offset) = (s.get(..at)?, s.get(at..)?);
+    let sign: i64 = match offset.as_bytes()[0] {
+        b'+' | b' ' => 1,
+        b'-' => -1,
+        _ => return None,
+    };
+    let (h, m) = offset[1..].split_once(':')?;
+    let (h, m): (i64, i64) = (h.parse().ok()?, m.parse().ok()?);
+    if !(0..24).contains(&h) || !(0..60).contains(&m) || !base.contains('T') {
+        return None;
+    }
+    let local = humantime::parse_rfc3339_weak(base).ok()?;
+    let secs = i64::try_from(local.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs()).ok()?;
+    u64::try_from(secs - sign * (h * 3600 + m * 60)).ok()
 }
 
 /// Reads `consumer`, `route`, `from`, `to` and `step` from a query string.
@@ -346,6 +369,17 @@ pub fn parse_query(q: Option<&str>, now: u64) -> Result<Query, String> {
     for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v = crate::policy::auth::percent_decode(v).into_owned();
+        let given = match k {
+            "consumer" => consumer.is_some(),
+            "route" => route.is_some(),
+            "from" => from.is_some(),
+            "to" => to.is_some(),
+            "step" => step.is_some(),
+            _ => false,
+        };
+        if given {
+            return Err(format!("{k} is given twice"));
+        }
         match k {
             "consumer" if !v.is_empty() => consumer = Some(v),
             "route" if !v.is_empty() => route = Some(v),
@@ -536,6 +570,23 @@ mod tests {
         )
         .expect("rfc3339");
         assert_eq!(q.to - q.from, 86_400);
+        // With an offset: the same instants.
+        let q2 = parse_query(
+            Some("from=2027-01-15T01:00:00%2B01:00&to=2027-01-15T19:00:00-05:00"),
+            now,
+        )
+        .expect("offsets");
+        assert_eq!((q2.from, q2.to), (q.from, q.to));
+        let q3 = parse_query(
+            Some("from=2027-01-15T01:00:00+01:00&to=2027-01-16T00:00:00Z"),
+            now,
+        )
+        .expect("a + read as a space");
+        assert_eq!(q3.from, q.from);
+        for twice in ["step=1h&step=1d", "from=1&from=2", "consumer=a&consumer=b"] {
+            let e = parse_query(Some(twice), now).expect_err(twice);
+            assert!(e.contains("given twice"), "{e}");
+        }
     }
 
     #[test]
