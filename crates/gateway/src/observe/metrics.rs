@@ -36,11 +36,12 @@ fn method_index(m: &http::Method) -> usize {
         .unwrap_or(METHODS.len() - 1)
 }
 
-/// Latency buckets, seconds: 250 µs to 10 s.
+/// Latency buckets, seconds: 250 µs to 60 s (the default `response_timeout`: a timed-out
+/// request lands in a bucket of its own, not only in `+Inf`).
 fn latency() -> Histogram {
     Histogram::new([
         0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-        10.0,
+        10.0, 30.0, 60.0,
     ])
 }
 
