@@ -178,7 +178,7 @@ async fn get(client: &HttpClient, url: &str) -> Result<(Bytes, Duration), String
     let resp = client
         .request(req)
         .await
-        .map_err(|e| format!("{url}: {e}"))?;
+        .map_err(|e| format!("{url}: {}", with_causes(&e)))?;
     if resp.status() != StatusCode::OK {
         return Err(format!("{url}: answered {}", resp.status()));
     }
@@ -189,6 +189,23 @@ async fn get(client: &HttpClient, url: &str) -> Result<(Bytes, Duration), String
         .map_err(|e| format!("{url}: {e}"))?
         .to_bytes();
     Ok((body, fresh))
+}
+
+/// An error with what caused it (`client error (Connect): invalid peer certificate:
+/// UnknownIssuer`), not its outer words alone, which are the same for a refused
+/// connection and a certificate not trusted.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !out.contains(&said) {
+            out.push_str(": ");
+            out.push_str(&said);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 /// How long a set may be kept: its `max-age` between [`MIN_REFETCH`] and [`MAX_FRESH`],
@@ -215,6 +232,29 @@ pub(super) fn freshness(headers: &http::HeaderMap) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fetch_error_says_its_causes() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("client error (Connect)")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Outer(std::io::Error::other(
+            "invalid peer certificate: UnknownIssuer",
+        ));
+        assert_eq!(
+            with_causes(&e),
+            "client error (Connect): invalid peer certificate: UnknownIssuer"
+        );
+    }
 
     #[test]
     fn freshness_follows_max_age_within_bounds() {
