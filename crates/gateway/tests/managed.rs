@@ -678,3 +678,20 @@ async fn the_change_log_does_not_move_under_a_running_gateway_nor_get_left_behin
     tollgate_config::from_text_of(&named, &path).expect("its own log");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_body_past_the_limit_gets_413() {
+    let dir = tempdir("managed-large-body");
+    let (backend, _) = inspect_backend().await;
+    let gw = TestGateway::start(
+        &config(backend, &dir.join("consumers.changes")),
+        SystemClock::new(),
+    )
+    .await;
+    let ad = start_admin(&gw.gw, Some(TOKEN)).await;
+    let big = json!({"plan": "gold", "metadata": {"pad": "x".repeat(300 * 1024)}});
+    let (s, v) = admin(ad, Method::PUT, "/consumers/bob", Some(big)).await;
+    assert_eq!(s, 413, "{v}");
+    assert_eq!(v["error"], "the body must be JSON of at most 256KiB", "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -38,3 +38,16 @@ pub(super) fn error(status: StatusCode, why: &str) -> Answer {
         &serde_json::json!({"status": status.as_u16(), "error": why}),
     )
 }
+
+/// The answer to a request body that could not be read whole: 413 past the endpoint's
+/// limit (`at_most`), 400 when it broke off.
+pub(super) fn body_error(e: &(dyn std::error::Error + 'static), at_most: &str) -> Answer {
+    if e.is::<http_body_util::LengthLimitError>() {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the body must be JSON of at most {at_most}"),
+        )
+    } else {
+        error(StatusCode::BAD_REQUEST, "the body broke off")
+    }
+}

@@ -229,7 +229,7 @@ pub async fn purge(gw: &Gateway, req: Request<Incoming>) -> Answer {
     .await
     {
         Ok(b) => b.to_bytes(),
-        Err(_) => return bad("the body must be JSON of at most 64KiB"),
+        Err(e) => return super::answer::body_error(&*e, "64KiB"),
     };
     let Ok(v) = super::strict::parse(&body) else {
         return bad(

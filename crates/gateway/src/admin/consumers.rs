@@ -181,7 +181,7 @@ async fn read_json(req: Request<Incoming>) -> Result<Value, Answer> {
     let body =
         http_body_util::BodyExt::collect(http_body_util::Limited::new(req.into_body(), 256 * 1024))
             .await
-            .map_err(|_| bad("the body must be JSON of at most 256KiB"))?
+            .map_err(|e| super::answer::body_error(&*e, "256KiB"))?
             .to_bytes();
     if body.is_empty() {
         return Ok(j!({}));
