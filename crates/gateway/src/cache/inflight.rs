@@ -125,7 +125,11 @@ pub fn is_unsafe(m: &Method) -> bool {
 /// against the request's path (RFC 3986 §5.2: `xr`, `../xr`, `//host/xr`, `http://host/xr`)
 /// and normalized as a request's path is; `None` for another host or what no request
 /// could name.
-fn resolve<'a>(base: &str, loc: &'a str, host: &str) -> Option<(String, Option<&'a str>)> {
+pub(crate) fn resolve<'a>(
+    base: &str,
+    loc: &'a str,
+    host: &str,
+) -> Option<(String, Option<&'a str>)> {
     let loc = loc.split('#').next().unwrap_or("");
     let (loc, query) = match loc.split_once('?') {
         Some((l, q)) => (l, Some(q)),

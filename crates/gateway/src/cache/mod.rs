@@ -27,6 +27,7 @@ pub mod store;
 
 pub use answer::{forwarded, own_status, CACHE_STATUS};
 pub use fill::PASS_STATUS;
+pub(crate) use inflight::resolve;
 pub use inflight::{is_unsafe, went_upstream};
 pub use inflight::{Cache, Fetch, Keying, Purge};
 pub use key::{overrides_method, overrides_to_unsafe, Ask, Key};
