@@ -61,16 +61,19 @@ pub(super) fn satisfied(req: &Fields, headers: &HeaderMap) -> bool {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|etag| etag_matches(inm, etag));
     }
-    let since = req
+    let Some(since) = req
         .get(header::IF_MODIFIED_SINCE)
-        .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());
+        .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok())
+    else {
+        return false;
+    };
     // Without `Last-Modified`, the answer's `Date` tells when it was last known as it is
     // (RFC 9111 §4.3.2).
     let modified = headers
         .get(header::LAST_MODIFIED)
         .or_else(|| headers.get(header::DATE))
         .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());
-    matches!((since, modified), (Some(s), Some(m)) if m <= s)
+    modified.is_some_and(|m| m <= since)
 }
 
 /// The answer to a client that asked for a stored answer only (`only-if-cached`) when

@@ -36,10 +36,6 @@ impl Cache {
         // it waited for is no use to it (another variant's, one cut off, one to a request
         // with credentials), the waiting requests choose one of them to go upstream next.
         let mut deadline: Option<Instant> = None;
-        // Credentials may shape an answer: such a request never leads the others.
-        let may_lead = !parts.headers.contains_key(header::AUTHORIZATION)
-            && !parts.headers.contains_key(header::PROXY_AUTHORIZATION);
-        let only_cached = asks(&parts.headers, "only-if-cached");
         loop {
             let may_wait = deadline.is_none_or(|d| Instant::now() < d);
             // Checked again after waiting for another request's answer, which may have
@@ -48,7 +44,7 @@ impl Cache {
                 .as_deref()
                 .is_some_and(|k| self.store.is_uncacheable(k, ask.now_ns))
             {
-                if only_cached {
+                if asks(&parts.headers, "only-if-cached") {
                     return Ok(answer::only_if_cached());
                 }
                 return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
@@ -93,12 +89,12 @@ impl Cache {
                     let status = "tollgate; fwd=stale; collapsed".to_string();
                     return Ok(answer(&e, &parts, now, status));
                 }
-                if only_cached {
+                if asks(&parts.headers, "only-if-cached") {
                     return Ok(answer::only_if_cached());
                 }
                 // Stale: one request asks the upstream, the others wait for its answer.
                 let flight = vary_key.as_deref().unwrap_or(&plain);
-                match self.turn(flight, may_wait, may_lead) {
+                match self.turn(flight, may_wait, may_lead(&parts)) {
                     Turn::Wait(rx) => {
                         let until = *deadline.get_or_insert_with(|| Instant::now() + ask.wait);
                         upstream_failed = self.wait_for(rx, until).await;
@@ -117,7 +113,7 @@ impl Cache {
             // Of a URI known to vary, the key is the variant's: another variant's miss is
             // not this one's answer, and its answer being private says nothing of this.
             let flight = vary_key.as_deref().unwrap_or(plain.as_str());
-            if only_cached {
+            if asks(&parts.headers, "only-if-cached") {
                 return Ok(answer::only_if_cached());
             }
             if parts.method == Method::HEAD || shapes_its_answer(&parts.headers) {
@@ -125,7 +121,7 @@ impl Cache {
                     .straight_upstream(&*up(), parts, miss.status(false))
                     .await;
             }
-            let leader = match self.turn(flight, may_wait, may_lead) {
+            let leader = match self.turn(flight, may_wait, may_lead(&parts)) {
                 Turn::Wait(rx) => {
                     let until = *deadline.get_or_insert_with(|| Instant::now() + ask.wait);
                     upstream_failed = self.wait_for(rx, until).await;
@@ -177,4 +173,12 @@ impl Cache {
             return Ok(resp);
         }
     }
+}
+
+/// Whether a request may lead the others for its key upstream: not with credentials,
+/// which may shape its answer (looked at only when a request goes upstream: a hit does
+/// not pay for it).
+fn may_lead(parts: &Parts) -> bool {
+    !parts.headers.contains_key(header::AUTHORIZATION)
+        && !parts.headers.contains_key(header::PROXY_AUTHORIZATION)
 }
