@@ -375,6 +375,45 @@ async fn a_stream_given_its_window_a_byte_at_a_time_is_reset_after_send_timeout(
 }
 
 #[tokio::test]
+async fn a_client_with_a_small_window_that_gives_it_back_is_served_on() {
+    let (backend, _broke) = huge_answer_backend().await;
+    let g = TestGateway::start(&h2c_yaml(backend, ", send_timeout: 1s"), SystemClock::new()).await;
+    let s = TcpStream::connect(g.addr).await.expect("connect");
+    let (mut r, mut w) = s.into_split();
+    let mut out = PREFACE.to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE 4096: a small window, given back every 400 ms — less
+    // than 16 KiB a second, more than a trickle.
+    out.extend(frame(0x4, 0, 0, &[0, 0x4, 0, 0, 0x10, 0]));
+    out.extend(frame(0x1, 0x5, 1, GET_ROOT));
+    w.write_all(&out).await.expect("write");
+    let give = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(400));
+        for _ in 0..8 {
+            tick.tick().await;
+            let mut f = frame(0x8, 0, 1, &4096u32.to_be_bytes());
+            f.extend(frame(0x8, 0, 0, &4096u32.to_be_bytes()));
+            if w.write_all(&f).await.is_err() {
+                return None;
+            }
+        }
+        // Kept open: a write half dropped ends the connection.
+        Some(w)
+    });
+    // No reset of the stream while the window comes back.
+    let reset = tokio::time::timeout(
+        std::time::Duration::from_millis(3_000),
+        frame_where(&mut r, |k, _| k == 0x3),
+    )
+    .await;
+    assert!(reset.is_err(), "the stream was reset: {reset:?}");
+    let w = bounded("window given", give).await.expect("join");
+    assert!(
+        w.is_some(),
+        "the connection broke while the window was given"
+    );
+}
+
+#[tokio::test]
 async fn rapid_reset_floods_get_goaway() {
     let (backend, hits) = inspect_backend().await;
     let g = TestGateway::start(
