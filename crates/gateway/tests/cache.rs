@@ -691,7 +691,7 @@ async fn requests_that_cannot_use_the_answer_they_waited_for_send_one_of_them_up
 }
 
 #[tokio::test]
-async fn a_request_with_credentials_does_not_lead_the_others_upstream() {
+async fn a_request_with_credentials_does_not_lead_requests_without_them() {
     let (gw, mut arrived, release) = varying_gated().await;
     // Its answer (not `public`) may not be stored for others (RFC 9111 §3.5).
     let mut first = burst_with(
@@ -733,6 +733,82 @@ async fn a_request_with_credentials_does_not_lead_the_others_upstream() {
         arrived.try_recv().is_err(),
         "a third request reached the backend"
     );
+}
+
+#[tokio::test]
+async fn requests_with_credentials_wait_for_one_another() {
+    let (backend, mut arrived, release) = gated_backend_with(|_, n| {
+        let mut r = hyper::Response::new(format!("n={n}"));
+        r.headers_mut().insert(
+            "cache-control",
+            http::HeaderValue::from_static("public, max-age=60"),
+        );
+        (r, true)
+    })
+    .await;
+    let cfg = config(backend, true, "").replace("response_timeout: 2s", "response_timeout: 20s");
+    let (gw, _clock) = TestGateway::with_manual_clock(&cfg).await;
+    let calls = burst_with(&gw, "/p", 20, &[("Authorization", "Basic dTpw")]);
+    bounded("first upstream", arrived.recv()).await;
+    waiting(&gw, 19).await;
+    release.notify_one();
+    for call in calls {
+        let a = bounded("answer", call).await.expect("join");
+        assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "n=1"));
+    }
+    assert!(
+        arrived.try_recv().is_err(),
+        "a second request went upstream"
+    );
+}
+
+#[tokio::test]
+async fn waiting_requests_go_upstream_together_when_the_refresh_may_not_be_stored() {
+    let (backend, mut arrived, release) = gated_backend_with(|_, n| {
+        let cc = if n == 1 { "max-age=1" } else { "no-store" };
+        let mut r = hyper::Response::new(format!("n={n}"));
+        r.headers_mut()
+            .insert("cache-control", http::HeaderValue::from_static(cc));
+        (r, n > 1)
+    })
+    .await;
+    let cfg = config(backend, true, "").replace("response_timeout: 2s", "response_timeout: 20s");
+    let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
+    let first = bounded("first", burst(&gw, "/s", 1).remove(0))
+        .await
+        .expect("join");
+    assert_eq!(first.body, "n=1");
+    clock.advance(Duration::from_secs(5));
+    let calls = burst(&gw, "/s", 20);
+    bounded("refresh upstream", arrived.recv()).await;
+    waiting(&gw, 19).await;
+    release.notify_one();
+    // The answer says `no-store`: the others go upstream at once, not one after another
+    // (each would wait for the one before it).
+    for _ in 0..19 {
+        bounded("the others upstream together", arrived.recv()).await;
+    }
+    for _ in 0..19 {
+        release.notify_one();
+    }
+    let mut done = 0;
+    for call in calls {
+        let a = bounded("answer", async {
+            loop {
+                // A release that came before its request waited is kept (one at most).
+                release.notify_one();
+                if call.is_finished() {
+                    return call.await;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("join");
+        assert_eq!(a.status, 200);
+        done += 1;
+    }
+    assert_eq!(done, 20);
 }
 
 /// A backend whose first answer to `path` is `first` (with `Cache-Control: cc`), then `later`

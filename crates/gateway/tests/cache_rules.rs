@@ -222,6 +222,19 @@ async fn only_if_cached_is_answered_from_the_store_or_with_504() {
     s.clock.advance(Duration::from_secs(120));
     assert_eq!(s.get("/c", &only).await.status, 504);
     assert_eq!(s.upstream(), 1);
+    // Nor does a request the cache would pass by: a bypass, or a key that passes.
+    for h in [
+        [("Cache-Control", "no-store, only-if-cached"), ("X-A", "1")],
+        [
+            ("Cache-Control", "only-if-cached"),
+            ("X-HTTP-Method-Override", "GET"),
+        ],
+    ] {
+        assert_eq!(s.get("/c", &h).await.status, 504, "{h:?}");
+    }
+    s.get("/surrogate", &[]).await;
+    assert_eq!(s.get("/surrogate", &only).await.status, 504, "hit-for-pass");
+    assert_eq!(s.upstream(), 2);
 }
 
 #[tokio::test]
@@ -248,4 +261,39 @@ async fn if_modified_since_is_judged_by_date_without_last_modified() {
     let before = [("If-Modified-Since", "Wed, 31 Dec 1969 23:59:59 GMT")];
     assert_eq!(s.get("/date-only", &before).await.status, 200);
     assert_eq!(s.upstream(), 1);
+}
+
+#[tokio::test]
+async fn a_trusted_proxys_scheme_keys_as_the_listeners_own() {
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c2 = count.clone();
+    let (backend, _, _) = scripted_backend(move |h, _| {
+        let n = c2.fetch_add(1, Ordering::SeqCst) + 1;
+        answer(h, n)
+    })
+    .await;
+    let cfg = yaml(
+        backend,
+        "cache: {max_size: 1MiB}\nroutes:\n  - {name: all, path_prefix: /, upstream: backend, cache: {default_ttl: 10s, shared: true}}\n",
+    )
+    .replace(
+        "listeners: [{address: \"127.0.0.1:0\"}]",
+        "listeners: [{address: \"127.0.0.1:0\", trusted_proxies: [127.0.0.1]}]",
+    );
+    let (gw, _clock) = TestGateway::with_manual_clock(&cfg).await;
+    let c = TestClient::default();
+    let get = |h: &'static [(&'static str, &'static str)]| {
+        let (c, url) = (c.clone(), gw.url("/x"));
+        async move { c.request(http::Method::GET, &url, h, "").await }
+    };
+    assert_eq!(get(&[]).await.body, "n=1");
+    // `X-Forwarded-Proto: http` from a trusted proxy is the scheme the listener has.
+    let via = get(&[("X-Forwarded-Proto", "http")]).await;
+    assert!(
+        via.header("cache-status").contains("hit"),
+        "{:?}",
+        via.headers
+    );
+    assert_eq!(via.body, "n=1");
+    assert_eq!(get(&[("X-Forwarded-Proto", "https")]).await.body, "n=2");
 }

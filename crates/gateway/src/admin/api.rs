@@ -274,6 +274,10 @@ pub async fn purge(gw: &Gateway, req: Request<Incoming>) -> Answer {
 /// `//` is `/`), so that a purge finds what a client stored whichever way it spelled it;
 /// what no request could have been stored under (dot-segments, an encoded slash) is refused.
 fn normal_path(p: &str) -> Result<String, &'static str> {
+    // An empty prefix: every path, as ever.
+    if p.is_empty() {
+        return Ok(String::new());
+    }
     match crate::inbound::normalize_path(p) {
         Ok(n) => Ok(n.unwrap_or_else(|| p.to_string())),
         Err(crate::exchange::Refusal::BadRequest(why)) => Err(why),
@@ -366,20 +370,14 @@ pub fn parse_query(q: Option<&str>, now: u64) -> Result<Query, String> {
     let mut from = None;
     let mut to = None;
     let mut step = None;
+    let mut seen: Vec<&str> = Vec::new();
     for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v = crate::policy::auth::percent_decode(v).into_owned();
-        let given = match k {
-            "consumer" => consumer.is_some(),
-            "route" => route.is_some(),
-            "from" => from.is_some(),
-            "to" => to.is_some(),
-            "step" => step.is_some(),
-            _ => false,
-        };
-        if given {
+        if seen.contains(&k) {
             return Err(format!("{k} is given twice"));
         }
+        seen.push(k);
         match k {
             "consumer" if !v.is_empty() => consumer = Some(v),
             "route" if !v.is_empty() => route = Some(v),
@@ -583,7 +581,12 @@ mod tests {
         )
         .expect("a + read as a space");
         assert_eq!(q3.from, q.from);
-        for twice in ["step=1h&step=1d", "from=1&from=2", "consumer=a&consumer=b"] {
+        for twice in [
+            "step=1h&step=1d",
+            "from=1&from=2",
+            "consumer=a&consumer=b",
+            "consumer=&consumer=b",
+        ] {
             let e = parse_query(Some(twice), now).expect_err(twice);
             assert!(e.contains("given twice"), "{e}");
         }
@@ -606,6 +609,7 @@ mod tests {
         }
         assert_eq!(normal_path("/pre%7Efix/").as_deref(), Ok("/pre~fix/"));
         assert!(normal_path("pre").is_err());
+        assert_eq!(normal_path("").as_deref(), Ok(""), "every path");
     }
 
     #[test]

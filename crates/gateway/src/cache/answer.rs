@@ -78,7 +78,7 @@ pub(super) fn satisfied(req: &Fields, headers: &HeaderMap) -> bool {
 
 /// The answer to a client that asked for a stored answer only (`only-if-cached`) when
 /// none can be given without the upstream (RFC 9111 §5.2.1.7).
-pub(super) fn only_if_cached() -> Response<Body> {
+pub fn only_if_cached() -> Response<Body> {
     let mut r = Response::new(full(Bytes::from_static(b"not in the cache\n")));
     *r.status_mut() = StatusCode::GATEWAY_TIMEOUT;
     let h = r.headers_mut();

@@ -4,7 +4,7 @@
 use super::answer::with_status;
 use super::control;
 use super::inflight::{Cache, Fetch, Leader};
-use super::key::{host_of, variant_key, varies_of, Ask};
+use super::key::{has_credentials, host_of, variant_key, varies_of, Ask};
 use super::store::{self, Born, Entry};
 use crate::exchange::{Parts, Refusal};
 use crate::response::Body;
@@ -147,6 +147,17 @@ impl Cache {
                 (r, true)
             }
             None => {
+                // Said before the waiting ones are let go: an answer the upstream made
+                // unstorable sends them all upstream at once (hit-for-pass), one to
+                // credentials (theirs too: they share its flight) as well; one cut off
+                // by an invalidation lets one of them fetch again.
+                if let Some(l) = &leader {
+                    if has_credentials(&sent.headers) {
+                        l.pass();
+                    } else if born.unchanged() && !l.key.starts_with(REFRESH) {
+                        self.store.mark_uncacheable(&l.key, ask.now_ns);
+                    }
+                }
                 drop(leader);
                 let r = with_status(resp.map(http_body_util::Either::Left), passed_status);
                 (r, false)
@@ -181,8 +192,7 @@ impl Cache {
             &sent.headers,
             h,
             // Credentials for a proxy on the way are credentials too (RFC 9111 §3.5).
-            sent.headers.contains_key(header::AUTHORIZATION)
-                || sent.headers.contains_key(header::PROXY_AUTHORIZATION),
+            has_credentials(&sent.headers),
             ask.cfg.default_ttl,
             ask.wall(),
         )

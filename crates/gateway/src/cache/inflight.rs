@@ -20,7 +20,7 @@ use tokio::time::Instant;
 pub struct Cache {
     /// Stored responses.
     pub store: Store,
-    pub(super) inflight: Arc<Mutex<HashMap<String, watch::Receiver<bool>>>>,
+    pub(super) inflight: Arc<Mutex<HashMap<String, watch::Receiver<Outcome>>>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -32,16 +32,35 @@ impl std::fmt::Debug for Cache {
 /// The first request for a key; its drop lets the others waiting for the key go on.
 pub(super) struct Leader {
     pub(super) key: String,
-    pub(super) inflight: Arc<Mutex<HashMap<String, watch::Receiver<bool>>>>,
-    pub(super) done: watch::Sender<bool>,
+    pub(super) inflight: Arc<Mutex<HashMap<String, watch::Receiver<Outcome>>>>,
+    pub(super) done: watch::Sender<Outcome>,
 }
 
 impl Leader {
     /// Tells the waiting requests that the upstream failed (so that they may be served
-    /// stale within `stale-if-error` instead of trying it one after the other).
+    /// stale within `stale-if-error`, or go upstream together, instead of trying it one
+    /// after the other).
     pub(super) fn failed(&self) {
-        self.done.send_replace(true);
+        self.done.send_replace(Outcome::Failed);
     }
+
+    /// Tells the waiting requests to go upstream themselves, together: the answer, not
+    /// stored, is no use to them, and another of them leading would fare no better.
+    pub(super) fn pass(&self) {
+        self.done.send_replace(Outcome::Pass);
+    }
+}
+
+/// What the waiting requests learn of the request they waited for. A leader gone without
+/// a word (its answer stored, or cut off) lets them look again, and one of them lead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// No word.
+    Pending,
+    /// The upstream failed.
+    Failed,
+    /// Go upstream, each.
+    Pass,
 }
 
 impl Drop for Leader {
@@ -62,7 +81,7 @@ impl Drop for Countdown<'_> {
 /// What a request whose key has no usable entry does ([`Cache::turn`]).
 pub(super) enum Turn {
     /// Waits for the request on its way upstream for the key.
-    Wait(watch::Receiver<bool>),
+    Wait(watch::Receiver<Outcome>),
     /// Goes upstream itself, as the key's leader or not.
     Go(Option<Leader>),
 }
@@ -276,23 +295,26 @@ impl Cache {
     }
 
     /// Waits (until `deadline` at most) for the request gone upstream for the same key;
-    /// whether it found the upstream failing.
-    pub(super) async fn wait_for(&self, mut rx: watch::Receiver<bool>, deadline: Instant) -> bool {
+    /// what it said.
+    pub(super) async fn wait_for(
+        &self,
+        mut rx: watch::Receiver<Outcome>,
+        deadline: Instant,
+    ) -> Outcome {
         let waiting = &self.store.metrics.waiting;
         waiting.fetch_add(1, Ordering::Relaxed);
         // Counted down however the wait ends, a client gone meanwhile included.
         let _done = Countdown(waiting);
         let _ = tokio::time::timeout_at(deadline, rx.changed()).await;
-        let failed = *rx.borrow();
-        failed
+        let said = *rx.borrow();
+        said
     }
 
     /// What a request for `flight` does, decided under one lock so that of the requests
     /// let go together exactly one goes upstream: wait for the one already on its way
-    /// (while `may_wait`), or go itself, leading when `may_lead` (a leader's answer is
-    /// what the requests that come meanwhile wait for). A request whose answer may be
-    /// shaped by its own credentials does not lead: what it gets may be no use to others.
-    pub(super) fn turn(&self, flight: &str, may_wait: bool, may_lead: bool) -> Turn {
+    /// (while `may_wait`), or go itself, leading (a leader's answer is what the requests
+    /// that come meanwhile wait for).
+    pub(super) fn turn(&self, flight: &str, may_wait: bool) -> Turn {
         let mut map = self.inflight.lock();
         if let Some(rx) = map.get(flight) {
             return if may_wait {
@@ -301,10 +323,7 @@ impl Cache {
                 Turn::Go(None)
             };
         }
-        if !may_lead {
-            return Turn::Go(None);
-        }
-        let (tx, rx) = watch::channel(false);
+        let (tx, rx) = watch::channel(Outcome::Pending);
         map.insert(flight.to_string(), rx);
         Turn::Go(Some(Leader {
             key: flight.to_string(),
@@ -319,7 +338,7 @@ impl Cache {
         if map.contains_key(&flight) {
             return None;
         }
-        let (tx, rx) = watch::channel(false);
+        let (tx, rx) = watch::channel(Outcome::Pending);
         map.insert(flight.clone(), rx);
         Some(Leader {
             key: flight,

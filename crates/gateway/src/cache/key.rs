@@ -95,6 +95,18 @@ pub(super) fn asks_no_store(req: &Fields) -> bool {
     asks(req, "no-store")
 }
 
+/// Whether the request carries credentials (RFC 9111 §3.5: `Authorization`, and for a
+/// proxy on the way `Proxy-Authorization`): what it gets may be its own.
+pub(super) fn has_credentials(req: &Fields) -> bool {
+    req.contains_key(header::AUTHORIZATION) || req.contains_key(header::PROXY_AUTHORIZATION)
+}
+
+/// Whether the client asked to be answered from the store or not at all
+/// (`only-if-cached`, RFC 9111 §5.2.1.7).
+pub fn only_if_cached(req: &Fields) -> bool {
+    asks(req, "only-if-cached")
+}
+
 /// Whether the request's `Cache-Control` holds `directive` (one without a value).
 pub(super) fn asks(req: &Fields, directive: &str) -> bool {
     req.get_all(header::CACHE_CONTROL).iter().any(|v| {
@@ -214,7 +226,14 @@ pub(super) fn authority_into(ask: &Ask<'_>, req: &Fields, out: &mut String) {
 /// it ([`crate::upstream::sent`]): a dropped header as empty.
 pub(super) fn sent_for_key(ask: &Ask<'_>, req: &Fields, name: &HeaderName, out: &mut String) {
     match crate::upstream::sent(req, name.as_str(), ask.peer, ask.trusted, ask.https) {
-        crate::upstream::Sent::AsIs => header_for_key(req, name, out),
+        crate::upstream::Sent::AsIs => {
+            // Present, if empty: an absent field matches only an absent one (RFC 9111
+            // §4.1), and a backend may answer `X-Foo:` otherwise than no `X-Foo`.
+            if req.contains_key(name) {
+                out.push('\u{2}');
+            }
+            header_for_key(req, name, out)
+        }
         crate::upstream::Sent::Dropped => {}
         crate::upstream::Sent::Set(v) => push_key_bytes(out, v.as_bytes()),
     }
@@ -382,11 +401,7 @@ pub(super) fn varies_of(cfg: &RouteCacheConfig, resp: &HeaderMap) -> Varies {
 pub fn header_for_key(req: &Fields, name: &HeaderName, out: &mut String) {
     let mut first = true;
     for v in req.get_all(name) {
-        if first {
-            // Present, if empty: an absent field matches only an absent one (RFC 9111
-            // §4.1), and a backend may answer `X-Foo:` otherwise than no `X-Foo`.
-            out.push('\u{2}');
-        } else {
+        if !first {
             out.push(',');
         }
         first = false;

@@ -6,7 +6,7 @@ use super::answer::{answer, with_status};
 use super::control;
 use super::fill::{REFRESH, STALE_PASSED, STALE_STORED};
 use super::inflight::{Cache, Fetch, Leader};
-use super::key::{variant_key, varies_of, Ask};
+use super::key::{has_credentials, variant_key, varies_of, Ask};
 use super::store::{self, Born, Entry};
 use crate::exchange::{Parts, Refusal};
 use crate::response::Body;
@@ -144,7 +144,7 @@ impl Cache {
             Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED && conditional => {
                 m.revalidated.fetch_add(1, Ordering::Relaxed);
                 let status = "tollgate; fwd=stale; fwd-status=304".to_string();
-                let authorized = parts.headers.contains_key(header::AUTHORIZATION);
+                let authorized = has_credentials(&parts.headers);
                 match self.refreshed(ask, &e, resp.headers(), born, authorized) {
                     Some(fresh) => {
                         let varies = varies_of(ask.cfg, &fresh.headers);
@@ -198,7 +198,13 @@ impl Cache {
                 let status = format!("tollgate; fwd=stale; fwd-status={code}");
                 Ok(answer(&e, &parts, now, status))
             }
-            Err(refusal) => Err(refusal),
+            Err(refusal) => {
+                // The waiting ones go upstream together, not one after the other.
+                if let Some(l) = &leader {
+                    l.failed();
+                }
+                Err(refusal)
+            }
         }
     }
 
@@ -248,7 +254,7 @@ impl Cache {
                     // Left for the next request to fetch whole.
                     return;
                 }
-                let authorized = sent.headers.contains_key(header::AUTHORIZATION);
+                let authorized = has_credentials(&sent.headers);
                 if let Some(fresh) = cache.refreshed(&ask, &e, resp.headers(), born, authorized) {
                     let varies = varies_of(&cfg, &fresh.headers);
                     let key = variant_key(&uri, &ask, &varies, &sent.headers);

@@ -2,8 +2,8 @@
 
 use super::answer::{self, answer};
 use super::fill::{Miss, PASS_STATUS};
-use super::inflight::{Cache, Fetch, Turn};
-use super::key::{asks, shapes_its_answer, variant_key, Ask, Key};
+use super::inflight::{Cache, Fetch, Outcome, Turn};
+use super::key::{asks, has_credentials, shapes_its_answer, variant_key, Ask, Key};
 use crate::exchange::{Fields, Parts, Refusal};
 use crate::response::Body;
 use http::header;
@@ -36,8 +36,14 @@ impl Cache {
         // it waited for is no use to it (another variant's, one cut off, one to a request
         // with credentials), the waiting requests choose one of them to go upstream next.
         let mut deadline: Option<Instant> = None;
+        // The request waited for said to go upstream without waiting again (it failed,
+        // or its answer was its credentials' own): as they all did before.
+        let mut released = false;
+        // Requests with credentials wait for and lead one another only: an answer to
+        // credentials may be theirs alone, and one such request must not lead the others.
+        let credentials = has_credentials(&parts.headers);
         loop {
-            let may_wait = deadline.is_none_or(|d| Instant::now() < d);
+            let may_wait = !released && deadline.is_none_or(|d| Instant::now() < d);
             // Checked again after waiting for another request's answer, which may have
             // found its answer could not be stored.
             if waited
@@ -93,13 +99,15 @@ impl Cache {
                     return Ok(answer::only_if_cached());
                 }
                 // Stale: one request asks the upstream, the others wait for its answer.
-                let flight = vary_key.as_deref().unwrap_or(&plain);
-                match self.turn(flight, may_wait, may_lead(&parts)) {
+                let flight = flight_of(vary_key.as_deref().unwrap_or(&plain), credentials);
+                match self.turn(&flight, may_wait) {
                     Turn::Wait(rx) => {
                         let until = *deadline.get_or_insert_with(|| Instant::now() + ask.wait);
-                        upstream_failed = self.wait_for(rx, until).await;
+                        let said = self.wait_for(rx, until).await;
+                        upstream_failed = said == Outcome::Failed;
+                        released |= said != Outcome::Pending;
                         collapsed = true;
-                        waited = Some(flight.to_string());
+                        waited = Some(flight);
                         continue;
                     }
                     Turn::Go(leader) => {
@@ -112,7 +120,7 @@ impl Cache {
             // A miss: wait for a request already on its way upstream for this key.
             // Of a URI known to vary, the key is the variant's: another variant's miss is
             // not this one's answer, and its answer being private says nothing of this.
-            let flight = vary_key.as_deref().unwrap_or(plain.as_str());
+            let flight = flight_of(vary_key.as_deref().unwrap_or(plain.as_str()), credentials);
             if asks(&parts.headers, "only-if-cached") {
                 return Ok(answer::only_if_cached());
             }
@@ -121,12 +129,14 @@ impl Cache {
                     .straight_upstream(&*up(), parts, miss.status(false))
                     .await;
             }
-            let leader = match self.turn(flight, may_wait, may_lead(&parts)) {
+            let leader = match self.turn(&flight, may_wait) {
                 Turn::Wait(rx) => {
                     let until = *deadline.get_or_insert_with(|| Instant::now() + ask.wait);
-                    upstream_failed = self.wait_for(rx, until).await;
+                    let said = self.wait_for(rx, until).await;
+                    upstream_failed = said == Outcome::Failed;
+                    released |= said != Outcome::Pending;
                     collapsed = true;
-                    waited = Some(flight.to_string());
+                    waited = Some(flight);
                     continue;
                 }
                 Turn::Go(leader) => leader,
@@ -143,7 +153,16 @@ impl Cache {
             }
             let sent = parts.copy();
             let born = self.store.born(uri);
-            let resp = up().fetch(parts).await?;
+            let resp = match up().fetch(parts).await {
+                Ok(r) => r,
+                Err(e) => {
+                    // The waiting ones go upstream together, or are served stale.
+                    if let Some(l) = &leader {
+                        l.failed();
+                    }
+                    return Err(e);
+                }
+            };
             let (resp, stored) = self.store_on_the_way(
                 &ask,
                 (uri, born),
@@ -157,9 +176,9 @@ impl Cache {
             // Only what the upstream answered decides for the key: not an answer shaped by
             // the client's own credentials.
             if stored {
-                self.store.cacheable_again(flight);
-            } else if !sent.headers.contains_key(header::AUTHORIZATION) {
-                self.store.mark_uncacheable(flight, ask.now_ns);
+                self.store.cacheable_again(&flight);
+            } else if !credentials {
+                self.store.mark_uncacheable(&flight, ask.now_ns);
             }
             // A client whose conditional the answer satisfies gets its 304; the answer
             // is stored all the same (its fill does not need this client).
@@ -175,10 +194,11 @@ impl Cache {
     }
 }
 
-/// Whether a request may lead the others for its key upstream: not with credentials,
-/// which may shape its answer (looked at only when a request goes upstream: a hit does
-/// not pay for it).
-fn may_lead(parts: &Parts) -> bool {
-    !parts.headers.contains_key(header::AUTHORIZATION)
-        && !parts.headers.contains_key(header::PROXY_AUTHORIZATION)
+/// The flight of a key: requests with credentials have one of their own.
+fn flight_of(key: &str, credentials: bool) -> String {
+    if credentials {
+        format!("{key}\u{0}credentials")
+    } else {
+        key.to_string()
+    }
 }

@@ -307,12 +307,21 @@ impl Gateway {
             https: ctx.conn.listener.tls.is_some(),
         };
         let overridden = cache::overrides_method(&parts.headers);
+        // A GET or HEAD the cache will not answer (a bypass, a key that passes) goes
+        // upstream, which a client asking `only-if-cached` does not want.
+        let not_cached = || {
+            matches!(parts.method, Method::GET | Method::HEAD)
+                && cache::only_if_cached(&parts.headers)
+        };
         if !(matches!(parts.method, Method::GET | Method::HEAD)
             && body.is_end_stream()
             && !overridden)
         {
             // One taken upstream as an unsafe method the route takes may have changed the
             // resource: its success invalidates the URI as that method's does.
+            if not_cached() {
+                return Ok(cache::not_cached());
+            }
             let writes = cache::is_unsafe(&parts.method)
                 || (overridden
                     && cache::overrides_to_unsafe(&parts.headers, |m| {
@@ -335,6 +344,9 @@ impl Gateway {
         }
         let key = cache::Key::of(&ask, &parts);
         if self.cache.passes(&key, ask.now_ns) {
+            if not_cached() {
+                return Ok(cache::not_cached());
+            }
             // Nothing to look up or store: the plain path, as without a cache.
             let mut resp = forward_timed(ctx, route, parts, body, hop)
                 .await?
