@@ -10,6 +10,7 @@
 mod answer;
 mod api;
 mod consumers;
+mod purge;
 mod strict;
 
 use answer::{answer, error, json, Answer, JSON};
@@ -182,7 +183,7 @@ async fn handle(
         "/config" => api::config(gw),
         "/reload" => api::reload(gw).await,
         "/cache" => api::cache(gw),
-        "/cache/purge" => api::purge(gw, req).await,
+        "/cache/purge" => purge::purge(gw, req).await,
         "/analytics" => api::analytics(gw, req.uri().query()).await,
         "/top" => api::top(gw).await,
         "/series" => json(

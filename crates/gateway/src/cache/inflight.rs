@@ -7,7 +7,7 @@ use super::store::Store;
 use crate::exchange::{Parts, Refusal};
 use crate::upstream::PooledBody;
 use http::header::{self, HeaderMap};
-use http::{Method, Response};
+use http::Response;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
@@ -127,17 +127,6 @@ pub fn went_upstream<B>(resp: &http::Response<B>) -> bool {
         let has = |n: &[u8]| v.windows(n.len()).any(|w| w == n);
         has(b"fwd=") && !has(b"collapsed")
     })
-}
-
-/// Whether the method's success invalidates what is stored for its URI (RFC 9111 §4.4):
-/// every method not defined as safe, unknown ones (`M-SEARCH`, a client's `PURGE`) among
-/// them. Purging by name is an admin action; a client's `PURGE` only invalidates its URI,
-/// as any unsafe request does.
-pub fn is_unsafe(m: &Method) -> bool {
-    !matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
-    )
 }
 
 /// The path and query a `Location` or `Content-Location` names on `host`, resolved

@@ -145,7 +145,7 @@ pub fn overrides_to_unsafe(req: &Fields, allows: impl Fn(&Method) -> bool) -> bo
     req.iter().any(|(n, v)| {
         is_override(n)
             && Method::from_bytes(v.as_bytes().trim_ascii().to_ascii_uppercase().as_slice())
-                .is_ok_and(|m| super::inflight::is_unsafe(&m) && allows(&m))
+                .is_ok_and(|m| is_unsafe(&m) && allows(&m))
     })
 }
 
@@ -438,6 +438,17 @@ pub fn push_key_bytes(out: &mut String, b: &[u8]) {
             }
         }
     }
+}
+
+/// Whether the method's success invalidates what is stored for its URI (RFC 9111 §4.4):
+/// every method not defined as safe, unknown ones (`M-SEARCH`, a client's `PURGE`) among
+/// them. Purging by name is an admin action; a client's `PURGE` only invalidates its URI,
+/// as any unsafe request does.
+pub fn is_unsafe(m: &Method) -> bool {
+    !matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
 }
 
 #[cfg(test)]

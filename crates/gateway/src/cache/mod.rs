@@ -28,6 +28,6 @@ pub mod store;
 pub use answer::{forwarded, only_if_cached as not_cached, own_status, CACHE_STATUS};
 pub use fill::PASS_STATUS;
 pub(crate) use inflight::resolve;
-pub use inflight::{is_unsafe, went_upstream};
+pub use inflight::went_upstream;
 pub use inflight::{Cache, Fetch, Keying, Purge};
-pub use key::{only_if_cached, overrides_method, overrides_to_unsafe, Ask, Key};
+pub use key::{is_unsafe, only_if_cached, overrides_method, overrides_to_unsafe, Ask, Key};
