@@ -811,6 +811,62 @@ async fn waiting_requests_go_upstream_together_when_the_refresh_may_not_be_store
     assert_eq!(done, 20);
 }
 
+#[tokio::test]
+async fn waiting_requests_go_upstream_together_when_a_304_cannot_refresh_for_them() {
+    let (backend, mut arrived, release) = gated_backend_with(|req, n| {
+        let conditional = req.headers().contains_key("if-none-match");
+        let mut r = hyper::Response::new(if conditional {
+            String::new()
+        } else {
+            format!("n={n}")
+        });
+        if conditional {
+            *r.status_mut() = http::StatusCode::NOT_MODIFIED;
+        }
+        let h = r.headers_mut();
+        // Public at first (stored for requests with credentials too); the 304s are not.
+        let cc = if n == 1 {
+            "public, max-age=1"
+        } else {
+            "max-age=60"
+        };
+        h.insert("cache-control", http::HeaderValue::from_static(cc));
+        h.insert("etag", http::HeaderValue::from_static("\"v1\""));
+        (r, n > 1)
+    })
+    .await;
+    let cfg = config(backend, true, "").replace("response_timeout: 2s", "response_timeout: 20s");
+    let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
+    let auth: &'static [(&'static str, &'static str)] = &[("Authorization", "Bearer u")];
+    let first = bounded("first", burst_with(&gw, "/e", 1, auth).remove(0))
+        .await
+        .expect("join");
+    assert_eq!(first.body, "n=1");
+    clock.advance(Duration::from_secs(5));
+    let calls = burst_with(&gw, "/e", 10, auth);
+    bounded("revalidation upstream", arrived.recv()).await;
+    waiting(&gw, 9).await;
+    release.notify_one();
+    // The 304 may not refresh what others are served: they ask for themselves, together.
+    for _ in 0..9 {
+        bounded("the others upstream together", arrived.recv()).await;
+    }
+    for call in calls {
+        let a = bounded("answer", async {
+            loop {
+                release.notify_one();
+                if call.is_finished() {
+                    return call.await;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("join");
+        assert_eq!(a.status, 200);
+    }
+}
+
 /// A backend whose first answer to `path` is `first` (with `Cache-Control: cc`), then `later`
 /// after a release; unsafe methods are answered at once.
 async fn stale_backend(

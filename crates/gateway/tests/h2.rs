@@ -381,14 +381,14 @@ async fn a_client_with_a_small_window_that_gives_it_back_is_served_on() {
     let s = TcpStream::connect(g.addr).await.expect("connect");
     let (mut r, mut w) = s.into_split();
     let mut out = PREFACE.to_vec();
-    // SETTINGS_INITIAL_WINDOW_SIZE 4096: a small window, given back every 400 ms — less
-    // than 16 KiB a second, more than a trickle.
+    // SETTINGS_INITIAL_WINDOW_SIZE 4096: a small window, given back every 100 ms as a
+    // reading client does (40 KiB a second: past the 16 KiB a send_timeout asks).
     out.extend(frame(0x4, 0, 0, &[0, 0x4, 0, 0, 0x10, 0]));
     out.extend(frame(0x1, 0x5, 1, GET_ROOT));
     w.write_all(&out).await.expect("write");
     let give = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_millis(400));
-        for _ in 0..8 {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+        for _ in 0..32 {
             tick.tick().await;
             let mut f = frame(0x8, 0, 1, &4096u32.to_be_bytes());
             f.extend(frame(0x8, 0, 0, &4096u32.to_be_bytes()));

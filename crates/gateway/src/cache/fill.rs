@@ -152,10 +152,12 @@ impl Cache {
                 // credentials (theirs too: they share its flight) as well; one cut off
                 // by an invalidation lets one of them fetch again.
                 if let Some(l) = &leader {
+                    if born.unchanged() && !l.key.starts_with(REFRESH) {
+                        // Answers to credentials mark their own flight only.
+                        self.store.mark_uncacheable(&l.key, ask.now_ns);
+                    }
                     if has_credentials(&sent.headers) {
                         l.pass();
-                    } else if born.unchanged() && !l.key.starts_with(REFRESH) {
-                        self.store.mark_uncacheable(&l.key, ask.now_ns);
                     }
                 }
                 drop(leader);

@@ -153,7 +153,14 @@ impl Cache {
                         self.store.put(varies, key, fresh);
                         Ok(r)
                     }
-                    None => Ok(answer(&e, &parts, now, status)),
+                    None => {
+                        // Not refreshed (a 304 to credentials that is not theirs to share,
+                        // or one saying `no-store`): the waiting ones ask for themselves.
+                        if let Some(l) = &leader {
+                            l.pass();
+                        }
+                        Ok(answer(&e, &parts, now, status))
+                    }
                 }
             }
             Ok(resp) if resp.status().is_server_error() && stale_ok => {
@@ -167,6 +174,9 @@ impl Cache {
             Ok(resp) => {
                 m.misses.fetch_add(1, Ordering::Relaxed);
                 if parts.method == Method::HEAD {
+                    if let Some(l) = &leader {
+                        l.pass();
+                    }
                     return Ok(with_status(
                         resp.map(http_body_util::Either::Left),
                         STALE_PASSED,

@@ -39,9 +39,6 @@ impl Cache {
         // The request waited for said to go upstream without waiting again (it failed,
         // or its answer was its credentials' own): as they all did before.
         let mut released = false;
-        // Requests with credentials wait for and lead one another only: an answer to
-        // credentials may be theirs alone, and one such request must not lead the others.
-        let credentials = has_credentials(&parts.headers);
         loop {
             let may_wait = !released && deadline.is_none_or(|d| Instant::now() < d);
             // Checked again after waiting for another request's answer, which may have
@@ -99,8 +96,15 @@ impl Cache {
                     return Ok(answer::only_if_cached());
                 }
                 // Stale: one request asks the upstream, the others wait for its answer.
+                // Requests with credentials wait for and lead one another only: an answer
+                // to credentials may be theirs alone (read here: a hit does not pay for it).
+                let credentials = has_credentials(&parts.headers);
                 let flight = flight_of(vary_key.as_deref().unwrap_or(&plain), credentials);
-                match self.turn(&flight, may_wait) {
+                if credentials && self.store.is_uncacheable(&flight, ask.now_ns) {
+                    return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
+                }
+                let may_lead = parts.method != Method::HEAD;
+                match self.turn(&flight, may_wait, may_lead) {
                     Turn::Wait(rx) => {
                         let until = *deadline.get_or_insert_with(|| Instant::now() + ask.wait);
                         let said = self.wait_for(rx, until).await;
@@ -120,7 +124,13 @@ impl Cache {
             // A miss: wait for a request already on its way upstream for this key.
             // Of a URI known to vary, the key is the variant's: another variant's miss is
             // not this one's answer, and its answer being private says nothing of this.
+            let credentials = has_credentials(&parts.headers);
             let flight = flight_of(vary_key.as_deref().unwrap_or(plain.as_str()), credentials);
+            // The last answer to credentials for the key could not be stored: theirs go
+            // straight upstream a while, without waiting for one another.
+            if credentials && self.store.is_uncacheable(&flight, ask.now_ns) {
+                return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
+            }
             if asks(&parts.headers, "only-if-cached") {
                 return Ok(answer::only_if_cached());
             }
@@ -129,7 +139,7 @@ impl Cache {
                     .straight_upstream(&*up(), parts, miss.status(false))
                     .await;
             }
-            let leader = match self.turn(&flight, may_wait) {
+            let leader = match self.turn(&flight, may_wait, true) {
                 Turn::Wait(rx) => {
                     let until = *deadline.get_or_insert_with(|| Instant::now() + ask.wait);
                     let said = self.wait_for(rx, until).await;
@@ -175,9 +185,10 @@ impl Cache {
             );
             // Only what the upstream answered decides for the key: not an answer shaped by
             // the client's own credentials.
+            // (Requests with credentials have a flight, and so a marker, of their own.)
             if stored {
                 self.store.cacheable_again(&flight);
-            } else if !credentials {
+            } else {
                 self.store.mark_uncacheable(&flight, ask.now_ns);
             }
             // A client whose conditional the answer satisfies gets its 304; the answer

@@ -12,15 +12,13 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body::Body;
 use std::future::Future;
 
-/// At most what an answer waiting on the client's window must send before its wait ends
-/// (the largest frame a client must take, RFC 9113 §4.2): a reading client gives that
-/// much at once; one giving a byte at a time holds the stream (and the upstream
-/// connection behind it) only until `send_timeout`.
+/// What an answer waiting on the client's window must send before its wait ends (the
+/// largest frame a client must take, RFC 9113 §4.2): a stream moves at least that much, or
+/// the whole piece waiting, per `send_timeout` (273 bytes a second at the default 60 s).
+/// Not less for a client that asks for a smaller window: it would choose its own bar. One
+/// giving a byte at a time holds the stream (and the upstream connection behind it) only
+/// until `send_timeout`.
 const PROGRESS: usize = 16_384;
-
-/// At least that: a client that asks for a window of nothing (and then gives bytes)
-/// must still give this much.
-const MIN_PROGRESS: usize = 1_024;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -156,18 +154,8 @@ where
         }
     }
 
-    /// What a waiting stream must send for its wait to end: half the window the client
-    /// asked for, between [`MIN_PROGRESS`] and [`PROGRESS`], so that a client with a small
-    /// window that reads promptly is never taken for one that gives a byte at a time.
-    fn progress(peer_window: i64) -> usize {
-        usize::try_from(peer_window / 2)
-            .unwrap_or(0)
-            .clamp(MIN_PROGRESS, PROGRESS)
-    }
-
     /// Sends what stream `id`'s body has and the windows allow; true while it has more.
     pub(super) fn pump(&mut self, cx: &mut Context<'_>, id: u32) -> bool {
-        let progress = Self::progress(self.peer_window);
         loop {
             let Some(st) = self.streams.get_mut(&id) else {
                 return false;
@@ -207,7 +195,7 @@ where
                         // TCP socket is not writable again for one byte): the wait ends
                         // once a frame's worth, or the whole piece waiting, has gone.
                         st.sent_blocked += n;
-                        if st.sent_blocked >= progress.min(data.len()) {
+                        if st.sent_blocked >= PROGRESS.min(data.len()) {
                             st.blocked_since = None;
                             st.sent_blocked = 0;
                         }
