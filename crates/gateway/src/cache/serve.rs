@@ -33,11 +33,12 @@ impl Cache {
         let mut upstream_failed = false;
         // Waiting ends here, one `ask.wait` after it began, however many requests this
         // one waits for in turn (as nginx's `proxy_cache_lock_timeout`): when the answer
-        // it waited for is no use to it (another variant's, one cut off, one to a request
-        // with credentials), the waiting requests choose one of them to go upstream next.
+        // it waited for is no use to it (another variant's, one cut off), the waiting
+        // requests choose one of them to go upstream next.
         let mut deadline: Option<Instant> = None;
-        // The request waited for said to go upstream without waiting again (it failed,
-        // or its answer was its credentials' own): as they all did before.
+        // The request waited for said to go upstream without waiting again: it failed, or
+        // its answer serves none of them and another's would fare no better (one to
+        // credentials not stored, a 304 that could not refresh, a HEAD's).
         let mut released = false;
         loop {
             let may_wait = !released && deadline.is_none_or(|d| Instant::now() < d);
@@ -124,15 +125,15 @@ impl Cache {
             // A miss: wait for a request already on its way upstream for this key.
             // Of a URI known to vary, the key is the variant's: another variant's miss is
             // not this one's answer, and its answer being private says nothing of this.
+            if asks(&parts.headers, "only-if-cached") {
+                return Ok(answer::only_if_cached());
+            }
             let credentials = has_credentials(&parts.headers);
             let flight = flight_of(vary_key.as_deref().unwrap_or(plain.as_str()), credentials);
             // The last answer to credentials for the key could not be stored: theirs go
             // straight upstream a while, without waiting for one another.
             if credentials && self.store.is_uncacheable(&flight, ask.now_ns) {
                 return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
-            }
-            if asks(&parts.headers, "only-if-cached") {
-                return Ok(answer::only_if_cached());
             }
             if parts.method == Method::HEAD || shapes_its_answer(&parts.headers) {
                 return self
