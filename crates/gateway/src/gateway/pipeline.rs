@@ -317,11 +317,11 @@ impl Gateway {
             && body.is_end_stream()
             && !overridden)
         {
-            // One taken upstream as an unsafe method the route takes may have changed the
-            // resource: its success invalidates the URI as that method's does.
             if not_cached() {
                 return Ok(cache::not_cached());
             }
+            // One taken upstream as an unsafe method the route takes may have changed the
+            // resource: its success invalidates the URI as that method's does.
             let writes = cache::is_unsafe(&parts.method)
                 || (overridden
                     && cache::overrides_to_unsafe(&parts.headers, |m| {
