@@ -26,25 +26,11 @@ impl Cache {
         let uri = &plain[..key.uri_len];
         let url = &plain[key.url_start..key.uri_len];
         let m = &self.store.metrics;
-        let mut collapsed = false;
-        // The key of the request this one waited for, if it did.
-        let mut waited: Option<String> = None;
-        // The request this one waited for found the upstream failing.
-        let mut upstream_failed = false;
-        // Waiting ends here, one `ask.wait` after it began, however many requests this
-        // one waits for in turn (as nginx's `proxy_cache_lock_timeout`): when the answer
-        // it waited for is no use to it (another variant's, one cut off), the waiting
-        // requests choose one of them to go upstream next.
-        let mut deadline: Option<Instant> = None;
-        // The request waited for said to go upstream without waiting again: it failed, or
-        // its answer serves none of them and another's would fare no better (one to
-        // credentials not stored, a 304 that could not refresh, a HEAD's).
-        let mut released = false;
+        let mut w = Waiting::default();
         loop {
-            let may_wait = !released && deadline.is_none_or(|d| Instant::now() < d);
             // Checked again after waiting for another request's answer, which may have
             // found its answer could not be stored.
-            if waited
+            if w.waited
                 .as_deref()
                 .is_some_and(|k| self.store.is_uncacheable(k, ask.now_ns))
             {
@@ -68,86 +54,70 @@ impl Cache {
                     None => (None, Miss::Uri, None),
                 },
             };
-            if let Some(e) = entry {
+            if let Some(e) = &entry {
                 let now = ask.now_ns;
                 if e.is_fresh(now) {
-                    let counter = if collapsed { &m.coalesced } else { &m.hits };
+                    let counter = if w.collapsed { &m.coalesced } else { &m.hits };
                     counter.fetch_add(1, Ordering::Relaxed);
-                    let status = if collapsed {
+                    let status = if w.collapsed {
                         format!("tollgate; fwd={}; collapsed", miss.as_str())
                     } else {
                         format!("tollgate; hit; ttl={}", e.ttl(now))
                     };
-                    return Ok(answer(&e, &parts, now, status));
+                    return Ok(answer(e, &parts, now, status));
                 }
                 if e.stale_within(now, e.fresh.stale_while_revalidate) {
                     m.stale.fetch_add(1, Ordering::Relaxed);
-                    self.refresh_in_background(&ask, uri, url, &parts, &e, up());
+                    self.refresh_in_background(&ask, uri, url, &parts, e, up());
                     let status = format!("tollgate; hit; ttl={}", e.ttl(now));
-                    return Ok(answer(&e, &parts, now, status));
+                    return Ok(answer(e, &parts, now, status));
                 }
                 let stale_ok = !e.fresh.stale_if_error.is_zero()
                     && e.stale_within(now, e.fresh.stale_if_error);
-                if upstream_failed && stale_ok {
+                if w.upstream_failed && stale_ok {
                     m.stale.fetch_add(1, Ordering::Relaxed);
                     let status = "tollgate; fwd=stale; collapsed".to_string();
-                    return Ok(answer(&e, &parts, now, status));
+                    return Ok(answer(e, &parts, now, status));
                 }
-                if asks(&parts.headers, "only-if-cached") {
-                    return Ok(answer::only_if_cached());
-                }
-                // Stale: one request asks the upstream, the others wait for its answer.
-                // Requests with credentials wait for and lead one another only: an answer
-                // to credentials may be theirs alone (read here: a hit does not pay for it).
-                let credentials = has_credentials(&parts.headers);
-                let flight = flight_of(vary_key.as_deref().unwrap_or(&plain), credentials);
-                if credentials && self.store.is_uncacheable(&flight, ask.now_ns) {
-                    return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
-                }
+            }
+            // From here the upstream is needed: for a stale entry, one request asks it and
+            // the others wait for its answer; for a miss, they wait for a request already
+            // on its way upstream for the key. Of a URI known to vary, the key is the
+            // variant's: another variant's miss is not this one's answer, and its answer
+            // being private says nothing of this.
+            if asks(&parts.headers, "only-if-cached") {
+                return Ok(answer::only_if_cached());
+            }
+            // Requests with credentials wait for and lead one another only: an answer to
+            // credentials may be theirs alone (read here: a hit does not pay for it).
+            let credentials = has_credentials(&parts.headers);
+            let flight = flight_of(vary_key.as_deref().unwrap_or(&plain), credentials);
+            // The last answer to credentials for the key could not be stored: theirs go
+            // straight upstream a while, without waiting for one another.
+            if credentials && self.store.is_uncacheable(&flight, ask.now_ns) {
+                return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
+            }
+            if let Some(e) = entry {
+                // A HEAD's fetch is no GET's: it waits, but does not lead.
                 let may_lead = parts.method != Method::HEAD;
-                match self.turn(&flight, may_wait, may_lead) {
-                    Turn::Wait(rx) => {
-                        let until = *deadline.get_or_insert_with(|| Instant::now() + ask.wait);
-                        let said = self.wait_for(rx, until).await;
-                        upstream_failed = said == Outcome::Failed;
-                        released |= said != Outcome::Pending;
-                        collapsed = true;
-                        waited = Some(flight);
-                        continue;
-                    }
+                match self.turn(&flight, w.may_wait(), may_lead) {
+                    Turn::Wait(rx) => w.on(self, rx, flight, ask.wait).await,
                     Turn::Go(leader) => {
                         return self
                             .revalidate(&ask, (uri, url), parts, e, up(), leader)
                             .await;
                     }
                 }
-            }
-            // A miss: wait for a request already on its way upstream for this key.
-            // Of a URI known to vary, the key is the variant's: another variant's miss is
-            // not this one's answer, and its answer being private says nothing of this.
-            if asks(&parts.headers, "only-if-cached") {
-                return Ok(answer::only_if_cached());
-            }
-            let credentials = has_credentials(&parts.headers);
-            let flight = flight_of(vary_key.as_deref().unwrap_or(plain.as_str()), credentials);
-            // The last answer to credentials for the key could not be stored: theirs go
-            // straight upstream a while, without waiting for one another.
-            if credentials && self.store.is_uncacheable(&flight, ask.now_ns) {
-                return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
+                continue;
             }
             if parts.method == Method::HEAD || shapes_its_answer(&parts.headers) {
                 return self
                     .straight_upstream(&*up(), parts, miss.status(false))
                     .await;
             }
-            let leader = match self.turn(&flight, may_wait, true) {
+            let leader = match self.turn(&flight, w.may_wait(), true) {
                 Turn::Wait(rx) => {
-                    let until = *deadline.get_or_insert_with(|| Instant::now() + ask.wait);
-                    let said = self.wait_for(rx, until).await;
-                    upstream_failed = said == Outcome::Failed;
-                    released |= said != Outcome::Pending;
-                    collapsed = true;
-                    waited = Some(flight);
+                    w.on(self, rx, flight, ask.wait).await;
                     continue;
                 }
                 Turn::Go(leader) => leader,
@@ -184,9 +154,8 @@ impl Cache {
                 miss.status(true),
                 miss.status(false),
             );
-            // Only what the upstream answered decides for the key: not an answer shaped by
-            // the client's own credentials.
-            // (Requests with credentials have a flight, and so a marker, of their own.)
+            // Only what the upstream answered decides for the key (requests with
+            // credentials have a flight, and so a marker, of their own).
             if stored {
                 self.store.cacheable_again(&flight);
             } else {
@@ -203,6 +172,49 @@ impl Cache {
             }
             return Ok(resp);
         }
+    }
+}
+
+/// How a request has waited for other requests' fetches of its key.
+#[derive(Default)]
+struct Waiting {
+    /// It waited at least once.
+    collapsed: bool,
+    /// The flight it last waited for.
+    waited: Option<String>,
+    /// The request it waited for found the upstream failing.
+    upstream_failed: bool,
+    /// Waiting ends here, one `ask.wait` after it began, however many requests it waits
+    /// for in turn (as nginx's `proxy_cache_lock_timeout`): when the answer it waited for
+    /// is no use to it (another variant's, one cut off), the waiting requests choose one
+    /// of them to go upstream next.
+    deadline: Option<Instant>,
+    /// The request waited for said to go upstream without waiting again: it failed, or
+    /// its answer serves none of them and another's would fare no better (one to
+    /// credentials not stored, a 304 that could not refresh, a HEAD's).
+    released: bool,
+}
+
+impl Waiting {
+    fn may_wait(&self) -> bool {
+        !self.released && self.deadline.is_none_or(|d| Instant::now() < d)
+    }
+
+    /// Waits for the request on its way upstream for `flight` (`rx`), at most `wait`
+    /// after the first wait began, and notes what it said.
+    async fn on(
+        &mut self,
+        cache: &Cache,
+        rx: tokio::sync::watch::Receiver<Outcome>,
+        flight: String,
+        wait: std::time::Duration,
+    ) {
+        let until = *self.deadline.get_or_insert_with(|| Instant::now() + wait);
+        let said = cache.wait_for(rx, until).await;
+        self.upstream_failed = said == Outcome::Failed;
+        self.released |= said != Outcome::Pending;
+        self.collapsed = true;
+        self.waited = Some(flight);
     }
 }
 
