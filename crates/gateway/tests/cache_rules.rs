@@ -68,6 +68,11 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_trusting(false).await
+}
+
+/// [`setup`], its listener trusting 127.0.0.1 as a proxy when `trusted`.
+async fn setup_trusting(trusted: bool) -> Setup {
     // Bodies name the count of requests the backend saw.
     let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let c2 = count.clone();
@@ -92,6 +97,14 @@ routes:
     cache: {default_ttl: 10s, shared: true}
 "#,
     );
+    let cfg = if trusted {
+        cfg.replace(
+            "listeners: [{address: \"127.0.0.1:0\"}]",
+            "listeners: [{address: \"127.0.0.1:0\", trusted_proxies: [127.0.0.1]}]",
+        )
+    } else {
+        cfg
+    };
     let (gw, clock) = TestGateway::with_manual_clock(&cfg).await;
     Setup {
         gw,
@@ -265,35 +278,18 @@ async fn if_modified_since_is_judged_by_date_without_last_modified() {
 
 #[tokio::test]
 async fn a_trusted_proxys_scheme_keys_as_the_listeners_own() {
-    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let c2 = count.clone();
-    let (backend, _, _) = scripted_backend(move |h, _| {
-        let n = c2.fetch_add(1, Ordering::SeqCst) + 1;
-        answer(h, n)
-    })
-    .await;
-    let cfg = yaml(
-        backend,
-        "cache: {max_size: 1MiB}\nroutes:\n  - {name: all, path_prefix: /, upstream: backend, cache: {default_ttl: 10s, shared: true}}\n",
-    )
-    .replace(
-        "listeners: [{address: \"127.0.0.1:0\"}]",
-        "listeners: [{address: \"127.0.0.1:0\", trusted_proxies: [127.0.0.1]}]",
-    );
-    let (gw, _clock) = TestGateway::with_manual_clock(&cfg).await;
-    let c = TestClient::default();
-    let get = |h: &'static [(&'static str, &'static str)]| {
-        let (c, url) = (c.clone(), gw.url("/x"));
-        async move { c.request(http::Method::GET, &url, h, "").await }
-    };
-    assert_eq!(get(&[]).await.body, "n=1");
+    let s = setup_trusting(true).await;
+    assert_eq!(s.get("/x", &[]).await.body, "n=1");
     // `X-Forwarded-Proto: http` from a trusted proxy is the scheme the listener has.
-    let via = get(&[("X-Forwarded-Proto", "http")]).await;
+    let via = s.get("/x", &[("X-Forwarded-Proto", "http")]).await;
     assert!(
         via.header("cache-status").contains("hit"),
         "{:?}",
         via.headers
     );
     assert_eq!(via.body, "n=1");
-    assert_eq!(get(&[("X-Forwarded-Proto", "https")]).await.body, "n=2");
+    assert_eq!(
+        s.get("/x", &[("X-Forwarded-Proto", "https")]).await.body,
+        "n=2"
+    );
 }

@@ -46,6 +46,20 @@ async fn admin(addr: SocketAddr, method: Method, path: &str, body: Option<Value>
     (a.status.as_u16(), v)
 }
 
+/// A gateway of [`config`] keeping its change log in a folder of its own (`dir`, removed
+/// by the test), and its admin API with the token.
+async fn managed_gateway(name: &str) -> (std::path::PathBuf, TestGateway, SocketAddr) {
+    let dir = tempdir(name);
+    let (backend, _) = inspect_backend().await;
+    let gw = TestGateway::start(
+        &config(backend, &dir.join("consumers.changes")),
+        SystemClock::new(),
+    )
+    .await;
+    let ad = start_admin(&gw.gw, Some(TOKEN)).await;
+    (dir, gw, ad)
+}
+
 async fn call(gw: &TestGateway, path: &str, key: &str) -> Answer {
     TestClient::default()
         .request(Method::GET, &gw.url(path), &[("x-api-key", key)], "")
@@ -566,14 +580,7 @@ routes:
 
 #[tokio::test]
 async fn a_consumer_may_be_put_with_its_name_and_plain_keys_and_leaves_the_list_when_deleted() {
-    let dir = tempdir("managed-kong-style");
-    let (backend, _) = inspect_backend().await;
-    let gw = TestGateway::start(
-        &config(backend, &dir.join("consumers.changes")),
-        SystemClock::new(),
-    )
-    .await;
-    let ad = start_admin(&gw.gw, Some(TOKEN)).await;
+    let (dir, gw, ad) = managed_gateway("managed-kong-style").await;
     // The name again in the body, and a key as the caller will send it.
     let (s, v) = admin(
         ad,
@@ -681,14 +688,7 @@ async fn the_change_log_does_not_move_under_a_running_gateway_nor_get_left_behin
 
 #[tokio::test]
 async fn a_body_past_the_limit_gets_413() {
-    let dir = tempdir("managed-large-body");
-    let (backend, _) = inspect_backend().await;
-    let gw = TestGateway::start(
-        &config(backend, &dir.join("consumers.changes")),
-        SystemClock::new(),
-    )
-    .await;
-    let ad = start_admin(&gw.gw, Some(TOKEN)).await;
+    let (dir, _gw, ad) = managed_gateway("managed-large-body").await;
     let big = json!({"plan": "gold", "metadata": {"pad": "x".repeat(300 * 1024)}});
     let (s, v) = admin(ad, Method::PUT, "/consumers/bob", Some(big)).await;
     assert_eq!(s, 413, "{v}");
