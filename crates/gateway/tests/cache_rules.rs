@@ -1,6 +1,6 @@
 //! The cache's finer RFC 9111 rules: a 304 without `Date`, relative `Location`s, an empty
 //! varying header, method overrides, `only-if-cached`, `Surrogate-Control` on answers not
-//! stored, `If-Modified-Since` against `Date`.
+//! stored, `If-Modified-Since` against `Date`, HEAD and `Range` misses fetched whole.
 
 mod common;
 
@@ -51,6 +51,12 @@ fn answer(head: &str, n: usize) -> (Vec<u8>, bool) {
             "Cache-Control: max-age=60\r\nSurrogate-Control: no-store\r\n",
             &body,
         ),
+        "/digits" => reply(
+            "200 OK",
+            "Cache-Control: max-age=60\r\nETag: \"d\"\r\n",
+            "0123456789",
+        ),
+        "/private-digits" => reply("200 OK", "Cache-Control: private\r\n", "0123456789"),
         "/date-only" => reply(
             "200 OK",
             "Date: Thu, 01 Jan 1970 00:00:00 GMT\r\nCache-Control: max-age=60\r\n",
@@ -64,6 +70,8 @@ struct Setup {
     gw: TestGateway,
     clock: std::sync::Arc<tollgate_gateway::ManualClock>,
     requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The request heads the backend got, in order.
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     c: TestClient,
 }
 
@@ -76,8 +84,11 @@ async fn setup_trusting(trusted: bool) -> Setup {
     // Bodies name the count of requests the backend saw.
     let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let c2 = count.clone();
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let h2 = heads.clone();
     let (backend, _, _) = scripted_backend(move |h, _| {
         let n = c2.fetch_add(1, Ordering::SeqCst) + 1;
+        h2.lock().expect("heads").push(h.to_string());
         answer(h, n)
     })
     .await;
@@ -110,6 +121,7 @@ routes:
         gw,
         clock,
         requests: count,
+        heads,
         c: TestClient::default(),
     }
 }
@@ -119,6 +131,16 @@ impl Setup {
         self.c
             .request(http::Method::GET, &self.gw.url(path), headers, "")
             .await
+    }
+
+    /// The last request head the backend got.
+    fn last_head(&self) -> String {
+        self.heads
+            .lock()
+            .expect("heads")
+            .last()
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn upstream(&self) -> usize {
@@ -292,4 +314,65 @@ async fn a_trusted_proxys_scheme_keys_as_the_listeners_own() {
         s.get("/x", &[("X-Forwarded-Proto", "https")]).await.body,
         "n=2"
     );
+}
+
+#[tokio::test]
+async fn a_head_miss_fetches_the_whole_get_and_stores_it() {
+    let s = setup().await;
+    let head = |path: &'static str| {
+        let url = s.gw.url(path);
+        let c = &s.c;
+        async move { c.request(http::Method::HEAD, &url, &[], "").await }
+    };
+    let a = head("/h").await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (200, ""));
+    assert_eq!(a.header("content-length"), "3", "{:?}", a.headers);
+    assert_eq!(a.header("cache-status"), "tollgate; fwd=uri-miss; stored");
+    assert!(s.last_head().starts_with("GET /h "), "{}", s.last_head());
+    assert_eq!(s.get("/h", &[]).await.body, "n=1");
+    assert_eq!(head("/h").await.header("content-length"), "3");
+    assert_eq!(s.upstream(), 1);
+    // A stale entry is refreshed by a HEAD as by a GET: whole, and stored.
+    s.clock.advance(Duration::from_secs(120));
+    assert_eq!(head("/h").await.status, 200);
+    assert!(s.last_head().starts_with("GET /h "), "{}", s.last_head());
+    assert_eq!(s.get("/h", &[]).await.body, "n=2");
+    assert_eq!(s.upstream(), 2);
+}
+
+#[tokio::test]
+async fn a_range_miss_fetches_the_whole_answer_and_serves_its_part() {
+    let s = setup().await;
+    let a = s.get("/digits", &[("Range", "bytes=2-4")]).await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (206, "234"));
+    assert_eq!(a.header("content-range"), "bytes 2-4/10");
+    let sent = s.last_head().to_ascii_lowercase();
+    assert!(!sent.contains("range:"), "{sent}");
+    assert_eq!(s.get("/digits", &[]).await.body, "0123456789");
+    assert_eq!(s.upstream(), 1);
+    // Past the end: 416, and the whole answer stored all the same.
+    let a = s.get("/digits?b", &[("Range", "bytes=20-")]).await;
+    assert_eq!(a.status, 416);
+    assert_eq!(a.header("content-range"), "bytes */10");
+    assert_eq!(s.get("/digits?b", &[]).await.body, "0123456789");
+    assert_eq!(s.upstream(), 2);
+    // A suffix; an `If-Range` that does not hold gets the whole answer.
+    let a = s.get("/digits?c", &[("Range", "bytes=-3")]).await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (206, "789"));
+    let other = [("Range", "bytes=0-0"), ("If-Range", "\"other\"")];
+    let a = s.get("/digits?d", &other).await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "0123456789"));
+    let held = [("Range", "bytes=9-"), ("If-Range", "\"d\"")];
+    let a = s.get("/digits?e", &held).await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (206, "9"));
+    // An answer that is not stored is cut to the range too; then the key passes, and a
+    // range goes upstream as the client sent it (this backend ignores it).
+    let range = [("Range", "bytes=1-2")];
+    let a = s.get("/private-digits", &range).await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (206, "12"));
+    let a = s.get("/private-digits", &range).await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "0123456789"));
+    let sent = s.last_head().to_ascii_lowercase();
+    assert!(sent.contains("range: bytes=1-2"), "{sent}");
+    assert_eq!(s.upstream(), 7);
 }

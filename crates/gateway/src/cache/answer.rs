@@ -150,25 +150,63 @@ pub(crate) fn byte_range(req: &Fields, len: usize) -> Option<Result<std::ops::Ra
     Some(Ok(start..end.min(len - 1) + 1))
 }
 
-/// Whether `If-Range` lets a range of `e` be served (RFC 9110 §13.1.5): its strong
-/// entity tag or its exact `Last-Modified` date.
-pub(super) fn if_range_holds(req: &Fields, e: &Entry) -> bool {
+/// Whether `If-Range` lets a range of an answer with `headers` be served (RFC 9110
+/// §13.1.5): its strong entity tag or its exact `Last-Modified` date.
+pub(super) fn if_range_holds(req: &Fields, headers: &HeaderMap) -> bool {
     let Some(v) = req.get(header::IF_RANGE) else {
         return true;
     };
     let v = v.as_bytes();
     if v.starts_with(b"\"") {
-        return e
-            .headers
-            .get(header::ETAG)
-            .is_some_and(|t| t.as_bytes() == v);
+        return headers.get(header::ETAG).is_some_and(|t| t.as_bytes() == v);
     }
     if v.starts_with(b"W/") {
         return false;
     }
-    e.headers
+    headers
         .get(header::LAST_MODIFIED)
         .is_some_and(|t| t.as_bytes() == v)
+}
+
+/// The byte range `asked` (the client's `Range` and `If-Range`) of an upstream's whole
+/// 200 as it streams: a 206 with that part, or a 416 past its end, as nginx's range
+/// filter answers a miss it fetched whole. The whole answer when its length is not known
+/// or the range is not one this cache serves (see [`byte_range`]).
+pub(super) fn part_of(resp: Response<Body>, asked: &Fields) -> Response<Body> {
+    let h = resp.headers();
+    let len = h
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let (Some(len), true) = (len, resp.status() == StatusCode::OK) else {
+        return resp;
+    };
+    let whole = usize::try_from(len).unwrap_or(usize::MAX);
+    let range = byte_range(asked, whole).filter(|_| if_range_holds(asked, h));
+    let (mut parts, body) = resp.into_parts();
+    let (content_range, body) = match (range, body) {
+        (Some(Ok(r)), http_body_util::Either::Left(b)) => {
+            parts.status = StatusCode::PARTIAL_CONTENT;
+            let (start, end) = (r.start as u64, r.end as u64);
+            let v = format!("bytes {start}-{}/{len}", end - 1);
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+            (v, http_body_util::Either::Left(b.only(start..end)))
+        }
+        (Some(Err(())), _) => {
+            // The whole answer goes on being read, and stored, without this client.
+            parts.status = StatusCode::RANGE_NOT_SATISFIABLE;
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
+            (format!("bytes */{len}"), full(Bytes::new()))
+        }
+        (_, body) => return Response::from_parts(parts, body),
+    };
+    if let Ok(v) = HeaderValue::from_str(&content_range) {
+        parts.headers.insert(header::CONTENT_RANGE, v);
+    }
+    Response::from_parts(parts, body)
 }
 
 /// The answer for `req` from `e`: whole, HEAD, 304 to a satisfied conditional request,
@@ -178,7 +216,7 @@ pub(super) fn answer(e: &Entry, req: &Parts, now_ns: u64, status: String) -> Res
     let range = (e.status == StatusCode::OK && req.method == Method::GET && !not_mod)
         .then(|| byte_range(&req.headers, e.body.len()))
         .flatten()
-        .filter(|_| if_range_holds(&req.headers, e));
+        .filter(|_| if_range_holds(&req.headers, &e.headers));
     let (code, body) = if not_mod {
         (StatusCode::NOT_MODIFIED, Bytes::new())
     } else if req.method == Method::HEAD {

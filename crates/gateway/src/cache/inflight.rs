@@ -255,9 +255,9 @@ impl Cache {
 
     /// What a request for `flight` does, decided under one lock so that of the requests
     /// let go together exactly one goes upstream: wait for the one already on its way
-    /// (while `may_wait`), or go itself, leading when `may_lead` (a leader's answer is
-    /// what the requests that come meanwhile wait for; a HEAD's is no GET's).
-    pub(super) fn turn(&self, flight: &str, may_wait: bool, may_lead: bool) -> Turn {
+    /// (while `may_wait`), or go itself as the leader (whose answer is what the requests
+    /// that come meanwhile wait for).
+    pub(super) fn turn(&self, flight: &str, may_wait: bool) -> Turn {
         let mut map = self.inflight.lock();
         if let Some(rx) = map.get(flight) {
             return if may_wait {
@@ -265,9 +265,6 @@ impl Cache {
             } else {
                 Turn::Go(None)
             };
-        }
-        if !may_lead {
-            return Turn::Go(None);
         }
         let (tx, rx) = watch::channel(Outcome::Pending);
         map.insert(flight.to_string(), rx);

@@ -149,15 +149,12 @@ pub fn overrides_to_unsafe(req: &Fields, allows: impl Fn(&Method) -> bool) -> bo
     })
 }
 
-/// Whether the request asks for a part of an answer or sets a precondition the cache does
-/// not judge itself (`Range` on a miss, `If-Match`, `If-Unmodified-Since`, `If-Range`):
-/// such a request goes upstream as it is, and what it gets is never stored nor decides
-/// anything for the key.
+/// Whether the request sets a precondition the cache does not judge itself (`If-Match`,
+/// `If-Unmodified-Since`): such a request goes upstream as it is, and what it gets is
+/// never stored nor decides anything for the key. (A `Range` is served from the whole
+/// answer, stored or fetched.)
 pub(super) fn shapes_its_answer(req: &Fields) -> bool {
-    req.contains_key(header::RANGE)
-        || req.contains_key(header::IF_MATCH)
-        || req.contains_key(header::IF_UNMODIFIED_SINCE)
-        || req.contains_key(header::IF_RANGE)
+    req.contains_key(header::IF_MATCH) || req.contains_key(header::IF_UNMODIFIED_SINCE)
 }
 
 pub(super) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");

@@ -2,7 +2,7 @@
 //! or refreshed in the background within `stale-while-revalidate`; served stale within
 //! `stale-if-error`.
 
-use super::answer::{answer, with_status};
+use super::answer::{self, answer};
 use super::control;
 use super::fill::{REFRESH, STALE_PASSED, STALE_STORED};
 use super::inflight::{Cache, Fetch, Leader};
@@ -173,27 +173,22 @@ impl Cache {
             }
             Ok(resp) => {
                 m.misses.fetch_add(1, Ordering::Relaxed);
-                if parts.method == Method::HEAD {
-                    if let Some(l) = &leader {
-                        l.pass();
-                    }
-                    return Ok(with_status(
-                        resp.map(http_body_util::Either::Left),
-                        STALE_PASSED,
-                    ));
+                // The whole GET was asked for, whatever the client asked (a HEAD, a range):
+                // stored for every client, and shaped for this one.
+                let (resp, _) = self.store_on_the_way(
+                    ask,
+                    (uri, born),
+                    url.to_string(),
+                    &sent,
+                    resp,
+                    leader,
+                    STALE_STORED,
+                    STALE_PASSED,
+                );
+                if parts.method == Method::GET && parts.headers.contains_key(header::RANGE) {
+                    return Ok(answer::part_of(resp, &parts.headers));
                 }
-                Ok(self
-                    .store_on_the_way(
-                        ask,
-                        (uri, born),
-                        url.to_string(),
-                        &sent,
-                        resp,
-                        leader,
-                        STALE_STORED,
-                        STALE_PASSED,
-                    )
-                    .0)
+                Ok(resp)
             }
             Err(refusal) if stale_ok => {
                 if let Some(l) = &leader {

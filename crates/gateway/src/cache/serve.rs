@@ -98,9 +98,7 @@ impl Cache {
                 return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
             }
             if let Some(e) = entry {
-                // A HEAD's fetch is no GET's: it waits, but does not lead.
-                let may_lead = parts.method != Method::HEAD;
-                match self.turn(&flight, w.may_wait(), may_lead) {
+                match self.turn(&flight, w.may_wait()) {
                     Turn::Wait(rx) => w.on(self, rx, flight, ask.wait).await,
                     Turn::Go(leader) => {
                         return self
@@ -110,12 +108,12 @@ impl Cache {
                 }
                 continue;
             }
-            if parts.method == Method::HEAD || shapes_its_answer(&parts.headers) {
+            if shapes_its_answer(&parts.headers) {
                 return self
                     .straight_upstream(&*up(), parts, miss.status(false))
                     .await;
             }
-            let leader = match self.turn(&flight, w.may_wait(), true) {
+            let leader = match self.turn(&flight, w.may_wait()) {
                 Turn::Wait(rx) => {
                     w.on(self, rx, flight, ask.wait).await;
                     continue;
@@ -123,15 +121,23 @@ impl Cache {
                 Turn::Go(leader) => leader,
             };
             m.misses.fetch_add(1, Ordering::Relaxed);
-            // The whole answer, whatever the client has: it is stored for every client,
-            // and a 200 answers a conditional request too (as Varnish fetches a miss).
+            // The whole answer, whatever the client asked: it is stored for every client,
+            // and a 200 answers a conditional request, a HEAD and a range too (as nginx
+            // and Varnish fetch a miss: a GET, without the client's range).
             let mut parts = parts;
-            let mut conditional = Fields::default();
-            for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+            let mut asked = Fields::default();
+            for name in [
+                header::IF_NONE_MATCH,
+                header::IF_MODIFIED_SINCE,
+                header::RANGE,
+                header::IF_RANGE,
+            ] {
                 if let Some(v) = parts.headers.remove(&name) {
-                    conditional.insert(name, v);
+                    asked.insert(name, v);
                 }
             }
+            let get = parts.method == Method::GET;
+            parts.method = Method::GET;
             let sent = parts.copy();
             let born = self.store.born(uri);
             let resp = match up().fetch(parts).await {
@@ -165,10 +171,12 @@ impl Cache {
             // is stored all the same (its fill does not need this client).
             if stored
                 && resp.status() == StatusCode::OK
-                && !conditional.is_empty()
-                && answer::satisfied(&conditional, resp.headers())
+                && answer::satisfied(&asked, resp.headers())
             {
                 return Ok(answer::not_modified_from(&resp));
+            }
+            if get && asked.contains_key(header::RANGE) {
+                return Ok(answer::part_of(resp, &asked));
             }
             return Ok(resp);
         }
@@ -191,7 +199,7 @@ struct Waiting {
     deadline: Option<Instant>,
     /// The request waited for said to go upstream without waiting again: it failed, or
     /// its answer serves none of them and another's would fare no better (one to
-    /// credentials not stored, a 304 that could not refresh, a HEAD's).
+    /// credentials not stored, a 304 that could not refresh).
     released: bool,
 }
 

@@ -25,6 +25,15 @@ pub struct PooledBody {
     /// The client connection's place for a stream holding an upstream connection, given
     /// back with the body.
     share: Option<crate::exchange::UpstreamShare>,
+    /// The byte range of the answer its client gets (a `Range` served from a whole answer).
+    part: Option<Part>,
+}
+
+/// What is left of a byte range: bytes to skip, then bytes to give.
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    skip: u64,
+    left: u64,
 }
 
 enum Inner {
@@ -108,6 +117,7 @@ impl PooledBody {
             stall: None,
             collect: None,
             share: None,
+            part: None,
         }
     }
 
@@ -118,13 +128,14 @@ impl PooledBody {
             stall: None,
             collect: None,
             share: None,
+            part: None,
         }
     }
 
     /// Hands a copy of the whole body to `c` once it has streamed to its end; a body that
     /// breaks off or outgrows the collector's limit is never handed over.
     pub fn collect_into(&mut self, c: Collector) {
-        if self.is_end_stream() {
+        if self.whole_ended() {
             c.finish();
         } else {
             self.collect = Some(Box::new(c));
@@ -147,11 +158,22 @@ impl PooledBody {
         self.collect.is_some()
     }
 
+    /// The bytes `range` of this body only: those before it are skipped, and the body ends
+    /// after it (a `Range` served from a whole answer, as nginx's range filter does).
+    /// Applied last, after [`PooledBody::read_ahead`]: what is stored is the whole.
+    pub fn only(mut self, range: std::ops::Range<u64>) -> Self {
+        self.part = Some(Part {
+            skip: range.start,
+            left: range.end.saturating_sub(range.start),
+        });
+        self
+    }
+
     /// Reads the rest of this body ahead of its reader, in a task of its own (see
     /// [`super::ahead`]): what it collects is handed over at the upstream's pace.
     pub fn read_ahead(self) -> PooledBody {
         let read_timeout = self.read_timeout;
-        if self.is_end_stream() {
+        if self.whole_ended() {
             return self;
         }
         PooledBody {
@@ -160,6 +182,7 @@ impl PooledBody {
             stall: None,
             collect: None,
             share: None,
+            part: None,
         }
     }
 
@@ -188,6 +211,61 @@ impl Body for PooledBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
+        loop {
+            let polled = this.poll_whole(cx);
+            let Some(p) = this.part.as_mut() else {
+                return polled;
+            };
+            match polled {
+                Poll::Ready(Some(Ok(frame))) => {
+                    // The whole answer's trailers are not the part's: dropped.
+                    if let Ok(mut d) = frame.into_data() {
+                        let skip = p.skip.min(d.len() as u64) as usize;
+                        p.skip -= skip as u64;
+                        bytes::Buf::advance(&mut d, skip);
+                        let take = p.left.min(d.len() as u64) as usize;
+                        d.truncate(take);
+                        p.left -= take as u64;
+                        if !d.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(d))));
+                        }
+                    }
+                    if p.left == 0 {
+                        return Poll::Ready(None);
+                    }
+                }
+                // Shorter than its length said: the part's length was a lie, and the
+                // client's connection must not be kept.
+                Poll::Ready(None) if p.left > 0 => {
+                    return Poll::Ready(Some(Err("upstream answer ended before the range".into())));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.part {
+            Some(p) if p.left == 0 => true,
+            _ => self.whole_ended(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.part {
+            Some(p) => SizeHint::with_exact(p.left),
+            None => self.whole_size(),
+        }
+    }
+}
+
+impl PooledBody {
+    /// The next frame of the whole answer, its copy taken for the cache.
+    fn poll_whole(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self;
         match this.poll_inner(cx) {
             Poll::Pending => {
                 let timeout = this.read_timeout;
@@ -218,7 +296,7 @@ impl Body for PooledBody {
                             };
                             if !fits {
                                 this.collect = None;
-                            } else if this.is_end_stream() {
+                            } else if this.whole_ended() {
                                 if let Some(c) = this.collect.take() {
                                     c.finish();
                                 }
@@ -237,7 +315,8 @@ impl Body for PooledBody {
         }
     }
 
-    fn is_end_stream(&self) -> bool {
+    /// Whether the whole answer has been read.
+    fn whole_ended(&self) -> bool {
         match &self.inner {
             Inner::Plain(body) => body.is_end_stream(),
             Inner::Raw(body) => body.is_done(),
@@ -245,7 +324,7 @@ impl Body for PooledBody {
         }
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn whole_size(&self) -> SizeHint {
         match &self.inner {
             Inner::Plain(body) => body.size_hint(),
             Inner::Raw(body) => match body.remaining() {
