@@ -49,6 +49,12 @@ impl Health {
         until == 0 || now_ms() >= until
     }
 
+    /// Whether active checks (if any) let requests go to the target, whatever passive
+    /// checks say.
+    pub fn actively_up(&self) -> bool {
+        self.active_up.load(Ordering::Relaxed)
+    }
+
     /// A request to the target failed (connect, timeout, 5xx). Returns true when this
     /// failure took the target out.
     pub fn failed(&self, cfg: &HealthConfig) -> bool {

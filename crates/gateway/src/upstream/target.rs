@@ -210,8 +210,9 @@ impl Upstream {
 
     /// The next healthy target, round-robin, with its index. When there is none: after a
     /// try that was made (`tried`), `Err(None)`, since that try's failure is the answer;
-    /// otherwise the refusal, counted and logged (for `route`) when it is for want of a
-    /// healthy target (503).
+    /// otherwise the next target active checks keep in (passive checks alone do not leave
+    /// an upstream without targets), else the refusal, counted and logged (for `route`)
+    /// when it is for want of a healthy target (503).
     pub(super) fn pick(
         &self,
         route: &str,
@@ -230,6 +231,19 @@ impl Upstream {
         }
         if tried {
             return Err(None);
+        }
+        // Passive checks alone have taken out every target active checks (if any) keep
+        // in: requests go to those anyway, round-robin, and a success brings a target
+        // back. A verdict drawn from requests, which a client can provoke (answers it
+        // makes fail), holds only while another target takes the load: nginx never
+        // takes a lone server out, and Envoy spreads over every host when too few are
+        // healthy (its panic threshold).
+        for k in 0..n {
+            let i = start.wrapping_add(k) % n;
+            if let Some(t) = self.targets.get(i).filter(|t| t.health.actively_up()) {
+                log_every_target_out(self, route);
+                return Ok((i, t));
+            }
         }
         self.stats.no_healthy.inc();
         log_no_healthy_target(self, route);
@@ -447,6 +461,19 @@ fn log_no_healthy_target(up: &Upstream, route: &str) {
     if log_due(up) {
         let targets = up.targets.len();
         tracing::info!(route, upstream = %up.cfg.name, targets, "{}", Refusal::NoHealthyTarget);
+    }
+}
+
+/// Passive checks have taken out every target: said at most once a second per upstream.
+fn log_every_target_out(up: &Upstream, route: &str) {
+    if log_due(up) {
+        let targets = up.targets.len();
+        tracing::warn!(
+            route,
+            upstream = %up.cfg.name,
+            targets,
+            "every target taken out by passive checks: requests go to them all"
+        );
     }
 }
 
