@@ -87,6 +87,34 @@ async fn a_streamed_body_that_stops_coming_gets_408() {
 }
 
 #[tokio::test]
+async fn a_body_streaming_upstream_must_bring_16_kib_per_body_timeout() {
+    let (backend, _) = inspect_backend().await;
+    let cfg = with_listener(yaml(backend, OPEN), "body_timeout: 500ms");
+    let gw = TestGateway::start(&cfg, SystemClock::new()).await;
+    let s = TcpStream::connect(gw.addr).await.expect("connect");
+    let (mut rd, mut wr) = s.into_split();
+    // Past the 64 KiB read ahead, so it streams; then a byte every 100 ms, each well
+    // within `body_timeout`: a trickle, not progress.
+    let mut first = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n".to_vec();
+    first.extend(std::iter::repeat_n(b'a', 70 * 1024));
+    wr.write_all(&first).await.expect("write");
+    let trickle = tokio::spawn(async move {
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if wr.write_all(b"a").await.is_err() {
+                return true;
+            }
+        }
+        false
+    });
+    let mut out = String::new();
+    bounded("408", rd.read_to_string(&mut out)).await.ok();
+    assert_eq!(status_of(&out), 408, "{out}");
+    assert!(!trickle.is_finished(), "answered while the trickle went on");
+    trickle.abort();
+}
+
+#[tokio::test]
 async fn an_upstream_that_stops_sending_its_body_is_cut_off_after_read_timeout() {
     // A head and half the body, then silence with the connection open.
     let (backend, _, _) = scripted_backend(|_, _| {

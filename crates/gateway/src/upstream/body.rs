@@ -116,11 +116,24 @@ impl BodyWatch {
     }
 }
 
+/// Bytes a body streaming upstream must bring within each `body_timeout` (unless it
+/// ends): a piece alone does not restart the wait. A client trickling a byte now and then
+/// would otherwise hold an upstream connection as long as it liked (1,024 of them, a
+/// target's default cap, from one HTTP/2 connection's streams and a few more); at the
+/// default 30 s this asks 546 B/s, as Kestrel's minimum request body rate asks 240 B/s.
+/// Routes with `request_buffering: false` (streams by design: small messages now and then)
+/// keep the wait per piece.
+pub const PROGRESS: u64 = 16 * 1024;
+
 /// The rest of a body still coming from the client.
 struct Rest {
     incoming: RequestBody,
     /// Bytes the body may still bring before it is too large.
     allowed: u64,
+    /// Bytes that restart the wait for the next ones ([`PROGRESS`], or 0: any piece).
+    progress: u64,
+    /// Bytes come since the wait last restarted.
+    since: u64,
     timeout: Duration,
     sleep: Pin<Box<Sleep>>,
     watch: Arc<BodyWatch>,
@@ -239,6 +252,8 @@ pub async fn receive(
     let rest = Rest {
         incoming,
         allowed: max - len,
+        progress: if stream_at_once { 0 } else { PROGRESS },
+        since: 0,
         timeout,
         sleep: Box::pin(tokio::time::sleep(timeout)),
         watch: watch.clone(),
@@ -279,10 +294,14 @@ impl Body for UpBody {
             }
             Poll::Ready(Some(Ok(frame))) => {
                 rest.watch.waiting_on_client.store(false, Ordering::Relaxed);
-                let now = Instant::now();
-                *rest.watch.moved.lock() = now;
-                rest.sleep.as_mut().reset(now + rest.timeout);
                 let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+                rest.since = rest.since.saturating_add(n);
+                if rest.since >= rest.progress {
+                    rest.since = 0;
+                    let now = Instant::now();
+                    *rest.watch.moved.lock() = now;
+                    rest.sleep.as_mut().reset(now + rest.timeout);
+                }
                 if n.saturating_add(rest.incoming.size_hint().lower()) > rest.allowed {
                     ClientFault::TooLarge
                 } else if frame.is_trailers() {
