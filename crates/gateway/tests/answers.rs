@@ -36,6 +36,10 @@ routes:
     strip_prefix: true
     case_insensitive: true
     upstream: backend
+  - name: credentialed
+    path_prefix: /cred/
+    upstream: backend
+    cors: {origins: ["https://app.example"], credentials: true, headers: ["*"]}
   - name: kept
     path_prefix: /kept/
     upstream: backend
@@ -273,6 +277,18 @@ async fn cors_preflight_is_answered_at_the_edge() {
     assert_eq!(a.status, StatusCode::FORBIDDEN);
     assert!(a.headers.get("access-control-allow-origin").is_none());
 
+    // With credentials, `*` would be read as a header named `*`: what the preflight asks
+    // for is allowed instead.
+    let a = c
+        .request(Method::OPTIONS, &gw.url("/cred/x"), &pre, "")
+        .await;
+    assert_eq!(a.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        a.header("access-control-allow-headers"),
+        "content-type, x-api-key"
+    );
+    assert_eq!(a.header("access-control-allow-credentials"), "true");
+
     // Actual requests (and refusals) from an allowed origin carry the CORS headers.
     let a = c
         .request(
@@ -304,11 +320,36 @@ async fn cors_preflight_is_answered_at_the_edge() {
         a.header("access-control-allow-origin"),
         "https://app.example"
     );
-    // A plain OPTIONS (not a preflight) is subject to the method filter.
+    // A plain OPTIONS (not a preflight) is subject to the method filter; its 405 carries
+    // the CORS headers too, so a script can read it.
     let a = c
         .request(Method::OPTIONS, &gw.url("/test/?apikey=t1"), &[], "")
         .await;
     assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
+    let a = c
+        .request(
+            Method::DELETE,
+            &gw.url("/test/?apikey=t1"),
+            &[("Origin", "https://app.example")],
+            "",
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        a.header("access-control-allow-origin"),
+        "https://app.example"
+    );
+    // Answers without CORS headers (no Origin, one not allowed) still vary on it: a cache
+    // must not give them to an allowed origin.
+    for origin in [None, Some("https://evil.example")] {
+        let h: Vec<(&str, &str)> = origin.map(|o| ("Origin", o)).into_iter().collect();
+        let a = c
+            .request(Method::GET, &gw.url("/test/?apikey=t1"), &h, "")
+            .await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert!(a.headers.get("access-control-allow-origin").is_none());
+        assert_eq!(a.header("vary"), "Origin", "{origin:?}");
+    }
 }
 
 #[tokio::test]

@@ -306,6 +306,23 @@ pub(super) fn route(
                 "cannot be true with origin \"*\"; list the origins",
             );
         }
+        // With credentials, browsers read `*` in `Access-Control-Expose-Headers` as a
+        // header named `*` (Fetch standard). In `headers` the gateway answers a preflight
+        // with the headers it asks for instead, which is what `*` means without them.
+        if c.credentials {
+            if let Some(i) = c.expose_headers.iter().position(|h| h == "*") {
+                p.add(
+                    format!("{at}.cors.expose_headers[{i}]"),
+                    "\"*\" exposes nothing when credentials are allowed (browsers read it as a header named *); list the headers",
+                );
+            }
+        }
+        if let Some(age) = c.max_age.as_ref().filter(|a| a.0.as_secs() > 86_400) {
+            p.warn(
+                format!("{at}.cors.max_age"),
+                format!("browsers keep a preflight at most 24h (Firefox; Chromium 2h): {}s is cut to that", age.0.as_secs()),
+            );
+        }
         let methods = match (&c.methods, &route_methods) {
             (Some(m), _) => methods(m, &format!("{at}.cors.methods"), p),
             (None, Some(m)) => m.clone(),

@@ -857,3 +857,31 @@ routes:
         "{warned:#?}"
     );
 }
+
+#[test]
+fn cors_wildcards_browsers_read_literally_with_credentials_are_refused() {
+    let yaml = |cors: &str| {
+        format!("listeners: [{{address: \"127.0.0.1:8080\"}}]\nupstreams:\n  backend: {{targets: [\"127.0.0.1:1337\"]}}\nroutes:\n  - {{name: a, path_prefix: /, upstream: backend, cors: {cors}}}\n")
+    };
+    let err = from_yaml(&yaml(
+        "{origins: [\"https://a.example\"], credentials: true, expose_headers: [X-A, \"*\"]}",
+    ))
+    .expect_err("refused")
+    .to_string();
+    assert!(
+        err.contains("routes[0].cors.expose_headers[1]: \"*\" exposes nothing"),
+        "{err}"
+    );
+    // Without credentials `*` is a wildcard; a long max_age is warned of.
+    let cfg = from_yaml(&yaml(
+        "{origins: [\"https://a.example\"], expose_headers: [\"*\"], headers: [\"*\"], max_age: 30d}",
+    ))
+    .expect("valid");
+    let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warned
+            .iter()
+            .any(|w| w.starts_with("routes[0].cors.max_age: browsers keep a preflight at most 24h")),
+        "{warned:#?}"
+    );
+}

@@ -126,8 +126,10 @@ impl<'s> Ctx<'s> {
         if self.refusal.is_none() {
             policy::decorate(route, &self.admitted, resp.headers_mut());
         }
-        if let (Some(origin), Some(c), false) = (&self.origin, &route.cfg.cors, self.preflight) {
-            cors::decorate(c, origin.clone(), resp.headers_mut());
+        match (&self.origin, &route.cfg.cors, self.preflight) {
+            (Some(origin), Some(c), false) => cors::decorate(c, origin.clone(), resp.headers_mut()),
+            (None, Some(c), false) => cors::vary_origin(c, resp.headers_mut()),
+            _ => {}
         }
     }
 }

@@ -156,6 +156,9 @@ impl Gateway {
         let route = match route::find(ctx.snap, parts, ctx.preflight) {
             Ok(r) => r,
             Err((r, meant)) => {
+                // A refusal of the route meant (405) carries its CORS headers, so that a
+                // script can read it.
+                ctx.origin = meant.and_then(|m| policy::cors_origin(m, parts));
                 ctx.route = meant;
                 return Err(r);
             }

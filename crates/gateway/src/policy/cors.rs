@@ -55,7 +55,15 @@ pub fn preflight(route: &Route, parts: &Parts) -> Result<Option<Response<Body>>,
     if let Ok(v) = HeaderValue::from_str(&methods.join(", ")) {
         h.insert(ACCESS_CONTROL_ALLOW_METHODS, v);
     }
+    // `*` with credentials would be read as a header named `*`: the headers the preflight
+    // asks for are what it means.
+    let wildcard = |l: &Vec<http::HeaderName>| l.iter().any(|n| n.as_str() == "*");
     match &cors.headers {
+        Some(list) if cors.credentials && wildcard(list) => {
+            if let Some(asked) = parts.headers.get(ACCESS_CONTROL_REQUEST_HEADERS) {
+                h.insert(ACCESS_CONTROL_ALLOW_HEADERS, asked.clone());
+            }
+        }
         Some(list) if !list.is_empty() => {
             let names: Vec<&str> = list.iter().map(|n| n.as_str()).collect();
             if let Ok(v) = HeaderValue::from_str(&names.join(", ")) {
@@ -102,7 +110,10 @@ pub fn decorate(cors: &CorsConfig, origin: HeaderValue, h: &mut HeaderMap) {
     vary_origin(cors, h);
 }
 
-fn vary_origin(cors: &CorsConfig, h: &mut HeaderMap) {
+/// Says that the answer depends on `Origin` where the route's CORS headers do (a list of
+/// origins, or credentials): on every answer, those without CORS headers too (no `Origin`,
+/// one not allowed), so that no cache serves an answer without them to an allowed origin.
+pub fn vary_origin(cors: &CorsConfig, h: &mut HeaderMap) {
     if cors.origins.is_some() || cors.credentials {
         h.append(VARY, HeaderValue::from_static("Origin"));
     }
