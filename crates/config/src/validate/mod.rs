@@ -3,6 +3,7 @@
 mod jwt;
 mod limits;
 mod listener;
+mod overlap;
 mod problems;
 mod redis;
 mod route;
@@ -97,6 +98,7 @@ pub(crate) fn validate(
             routes.push(route);
         }
     }
+    overlap::overlaps(&raw.routes, &mut p);
     if routes.is_empty() && raw.routes.is_empty() {
         p.add("routes", "at least one route is required");
     }

@@ -119,16 +119,21 @@ pub(super) fn route(
     consumer_index: &ConsumerNames<'_>,
     p: &mut Problems,
 ) -> Option<RouteConfig> {
+    // A route without one path is checked on all the same, so that every problem of the
+    // file is told at once; it is not taken.
+    let mut pathless = false;
     let path = match (&r.path_prefix, &r.path) {
         (Some(pre), None) => PathMatch::Prefix(pre.clone()),
         (None, Some(exact)) => PathMatch::Exact(exact.clone()),
-        (Some(_), Some(_)) => {
+        (Some(pre), Some(_)) => {
             p.add(at, "give either `path_prefix` or `path`, not both");
-            return None;
+            pathless = true;
+            PathMatch::Prefix(pre.clone())
         }
         (None, None) => {
             p.add(at, "a route needs `path_prefix` or `path`");
-            return None;
+            pathless = true;
+            PathMatch::Prefix("/".to_string())
         }
     };
     let (PathMatch::Prefix(s) | PathMatch::Exact(s)) = &path;
@@ -157,10 +162,18 @@ pub(super) fn route(
                 format!("{h:?} must be a host name without port or scheme"),
             );
         }
-        match h.strip_prefix('*') {
+        let m = match h.strip_prefix('*') {
             Some(suffix) if suffix.starts_with('.') => HostMatch::Suffix(suffix.to_string()),
-            _ => HostMatch::Exact(h),
+            _ => HostMatch::Exact(h.clone()),
+        };
+        let (HostMatch::Suffix(rest) | HostMatch::Exact(rest)) = &m;
+        if rest.contains('*') {
+            p.add(
+                format!("{at}.host"),
+                format!("{h:?} never matches: a wildcard may only be the whole first label (*.example.com)"),
+            );
         }
+        m
     });
     let upstream = upstream_index.get(&r.upstream).copied();
     if upstream.is_none() {
@@ -374,6 +387,9 @@ pub(super) fn route(
         let host = r.host.as_deref().unwrap_or("");
         format!("{host}{s}")
     });
+    if pathless {
+        return None;
+    }
     Some(RouteConfig {
         name,
         host,

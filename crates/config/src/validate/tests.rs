@@ -885,3 +885,71 @@ fn cors_wildcards_browsers_read_literally_with_credentials_are_refused() {
         "{warned:#?}"
     );
 }
+
+#[test]
+fn a_route_without_one_path_hides_none_of_the_files_other_problems() {
+    let err = from_yaml(
+        r#"
+listeners: [{address: "127.0.0.1:8080"}]
+upstreams:
+  backend: {targets: ["127.0.0.1:0"]}
+routes:
+  - {name: a, path: /a, path_prefix: /a/, upstream: nowhere, host: "*.*.org", limits: [{requests: 0, per: 1s}]}
+"#,
+    )
+    .expect_err("refused")
+    .to_string();
+    for want in [
+        "routes[0]: give either `path_prefix` or `path`, not both",
+        "routes[0].upstream: unknown upstream \"nowhere\"",
+        "routes[0].host: \"*.*.org\" never matches",
+        "routes[0].limits",
+        "upstreams.backend.targets[0]: \"127.0.0.1:0\": port 0",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in {err}");
+    }
+}
+
+#[test]
+fn routes_hidden_by_others_or_open_to_other_methods_are_warned_of() {
+    let cfg = from_yaml(
+        r#"
+listeners: [{address: "127.0.0.1:8080"}]
+upstreams:
+  backend: {targets: ["127.0.0.1:1337"]}
+consumers:
+  - {name: alice, keys: [k1]}
+routes:
+  - {name: admin, path_prefix: /admin/, upstream: backend, methods: [GET, HEAD], auth: {}, allow: {consumers: [alice]}}
+  - {name: first, path_prefix: /b/, upstream: backend}
+  - {name: again, path_prefix: /b/, upstream: backend, methods: [GET]}
+  - {name: posts, path_prefix: /b/, upstream: backend, methods: [POST], auth: {}}
+  - {name: all, path_prefix: /, upstream: backend}
+"#,
+    )
+    .expect("valid: warnings, not problems");
+    let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
+    let has = |at: &str, what: &str| {
+        warned
+            .iter()
+            .any(|w| w.starts_with(&format!("{at}: ")) && w.contains(what))
+    };
+    assert!(
+        has(
+            "routes[0].methods",
+            "go to routes[4] (\"all\"), which has no `auth`"
+        ),
+        "{warned:#?}"
+    );
+    assert!(
+        has("routes[2]", "never used: routes[1] (\"first\")"),
+        "{warned:#?}"
+    );
+    assert!(has("routes[3]", "never used"), "{warned:#?}");
+    assert!(
+        !warned
+            .iter()
+            .any(|w| w.starts_with("routes[1]") || w.starts_with("routes[4]")),
+        "{warned:#?}"
+    );
+}

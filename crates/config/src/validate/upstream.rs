@@ -95,7 +95,12 @@ fn targets(raw: &[String], at: &str, p: &mut Problems) -> (Vec<String>, bool) {
             .parse::<http::uri::Authority>()
             .ok()
             .filter(|a| a.port_u16().is_some() && a.as_str() == rest && !rest.contains('@'));
-        if ok.is_none() {
+        if ok.as_ref().is_some_and(|a| a.port_u16() == Some(0)) {
+            p.add(
+                format!("{at}.targets[{j}]"),
+                format!("{t:?}: port 0 cannot be connected to"),
+            );
+        } else if ok.is_none() {
             p.add(
                 format!("{at}.targets[{j}]"),
                 format!(
