@@ -322,6 +322,9 @@ pub struct Upstream {
     pub max_connections: Option<usize>,
     /// `http1` (default) or `h2` (ALPN over TLS, prior knowledge in cleartext).
     pub protocol: Option<String>,
+    /// `h2`: streams one connection to a target carries before another is opened
+    /// (default 100).
+    pub max_concurrent_streams: Option<usize>,
     /// CA bundle that `https://` targets' certificates are verified against (default: the
     /// system's roots).
     pub ca_file: Option<String>,

@@ -439,6 +439,8 @@ pub struct UpstreamConfig {
     pub ca: Option<crate::tls::CaBundle>,
     /// HTTP/1.1 or HTTP/2 to the targets.
     pub protocol: UpstreamProtocol,
+    /// HTTP/2: streams one connection to a target carries before another is opened.
+    pub max_concurrent_streams: usize,
     /// Passive and active health checks.
     pub health: HealthConfig,
 }

@@ -543,15 +543,28 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    h2c_backend_of(answer, None).await
+}
+
+/// [`h2c_backend`], allowing each connection `max_streams` streams at once when given.
+async fn h2c_backend_of<F, Fut, B>(answer: F, max_streams: Option<u32>) -> SocketAddr
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = l.local_addr().expect("addr");
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
             let svc = service_fn(answer.clone());
             tokio::spawn(async move {
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
+                let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                if let Some(n) = max_streams {
+                    b.max_concurrent_streams(n);
+                }
+                let _ = b.serve_connection(TokioIo::new(s), svc).await;
             });
         }
     });
@@ -772,5 +785,54 @@ async fn clients_that_do_not_read_cannot_stall_an_h2_upstream_connection_for_the
     )
     .await;
     assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "ok"));
+    drop(stalled);
+}
+
+#[tokio::test]
+async fn streams_past_what_one_h2_upstream_connection_takes_go_on_another() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An upstream that takes 4 streams a connection; `/big` is larger than what the
+    // client sockets and the streams' windows hold.
+    let big = Bytes::from(vec![b'x'; 8 << 20]);
+    let backend = h2c_backend_of(
+        move |req: Request<Incoming>| {
+            let body = if req.uri().path() == "/big" {
+                big.clone()
+            } else {
+                Bytes::from_static(b"ok")
+            };
+            async move { Ok::<_, Infallible>(Response::new(Full::new(body))) }
+        },
+        Some(4),
+    )
+    .await;
+    let y = format!(
+        "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  up: {{targets: [\"{backend}\"], protocol: h2, max_concurrent_streams: 4}}\nroutes:\n  - {{path_prefix: /, upstream: up}}\n"
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    // Four clients that read no more than the head take every stream of a connection.
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(g.addr).await.expect("connect");
+        s.write_all(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .expect("write");
+        let mut head = [0u8; 12];
+        bounded("the head of a large answer", s.read_exact(&mut head))
+            .await
+            .expect("head");
+        assert_eq!(&head, b"HTTP/1.1 200");
+        stalled.push(s);
+    }
+    // The next request goes on another connection instead of waiting for theirs.
+    let c = TestClient::default();
+    for _ in 0..3 {
+        let r = bounded(
+            "an answer beside a full connection",
+            c.get(&g.url("/small")),
+        )
+        .await;
+        assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "ok"));
+    }
     drop(stalled);
 }

@@ -53,8 +53,21 @@ pub(super) fn upstreams(
                     UpstreamProtocol::Http1
                 }
             },
+            max_concurrent_streams: u.max_concurrent_streams.unwrap_or(100),
             health: health(u.health.as_ref(), &at, p),
         };
+        if !(1..=10_000).contains(&cfg.max_concurrent_streams) {
+            p.add(
+                format!("{at}.max_concurrent_streams"),
+                "must be between 1 and 10000",
+            );
+        }
+        if u.max_concurrent_streams.is_some() && cfg.protocol != UpstreamProtocol::H2 {
+            p.warn(
+                format!("{at}.max_concurrent_streams"),
+                "only used with `protocol: h2`",
+            );
+        }
         if u.ca_file.is_some() && !cfg.tls {
             p.add(format!("{at}.ca_file"), "only used with https:// targets");
         }

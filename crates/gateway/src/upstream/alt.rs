@@ -14,6 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::crypto::ring::default_provider;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -89,10 +90,42 @@ pub fn connect_failure(e: &(dyn std::error::Error + 'static)) -> (&'static str, 
     ("connection refused", e.to_string())
 }
 
-/// A pooled client for one upstream's targets.
+type Pooled = Client<Timed<HttpsConnector<HttpConnector>>, UpBody>;
+
+/// Most HTTP/2 connections to one target: past their streams, requests share the least
+/// busy one.
+const MAX_LANES: usize = 16;
+
+/// One pooled client: for HTTP/2, one connection to each target.
+#[derive(Debug)]
+struct Lane {
+    client: Pooled,
+    /// Requests on it now (from sending to the end of the answer's body).
+    active: Arc<AtomicUsize>,
+}
+
+/// A request's place on a lane, given back when dropped (with the answer's body).
+#[derive(Debug)]
+pub struct LaneSlot(Arc<AtomicUsize>);
+
+impl Drop for LaneSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A pooled client for one upstream's targets. Over HTTP/2, hyper's pool keeps one
+/// connection per target: streams whose clients stop reading would take all it may
+/// carry (the upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, or its window) and stall every
+/// other request. So it has lanes, each a pool of its own (another connection to each
+/// target), and a request takes the first with room for another stream
+/// (`max_concurrent_streams` per target), as Envoy's pool opens a connection when the
+/// others are full.
 #[derive(Clone, Debug)]
 pub struct AltClient {
-    client: Client<Timed<HttpsConnector<HttpConnector>>, UpBody>,
+    lanes: Arc<[Lane]>,
+    /// Streams the lanes take each before the next is used (all targets' together).
+    per_lane: usize,
     scheme: Scheme,
     h2: bool,
 }
@@ -145,6 +178,7 @@ impl AltClient {
             inner,
             timeout: cfg.connect_timeout,
         };
+        let lanes = if h2 { MAX_LANES } else { 1 };
         let mut builder = Client::builder(TokioExecutor::new());
         builder
             .timer(TokioTimer::new())
@@ -159,8 +193,15 @@ impl AltClient {
             // 256 streams' is what a usual server's stream limit (100 to 250) can hold.
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
             .http2_initial_connection_window_size(H2_STREAM_WINDOW * 256);
+        let lanes: Vec<Lane> = (0..lanes)
+            .map(|_| Lane {
+                client: builder.build(connector.clone()),
+                active: Arc::default(),
+            })
+            .collect();
         Ok(AltClient {
-            client: builder.build(connector),
+            lanes: lanes.into(),
+            per_lane: cfg.max_concurrent_streams.max(1) * cfg.targets.len().max(1),
             scheme: if cfg.tls { Scheme::HTTPS } else { Scheme::HTTP },
             h2,
         })
@@ -186,11 +227,27 @@ impl AltClient {
             .ok()
     }
 
-    /// Sends `req` (absolute URI) and returns the response head.
+    /// Sends `req` (absolute URI) and returns the response head, with the request's place
+    /// on its lane: keep it with the answer's body.
     pub async fn send(
         &self,
         req: http::Request<UpBody>,
-    ) -> Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
-        self.client.request(req).await
+    ) -> Result<(http::Response<hyper::body::Incoming>, LaneSlot), hyper_util::client::legacy::Error>
+    {
+        let lane = self.lane();
+        lane.active.fetch_add(1, Ordering::Relaxed);
+        let slot = LaneSlot(lane.active.clone());
+        let resp = lane.client.request(req).await?;
+        Ok((resp, slot))
+    }
+
+    /// The first lane with room for another stream, else the least busy.
+    fn lane(&self) -> &Lane {
+        let busy = |l: &&Lane| l.active.load(Ordering::Relaxed);
+        self.lanes
+            .iter()
+            .find(|l| busy(l) < self.per_lane)
+            .or_else(|| self.lanes.iter().min_by_key(busy))
+            .unwrap_or(&self.lanes[0])
     }
 }

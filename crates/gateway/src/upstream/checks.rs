@@ -56,7 +56,7 @@ impl Upstream {
                 req.headers_mut().insert(header::HOST, host);
                 let ok = matches!(
                     tokio::time::timeout(timeout, client.send(req)).await,
-                    Ok(Ok(r)) if r.status().is_success() || r.status().is_redirection()
+                    Ok(Ok((r, _))) if r.status().is_success() || r.status().is_redirection()
                 );
                 (i, ok)
             });

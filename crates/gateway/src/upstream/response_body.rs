@@ -25,6 +25,8 @@ pub struct PooledBody {
     /// The client connection's place for a stream holding an upstream connection, given
     /// back with the body.
     share: Option<crate::exchange::UpstreamShare>,
+    /// Its stream's place among an HTTP/2 upstream connection's, given back with it.
+    lane: Option<super::alt::LaneSlot>,
     /// The byte range of the answer its client gets (a `Range` served from a whole answer).
     part: Option<Part>,
 }
@@ -117,6 +119,7 @@ impl PooledBody {
             stall: None,
             collect: None,
             share: None,
+            lane: None,
             part: None,
         }
     }
@@ -128,6 +131,7 @@ impl PooledBody {
             stall: None,
             collect: None,
             share: None,
+            lane: None,
             part: None,
         }
     }
@@ -140,6 +144,13 @@ impl PooledBody {
         } else {
             self.collect = Some(Box::new(c));
         }
+    }
+
+    /// Holds its stream's place on an HTTP/2 upstream connection until the body is done
+    /// with, so that the connection is known to have room again only then.
+    pub(crate) fn on_lane(mut self, slot: super::alt::LaneSlot) -> Self {
+        self.lane = Some(slot);
+        self
     }
 
     /// Holds the client connection's `share` until the body is done with.
@@ -182,6 +193,7 @@ impl PooledBody {
             stall: None,
             collect: None,
             share: None,
+            lane: None,
             part: None,
         }
     }

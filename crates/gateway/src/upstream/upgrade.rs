@@ -86,7 +86,8 @@ pub async fn upgrade(
             tracing::debug!(upstream = %up.cfg.name, error = %e, "upgrade failed");
             return Err(refusal);
         }
-        Ok(Ok(r)) => r,
+        // HTTP/1.1: the lane's count is not used.
+        Ok(Ok((r, _))) => r,
     };
     up.outcome(target, !resp.status().is_server_error());
     let read_timeout = up.cfg.read_timeout;

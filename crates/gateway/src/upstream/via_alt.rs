@@ -107,25 +107,25 @@ pub(super) async fn forward(
                 log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
                 return Err(Refusal::UpstreamTimeout);
             }
-            Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+            Ok(Ok((resp, _))) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
                 return Err(unasked_switch(up, hop.route, target));
             }
-            Ok(Ok(resp)) if resp.status().as_u16() >= 600 => {
+            Ok(Ok((resp, _))) if resp.status().as_u16() >= 600 => {
                 // No status a client could read (RFC 9110 §15: 100 to 599).
                 up.outcome(target, false);
                 let r = Refusal::Upstream("invalid status");
                 log_failure(up, hop.route, target, &r);
                 return Err(r);
             }
-            Ok(Ok(resp)) if coded_answer(&method, resp.status(), resp.headers()) => {
+            Ok(Ok((resp, _))) if coded_answer(&method, resp.status(), resp.headers()) => {
                 up.outcome(target, !resp.status().is_server_error());
                 return Err(coded(up, hop.route, target));
             }
-            Ok(Ok(mut resp)) => {
+            Ok(Ok((mut resp, slot))) => {
                 up.outcome(target, !resp.status().is_server_error());
                 rewrite_response(resp.headers_mut());
                 let read_timeout = up.cfg.read_timeout;
-                return Ok(resp.map(|b| PooledBody::plain(b, read_timeout)));
+                return Ok(resp.map(|b| PooledBody::plain(b, read_timeout).on_lane(slot)));
             }
             Ok(Err(e)) => {
                 up.outcome(target, false);
