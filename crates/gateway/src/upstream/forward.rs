@@ -14,10 +14,9 @@ use super::body::{self, BodyWatch, Received, UpBody};
 use super::h1::{self, H1Error};
 use super::h1_request::{frame_request, Framing, Outgoing, SendError};
 use super::headers;
+use super::hop::{for_hop, is_idempotent, Hop, HopRequest};
 use super::response_body::PooledBody;
-use super::target::{
-    coded, for_hop, is_idempotent, log_failure, unasked_switch, Hop, HopRequest, Tries, Upstream,
-};
+use super::target::{coded, log_failure, unasked_switch, Tries, Upstream};
 use super::via_alt;
 use crate::exchange::{Parts, Refusal};
 use crate::listener::RequestBody;

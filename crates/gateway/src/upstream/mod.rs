@@ -18,6 +18,7 @@ pub(crate) mod h1_response;
 mod h1_upload;
 mod headers;
 pub mod health;
+mod hop;
 mod idle;
 pub mod report;
 mod response_body;
@@ -27,6 +28,7 @@ mod via_alt;
 
 pub use forward::{fetch, forward};
 pub use headers::{forwarding_name, sent, Sent};
+pub use hop::{Hop, Strip};
 pub use response_body::{Collector, PooledBody};
-pub use target::{AnsweredBy, Hop, Strip, Upstream};
+pub use target::{AnsweredBy, Upstream};
 pub use upgrade::{upgrade, UpgradeAsk};

@@ -1,21 +1,17 @@
 //! One upstream as the clients see it: its targets (each with its connections and health),
-//! round-robin picking, the hop's rewrite of a request, the retry budget, and how failures
+//! round-robin picking, the retry budget, and how failures
 //! are counted and logged.
 
 use super::alt::AltClient;
 use super::cap::{Cap, Slot};
 use super::dial::ConnectError;
 use super::h1;
-use super::headers::{put, rewrite_request, Forwarding};
 use super::health::Health;
-use crate::exchange::{Fields, Parts, Refusal};
+use crate::exchange::Refusal;
 use crate::observe::metrics::UpstreamStats;
-use http::header::{self, HeaderValue};
-use http::uri::PathAndQuery;
-use http::{Method, Uri};
+use http::header::HeaderValue;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use tollgate_config::UpstreamConfig;
 
 pub(super) struct Target {
@@ -279,160 +275,6 @@ impl Upstream {
     }
 }
 
-/// A route's path prefix removed before forwarding.
-#[derive(Clone, Debug)]
-pub struct Strip {
-    /// The route's `path_prefix`.
-    pub prefix: Arc<str>,
-    /// The route matches its path in any ASCII case, so the prefix is removed in any case.
-    pub any_case: bool,
-}
-
-/// How to rewrite a request for its hop upstream.
-pub struct Hop<'a> {
-    /// The client's IP, appended to `X-Forwarded-For`.
-    pub peer_ip: &'a HeaderValue,
-    /// The client is a trusted proxy: its `X-Forwarded-*` headers are kept.
-    pub trusted: bool,
-    /// The client came over TLS (`X-Forwarded-Proto: https`).
-    pub https: bool,
-    /// Prefix to remove from the path, if the route strips one.
-    pub strip_prefix: Option<&'a Strip>,
-    /// Keep the client's `Host`.
-    pub preserve_host: bool,
-    /// Largest body accepted.
-    pub max_body: u64,
-    /// Longest wait for the next piece of the request body.
-    pub body_timeout: Duration,
-    /// Stream the request body at once instead of reading up to [`BUFFER`] first.
-    pub stream_body: bool,
-    /// The route's name, for logs.
-    pub route: &'a str,
-    /// Where to note the target that answered, when the access log wants it.
-    pub note_target: Option<&'a AnsweredBy>,
-    /// The W3C `traceparent` to send (the gateway's span as the parent), when tracing is
-    /// on. The lean HTTP/1.1 client writes it straight into the request head; the others
-    /// take it as a header.
-    pub traceparent: Option<[u8; 55]>,
-}
-
-impl Hop<'_> {
-    /// Puts the `traceparent` on `headers`, for the clients that send a header map.
-    pub(super) fn put_traceparent(&self, headers: &mut http::HeaderMap) {
-        if let Some(v) = self
-            .traceparent
-            .and_then(|t| HeaderValue::from_bytes(&t).ok())
-        {
-            headers.insert(crate::observe::trace::context::TRACEPARENT, v);
-        }
-    }
-}
-
-pub(super) fn is_idempotent(m: &Method) -> bool {
-    matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
-    )
-}
-
-pub(super) fn path_and_query(uri: &Uri, strip: Option<&Strip>) -> PathAndQuery {
-    let pq = uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let Some(strip) = strip else {
-        return pq;
-    };
-    let path = pq.path();
-    let rest = prefix_end(path, &strip.prefix, strip.any_case).map_or(path, |end| &path[end..]);
-    let mut s = String::with_capacity(pq.as_str().len() + 1);
-    if !rest.starts_with('/') {
-        s.push('/');
-    }
-    s.push_str(rest);
-    if let Some(q) = pq.query() {
-        s.push('?');
-        s.push_str(q);
-    }
-    PathAndQuery::try_from(s).unwrap_or(pq)
-}
-
-/// Where `prefix` ends in `path`, matched as routing matches it: a segment's `;`
-/// parameters are not part of its name, and `any_case` compares ASCII letters in any case.
-/// A segment the prefix takes whole takes its parameters with it (`/orders;v=1/7` less
-/// `/orders` is `/7`); an empty segment's (`/cart/;jsessionid=1` less `/cart/`) stay.
-fn prefix_end(path: &str, prefix: &str, any_case: bool) -> Option<usize> {
-    let (p, want) = (path.as_bytes(), prefix.as_bytes());
-    let params_end = |i: usize| {
-        p[i..]
-            .iter()
-            .position(|&b| b == b'/')
-            .map_or(p.len(), |n| i + n)
-    };
-    let mut i = 0;
-    for &w in want {
-        if p.get(i) == Some(&b';') && i > 0 && p[i - 1] != b'/' {
-            i = params_end(i);
-        }
-        let c = *p.get(i)?;
-        if c != w && !(any_case && c.eq_ignore_ascii_case(&w)) {
-            return None;
-        }
-        i += 1;
-    }
-    if p.get(i) == Some(&b';') && i > 0 && p[i - 1] != b'/' {
-        i = params_end(i);
-    }
-    Some(i)
-}
-
-/// A request readied for the hop, once; only `Host` changes from one target to the next.
-pub(super) struct HopRequest {
-    pub(super) method: Method,
-    pub(super) pq: PathAndQuery,
-    /// The client's headers less what the hop must not send (`Host` still the client's).
-    pub(super) headers: Fields,
-    /// The `X-Forwarded-*` headers the gateway sets, each replacing the client's.
-    pub(super) forwarding: Forwarding,
-}
-
-impl HopRequest {
-    /// Method, target and one map of every header the hop sends but a target's `Host`, for
-    /// the clients that send a map (they set `Host` themselves).
-    pub(super) fn into_map(self, hop: &Hop<'_>) -> (Method, PathAndQuery, http::HeaderMap) {
-        let HopRequest {
-            method,
-            pq,
-            mut headers,
-            forwarding,
-        } = self;
-        if !hop.preserve_host {
-            headers.remove(header::HOST);
-        }
-        let mut map = headers.to_map();
-        put(&mut map, forwarding);
-        (method, pq, map)
-    }
-}
-
-/// The request's method, target and headers rewritten for the hop.
-pub(super) fn for_hop(parts: Parts, hop: &Hop<'_>) -> HopRequest {
-    let Parts {
-        method,
-        uri,
-        mut headers,
-        ..
-    } = parts;
-    let pq = path_and_query(&uri, hop.strip_prefix);
-    let forwarding = rewrite_request(&mut headers, hop.peer_ip, hop.trusted, hop.https);
-    HopRequest {
-        method,
-        pq,
-        headers,
-        forwarding,
-    }
-}
-
 /// The 502 for a `101` to a request that asked for no upgrade (each client path's answer
 /// to it): logged and counted as any 502.
 pub(super) fn unasked_switch(up: &Upstream, route: &str, target: &Target) -> Refusal {
@@ -595,26 +437,5 @@ pub(super) fn connect_refusal(up: &Upstream, e: &ConnectError) -> Refusal {
     match e {
         ConnectError::Timeout => Refusal::UpstreamTimeout,
         _ => Refusal::Upstream("connection refused"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prefix_end;
-
-    #[test]
-    fn a_prefix_ends_where_routing_matched_it() {
-        let end = |path: &'static str, prefix, any_case| {
-            prefix_end(path, prefix, any_case).map(|i| &path[i..])
-        };
-        assert_eq!(end("/v1/users", "/v1/", false), Some("users"));
-        assert_eq!(end("/v1;v=3/users", "/v1/", false), Some("users"));
-        assert_eq!(end("/v1;v=3/users", "/v1", false), Some("/users"));
-        assert_eq!(end("/v1;v=3", "/v1", false), Some(""));
-        assert_eq!(end("/v1/;j=1", "/v1/", false), Some(";j=1"));
-        assert_eq!(end("/v1x;p/y", "/v1", false), Some("x;p/y"));
-        assert_eq!(end("/V1/users", "/v1/", false), None);
-        assert_eq!(end("/V1/users", "/v1/", true), Some("users"));
-        assert_eq!(end("/v", "/v1/", false), None);
     }
 }

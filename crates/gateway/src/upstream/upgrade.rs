@@ -5,8 +5,9 @@
 
 use super::body::UpBody;
 use super::headers;
+use super::hop::{for_hop, Hop};
 use super::response_body::PooledBody;
-use super::target::{for_hop, log_failure, Hop, Upstream};
+use super::target::{log_failure, Upstream};
 use crate::exchange::{Parts, Refusal};
 use crate::listener::h1::OnUpgrade;
 use crate::observe::metrics::Metrics;

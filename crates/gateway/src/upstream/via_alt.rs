@@ -4,8 +4,9 @@
 use super::alt::{connect_failure, AltClient, CONNECT_TIMED_OUT};
 use super::body::{check_declared, receive, Received, UpBody};
 use super::headers::{coded_answer, rewrite_response};
+use super::hop::Hop;
 use super::response_body::PooledBody;
-use super::target::{coded, log_failure, log_failure_because, unasked_switch, Hop, Upstream};
+use super::target::{coded, log_failure, log_failure_because, unasked_switch, Upstream};
 
 /// Forwards a request on the upstream's [`AltClient`]. A request whose body can be sent
 /// again (none, or read whole) moves on to the next target when a connection cannot be
