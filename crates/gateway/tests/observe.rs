@@ -328,10 +328,12 @@ async fn the_access_log_names_the_target_of_a_cache_miss_and_of_a_failure() {
 upstreams:
   backend: {{targets: ["{backend}"], response_timeout: 2s}}
   gone: {{targets: ["{dead}"], connect_timeout: 1s, health: {{failures: 1, backoff: 1h}}}}
+  down: {{targets: ["{dead}"], connect_timeout: 1s, health: {{path: /health, interval: 50ms, timeout: 1s, unhealthy: 1, failures: 0}}}}
 access_log: {{path: {}}}
 routes:
   - {{name: cached, path_prefix: /cached/, upstream: backend, cache: {{default_ttl: 10s}}}}
   - {{name: gone, path_prefix: /gone/, upstream: gone}}
+  - {{name: down, path_prefix: /down/, upstream: down}}
 "#,
         path.display()
     );
@@ -353,9 +355,21 @@ routes:
         c.get(&gw.url("/gone/x")).await.status,
         StatusCode::BAD_GATEWAY
     );
-    // Its one target is out now: the next request is refused before any is tried.
+    // An upstream whose one target active checks hold out refuses before any is tried
+    // (passive checks alone never leave an upstream without targets).
+    let out = format!("tollgate_upstream_target_healthy{{upstream=\"down\",target=\"{dead}\"}} 0");
+    bounded("active checks", async {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(20));
+        loop {
+            tick.tick().await;
+            if gw.gw.metrics_text().lines().any(|l| l == out) {
+                return;
+            }
+        }
+    })
+    .await;
     assert_eq!(
-        c.get(&gw.url("/gone/y")).await.status,
+        c.get(&gw.url("/down/y")).await.status,
         StatusCode::SERVICE_UNAVAILABLE
     );
     assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
@@ -381,6 +395,11 @@ routes:
     let m = gw.gw.metrics_text();
     let count = r#"tollgate_upstream_duration_seconds_count{route="gone"} 1"#;
     assert!(m.lines().any(|l| l == count), "{m}");
+    let none = r#"tollgate_upstream_duration_seconds_count{route="down"}"#;
+    assert!(
+        m.lines().all(|l| !l.starts_with(none) || l.ends_with("} 0")),
+        "{m}"
+    );
 }
 
 #[tokio::test]
