@@ -535,6 +535,36 @@ async fn https_upstreams_are_verified_against_their_ca() {
     );
 }
 
+/// A route that keeps the client's `Host` still connects to its own target, over HTTPS
+/// and HTTP/2 alike: the `Host` (HTTP/2's `:authority`) is what the target is asked for,
+/// never where the gateway connects, so a client cannot point it at another address.
+#[tokio::test]
+async fn a_preserved_host_is_what_the_target_is_asked_for_never_where_the_gateway_connects() {
+    let dir = tempdir("preserve-up");
+    let ca = TestCa::new(&dir, "ca");
+    let leaf = ca.server("backend", &["localhost"]);
+    let backend = https_backend(&leaf).await;
+    // Where a `Host` would lead a gateway that connected to it: it answers anything.
+    let (elsewhere, _) =
+        raw_backend(|_| Some(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nelsewhere".to_vec()))
+            .await;
+    for (protocol, version) in [("http1", "HTTP/1.1"), ("h2", "HTTP/2.0")] {
+        let y = format!(
+            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  secure: {{targets: [\"https://localhost:{}\"], ca_file: \"{}\", protocol: {protocol}}}\nroutes:\n  - {{path_prefix: /, upstream: secure, preserve_host: true}}\n",
+            backend.port(),
+            ca.pem.display()
+        );
+        let g = TestGateway::start(&y, SystemClock::new()).await;
+        let head = format!("GET /x HTTP/1.1\r\nHost: {elsewhere}\r\nConnection: close\r\n\r\n");
+        let a = raw(g.addr, head.as_bytes()).await;
+        assert_eq!(status_of(&a), 200, "{protocol}: {a}");
+        assert!(
+            a.ends_with(&format!("\r\n\r\n{version} {elsewhere}")),
+            "{protocol}: the target was not asked for the client's Host: {a}"
+        );
+    }
+}
+
 /// A cleartext HTTP/2 backend on loopback answering every request with `answer`.
 async fn h2c_backend<F, Fut, B>(answer: F) -> SocketAddr
 where

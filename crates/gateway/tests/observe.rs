@@ -397,7 +397,8 @@ routes:
     assert!(m.lines().any(|l| l == count), "{m}");
     let none = r#"tollgate_upstream_duration_seconds_count{route="down"}"#;
     assert!(
-        m.lines().all(|l| !l.starts_with(none) || l.ends_with("} 0")),
+        m.lines()
+            .all(|l| !l.starts_with(none) || l.ends_with("} 0")),
         "{m}"
     );
 }

@@ -65,6 +65,30 @@ where
     }
 }
 
+/// A connector that dials one target whatever authority the request names: the
+/// authority is what the target is asked for (`preserve_host` passes the client's `Host`
+/// as HTTP/2's `:authority`), never where the gateway connects. TLS names the target (SNI
+/// and the certificate's name), as nginx's `proxy_ssl_name` does by default.
+#[derive(Clone, Debug)]
+pub struct Pinned<C> {
+    inner: C,
+    to: http::Uri,
+}
+
+impl<C: tower_service::Service<http::Uri>> tower_service::Service<http::Uri> for Pinned<C> {
+    type Response = C::Response;
+    type Error = C::Error;
+    type Future = C::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), C::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, _asked: http::Uri) -> C::Future {
+        self.inner.call(self.to.clone())
+    }
+}
+
 /// What a connection not made within `connect_timeout` is called.
 pub const CONNECT_TIMED_OUT: &str = "connect timed out";
 
@@ -90,13 +114,13 @@ pub fn connect_failure(e: &(dyn std::error::Error + 'static)) -> (&'static str, 
     ("connection refused", e.to_string())
 }
 
-type Pooled = Client<Timed<HttpsConnector<HttpConnector>>, UpBody>;
+type Pooled = Client<Timed<Pinned<HttpsConnector<HttpConnector>>>, UpBody>;
 
 /// Most HTTP/2 connections to one target: past their streams, requests share the least
 /// busy one.
 const MAX_LANES: usize = 16;
 
-/// One pooled client: for HTTP/2, one connection to each target.
+/// One pooled client to one target: for HTTP/2, one connection (one per authority asked).
 #[derive(Debug)]
 struct Lane {
     client: Pooled,
@@ -114,17 +138,18 @@ impl Drop for LaneSlot {
     }
 }
 
-/// A pooled client for one upstream's targets. Over HTTP/2, hyper's pool keeps one
-/// connection per target: streams whose clients stop reading would take all it may
-/// carry (the upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, or its window) and stall every
-/// other request. So it has lanes, each a pool of its own (another connection to each
-/// target), and a request takes the first with room for another stream
-/// (`max_concurrent_streams` per target), as Envoy's pool opens a connection when the
-/// others are full.
+/// Pooled clients for one upstream's targets, each pinned to its target. Over HTTP/2,
+/// hyper's pool keeps one connection per target: streams whose clients stop reading would
+/// take all it may carry (the upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, or its window)
+/// and stall every other request. So each target has lanes, each a pool of its own
+/// (another connection), and a request takes the first with room for another stream
+/// (`max_concurrent_streams`), as Envoy's pool opens a connection when the others are
+/// full.
 #[derive(Clone, Debug)]
 pub struct AltClient {
-    lanes: Arc<[Lane]>,
-    /// Streams the lanes take each before the next is used (all targets' together).
+    /// Each target's lanes, in the order of the upstream's `targets`.
+    targets: Arc<[Box<[Lane]>]>,
+    /// Streams a lane takes before the next is used.
     per_lane: usize,
     scheme: Scheme,
     h2: bool,
@@ -174,10 +199,6 @@ impl AltClient {
         } else {
             b.enable_http1().wrap_connector(http)
         };
-        let connector = Timed {
-            inner,
-            timeout: cfg.connect_timeout,
-        };
         let lanes = if h2 { MAX_LANES } else { 1 };
         let mut builder = Client::builder(TokioExecutor::new());
         builder
@@ -193,15 +214,32 @@ impl AltClient {
             // 256 streams' is what a usual server's stream limit (100 to 250) can hold.
             .http2_initial_stream_window_size(H2_STREAM_WINDOW)
             .http2_initial_connection_window_size(H2_STREAM_WINDOW * 256);
-        let lanes: Vec<Lane> = (0..lanes)
-            .map(|_| Lane {
-                client: builder.build(connector.clone()),
-                active: Arc::default(),
-            })
-            .collect();
+        let scheme = if cfg.tls { "https" } else { "http" };
+        let mut targets = Vec::with_capacity(cfg.targets.len());
+        for t in &cfg.targets {
+            let to = http::Uri::try_from(format!("{scheme}://{t}/"))
+                .map_err(|e| ConnectError::Io(std::io::Error::other(format!("{t}: {e}"))))?;
+            let connector = Timed {
+                inner: Pinned {
+                    inner: inner.clone(),
+                    to,
+                },
+                timeout: cfg.connect_timeout,
+            };
+            let lanes: Box<[Lane]> = (0..lanes)
+                .map(|_| Lane {
+                    client: builder.build(connector.clone()),
+                    active: Arc::default(),
+                })
+                .collect();
+            targets.push(lanes);
+        }
+        if targets.is_empty() {
+            return Err(ConnectError::Io(std::io::Error::other("no targets")));
+        }
         Ok(AltClient {
-            lanes: lanes.into(),
-            per_lane: cfg.max_concurrent_streams.max(1) * cfg.targets.len().max(1),
+            targets: targets.into(),
+            per_lane: cfg.max_concurrent_streams.max(1),
             scheme: if cfg.tls { Scheme::HTTPS } else { Scheme::HTTP },
             h2,
         })
@@ -227,27 +265,31 @@ impl AltClient {
             .ok()
     }
 
-    /// Sends `req` (absolute URI) and returns the response head, with the request's place
-    /// on its lane: keep it with the answer's body.
+    /// Sends `req` (absolute URI) to the upstream's target `at` (its place in `targets`)
+    /// and returns the response head, with the request's place on its lane: keep it with
+    /// the answer's body.
     pub async fn send(
         &self,
+        at: usize,
         req: http::Request<UpBody>,
     ) -> Result<(http::Response<hyper::body::Incoming>, LaneSlot), hyper_util::client::legacy::Error>
     {
-        let lane = self.lane();
+        let lane = self.lane(at);
         lane.active.fetch_add(1, Ordering::Relaxed);
         let slot = LaneSlot(lane.active.clone());
         let resp = lane.client.request(req).await?;
         Ok((resp, slot))
     }
 
-    /// The first lane with room for another stream, else the least busy.
-    fn lane(&self) -> &Lane {
+    /// Target `at`'s first lane with room for another stream, else its least busy.
+    fn lane(&self, at: usize) -> &Lane {
+        // Every target has lanes (`new` refuses an upstream without targets).
+        let lanes = self.targets.get(at).unwrap_or(&self.targets[0]);
         let busy = |l: &&Lane| l.active.load(Ordering::Relaxed);
-        self.lanes
+        lanes
             .iter()
             .find(|l| busy(l) < self.per_lane)
-            .or_else(|| self.lanes.iter().min_by_key(busy))
-            .unwrap_or(&self.lanes[0])
+            .or_else(|| lanes.iter().min_by_key(busy))
+            .unwrap_or(&lanes[0])
     }
 }

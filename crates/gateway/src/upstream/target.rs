@@ -143,14 +143,18 @@ impl Upstream {
         let targets = cfg
             .targets
             .iter()
-            .filter_map(|t| {
+            .map(|t| {
                 let cap = Cap::new(cfg.max_connections);
                 // `Host` without the scheme's own port, as clients write it.
                 let default = if cfg.tls { ":443" } else { ":80" };
                 let host = t.strip_suffix(default).unwrap_or(t);
-                Some(Target {
+                // Validated as `host:port`; a target keeps its place either way (it is
+                // its lanes' on the alternative client).
+                let host = HeaderValue::from_str(host)
+                    .unwrap_or_else(|_| HeaderValue::from_static("invalid"));
+                Target {
                     name: Arc::from(t.as_str()),
-                    host: HeaderValue::from_str(host).ok()?,
+                    host,
                     pool: h1::Pool::new(
                         t,
                         cfg.pool_max_idle,
@@ -160,7 +164,7 @@ impl Upstream {
                     ),
                     cap,
                     health: Health::default(),
-                })
+                }
             })
             .collect();
         let alt = AltClient::needed(&cfg)

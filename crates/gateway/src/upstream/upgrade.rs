@@ -45,7 +45,7 @@ pub async fn upgrade(
     let client = up
         .upgrade_client()
         .ok_or(Refusal::Upstream("no client for upgrades"))?;
-    let (_, target) = up
+    let (at, target) = up
         .pick(hop.route, false)
         .map_err(|none| none.unwrap_or(Refusal::NoHealthyTarget))?;
     let uri = client
@@ -71,7 +71,7 @@ pub async fn upgrade(
     if let Some(n) = hop.note_target {
         n.tried(&target.name);
     }
-    let mut resp = match tokio::time::timeout(up.cfg.response_timeout, client.send(req)).await {
+    let mut resp = match tokio::time::timeout(up.cfg.response_timeout, client.send(at, req)).await {
         Err(_) => {
             up.outcome(target, false);
             log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);

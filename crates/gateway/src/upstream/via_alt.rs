@@ -65,8 +65,8 @@ pub(super) async fn forward(
     // has been tried.
     let mut unreached = None;
     for attempt in 0..up.targets.len().max(1) {
-        let target = match up.pick(hop.route, attempt > 0) {
-            Ok((_, t)) => t,
+        let (at, target) = match up.pick(hop.route, attempt > 0) {
+            Ok(picked) => picked,
             Err(none) => {
                 last = none.unwrap_or(last);
                 break;
@@ -80,13 +80,11 @@ pub(super) async fn forward(
             (None, Some(b)) => b,
             (None, None) => break,
         };
-        let authority = if hop.preserve_host {
-            client_host
-                .as_ref()
-                .and_then(|h| h.to_str().ok())
-                .unwrap_or(&target.name)
-        } else {
-            &target.name
+        // HTTP/2 asks for the client's host in `:authority`; HTTP/1.1 in `Host`, kept in
+        // `headers`. The connection goes to the target either way (the client is pinned).
+        let authority = match &client_host {
+            Some(h) if hop.preserve_host && h2 => h.to_str().unwrap_or(&target.name),
+            _ => &target.name,
         };
         let Some(uri) = alt.uri(authority, &pq) else {
             return Err(Refusal::BadRequest("invalid request target"));
@@ -102,7 +100,7 @@ pub(super) async fn forward(
             h.insert(header::HOST, target.host.clone());
         }
         *req.headers_mut() = h;
-        match tokio::time::timeout(up.cfg.response_timeout, alt.send(req)).await {
+        match tokio::time::timeout(up.cfg.response_timeout, alt.send(at, req)).await {
             Err(_) => {
                 up.outcome(target, false);
                 log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
