@@ -325,8 +325,9 @@ async fn passive_checks_take_failing_targets_out_but_never_the_last() {
     let (good, good_hits) = status_backend(good_status.clone()).await;
     let (bad, bad_hits) = status_backend(bad_status.clone()).await;
     let dead = closed_port().await;
+    let (failing, failing_hits) = status_backend(Arc::new(AtomicUsize::new(503))).await;
     let y = format!(
-        "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  backend: {{targets: [\"{good}\", \"{bad}\", \"{dead}\"], health: {{failures: 2, backoff: 1h}}}}\n  gone: {{targets: [\"{dead}\"], health: {{failures: 1, backoff: 1h}}}}\nroutes:\n  - {{path_prefix: /gone, upstream: gone}}\n  - {{path_prefix: /, upstream: backend}}\n"
+        "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  backend: {{targets: [\"{good}\", \"{bad}\", \"{dead}\"], health: {{failures: 2, backoff: 1h}}}}\n  gone: {{targets: [\"{dead}\"], health: {{failures: 1, backoff: 1h}}}}\n  pair: {{targets: [\"{dead}\", \"{failing}\"], health: {{failures: 1, backoff: 1h}}}}\nroutes:\n  - {{path_prefix: /gone, upstream: gone}}\n  - {{path_prefix: /pair, upstream: pair}}\n  - {{path_prefix: /, upstream: backend}}\n"
     );
     let g = TestGateway::start(&y, SystemClock::new()).await;
     let c = TestClient::default();
@@ -388,6 +389,15 @@ async fn passive_checks_take_failing_targets_out_but_never_the_last() {
     assert_eq!(c.get(&g.url("/x")).await.status, 200);
     let m = g.gw.metrics_text();
     assert_eq!(healthy_gauge(&m, bad), Some(1), "{m}");
+
+    // With every target out, a request whose target refuses its connection moves on to
+    // the next, as any retry does (nginx's `proxy_next_upstream`): each answer is the
+    // failing target's own 503, never the refused connection's 502.
+    for i in 0..6 {
+        let a = c.get(&g.url("/pair")).await;
+        assert_eq!((a.status.as_u16(), a.body.as_str()), (503, "ok"), "request {i}");
+    }
+    assert_eq!(failing_hits.load(Ordering::Relaxed), 6);
 }
 
 #[tokio::test]

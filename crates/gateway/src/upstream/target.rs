@@ -208,11 +208,12 @@ impl Upstream {
             .collect()
     }
 
-    /// The next healthy target, round-robin, with its index. When there is none: after a
-    /// try that was made (`tried`), `Err(None)`, since that try's failure is the answer;
-    /// otherwise the next target active checks keep in (passive checks alone do not leave
-    /// an upstream without targets), else the refusal, counted and logged (for `route`)
-    /// when it is for want of a healthy target (503).
+    /// The next healthy target, round-robin, with its index. When there is none, the next
+    /// target active checks keep in (passive checks alone do not leave an upstream
+    /// without targets, and a retry moves on among those too). When active checks keep
+    /// none in: after a try that was made (`tried`), `Err(None)`, since that try's
+    /// failure is the answer; otherwise the refusal, counted and logged (for `route`) as
+    /// for want of a healthy target (503).
     pub(super) fn pick(
         &self,
         route: &str,
@@ -229,9 +230,6 @@ impl Upstream {
                 return Ok((i, t));
             }
         }
-        if tried {
-            return Err(None);
-        }
         // Passive checks alone have taken out every target active checks (if any) keep
         // in: requests go to those anyway, round-robin, and a success brings a target
         // back. A verdict drawn from requests, which a client can provoke (answers it
@@ -241,9 +239,14 @@ impl Upstream {
         for k in 0..n {
             let i = start.wrapping_add(k) % n;
             if let Some(t) = self.targets.get(i).filter(|t| t.health.actively_up()) {
-                log_every_target_out(self, route);
+                if !tried {
+                    log_every_target_out(self, route);
+                }
                 return Ok((i, t));
             }
+        }
+        if tried {
+            return Err(None);
         }
         self.stats.no_healthy.inc();
         log_no_healthy_target(self, route);
