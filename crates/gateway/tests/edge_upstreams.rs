@@ -395,7 +395,11 @@ async fn passive_checks_take_failing_targets_out_but_never_the_last() {
     // failing target's own 503, never the refused connection's 502.
     for i in 0..6 {
         let a = c.get(&g.url("/pair")).await;
-        assert_eq!((a.status.as_u16(), a.body.as_str()), (503, "ok"), "request {i}");
+        assert_eq!(
+            (a.status.as_u16(), a.body.as_str()),
+            (503, "ok"),
+            "request {i}"
+        );
     }
     assert_eq!(failing_hits.load(Ordering::Relaxed), 6);
 }

@@ -125,6 +125,11 @@ impl Cache {
             // and a 200 answers a conditional request, a HEAD and a range too (as nginx
             // and Varnish fetch a miss: a GET, without the client's range).
             let mut parts = parts;
+            // A range's request as the client sent it, should the answer not be kept.
+            let ranged = parts
+                .headers
+                .contains_key(header::RANGE)
+                .then(|| parts.copy());
             let mut asked = Fields::default();
             for name in [
                 header::IF_NONE_MATCH,
@@ -140,7 +145,8 @@ impl Cache {
             parts.method = Method::GET;
             let sent = parts.copy();
             let born = self.store.born(uri);
-            let resp = match up().fetch(parts).await {
+            let up = up();
+            let resp = match up.fetch(parts).await {
                 Ok(r) => r,
                 Err(e) => {
                     // The waiting ones go upstream together, or are served stale.
@@ -166,6 +172,17 @@ impl Cache {
                 self.store.cacheable_again(&flight);
             } else {
                 self.store.mark_uncacheable(&flight, ask.now_ns);
+                // A whole answer that will not be kept is not read through to the part
+                // a client asked for (a byte at the end of a large file would cost the
+                // whole file): its range goes upstream as it asked, as the requests that
+                // follow for the key go (as nginx's `proxy_cache_max_range_offset` sends
+                // such ranges).
+                if let Some(ranged) = ranged.filter(|_| resp.status() == StatusCode::OK) {
+                    drop(resp);
+                    return self
+                        .straight_upstream(&*up, ranged, miss.status(false))
+                        .await;
+                }
             }
             // A client whose conditional the answer satisfies gets its 304; the answer
             // is stored all the same (its fill does not need this client).
