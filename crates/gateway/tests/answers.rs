@@ -260,7 +260,9 @@ async fn cors_preflight_is_answered_at_the_edge() {
         "content-type, x-api-key"
     );
     assert_eq!(a.header("access-control-max-age"), "600");
-    assert_eq!(a.header("vary"), "Origin");
+    // The headers allowed are the ones asked for: the answer varies with them too.
+    let vary: Vec<_> = a.headers.get_all("vary").iter().collect();
+    assert_eq!(vary, ["Access-Control-Request-Headers", "Origin"]);
     assert_eq!(
         hits.load(std::sync::atomic::Ordering::SeqCst),
         0,
@@ -288,6 +290,23 @@ async fn cors_preflight_is_answered_at_the_edge() {
         "content-type, x-api-key"
     );
     assert_eq!(a.header("access-control-allow-credentials"), "true");
+    let vary: Vec<_> = a.headers.get_all("vary").iter().collect();
+    assert!(
+        vary.iter().any(|v| *v == "Access-Control-Request-Headers"),
+        "{vary:?}"
+    );
+    // But for `Authorization`, which the Fetch standard's `*` never covers: it is
+    // allowed only where it is named.
+    let asks_auth = [
+        ("Origin", "https://app.example"),
+        ("Access-Control-Request-Method", "GET"),
+        ("Access-Control-Request-Headers", "authorization, x-trace"),
+    ];
+    let a = c
+        .request(Method::OPTIONS, &gw.url("/cred/x"), &asks_auth, "")
+        .await;
+    assert_eq!(a.status, StatusCode::NO_CONTENT);
+    assert_eq!(a.header("access-control-allow-headers"), "x-trace");
 
     // Actual requests (and refusals) from an allowed origin carry the CORS headers.
     let a = c

@@ -56,13 +56,20 @@ pub fn preflight(route: &Route, parts: &Parts) -> Result<Option<Response<Body>>,
         h.insert(ACCESS_CONTROL_ALLOW_METHODS, v);
     }
     // `*` with credentials would be read as a header named `*`: the headers the preflight
-    // asks for are what it means.
+    // asks for are what it means, but for `Authorization`, which the Fetch standard's `*`
+    // never covers (it must be named).
     let wildcard = |l: &Vec<http::HeaderName>| l.iter().any(|n| n.as_str() == "*");
+    let asked = parts.headers.get(ACCESS_CONTROL_REQUEST_HEADERS);
     match &cors.headers {
         Some(list) if cors.credentials && wildcard(list) => {
-            if let Some(asked) = parts.headers.get(ACCESS_CONTROL_REQUEST_HEADERS) {
-                h.insert(ACCESS_CONTROL_ALLOW_HEADERS, asked.clone());
+            let named = list.contains(&http::header::AUTHORIZATION);
+            if let Some(v) = asked.and_then(|a| but_authorization(a, named)) {
+                h.insert(ACCESS_CONTROL_ALLOW_HEADERS, v);
             }
+            h.append(
+                VARY,
+                HeaderValue::from_static("Access-Control-Request-Headers"),
+            );
         }
         Some(list) if !list.is_empty() => {
             let names: Vec<&str> = list.iter().map(|n| n.as_str()).collect();
@@ -72,9 +79,13 @@ pub fn preflight(route: &Route, parts: &Parts) -> Result<Option<Response<Body>>,
         }
         Some(_) => {}
         None => {
-            if let Some(asked) = parts.headers.get(ACCESS_CONTROL_REQUEST_HEADERS) {
+            if let Some(asked) = asked {
                 h.insert(ACCESS_CONTROL_ALLOW_HEADERS, asked.clone());
             }
+            h.append(
+                VARY,
+                HeaderValue::from_static("Access-Control-Request-Headers"),
+            );
         }
     }
     if let Some(age) = cors.max_age {
@@ -88,6 +99,24 @@ pub fn preflight(route: &Route, parts: &Parts) -> Result<Option<Response<Body>>,
     }
     vary_origin(cors, h);
     Ok(Some(r))
+}
+
+/// The header names `asked` lists, less `Authorization` unless `named`; `None` when none
+/// is left.
+fn but_authorization(asked: &HeaderValue, named: bool) -> Option<HeaderValue> {
+    if named {
+        return Some(asked.clone());
+    }
+    let text = asked.to_str().ok()?;
+    let kept: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && !n.eq_ignore_ascii_case("authorization"))
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&kept.join(", ")).ok()
 }
 
 /// Adds the CORS headers for an allowed origin to an actual (non-preflight) response.
