@@ -62,6 +62,17 @@ fn answer(head: &str, n: usize) -> (Vec<u8>, bool) {
             "12",
         ),
         "/private-digits" => reply("200 OK", "Cache-Control: private\r\n", "0123456789"),
+        // Modified a second before it was sent, or within its second.
+        "/lm-digits" => reply(
+            "200 OK",
+            "Date: Sun, 06 Dec 2026 10:00:01 GMT\r\nLast-Modified: Sun, 06 Dec 2026 10:00:00 GMT\r\nCache-Control: max-age=60\r\n",
+            "0123456789",
+        ),
+        "/same-second-digits" => reply(
+            "200 OK",
+            "Date: Sun, 06 Dec 2026 10:00:00 GMT\r\nLast-Modified: Sun, 06 Dec 2026 10:00:00 GMT\r\nCache-Control: max-age=60\r\n",
+            "0123456789",
+        ),
         "/date-only" => reply(
             "200 OK",
             "Date: Thu, 01 Jan 1970 00:00:00 GMT\r\nCache-Control: max-age=60\r\n",
@@ -370,11 +381,21 @@ async fn a_range_miss_fetches_the_whole_answer_and_serves_its_part() {
     let held = [("Range", "bytes=9-"), ("If-Range", "\"d\"")];
     let a = s.get("/digits?e", &held).await;
     assert_eq!((a.status.as_u16(), a.body.as_str()), (206, "9"));
+    // An `If-Range` date holds only for a strong `Last-Modified`: one a second or more
+    // before the answer's `Date` (RFC 9110 §8.8.2.2).
+    let dated = [
+        ("Range", "bytes=9-"),
+        ("If-Range", "Sun, 06 Dec 2026 10:00:00 GMT"),
+    ];
+    let a = s.get("/lm-digits", &dated).await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (206, "9"));
+    let a = s.get("/same-second-digits", &dated).await;
+    assert_eq!((a.status.as_u16(), a.body.as_str()), (200, "0123456789"));
     // A whole answer that will not be stored is not read through to the part asked for
     // (a byte at the end of a large file would cost the whole file): the range goes
     // upstream as the client sent it, and so do the key's next ones while it passes.
     let range = [("Range", "bytes=1-2")];
-    for n in [7, 8] {
+    for n in [9, 10] {
         let a = s.get("/private-digits", &range).await;
         assert_eq!((a.status.as_u16(), a.body.as_str()), (206, "12"));
         assert_eq!(a.header("content-range"), "bytes 1-2/10");
@@ -382,7 +403,7 @@ async fn a_range_miss_fetches_the_whole_answer_and_serves_its_part() {
         assert!(sent.contains("range: bytes=1-2"), "{sent}");
         assert_eq!(s.upstream(), n);
     }
-    let whole = s.heads.lock().expect("heads")[5].to_ascii_lowercase();
+    let whole = s.heads.lock().expect("heads")[7].to_ascii_lowercase();
     assert!(
         whole.starts_with("get /private-digits ") && !whole.contains("range:"),
         "{whole}"

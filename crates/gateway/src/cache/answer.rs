@@ -151,7 +151,9 @@ pub(crate) fn byte_range(req: &Fields, len: usize) -> Option<Result<std::ops::Ra
 }
 
 /// Whether `If-Range` lets a range of an answer with `headers` be served (RFC 9110
-/// §13.1.5): its strong entity tag or its exact `Last-Modified` date.
+/// §13.1.5): its strong entity tag, or its exact `Last-Modified` date when that is a
+/// strong validator (at least a second before the answer's `Date`, §8.8.2.2: a file
+/// changed twice within its second would otherwise mix two versions' bytes).
 pub(super) fn if_range_holds(req: &Fields, headers: &HeaderMap) -> bool {
     let Some(v) = req.get(header::IF_RANGE) else {
         return true;
@@ -163,9 +165,21 @@ pub(super) fn if_range_holds(req: &Fields, headers: &HeaderMap) -> bool {
     if v.starts_with(b"W/") {
         return false;
     }
+    let date = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| httpdate::parse_http_date(v.to_str().ok()?).ok())
+    };
+    let strong = match (date(header::LAST_MODIFIED), date(header::DATE)) {
+        (Some(modified), Some(dated)) => dated
+            .duration_since(modified)
+            .is_ok_and(|d| d >= std::time::Duration::from_secs(1)),
+        _ => true,
+    };
     headers
         .get(header::LAST_MODIFIED)
         .is_some_and(|t| t.as_bytes() == v)
+        && strong
 }
 
 /// The byte range `asked` (the client's `Range` and `If-Range`) of an upstream's whole
