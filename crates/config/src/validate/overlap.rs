@@ -61,12 +61,20 @@ impl<'a> Match<'a> {
             && self.any_case == other.any_case
     }
 
+    /// Whether this takes `method` (upper case): a route without a list takes all but
+    /// `TRACE`, as the method filter does.
+    fn takes(&self, method: &str) -> bool {
+        match &self.methods {
+            None => method != "TRACE",
+            Some(list) => list.iter().any(|m| m == method),
+        }
+    }
+
     /// Whether this takes a method `other` does not.
     fn takes_more(&self, other: &Match<'_>) -> bool {
-        match (&self.methods, &other.methods) {
-            (_, None) => false,
-            (None, Some(_)) => true,
-            (Some(mine), Some(theirs)) => mine.iter().any(|m| !theirs.contains(m)),
+        match &self.methods {
+            None => other.methods.is_some(),
+            Some(mine) => mine.iter().any(|m| !other.takes(m)),
         }
     }
 }
@@ -100,6 +108,31 @@ pub(super) fn overlaps(routes: &[Route], p: &mut Problems) {
         let guarded = r.auth.is_some() || r.allow.is_some() || !r.limits.is_empty();
         if !guarded || a.methods.is_none() {
             continue;
+        }
+        // Some of its methods taken first by an open route on the same paths.
+        let first = matches.iter().enumerate().take(i).find_map(|(j, b)| {
+            let b = b
+                .as_ref()
+                .filter(|b| b.same(a) && routes[j].auth.is_none())?;
+            let taken: Vec<&str> = a
+                .methods
+                .iter()
+                .flatten()
+                .map(String::as_str)
+                .filter(|m| b.takes(m))
+                .collect();
+            (!taken.is_empty() && a.takes_more(b)).then_some((j, taken))
+        });
+        if let Some((j, taken)) = first {
+            p.warn(
+                format!("routes[{i}].methods"),
+                format!(
+                    "{} requests to {:?} go to {}, which comes first and has no `auth`: they skip this route's key check, `allow` and limits, and their key goes upstream",
+                    taken.join(", "),
+                    a.path,
+                    label(j)
+                ),
+            );
         }
         let open = matches.iter().enumerate().find(|(j, b)| {
             *j != i

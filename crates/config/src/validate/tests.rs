@@ -925,6 +925,9 @@ routes:
   - {name: again, path_prefix: /b/, upstream: backend, methods: [GET]}
   - {name: posts, path_prefix: /b/, upstream: backend, methods: [POST], auth: {}}
   - {name: all, path_prefix: /, upstream: backend}
+  - {name: open, path_prefix: /x/, upstream: backend, methods: [GET, POST]}
+  - {name: guarded, path_prefix: /x/, upstream: backend, methods: [POST, DELETE], auth: {}}
+  - {name: trace, path_prefix: /b/, upstream: backend, methods: [TRACE]}
 "#,
     )
     .expect("valid: warnings, not problems");
@@ -946,6 +949,19 @@ routes:
         "{warned:#?}"
     );
     assert!(has("routes[3]", "never used"), "{warned:#?}");
+    // An open route first on the same paths takes some of a guarded route's methods.
+    assert!(
+        has(
+            "routes[6].methods",
+            "POST requests to \"/x/\" go to routes[5] (\"open\"), which comes first"
+        ),
+        "{warned:#?}"
+    );
+    // A route without a list of methods does not take TRACE: one that lists it is used.
+    assert!(
+        !warned.iter().any(|w| w.starts_with("routes[7]")),
+        "{warned:#?}"
+    );
     assert!(
         !warned
             .iter()
