@@ -460,6 +460,13 @@ async fn active_checks_take_a_target_out_and_bring_it_back() {
 /// protocol version and the Host it saw; on `/coded`, under `Transfer-Encoding: gzip`
 /// (which its HTTP/1.1 server sends as `gzip, chunked`).
 async fn https_backend(leaf: &common::tls::Leaf) -> SocketAddr {
+    https_backend_counted(leaf).await.0
+}
+
+/// [`https_backend`], with the count of connections it accepted.
+async fn https_backend_counted(leaf: &common::tls::Leaf) -> (SocketAddr, Arc<AtomicUsize>) {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -474,6 +481,7 @@ async fn https_backend(leaf: &common::tls::Leaf) -> SocketAddr {
     let addr = l.local_addr().expect("addr");
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let Ok(s) = acceptor.accept(s).await else {
@@ -500,7 +508,7 @@ async fn https_backend(leaf: &common::tls::Leaf) -> SocketAddr {
             });
         }
     });
-    addr
+    (addr, accepted)
 }
 
 #[tokio::test]
@@ -577,6 +585,25 @@ async fn a_preserved_host_is_what_the_target_is_asked_for_never_where_the_gatewa
             "{protocol}: the target was not asked for the client's Host: {a}"
         );
     }
+    // Over HTTP/2 each host asked for has connections of its own, up to 64 hosts; past
+    // them, a request asks for the target's authority and keeps its `Host` as a header
+    // (this backend reads `Host` first), so naming hosts opens no more connections.
+    let (backend, accepted) = https_backend_counted(&leaf).await;
+    let y = format!(
+        "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  secure: {{targets: [\"https://localhost:{}\"], ca_file: \"{}\", protocol: h2}}\nroutes:\n  - {{path_prefix: /, upstream: secure, preserve_host: true}}\n",
+        backend.port(),
+        ca.pem.display()
+    );
+    let g = TestGateway::start(&y, SystemClock::new()).await;
+    for n in 0..70 {
+        let host = format!("h{n}.example");
+        let head = format!("GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let a = raw(g.addr, head.as_bytes()).await;
+        assert_eq!(status_of(&a), 200, "{n}: {a}");
+        assert!(a.ends_with(&format!("HTTP/2.0 {host}")), "{n}: {a}");
+    }
+    // 64 hosts' connections, and one for the target's authority.
+    assert_eq!(accepted.load(Ordering::SeqCst), 65);
 }
 
 /// A cleartext HTTP/2 backend on loopback answering every request with `answer`.

@@ -153,7 +153,15 @@ pub struct AltClient {
     per_lane: usize,
     scheme: Scheme,
     h2: bool,
+    /// The clients' hosts asked for as HTTP/2's `:authority` (`preserve_host`), each with
+    /// connections of its own: at most [`MAX_AUTHORITIES`], so clients cannot open
+    /// connections to a target by naming hosts.
+    authorities: Arc<parking_lot::Mutex<std::collections::HashSet<Box<str>>>>,
 }
+
+/// Most client hosts an HTTP/2 upstream's connections are kept apart for; past them, a
+/// request asks for the target's authority, with the client's `Host` as a header.
+const MAX_AUTHORITIES: usize = 64;
 
 /// The system's trust roots, read once.
 fn system_roots() -> Arc<rustls::RootCertStore> {
@@ -242,7 +250,22 @@ impl AltClient {
             per_lane: cfg.max_concurrent_streams.max(1),
             scheme: if cfg.tls { Scheme::HTTPS } else { Scheme::HTTP },
             h2,
+            authorities: Arc::default(),
         })
+    }
+
+    /// Whether `host` may be asked for as `:authority`: one of the first
+    /// [`MAX_AUTHORITIES`] hosts asked for.
+    pub fn room_for(&self, host: &str) -> bool {
+        let mut known = self.authorities.lock();
+        if known.contains(host) {
+            return true;
+        }
+        if known.len() >= MAX_AUTHORITIES {
+            return false;
+        }
+        known.insert(host.into());
+        true
     }
 
     /// Whether it speaks HTTP/2.

@@ -82,10 +82,14 @@ pub(super) async fn forward(
         };
         // HTTP/2 asks for the client's host in `:authority`; HTTP/1.1 in `Host`, kept in
         // `headers`. The connection goes to the target either way (the client is pinned).
-        let authority = match &client_host {
-            Some(h) if hop.preserve_host && h2 => h.to_str().unwrap_or(&target.name),
-            _ => &target.name,
-        };
+        // Past the hosts an upstream keeps connections apart for, the target's authority,
+        // with the client's `Host` kept as a header.
+        let own = client_host
+            .as_ref()
+            .filter(|_| hop.preserve_host && h2)
+            .and_then(|h| h.to_str().ok())
+            .filter(|h| alt.room_for(h));
+        let authority = own.unwrap_or(&target.name);
         let Some(uri) = alt.uri(authority, &pq) else {
             return Err(Refusal::BadRequest("invalid request target"));
         };
@@ -93,7 +97,7 @@ pub(super) async fn forward(
         *req.method_mut() = method.clone();
         *req.uri_mut() = uri;
         let mut h = headers.clone();
-        if h2 {
+        if h2 && (own.is_some() || !hop.preserve_host) {
             // HTTP/2 names the host in `:authority`.
             h.remove(header::HOST);
         } else if !hop.preserve_host {
