@@ -179,9 +179,10 @@ impl Cache {
                 // such ranges).
                 if let Some(ranged) = ranged.filter(|_| resp.status() == StatusCode::OK) {
                     drop(resp);
-                    return self
-                        .straight_upstream(&*up, ranged, miss.status(false))
-                        .await;
+                    // One miss, counted above.
+                    let resp = up.fetch(ranged).await?;
+                    let resp = resp.map(http_body_util::Either::Left);
+                    return Ok(answer::with_status(resp, miss.status(false)));
                 }
             }
             // A client whose conditional the answer satisfies gets its 304; the answer
