@@ -36,6 +36,7 @@ pub fn spawn_syncer(cluster: Arc<Cluster>, clock: Arc<dyn Clock>) -> tokio::task
             clock,
             conn: None,
             last_heartbeat: None,
+            beat_wall: None,
             resumed: None,
             partly: None,
             rounds: 0,
@@ -126,7 +127,9 @@ struct Syncer {
     /// The connection and the lease script's digest (none: connect at the next tick).
     conn: Option<(RedisConn, String)>,
     last_heartbeat: Option<Instant>,
-    /// When Redis answered again after it failed: for a node's time to live after it,
+    /// The last heartbeat's time on the node's clock, and on the monotonic one.
+    beat_wall: Option<(Instant, u64)>,
+    /// When Redis answered again after it failed, or the clock jumped forward: for a node's time to live after it,
     /// the other nodes may not have renewed their marks yet (the first node back trims
     /// them), so the count of nodes is not lowered then.
     resumed: Option<Instant>,
@@ -243,7 +246,19 @@ impl Syncer {
         let mut cmds = commands(c, &asks, sha, wall);
         let mut nodes_at = None;
         if heartbeat {
-            self.last_heartbeat = Some(Instant::now());
+            let now = Instant::now();
+            self.last_heartbeat = Some(now);
+            // A clock stepped forward past the others' marks trims them all (each mark is
+            // dated by its node's clock): the count of nodes is not lowered for a mark's
+            // lifetime after, as after Redis comes back, so this node does not take itself
+            // for alone and admit the whole cluster's credit.
+            if let Some((at, was)) = self.beat_wall {
+                let ran = u64::try_from(now.duration_since(at).as_nanos()).unwrap_or(u64::MAX);
+                if wall.saturating_sub(was) > ran.saturating_add(1_000_000_000) {
+                    self.resumed = Some(now);
+                }
+            }
+            self.beat_wall = Some((now, wall));
             nodes_at = Some(cmds.len() + 3);
             cmds.extend(heartbeat_commands(c, wall));
         }
