@@ -129,9 +129,9 @@ struct Syncer {
     last_heartbeat: Option<Instant>,
     /// The last heartbeat's time on the node's clock, and on the monotonic one.
     beat_wall: Option<(Instant, u64)>,
-    /// When Redis answered again after it failed, or the clock jumped forward: for a node's time to live after it,
-    /// the other nodes may not have renewed their marks yet (the first node back trims
-    /// them), so the count of nodes is not lowered then.
+    /// When Redis answered again after it failed, or the clock stepped forward: for a
+    /// node's time to live after it, the other nodes may not have renewed their marks yet
+    /// (the first node back trims them), so the count of nodes is not lowered then.
     resumed: Option<Instant>,
     /// When part of a Redis Cluster last failed, until it has answered for a while.
     partly: Option<Instant>,
