@@ -496,6 +496,12 @@ async fn https_backend_counted(leaf: &common::tls::Leaf) -> (SocketAddr, Arc<Ato
                         .unwrap_or_default();
                     let body = format!("{:?} {host}", req.version());
                     let mut resp = Response::new(Full::new(Bytes::from(body)));
+                    // What HTTP/2's `:authority` asked for, when it did.
+                    if let Some(a) = req.uri().authority() {
+                        if let Ok(v) = http::HeaderValue::from_str(a.as_str()) {
+                            resp.headers_mut().insert("x-authority", v);
+                        }
+                    }
                     if req.uri().path() == "/coded" && req.version() == http::Version::HTTP_11 {
                         resp.headers_mut()
                             .insert("transfer-encoding", http::HeaderValue::from_static("gzip"));
@@ -570,15 +576,20 @@ async fn a_preserved_host_is_what_the_target_is_asked_for_never_where_the_gatewa
     let (elsewhere, _) =
         raw_backend(|_| Some(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nelsewhere".to_vec()))
             .await;
-    for (protocol, version) in [("http1", "HTTP/1.1"), ("h2", "HTTP/2.0")] {
-        let y = format!(
-            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  secure: {{targets: [\"https://localhost:{}\"], ca_file: \"{}\", protocol: {protocol}}}\nroutes:\n  - {{path_prefix: /, upstream: secure, preserve_host: true}}\n",
-            backend.port(),
+    // The gateway's config for `protocol` to the backend on `port`, with `more` settings.
+    let config = |port: u16, protocol: &str, more: &str| {
+        format!(
+            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  secure: {{targets: [\"https://localhost:{port}\"], ca_file: \"{}\", protocol: {protocol}{more}}}\nroutes:\n  - {{path_prefix: /, upstream: secure, preserve_host: true}}\n",
             ca.pem.display()
-        );
-        let g = TestGateway::start(&y, SystemClock::new()).await;
-        let head = format!("GET /x HTTP/1.1\r\nHost: {elsewhere}\r\nConnection: close\r\n\r\n");
-        let a = raw(g.addr, head.as_bytes()).await;
+        )
+    };
+    let ask = |addr, host: &str| {
+        let head = format!("GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        async move { raw(addr, head.as_bytes()).await }
+    };
+    for (protocol, version) in [("http1", "HTTP/1.1"), ("h2", "HTTP/2.0")] {
+        let g = TestGateway::start(&config(backend.port(), protocol, ""), SystemClock::new()).await;
+        let a = ask(g.addr, &elsewhere.to_string()).await;
         assert_eq!(status_of(&a), 200, "{protocol}: {a}");
         assert!(
             a.ends_with(&format!("\r\n\r\n{version} {elsewhere}")),
@@ -589,21 +600,43 @@ async fn a_preserved_host_is_what_the_target_is_asked_for_never_where_the_gatewa
     // them, a request asks for the target's authority and keeps its `Host` as a header
     // (this backend reads `Host` first), so naming hosts opens no more connections.
     let (backend, accepted) = https_backend_counted(&leaf).await;
-    let y = format!(
-        "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  secure: {{targets: [\"https://localhost:{}\"], ca_file: \"{}\", protocol: h2}}\nroutes:\n  - {{path_prefix: /, upstream: secure, preserve_host: true}}\n",
-        backend.port(),
-        ca.pem.display()
-    );
-    let g = TestGateway::start(&y, SystemClock::new()).await;
+    let g = TestGateway::start(&config(backend.port(), "h2", ""), SystemClock::new()).await;
     for n in 0..70 {
         let host = format!("h{n}.example");
-        let head = format!("GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-        let a = raw(g.addr, head.as_bytes()).await;
+        let a = ask(g.addr, &host).await;
         assert_eq!(status_of(&a), 200, "{n}: {a}");
         assert!(a.ends_with(&format!("HTTP/2.0 {host}")), "{n}: {a}");
+        let own = a.contains(&format!("x-authority: {host}\r\n"));
+        assert_eq!(own, n < 64, "{n}: {a}");
     }
     // 64 hosts' connections, and one for the target's authority.
     assert_eq!(accepted.load(Ordering::SeqCst), 65);
+    // A host is kept apart only while its connections live: once they have been idle
+    // for `idle_timeout` and closed, a new host has room again, so a burst of made-up
+    // hosts does not decide for good how later clients are asked for.
+    let g = TestGateway::start(
+        &config(backend.port(), "h2", ", idle_timeout: 100ms"),
+        SystemClock::new(),
+    )
+    .await;
+    for n in 0..64 {
+        assert_eq!(status_of(&ask(g.addr, &format!("b{n}.example")).await), 200);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut n = 0;
+    loop {
+        let host = format!("later{n}.example");
+        let a = ask(g.addr, &host).await;
+        assert_eq!(status_of(&a), 200, "{a}");
+        if a.contains(&format!("x-authority: {host}\r\n")) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no room for a new host after the first 64 went idle: {a}"
+        );
+        n += 1;
+    }
 }
 
 /// A cleartext HTTP/2 backend on loopback answering every request with `answer`.

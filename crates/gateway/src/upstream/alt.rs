@@ -6,6 +6,7 @@
 
 use super::body::UpBody;
 use super::dial::ConnectError;
+use super::hosts::{Held, Hold, Hosts};
 use http::uri::{Authority, Scheme};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -68,24 +69,37 @@ where
 /// A connector that dials one target whatever authority the request names: the
 /// authority is what the target is asked for (`preserve_host` passes the client's `Host`
 /// as HTTP/2's `:authority`), never where the gateway connects. TLS names the target (SNI
-/// and the certificate's name), as nginx's `proxy_ssl_name` does by default.
+/// and the certificate's name), as nginx's `proxy_ssl_name` does by default. A connection
+/// opened for a client's host holds that host in the upstream's [`Hosts`] until it closes.
 #[derive(Clone, Debug)]
 pub struct Pinned<C> {
     inner: C,
     to: http::Uri,
+    hosts: Arc<Hosts>,
 }
 
-impl<C: tower_service::Service<http::Uri>> tower_service::Service<http::Uri> for Pinned<C> {
-    type Response = C::Response;
+impl<C> tower_service::Service<http::Uri> for Pinned<C>
+where
+    C: tower_service::Service<http::Uri>,
+    C::Future: Send + 'static,
+{
+    type Response = Held<C::Response>;
     type Error = C::Error;
-    type Future = C::Future;
+    type Future = Pin<Box<dyn Future<Output = Result<Held<C::Response>, C::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), C::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, _asked: http::Uri) -> C::Future {
-        self.inner.call(self.to.clone())
+    fn call(&mut self, asked: http::Uri) -> Self::Future {
+        let hold = asked
+            .authority()
+            .and_then(|a| self.hosts.connection(a.as_str()));
+        let connect = self.inner.call(self.to.clone());
+        Box::pin(async move {
+            let io = connect.await?;
+            Ok(Held { io, _hold: hold })
+        })
     }
 }
 
@@ -128,13 +142,17 @@ struct Lane {
     active: Arc<AtomicUsize>,
 }
 
-/// A request's place on a lane, given back when dropped (with the answer's body).
+/// A request's place on a lane, and its hold on the client's host asked for, given back
+/// when dropped (with the answer's body).
 #[derive(Debug)]
-pub struct LaneSlot(Arc<AtomicUsize>);
+pub struct LaneSlot {
+    lane: Arc<AtomicUsize>,
+    _host: Option<Hold>,
+}
 
 impl Drop for LaneSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.lane.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -154,14 +172,9 @@ pub struct AltClient {
     scheme: Scheme,
     h2: bool,
     /// The clients' hosts asked for as HTTP/2's `:authority` (`preserve_host`), each with
-    /// connections of its own: at most [`MAX_AUTHORITIES`], so clients cannot open
-    /// connections to a target by naming hosts.
-    authorities: Arc<parking_lot::Mutex<std::collections::HashSet<Box<str>>>>,
+    /// connections of its own.
+    hosts: Arc<Hosts>,
 }
-
-/// Most client hosts an HTTP/2 upstream's connections are kept apart for; past them, a
-/// request asks for the target's authority, with the client's `Host` as a header.
-const MAX_AUTHORITIES: usize = 64;
 
 /// The system's trust roots, read once.
 fn system_roots() -> Arc<rustls::RootCertStore> {
@@ -224,6 +237,7 @@ impl AltClient {
             .http2_initial_connection_window_size(H2_STREAM_WINDOW * 256);
         let scheme = if cfg.tls { "https" } else { "http" };
         let mut targets = Vec::with_capacity(cfg.targets.len());
+        let hosts = Arc::new(Hosts::default());
         for t in &cfg.targets {
             let to = http::Uri::try_from(format!("{scheme}://{t}/"))
                 .map_err(|e| ConnectError::Io(std::io::Error::other(format!("{t}: {e}"))))?;
@@ -231,6 +245,7 @@ impl AltClient {
                 inner: Pinned {
                     inner: inner.clone(),
                     to,
+                    hosts: hosts.clone(),
                 },
                 timeout: cfg.connect_timeout,
             };
@@ -250,22 +265,15 @@ impl AltClient {
             per_lane: cfg.max_concurrent_streams.max(1),
             scheme: if cfg.tls { Scheme::HTTPS } else { Scheme::HTTP },
             h2,
-            authorities: Arc::default(),
+            hosts,
         })
     }
 
-    /// Whether `host` may be asked for as `:authority`: one of the first
-    /// [`MAX_AUTHORITIES`] hosts asked for.
-    pub fn room_for(&self, host: &str) -> bool {
-        let mut known = self.authorities.lock();
-        if known.contains(host) {
-            return true;
-        }
-        if known.len() >= MAX_AUTHORITIES {
-            return false;
-        }
-        known.insert(host.into());
-        true
+    /// A hold on `host` to be asked for as `:authority`, while fewer than
+    /// [`super::hosts::MAX_HOSTS`] hosts are kept apart or it is one of them: keep it
+    /// with the request ([`AltClient::send`]).
+    pub fn room_for(&self, host: &str) -> Option<Hold> {
+        self.hosts.request(host)
     }
 
     /// Whether it speaks HTTP/2.
@@ -289,17 +297,21 @@ impl AltClient {
     }
 
     /// Sends `req` (absolute URI) to the upstream's target `at` (its place in `targets`)
-    /// and returns the response head, with the request's place on its lane: keep it with
-    /// the answer's body.
+    /// and returns the response head, with the request's place on its lane (and its hold
+    /// on the client's host, `host`): keep it with the answer's body.
     pub async fn send(
         &self,
         at: usize,
         req: http::Request<UpBody>,
+        host: Option<Hold>,
     ) -> Result<(http::Response<hyper::body::Incoming>, LaneSlot), hyper_util::client::legacy::Error>
     {
         let lane = self.lane(at);
         lane.active.fetch_add(1, Ordering::Relaxed);
-        let slot = LaneSlot(lane.active.clone());
+        let slot = LaneSlot {
+            lane: lane.active.clone(),
+            _host: host,
+        };
         let resp = lane.client.request(req).await?;
         Ok((resp, slot))
     }

@@ -55,7 +55,7 @@ impl Upstream {
                 *req.uri_mut() = uri;
                 req.headers_mut().insert(header::HOST, host);
                 let ok = matches!(
-                    tokio::time::timeout(timeout, client.send(i, req)).await,
+                    tokio::time::timeout(timeout, client.send(i, req, None)).await,
                     Ok(Ok((r, _))) if r.status().is_success() || r.status().is_redirection()
                 );
                 (i, ok)

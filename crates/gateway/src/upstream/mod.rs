@@ -19,6 +19,7 @@ mod h1_upload;
 mod headers;
 pub mod health;
 mod hop;
+mod hosts;
 mod idle;
 pub mod report;
 mod response_body;

@@ -71,25 +71,26 @@ pub async fn upgrade(
     if let Some(n) = hop.note_target {
         n.tried(&target.name);
     }
-    let mut resp = match tokio::time::timeout(up.cfg.response_timeout, client.send(at, req)).await {
-        Err(_) => {
-            up.outcome(target, false);
-            log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
-            return Err(Refusal::UpstreamTimeout);
-        }
-        Ok(Err(e)) => {
-            up.outcome(target, false);
-            if e.is_connect() {
-                up.stats.connect_errors.inc();
+    let mut resp =
+        match tokio::time::timeout(up.cfg.response_timeout, client.send(at, req, None)).await {
+            Err(_) => {
+                up.outcome(target, false);
+                log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
+                return Err(Refusal::UpstreamTimeout);
             }
-            let refusal = Refusal::Upstream("upgrade request failed");
-            log_failure(up, hop.route, target, &refusal);
-            tracing::debug!(upstream = %up.cfg.name, error = %e, "upgrade failed");
-            return Err(refusal);
-        }
-        // HTTP/1.1: the lane's count is not used.
-        Ok(Ok((r, _))) => r,
-    };
+            Ok(Err(e)) => {
+                up.outcome(target, false);
+                if e.is_connect() {
+                    up.stats.connect_errors.inc();
+                }
+                let refusal = Refusal::Upstream("upgrade request failed");
+                log_failure(up, hop.route, target, &refusal);
+                tracing::debug!(upstream = %up.cfg.name, error = %e, "upgrade failed");
+                return Err(refusal);
+            }
+            // HTTP/1.1: the lane's count is not used.
+            Ok(Ok((r, _))) => r,
+        };
     up.outcome(target, !resp.status().is_server_error());
     let read_timeout = up.cfg.read_timeout;
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {

@@ -84,11 +84,15 @@ pub(super) async fn forward(
         // `headers`. The connection goes to the target either way (the client is pinned).
         // Past the hosts an upstream keeps connections apart for, the target's authority,
         // with the client's `Host` kept as a header.
+        let mut host = None;
         let own = client_host
             .as_ref()
             .filter(|_| hop.preserve_host && h2)
             .and_then(|h| h.to_str().ok())
-            .filter(|h| alt.room_for(h));
+            .filter(|h| {
+                host = alt.room_for(h);
+                host.is_some()
+            });
         let authority = own.unwrap_or(&target.name);
         let Some(uri) = alt.uri(authority, &pq) else {
             return Err(Refusal::BadRequest("invalid request target"));
@@ -104,7 +108,7 @@ pub(super) async fn forward(
             h.insert(header::HOST, target.host.clone());
         }
         *req.headers_mut() = h;
-        match tokio::time::timeout(up.cfg.response_timeout, alt.send(at, req)).await {
+        match tokio::time::timeout(up.cfg.response_timeout, alt.send(at, req, host)).await {
             Err(_) => {
                 up.outcome(target, false);
                 log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);

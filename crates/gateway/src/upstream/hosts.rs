@@ -1,0 +1,173 @@
+//! The clients' hosts an HTTP/2 upstream keeps connections apart for (`preserve_host`
+//! asks for the client's `Host` as `:authority`, and hyper's pool keys connections by
+//! authority). At most [`MAX_HOSTS`] at once, so clients cannot open connections to a
+//! target by naming hosts; a host is forgotten when it has no request in flight and no
+//! connection open, so a burst of made-up hosts holds the room only as long as their
+//! connections live (the upstream's `idle_timeout` once idle).
+
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// Most client hosts kept apart at once; past them, a request asks for the target's
+/// authority, with the client's `Host` as a header.
+pub const MAX_HOSTS: usize = 64;
+
+/// What holds a host in the set.
+#[derive(Debug, Default)]
+struct Use {
+    requests: usize,
+    connections: usize,
+}
+
+/// The set of hosts kept apart, with what holds each.
+#[derive(Debug, Default)]
+pub struct Hosts {
+    held: Mutex<HashMap<Box<str>, Use>>,
+}
+
+impl Hosts {
+    /// A hold on `host` for one request, if it is known or there is room for it.
+    pub fn request(self: &Arc<Self>, host: &str) -> Option<Hold> {
+        let mut held = self.held.lock();
+        if let Some(u) = held.get_mut(host) {
+            u.requests += 1;
+        } else if held.len() < MAX_HOSTS {
+            let first = Use {
+                requests: 1,
+                connections: 0,
+            };
+            held.insert(host.into(), first);
+        } else {
+            return None;
+        }
+        Some(Hold {
+            hosts: self.clone(),
+            host: host.into(),
+            connection: false,
+        })
+    }
+
+    /// A hold on `host` for one connection being opened for it, if it is in the set (a
+    /// connection for the target's own authority is not).
+    pub fn connection(self: &Arc<Self>, host: &str) -> Option<Hold> {
+        let mut held = self.held.lock();
+        let u = held.get_mut(host)?;
+        u.connections += 1;
+        Some(Hold {
+            hosts: self.clone(),
+            host: host.into(),
+            connection: true,
+        })
+    }
+}
+
+/// A request's or a connection's hold on its host: the host stays in the set while any
+/// is alive.
+#[derive(Debug)]
+pub struct Hold {
+    hosts: Arc<Hosts>,
+    host: Box<str>,
+    connection: bool,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut held = self.hosts.held.lock();
+        let Some(u) = held.get_mut(&*self.host) else {
+            return;
+        };
+        if self.connection {
+            u.connections = u.connections.saturating_sub(1);
+        } else {
+            u.requests = u.requests.saturating_sub(1);
+        }
+        if u.requests == 0 && u.connections == 0 {
+            held.remove(&*self.host);
+        }
+    }
+}
+
+/// A connection with the hold on the host it was opened for, given back when the
+/// connection closes.
+#[derive(Debug)]
+pub struct Held<T> {
+    pub(super) io: T,
+    pub(super) _hold: Option<Hold>,
+}
+
+impl<T: Connection> Connection for Held<T> {
+    fn connected(&self) -> Connected {
+        self.io.connected()
+    }
+}
+
+impl<T: Read + Unpin> Read for Held<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: Write + Unpin> Write for Held<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_is_forgotten_when_no_request_and_no_connection_holds_it() {
+        let hosts = Arc::new(Hosts::default());
+        let holds: Vec<Hold> = (0..MAX_HOSTS)
+            .map(|n| hosts.request(&format!("h{n}")).expect("room"))
+            .collect();
+        assert!(hosts.request("late").is_none(), "past the bound");
+        // A known host is always let in.
+        let again = hosts.request("h0").expect("known");
+        let conn = hosts.connection("h1").expect("in the set");
+        assert!(hosts.connection("late").is_none());
+        drop(holds);
+        // h0 (a request) and h1 (a connection) are still held.
+        assert_eq!(hosts.held.lock().len(), 2);
+        assert!(hosts.request("late").is_some());
+        drop(again);
+        drop(conn);
+        assert!(hosts.held.lock().is_empty());
+    }
+}
