@@ -62,6 +62,24 @@ fn answer(head: &str, n: usize) -> (Vec<u8>, bool) {
             "12",
         ),
         "/private-digits" => reply("200 OK", "Cache-Control: private\r\n", "0123456789"),
+        // Stored for one value of `X-Foo`; private for `b`.
+        "/varied-digits" if head.to_ascii_lowercase().contains("x-foo: b") => {
+            if has("range") {
+                reply(
+                    "206 Partial Content",
+                    "Cache-Control: private\r\nVary: X-Foo\r\nContent-Range: bytes 1-2/10\r\n",
+                    "12",
+                )
+            } else {
+                let extra = "Cache-Control: private\r\nVary: X-Foo\r\n";
+                reply("200 OK", extra, "0123456789")
+            }
+        }
+        "/varied-digits" => reply(
+            "200 OK",
+            "Cache-Control: max-age=60\r\nVary: X-Foo\r\n",
+            "0123456789",
+        ),
         // Modified a second before it was sent, or within its second.
         "/lm-digits" => reply(
             "200 OK",
@@ -408,4 +426,20 @@ async fn a_range_miss_fetches_the_whole_answer_and_serves_its_part() {
         whole.starts_with("get /private-digits ") && !whole.contains("range:"),
         "{whole}"
     );
+    // So for a variant of a URI that varies: the one that cannot be stored passes while
+    // it is marked, with or without credentials.
+    assert_eq!(s.get("/varied-digits", &[("X-Foo", "a")]).await.status, 200);
+    assert_eq!(s.upstream(), 11);
+    let ranged = [("Range", "bytes=1-2"), ("X-Foo", "b")];
+    for n in [13, 14] {
+        let a = s.get("/varied-digits", &ranged).await;
+        assert_eq!((a.status.as_u16(), a.body.as_str()), (206, "12"));
+        assert!(s
+            .last_head()
+            .to_ascii_lowercase()
+            .contains("range: bytes=1-2"));
+        assert_eq!(s.upstream(), n);
+    }
+    let a = s.get("/varied-digits", &[("X-Foo", "a")]).await;
+    assert!(a.header("cache-status").contains("hit"), "{:?}", a.headers);
 }

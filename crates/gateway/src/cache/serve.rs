@@ -92,9 +92,10 @@ impl Cache {
             // credentials may be theirs alone (read here: a hit does not pay for it).
             let credentials = has_credentials(&parts.headers);
             let flight = flight_of(vary_key.as_deref().unwrap_or(&plain), credentials);
-            // The last answer to credentials for the key could not be stored: theirs go
-            // straight upstream a while, without waiting for one another.
-            if credentials && self.store.is_uncacheable(&flight, ask.now_ns) {
+            // The last answer for the flight (the variant's key, or credentials' own)
+            // could not be stored: its requests go straight upstream a while, without
+            // waiting for one another (the URI's own mark was read before the cache).
+            if self.store.is_uncacheable(&flight, ask.now_ns) {
                 return self.straight_upstream(&*up(), parts, PASS_STATUS).await;
             }
             if let Some(e) = entry {
