@@ -153,7 +153,8 @@ pub(crate) fn byte_range(req: &Fields, len: usize) -> Option<Result<std::ops::Ra
 /// Whether `If-Range` lets a range of an answer with `headers` be served (RFC 9110
 /// §13.1.5): its strong entity tag, or its exact `Last-Modified` date when that is a
 /// strong validator (at least a second before the answer's `Date`, §8.8.2.2: a file
-/// changed twice within its second would otherwise mix two versions' bytes).
+/// changed twice within its second would otherwise mix two versions' bytes; without a
+/// `Date` nothing shows it strong, so it is weak).
 pub(super) fn if_range_holds(req: &Fields, headers: &HeaderMap) -> bool {
     let Some(v) = req.get(header::IF_RANGE) else {
         return true;
@@ -174,7 +175,7 @@ pub(super) fn if_range_holds(req: &Fields, headers: &HeaderMap) -> bool {
         (Some(modified), Some(dated)) => dated
             .duration_since(modified)
             .is_ok_and(|d| d >= std::time::Duration::from_secs(1)),
-        _ => true,
+        _ => false,
     };
     headers
         .get(header::LAST_MODIFIED)
