@@ -16,7 +16,7 @@ use super::h1_request::{frame_request, Framing, Outgoing, SendError};
 use super::headers;
 use super::hop::{for_hop, is_idempotent, Hop, HopRequest};
 use super::response_body::PooledBody;
-use super::target::{coded, log_failure, unasked_switch, Tries, Upstream};
+use super::target::{coded, log_failure, unasked_switch, Failed, Tries, Upstream};
 use super::via_alt;
 use crate::exchange::{Parts, Refusal};
 use crate::listener::RequestBody;
@@ -153,6 +153,7 @@ async fn send(
     let mut head = Vec::with_capacity(512);
     let mut encoded_for: Option<usize> = None;
     let mut fresh_failures = 0;
+    let mut failed = Failed::default();
     let mut tries = Tries::new(up);
     while tries.next() {
         if tries.retried() {
@@ -161,7 +162,7 @@ async fn send(
                 n.retried();
             }
         }
-        let (key, target) = match up.pick(hop.route, last_target.is_some()) {
+        let (key, target) = match up.pick(hop.route, last_target.is_some(), failed) {
             Ok(t) => t,
             Err(none) => {
                 last = none.unwrap_or(last);
@@ -185,6 +186,7 @@ async fn send(
             Ok(c) => c,
             Err(e) => {
                 last = tries.no_conn(up, hop.route, target, e)?;
+                failed.add(key);
                 continue;
             }
         };
@@ -267,6 +269,7 @@ async fn send(
         // connection that fails moves on to another target, never the same one.
         if !reused {
             up.outcome(target, false);
+            failed.add(key);
             fresh_failures += 1;
             if fresh_failures >= up.targets.len() {
                 break;

@@ -208,27 +208,37 @@ impl Upstream {
             .collect()
     }
 
-    /// The next healthy target, round-robin, with its index. When there is none, the next
-    /// target active checks keep in (passive checks alone do not leave an upstream
-    /// without targets, and a retry moves on among those too). When active checks keep
-    /// none in: after a try that was made (`tried`), `Err(None)`, since that try's
+    /// The next healthy target, round-robin, with its index, past those this request
+    /// `failed` on. When there is none, the next target active checks keep in (passive
+    /// checks alone do not leave an upstream without targets, and a retry moves on among
+    /// those too). When active checks keep none in, or the request has failed on every
+    /// healthy one: after a try that was made (`tried`), `Err(None)`, since that try's
     /// failure is the answer; otherwise the refusal, counted and logged (for `route`) as
     /// for want of a healthy target (503).
     pub(super) fn pick(
         &self,
         route: &str,
         tried: bool,
+        failed: Failed,
     ) -> Result<(usize, &Target), Option<Refusal>> {
         let n = self.targets.len();
         if n == 0 {
             return Err(Some(Refusal::Upstream("no target")));
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut healthy = false;
         for k in 0..n {
             let i = start.wrapping_add(k) % n;
             if let Some(t) = self.targets.get(i).filter(|t| t.health.is_up()) {
-                return Ok((i, t));
+                if !failed.has(i) {
+                    return Ok((i, t));
+                }
+                healthy = true;
             }
+        }
+        if healthy {
+            // Every healthy target has failed this request.
+            return Err(None);
         }
         // Passive checks alone have taken out every target active checks (if any) keep
         // in: requests go to those anyway, round-robin, and a success brings a target
@@ -238,7 +248,8 @@ impl Upstream {
         // healthy (its panic threshold).
         for k in 0..n {
             let i = start.wrapping_add(k) % n;
-            if let Some(t) = self.targets.get(i).filter(|t| t.health.actively_up()) {
+            let t = self.targets.get(i).filter(|t| t.health.actively_up());
+            if let Some(t) = t.filter(|_| !failed.has(i)) {
                 if !tried {
                     log_every_target_out(self, route);
                 }
@@ -372,6 +383,28 @@ pub(super) fn log_failure_because(
 /// returning connections that die on reuse. A request tries to connect at most as many
 /// times as there are targets, as nginx tries each server once: a lone target that cannot
 /// be reached costs one `connect_timeout`, not three.
+/// The targets (by place) a request failed on with a new connection: its next tries
+/// go to others, as nginx's `proxy_next_upstream` never tries a server twice, whatever
+/// other requests took from the round-robin meanwhile. The first 64 targets are kept;
+/// past them, a retry may land on one again (the tries stay bounded by the targets'
+/// count).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Failed(u64);
+
+impl Failed {
+    /// Notes that the request failed on target `i`.
+    pub(super) fn add(&mut self, i: usize) {
+        if i < 64 {
+            self.0 |= 1 << i;
+        }
+    }
+
+    /// Whether the request failed on target `i`.
+    fn has(self, i: usize) -> bool {
+        i < 64 && self.0 & (1 << i) != 0
+    }
+}
+
 pub(super) struct Tries {
     new: usize,
     total: usize,

@@ -7,7 +7,7 @@ use super::body::UpBody;
 use super::headers;
 use super::hop::{for_hop, Hop};
 use super::response_body::PooledBody;
-use super::target::{log_failure, Upstream};
+use super::target::{log_failure, Failed, Upstream};
 use crate::exchange::{Parts, Refusal};
 use crate::listener::h1::OnUpgrade;
 use crate::observe::metrics::Metrics;
@@ -46,7 +46,7 @@ pub async fn upgrade(
         .upgrade_client()
         .ok_or(Refusal::Upstream("no client for upgrades"))?;
     let (at, target) = up
-        .pick(hop.route, false)
+        .pick(hop.route, false, Failed::default())
         .map_err(|none| none.unwrap_or(Refusal::NoHealthyTarget))?;
     let uri = client
         .uri(&target.name, &pq)

@@ -6,7 +6,7 @@ use super::body::{check_declared, receive, Received, UpBody};
 use super::headers::{coded_answer, rewrite_response};
 use super::hop::Hop;
 use super::response_body::PooledBody;
-use super::target::{coded, log_failure, log_failure_because, unasked_switch, Upstream};
+use super::target::{coded, log_failure, log_failure_because, unasked_switch, Failed, Upstream};
 
 /// Forwards a request on the upstream's [`AltClient`]. A request whose body can be sent
 /// again (none, or read whole) moves on to the next target when a connection cannot be
@@ -64,8 +64,9 @@ pub(super) async fn forward(
     // The last target that could not be connected to, and why, logged once every target
     // has been tried.
     let mut unreached = None;
+    let mut failed = Failed::default();
     for attempt in 0..up.targets.len().max(1) {
-        let (at, target) = match up.pick(hop.route, attempt > 0) {
+        let (at, target) = match up.pick(hop.route, attempt > 0, failed) {
             Ok(picked) => picked,
             Err(none) => {
                 last = none.unwrap_or(last);
@@ -154,6 +155,7 @@ pub(super) async fn forward(
                             n.retried();
                         }
                         unreached = Some((target, why));
+                        failed.add(at);
                         continue;
                     }
                     cause = Some(why);
