@@ -409,9 +409,24 @@ fn consumers(
     let mut table = Consumers::with_capacity(raw.len(), raw.len());
     // Where each consumer came from: `consumers[i]` inline.
     let mut placed: Vec<usize> = Vec::with_capacity(raw.len());
+    // Each name's first consumer, whether or not it was valid, so that a problem in one
+    // does not hide that another takes its name.
+    let mut named: HashMap<&str, usize> = HashMap::with_capacity(raw.len());
     for (i, c) in raw.iter().enumerate() {
         let at = format!("consumers[{i}]");
         let mut ok = true;
+        if let Some(first) = named.get(c.name.as_str()) {
+            p.add(
+                format!("{at}.name"),
+                format!(
+                    "consumer {:?} is defined twice (also consumers[{first}])",
+                    c.name
+                ),
+            );
+            ok = false;
+        } else {
+            named.insert(&c.name, i);
+        }
         if c.name.is_empty() || HeaderValueCheck::invalid(&c.name) {
             p.add(
                 format!("{at}.name"),
@@ -477,11 +492,11 @@ fn consumers(
                 } else {
                     format!("{at}.key_sha256[{}]", k - keys.len())
                 };
-                let by = match placed.get(other) {
-                    Some(o) => format!("consumers[{o}]"),
-                    None => "this consumer already".to_string(),
+                let said = match placed.get(other) {
+                    Some(o) => format!("this key is already used by consumers[{o}]"),
+                    None => "this key is listed twice for this consumer".to_string(),
                 };
-                p.add(field, format!("this key is already used by {by}"));
+                p.add(field, said);
             }
             Err(Conflict::TooLarge) => p.add(at, "too many consumers or keys"),
         }

@@ -36,6 +36,8 @@ consumers:
   - {name: bob, keys: [k1]}
   - {name: "-", keys: [k3]}
   - {name: dave, key_sha256: [not-hex]}
+  - {name: erin, keys: [k5, k5]}
+  - {name: erin, keys: [k6]}
 routes:
   - {path_prefix: /a/, upstream: backend}
   - {path_prefix: b, upstream: orders, methods: [GET, "B@D"]}
@@ -55,6 +57,8 @@ routes:
         "routes[2].allow: needs `auth` on the route",
         "routes[2].allow.consumers[0]: unknown consumer \"carol\"",
         "consumers[3].key_sha256[0]:",
+        "consumers[4].keys[1]: this key is listed twice for this consumer",
+        "consumers[5].name: consumer \"erin\" is defined twice (also consumers[4])",
     ];
     for e in expect {
         assert!(
