@@ -1,5 +1,6 @@
 //! Property tests of the same parsers: normalization, the HPACK encoder against the
-//! decoder, and the access log's JSON strings against serde_json's.
+//! decoder, the access log's JSON strings against serde_json's, and the CORS echo of a
+//! preflight's header list without `Authorization`.
 
 use super::inbound::{check_host, check_path};
 use crate::listener::h2::hpack::{self, Decoder, Field};
@@ -168,6 +169,31 @@ proptest! {
                     _ => prop_assert!(false, "{n}: {v:?} came back malformed"),
                 }
             }
+        }
+    }
+
+    #[test]
+    fn an_echoed_preflight_list_never_holds_authorization(
+        names in prop::collection::vec((0usize..6, any::<u32>(), " {0,2}", ",{1,2}"), 0..6)
+    ) {
+        let all = ["authorization", "x-a", "content-type", "authorization ", "", "x-authorization"];
+        let asked: String = names
+            .iter()
+            .map(|(i, mask, pad, sep)| format!("{pad}{}{sep}", spelled(&all, *i, *mask)))
+            .collect();
+        let v = HeaderValue::from_str(&asked).expect("visible ASCII");
+        let given: Vec<String> = asked
+            .split(',')
+            .map(|n| n.trim().to_ascii_lowercase())
+            .collect();
+        if let Some(kept) = crate::policy::cors::but_authorization(&v, false) {
+            for n in kept.to_str().expect("ASCII").split(", ") {
+                prop_assert!(!n.eq_ignore_ascii_case("authorization"), "{asked:?}");
+                prop_assert!(!n.is_empty(), "{asked:?}");
+                prop_assert!(given.contains(&n.to_ascii_lowercase()), "{n:?} of {asked:?}");
+            }
+        } else {
+            prop_assert!(given.iter().all(|n| n.is_empty() || n == "authorization"), "{asked:?}");
         }
     }
 

@@ -103,7 +103,7 @@ pub fn preflight(route: &Route, parts: &Parts) -> Result<Option<Response<Body>>,
 
 /// The header names `asked` lists, less `Authorization` unless `named`; `None` when none
 /// is left.
-fn but_authorization(asked: &HeaderValue, named: bool) -> Option<HeaderValue> {
+pub(crate) fn but_authorization(asked: &HeaderValue, named: bool) -> Option<HeaderValue> {
     if named {
         return Some(asked.clone());
     }
