@@ -91,10 +91,10 @@ pub async fn usage(
         limits.push(LimitUsage {
             name: info.name.clone(),
             scope: info.scope.clone(),
-            requests: cell.requests,
+            requests: cell.requests(),
             window_seconds: info.window_secs,
             used,
-            remaining: cell.requests.saturating_sub(used),
+            remaining: cell.requests().saturating_sub(used),
         });
     }
     let shared = !keys.is_empty();

@@ -181,40 +181,39 @@ async fn a_request_refused_by_one_limit_uses_up_none() {
 }
 
 #[tokio::test]
-async fn counters_survive_a_reload_when_the_limit_is_unchanged() {
+async fn counters_survive_a_reload_that_keeps_the_limits_window() {
     let backend = echo_backend().await;
     let five = limited(backend, "[{requests: 5, per: 10s}]", false);
     let (gw, _clock) = TestGateway::with_manual_clock(&five).await;
     let c = TestClient::default();
-    for _ in 0..3 {
-        assert_eq!(
-            c.get(&gw.url("/test/?apikey=t1")).await.status,
-            StatusCode::OK
-        );
-    }
+    let codes = |n| {
+        let c = c.clone();
+        let url = gw.url("/test/?apikey=t1");
+        async move {
+            let mut codes = Vec::new();
+            for _ in 0..n {
+                codes.push(c.get(&url).await.status.as_u16());
+            }
+            codes
+        }
+    };
+    assert_eq!(codes(3).await, [200, 200, 200]);
     // Another consumer added: alice's limit is the same, so her count carries over.
     gw.apply(&limited(backend, "[{requests: 5, per: 10s}]", true));
-    let mut codes = Vec::new();
-    for _ in 0..3 {
-        codes.push(c.get(&gw.url("/test/?apikey=t1")).await.status.as_u16());
-    }
-    assert_eq!(codes, [200, 200, 429]);
+    assert_eq!(codes(3).await, [200, 200, 429]);
     assert_eq!(
         c.get(&gw.url("/test/?apikey=t3")).await.status,
         StatusCode::OK
     );
-    // The limit changed: new counters.
-    gw.apply(&limited(backend, "[{requests: 6, per: 10s}]", true));
-    for _ in 0..6 {
-        assert_eq!(
-            c.get(&gw.url("/test/?apikey=t1")).await.status,
-            StatusCode::OK
-        );
-    }
-    assert_eq!(
-        c.get(&gw.url("/test/?apikey=t1")).await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    // The limit raised: the five calls made still count, against seven.
+    gw.apply(&limited(backend, "[{requests: 7, per: 10s}]", true));
+    assert_eq!(codes(3).await, [200, 200, 429]);
+    // Lowered: refused until the window holds fewer than three.
+    gw.apply(&limited(backend, "[{requests: 3, per: 10s}]", true));
+    assert_eq!(codes(1).await, [429]);
+    // A new window is a new limit: new counters.
+    gw.apply(&limited(backend, "[{requests: 3, per: 20s}]", true));
+    assert_eq!(codes(4).await, [200, 200, 200, 429]);
 }
 
 #[tokio::test]

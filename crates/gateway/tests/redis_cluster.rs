@@ -39,7 +39,7 @@ consumers:
 }
 
 fn key(consumer: &str) -> String {
-    format!("tgc:consumer:{{{consumer}}}:100-per-10s:100:10")
+    format!("tgc:consumer:{{{consumer}}}:per-10s:10")
 }
 
 /// A manual clock at the start of a window.

@@ -93,7 +93,7 @@ async fn a_month_quota_is_restored_by_the_next_gateway_and_passed_windows_are_no
 }
 
 #[tokio::test]
-async fn a_changed_limit_starts_from_zero() {
+async fn a_raised_limit_keeps_its_counts_across_a_restart_and_a_new_window_starts_from_zero() {
     let backend = echo_backend().await;
     let dir = tempdir("state-changed");
     let db = dir.join("state.db");
@@ -102,7 +102,13 @@ async fn a_changed_limit_starts_from_zero() {
     assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
     gw.gw.flush_all().await;
     drop(gw);
+    // The two calls made count against three.
     let (gw, _) = start_at(&stateful(backend, &db, "[{requests: 3, per: 1d}]"), at).await;
+    assert_eq!(codes(&gw, "t1", 2).await, [200, 429]);
+    gw.gw.flush_all().await;
+    drop(gw);
+    // Another window is another limit.
+    let (gw, _) = start_at(&stateful(backend, &db, "[{requests: 3, per: 2d}]"), at).await;
     assert_eq!(codes(&gw, "t1", 4).await, [200, 200, 200, 429]);
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);

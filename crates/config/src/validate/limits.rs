@@ -49,10 +49,27 @@ pub(crate) fn limits(raw: &[file::Limit], at: &str, p: &mut Problems) -> Vec<Lim
             );
         }
         out.push(LimitConfig {
+            counted_as: name.clone(),
             name,
             requests: l.requests,
             window: l.per.0,
         });
+    }
+    // An unnamed limit is counted by its window, unless that is ambiguous in the list.
+    let by_window = |l: &file::Limit| format!("per-{}", human_window(l.per.0));
+    for (l, c) in raw.iter().zip(out.iter_mut()) {
+        if l.name.is_some() {
+            continue;
+        }
+        let id = by_window(l);
+        let alone = raw
+            .iter()
+            .filter(|o| o.name.is_none() && o.per.0 == l.per.0)
+            .count()
+            == 1;
+        if alone && !names.contains(&id) {
+            c.counted_as = id;
+        }
     }
     out
 }

@@ -23,6 +23,25 @@ fn accepts_a_good_config() {
     assert_eq!(c.plans[0].limits[0].name, "10-per-1s");
     assert_eq!(c.plans[0].limits[1].name, "slow");
     assert_eq!(c.routes[0].upstream, 0);
+    // Counts are kept by the window, or the name when given: a new number of requests
+    // keeps them.
+    assert_eq!(c.plans[0].limits[0].counted_as, "per-1s");
+    assert_eq!(c.plans[0].limits[1].counted_as, "slow");
+}
+
+#[test]
+fn unnamed_limits_sharing_a_window_are_counted_by_their_full_names() {
+    let c = from_yaml(&GOOD.replace(
+        "{requests: 100, per: 100s, name: slow}",
+        "{requests: 20, per: 1s}, {requests: 5, per: 1m, name: per-1m}, {requests: 6, per: 1m}",
+    ))
+    .expect("valid");
+    let counted: Vec<&str> = c.plans[0]
+        .limits
+        .iter()
+        .map(|l| l.counted_as.as_str())
+        .collect();
+    assert_eq!(counted, ["10-per-1s", "20-per-1s", "per-1m", "6-per-1m"]);
 }
 
 #[test]

@@ -407,13 +407,13 @@ pub async fn top(gw: &Gateway) -> Answer {
     for (i, group) in snap.counters.active(10_000, t) {
         let mut best: Option<(f64, &str, u64, u64)> = None;
         for (cell, info) in snap.limits_of(i, &group) {
-            if cell.shared.is_some() || cell.requests == 0 {
+            if cell.shared.is_some() || cell.requests() == 0 {
                 continue;
             }
             let used = cell.used(t);
-            let share = used as f64 / cell.requests as f64;
+            let share = used as f64 / cell.requests() as f64;
             if best.is_none_or(|b| share > b.0) {
-                best = Some((share, &info.name, used, cell.requests));
+                best = Some((share, &info.name, used, cell.requests()));
             }
         }
         if let Some((share, limit, used, requests)) = best {

@@ -59,7 +59,7 @@ pub(super) fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
         .saturating_mul(2)
         .saturating_add(c.rtt_us.load(Ordering::Relaxed).saturating_mul(3_000));
     for cell in queued {
-        let n = cell.requests;
+        let n = cell.requests();
         let sub_ns = cell.slot_ns();
         let mut state = cell.state.lock();
         let Counter::Shared(l) = &mut state.counter else {
@@ -202,7 +202,7 @@ pub(super) fn commands(
 ) -> Vec<(String, redis::Cmd)> {
     let mut cmds = Vec::with_capacity(asks.len() + 4);
     for a in asks {
-        let n = a.cell.requests;
+        let n = a.cell.requests();
         // The hash outlives the window by a margin, so late changes still find it.
         let ttl_ms = (a.cell.window_ns / 1_000_000).saturating_mul(2).max(10_000);
         let now = wall / a.cell.slot_ns();

@@ -197,14 +197,13 @@ impl Cluster {
         SharedLimit::new(
             self.clone(),
             format!(
-                "{}:{route}consumer:{{{}}}:{}:{}:{}",
+                "{}:{route}consumer:{{{}}}:{}:{}",
                 self.cfg.key_prefix,
                 key_part(consumer),
-                limit.name,
-                limit.requests,
+                limit.counted_as,
                 limit.window.as_secs()
             ),
-            limit.requests as f64 * self.cfg.max_overadmission,
+            self.cfg.max_overadmission,
         )
     }
 
@@ -340,6 +339,7 @@ mod tests {
         let c = Cluster::new(cfg.cluster.expect("cluster"));
         let limit = LimitConfig {
             name: "per-second".into(),
+            counted_as: "per-second".into(),
             requests: 10,
             window: std::time::Duration::from_secs(1),
         };

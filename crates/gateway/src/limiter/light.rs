@@ -196,6 +196,7 @@ mod tests {
     fn limit(requests: u64, secs: u64) -> (LimitConfig, Option<Arc<str>>) {
         let l = LimitConfig {
             name: "l".into(),
+            counted_as: "l".into(),
             requests,
             window: Duration::from_secs(secs),
         };

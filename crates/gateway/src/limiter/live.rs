@@ -84,22 +84,39 @@ pub(super) fn escaped_route(key: &str) -> Option<String> {
         .then(|| format!("route:{}{}", route.replace(':', "%3A"), &rest[end..]))
 }
 
+/// `scope\tname\trequests\twindow` (a key from before the number of requests left the
+/// cell's identity) as today's: `scope\tname\twindow`, and for a name an unnamed limit
+/// was given (`N-per-W`), `scope\tper-W\twindow` too (today's key when the limit is the
+/// list's only unnamed one of its window). Empty for a key that needs nothing.
+pub(super) fn without_requests(key: &str) -> Vec<String> {
+    let parts: SmallVec<[&str; 4]> = key.split('\t').collect();
+    let [scope, name, requests, window] = parts[..] else {
+        return Vec::new();
+    };
+    let mut today = vec![format!("{scope}\t{name}\t{window}")];
+    if let Some(per) = name
+        .strip_prefix(requests)
+        .and_then(|rest| rest.strip_prefix("-per-"))
+    {
+        today.push(format!("{scope}\tper-{per}\t{window}"));
+    }
+    today
+}
+
 /// A cell's identity, built on the stack: most fit, and a lookup that finds the cell
 /// allocates nothing.
 type KeyBuf = SmallVec<[u8; 96]>;
 
-/// The identity of a cell: who is counted and the limit, as the state file keys it.
-/// Names never hold a tab.
+/// The identity of a cell: who is counted and the limit (its name and window, not its
+/// number of requests: a reload that changes only that keeps the counts, as Kong's
+/// counters do), as the state file keys it. Names never hold a tab.
 pub(super) fn cell_key(scope: Scope<'_>, limit: &LimitConfig) -> KeyBuf {
-    let mut n = itoa::Buffer::new();
     let mut w = itoa::Buffer::new();
     let mut k = KeyBuf::new();
     scope.write(&mut k);
     for part in [
         "\t",
-        &limit.name,
-        "\t",
-        n.format(limit.requests),
+        &limit.counted_as,
         "\t",
         w.format(limit.window.as_secs()),
     ] {
@@ -144,11 +161,21 @@ impl Live {
     }
 
     /// Counts to apply to cells as they are made (from the state file). A key written
-    /// before routes' colons were escaped is read as today's.
+    /// before routes' colons were escaped, or with the limit's number of requests, is
+    /// read as today's.
     pub(crate) fn restore(&self, saved: HashMap<Arc<str>, Saved>) {
         let saved: HashMap<Arc<str>, Saved> = saved
             .into_iter()
             .map(|(k, v)| (escaped_route(&k).map_or(k, Arc::from), v))
+            .flat_map(|(k, v)| {
+                let today = without_requests(&k);
+                let keys = if today.is_empty() {
+                    vec![k]
+                } else {
+                    today.into_iter().map(Arc::from).collect()
+                };
+                keys.into_iter().map(move |k| (k, v.clone()))
+            })
             .collect();
         self.restoring.store(!saved.is_empty(), Ordering::Release);
         *self.restored.lock() = saved;
@@ -171,8 +198,12 @@ impl Live {
         let mut shard = self.shard(h).lock();
         let found = shard.find_entry(h, |c| c.key.as_bytes() == key.as_slice());
         if let Ok(e) = &found {
-            if !e.get().state.lock().retired {
-                return e.get().clone();
+            let cell = e.get();
+            if !cell.state.lock().retired {
+                if cell.requests() != limit.requests {
+                    cell.set_requests(limit.requests);
+                }
+                return cell.clone();
             }
         }
         let cell = Arc::new(self.make(scope, limit, &key, now));

@@ -33,6 +33,7 @@ pub mod table;
 
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -126,14 +127,14 @@ impl Window {
 /// Cells with counts not yet written to the state file.
 pub type DirtyQueue = Mutex<Vec<Arc<LimitCell>>>;
 
-/// One limit's counters for one consumer, shared across config reloads while the limit is
-/// unchanged.
+/// One limit's counters for one consumer, shared across config reloads while the limit's
+/// name and window are unchanged (a new number of requests applies to the counts made).
 #[derive(Debug)]
 pub struct LimitCell {
     /// Stable order for taking several locks.
     pub(crate) id: u64,
-    /// Requests allowed per window.
-    pub requests: u64,
+    /// Requests allowed per window (the config's latest, set again by a reload).
+    requests: AtomicU64,
     /// Window length in nanoseconds.
     pub(crate) window_ns: u64,
     pub(crate) state: Mutex<CellState>,
@@ -189,7 +190,7 @@ impl LimitCell {
     pub fn new(id: u64, requests: u64, window: Duration, key: Arc<str>) -> Self {
         LimitCell {
             id,
-            requests,
+            requests: AtomicU64::new(requests),
             window_ns: nanos(window),
             state: CellState::new(Counter::Local(Window::default())),
             shared: None,
@@ -198,10 +199,21 @@ impl LimitCell {
         }
     }
 
+    /// Requests allowed per window.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Takes `requests` per window from now on, for the counts already made (a reload
+    /// that raised or lowered the limit).
+    pub(crate) fn set_requests(&self, requests: u64) {
+        self.requests.store(requests, Ordering::Relaxed);
+    }
+
     /// N per window, as shared counting needs it.
     fn shape(&self) -> shared::Limit {
         shared::Limit {
-            requests: self.requests,
+            requests: self.requests(),
             window_ns: self.window_ns,
         }
     }
@@ -216,7 +228,7 @@ impl LimitCell {
     ) -> Self {
         LimitCell {
             id,
-            requests,
+            requests: AtomicU64::new(requests),
             window_ns: nanos(window),
             state: CellState::new(Counter::Shared(Box::default())),
             shared: Some(Box::new(shared)),
@@ -367,7 +379,7 @@ pub fn check_as(
         }
         let room = match &mut state.counter {
             Counter::Local(w) => {
-                if let Some(wait) = w.full(cell.requests, cell.slot_ns(), now.mono) {
+                if let Some(wait) = w.full(cell.requests(), cell.slot_ns(), now.mono) {
                     tally.full(index, wait);
                 }
                 Room::Local
@@ -397,7 +409,7 @@ pub fn check_as(
         }
         let standing = match (&mut state.counter, room) {
             (Counter::Local(w), _) => {
-                let remaining = w.count_one(cell.requests);
+                let remaining = w.count_one(cell.requests());
                 if !tally.tighter(remaining) {
                     continue;
                 }

@@ -67,7 +67,7 @@ pub struct SharedLimit<C> {
     /// The store's key for this limit's counts.
     key: String,
     /// N × max_overadmission, split among the nodes at check time.
-    credit_base: f64,
+    max_overadmission: f64,
 }
 
 /// Counts per sub-window for the current one and the `SPAN` before it, sub-window `k` at
@@ -244,13 +244,13 @@ pub enum Admit {
 }
 
 impl<C> SharedLimit<C> {
-    /// A handle counting one limit in `store` under `key`, allowing `credit_base`
-    /// (N × max_overadmission) of credit among the nodes.
-    pub fn new(store: Arc<dyn SharedStore<C>>, key: String, credit_base: f64) -> Self {
+    /// A handle counting one limit in `store` under `key`, allowing N ×
+    /// `max_overadmission` of credit among the nodes (N: the limit's requests when asked).
+    pub fn new(store: Arc<dyn SharedStore<C>>, key: String, max_overadmission: f64) -> Self {
         SharedLimit {
             store,
             key,
-            credit_base,
+            max_overadmission,
         }
     }
 
@@ -308,7 +308,8 @@ impl<C> SharedLimit<C> {
                     reset: Duration::from_nanos(wait),
                 }));
             }
-            let credit = (self.credit_base / c.nodes() as f64).floor() as u64;
+            let credit_base = limit.requests as f64 * self.max_overadmission;
+            let credit = (credit_base / c.nodes() as f64).floor() as u64;
             if l.debt < credit {
                 return Ok(Admit::Credit);
             }

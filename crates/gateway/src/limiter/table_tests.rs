@@ -1,10 +1,11 @@
 use super::*;
-use crate::limiter::live::{cell_key, escaped_route};
+use crate::limiter::live::{cell_key, escaped_route, without_requests};
 use std::time::Duration;
 
 fn limit() -> LimitConfig {
     LimitConfig {
         name: "per-minute".into(),
+        counted_as: "per-minute".into(),
         requests: 60,
         window: Duration::from_secs(60),
     }
@@ -22,12 +23,23 @@ fn cell_keys_keep_the_state_files_format() {
     };
     assert_eq!(
         cell_key(plan, &limit()).as_slice(),
-        b"consumer:acme\tper-minute\t60\t60"
+        b"consumer:acme\tper-minute\t60"
     );
     assert_eq!(
         cell_key(route, &limit()).as_slice(),
-        b"route:orders:consumer:acme\tper-minute\t60\t60"
+        b"route:orders:consumer:acme\tper-minute\t60"
     );
+    // A state file from before the number of requests left the key: read as today's.
+    assert_eq!(
+        without_requests("consumer:acme\tper-minute\t100\t60"),
+        ["consumer:acme\tper-minute\t60"]
+    );
+    // An unnamed limit's: under its name, or its window when it is alone on it.
+    assert_eq!(
+        without_requests("consumer:acme\t100-per-1m\t100\t60"),
+        ["consumer:acme\t100-per-1m\t60", "consumer:acme\tper-1m\t60"]
+    );
+    assert!(without_requests("consumer:acme\tper-minute\t60").is_empty());
 }
 
 #[test]
@@ -44,13 +56,13 @@ fn a_route_name_holding_the_separator_cannot_share_another_routes_cell() {
     };
     assert_eq!(
         cell_key(joined, &limit()).as_slice(),
-        b"route:a%3Aconsumer%3Ab:consumer:c\tper-minute\t60\t60"
+        b"route:a%3Aconsumer%3Ab:consumer:c\tper-minute\t60"
     );
     // A state file from before the escape: its key is read as today's.
-    let older = "route:/v1/jobs:run:consumer:alice\tper-minute\t60\t60";
+    let older = "route:/v1/jobs:run:consumer:alice\tper-minute\t60";
     assert_eq!(
         escaped_route(older).as_deref(),
-        Some("route:/v1/jobs%3Arun:consumer:alice\tper-minute\t60\t60")
+        Some("route:/v1/jobs%3Arun:consumer:alice\tper-minute\t60")
     );
     let plain = Scope {
         route: Some("/v1/jobs:run"),
@@ -80,7 +92,7 @@ fn one_identity_is_one_cell_until_it_is_retired() {
     assert!(Arc::ptr_eq(&a, &live.cell(who("a"), &limit(), now)));
     let b = live.cell(who("b"), &limit(), now);
     assert!(!Arc::ptr_eq(&a, &b));
-    assert_eq!(&*a.key, "consumer:a\tper-minute\t60\t60");
+    assert_eq!(&*a.key, "consumer:a\tper-minute\t60");
     assert_eq!(live.len(), 2);
     a.state.lock().retired = true;
     let again = live.cell(who("a"), &limit(), now);
@@ -99,6 +111,11 @@ fn at(secs: u64) -> Now {
 
 /// A table of consumers `a` and `b` on one plan of 3 per minute.
 fn table(live: &Arc<Live>) -> Counters {
+    table_of(live, 3)
+}
+
+/// [`table`], its plan allowing `requests` per minute.
+fn table_of(live: &Arc<Live>, requests: u64) -> Counters {
     let mut consumers = Consumers::default();
     assert_eq!(consumers.push("a", Some(0), &["ka"], &[]), Ok(0));
     assert_eq!(consumers.push("b", Some(0), &["kb"], &[]), Ok(1));
@@ -106,7 +123,7 @@ fn table(live: &Arc<Live>) -> Counters {
         Layout {
             limits: vec![(
                 LimitConfig {
-                    requests: 3,
+                    requests,
                     ..limit()
                 },
                 None,
@@ -141,7 +158,7 @@ fn a_cleared_slot_is_filled_again_with_fresh_cells() {
         "nothing made before a call"
     );
     let first = counters.group(0, now)[0].clone();
-    assert_eq!(&*first.key, "consumer:a\tper-minute\t3\t60");
+    assert_eq!(&*first.key, "consumer:a\tper-minute\t60");
     assert!(Arc::ptr_eq(&first, &counters.group(0, now)[0]));
     first.state.lock().retired = true;
     let again = counters.group(0, now)[0].clone();
@@ -215,6 +232,31 @@ fn counts_kept_in_slots_carry_over_to_the_next_table() {
 }
 
 #[test]
+fn a_limit_raised_or_lowered_by_a_reload_keeps_its_counts() {
+    let live = Arc::new(Live::new(None, None));
+    let three = table_of(&live, 3);
+    for _ in 0..3 {
+        assert!(admit(&three, 0, at(0)));
+    }
+    assert!(!admit(&three, 0, at(0)));
+    let five = table_of(&live, 5);
+    three.settle_all(at(0));
+    drop(three);
+    assert!(admit(&five, 0, at(1)));
+    assert!(admit(&five, 0, at(1)));
+    assert!(
+        !admit(&five, 0, at(1)),
+        "the three earlier calls count against five"
+    );
+    let two = table_of(&live, 2);
+    five.settle_all(at(1));
+    drop(five);
+    assert!(!admit(&two, 0, at(2)), "five counted are past two");
+    // The counts leave the window as they would have.
+    assert!(admit(&two, 0, at(130)));
+}
+
+#[test]
 fn counters_kept_on_disk_or_shared_always_take_cells() {
     let live = Arc::new(Live::new(None, Some(Arc::default())));
     let counters = table(&live);
@@ -252,6 +294,7 @@ fn two_limits(live: &Arc<Live>) -> Counters {
     assert_eq!(consumers.push("a", Some(0), &["ka"], &[]), Ok(0));
     let per = |requests, secs| LimitConfig {
         name: format!("{requests}-per-{secs}s"),
+        counted_as: format!("{requests}-per-{secs}s"),
         requests,
         window: Duration::from_secs(secs),
     };
@@ -301,11 +344,13 @@ fn two_plans(live: &Arc<Live>) -> Counters {
     assert_eq!(consumers.push("a", Some(0), &["ka"], &[]), Ok(0));
     let q = LimitConfig {
         name: "q".into(),
+        counted_as: "q".into(),
         requests: 3,
         window: Duration::from_secs(10),
     };
     let wide = LimitConfig {
         name: "wide".into(),
+        counted_as: "wide".into(),
         requests: 100,
         window: Duration::from_secs(60),
     };
