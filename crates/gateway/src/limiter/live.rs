@@ -84,23 +84,19 @@ pub(super) fn escaped_route(key: &str) -> Option<String> {
         .then(|| format!("route:{}{}", route.replace(':', "%3A"), &rest[end..]))
 }
 
-/// `scope\tname\trequests\twindow` (a key from before the number of requests left the
-/// cell's identity) as today's: `scope\tname\twindow`, and for a name an unnamed limit
-/// was given (`N-per-W`), `scope\tper-W\twindow` too (today's key when the limit is the
-/// list's only unnamed one of its window). Empty for a key that needs nothing.
-pub(super) fn without_requests(key: &str) -> Vec<String> {
-    let parts: SmallVec<[&str; 4]> = key.split('\t').collect();
-    let [scope, name, requests, window] = parts[..] else {
-        return Vec::new();
-    };
-    let mut today = vec![format!("{scope}\t{name}\t{window}")];
-    if let Some(per) = name
-        .strip_prefix(requests)
-        .and_then(|rest| rest.strip_prefix("-per-"))
-    {
-        today.push(format!("{scope}\tper-{per}\t{window}"));
-    }
-    today
+/// The key `limit` had for `scope` before the number of requests left a cell's identity:
+/// `scope\tNAME\tN\tW`, its name as shown and its number of requests (a state file of an
+/// earlier build keeps its counts when the limit did not change meanwhile).
+pub(super) fn legacy_key(scope: Scope<'_>, limit: &LimitConfig) -> String {
+    let mut k = KeyBuf::new();
+    scope.write(&mut k);
+    let scope = String::from_utf8_lossy(&k);
+    format!(
+        "{scope}\t{}\t{}\t{}",
+        limit.name,
+        limit.requests,
+        limit.window.as_secs()
+    )
 }
 
 /// A cell's identity, built on the stack: most fit, and a lookup that finds the cell
@@ -161,21 +157,12 @@ impl Live {
     }
 
     /// Counts to apply to cells as they are made (from the state file). A key written
-    /// before routes' colons were escaped, or with the limit's number of requests, is
-    /// read as today's.
+    /// before routes' colons were escaped is read as today's; one written with the
+    /// limit's number of requests is found when its cell is made ([`legacy_key`]).
     pub(crate) fn restore(&self, saved: HashMap<Arc<str>, Saved>) {
         let saved: HashMap<Arc<str>, Saved> = saved
             .into_iter()
             .map(|(k, v)| (escaped_route(&k).map_or(k, Arc::from), v))
-            .flat_map(|(k, v)| {
-                let today = without_requests(&k);
-                let keys = if today.is_empty() {
-                    vec![k]
-                } else {
-                    today.into_iter().map(Arc::from).collect()
-                };
-                keys.into_iter().map(move |k| (k, v.clone()))
-            })
             .collect();
         self.restoring.store(!saved.is_empty(), Ordering::Release);
         *self.restored.lock() = saved;
@@ -227,7 +214,7 @@ impl Live {
         let Some(cluster) = &self.cluster else {
             let mut cell = LimitCell::new(id, limit.requests, limit.window, key);
             cell.dirty = self.dirty.clone();
-            if let Some(s) = self.take_restored(&cell.key) {
+            if let Some(s) = self.take_restored(&cell.key, || legacy_key(scope, limit)) {
                 let slot_ns = cell.slot_ns();
                 if let super::Counter::Local(w) = &mut cell.state.get_mut().counter {
                     *w = s.window_at(slot_ns, now);
@@ -241,13 +228,16 @@ impl Live {
         LimitCell::new_shared(id, limit.requests, limit.window, shared, key)
     }
 
-    /// The counts the state file had for `key`, if any are still waiting.
-    fn take_restored(&self, key: &Arc<str>) -> Option<Saved> {
+    /// The counts the state file had for `key`, if any are still waiting, else those it
+    /// had under the cell's key of an earlier build (`legacy`); either way both are taken,
+    /// so the older can never be applied later.
+    fn take_restored(&self, key: &Arc<str>, legacy: impl FnOnce() -> String) -> Option<Saved> {
         if !self.restoring.load(Ordering::Acquire) {
             return None;
         }
         let mut r = self.restored.lock();
-        let s = r.remove(key);
+        let old = r.remove(legacy().as_str());
+        let s = r.remove(key).or(old);
         if r.is_empty() {
             self.restoring.store(false, Ordering::Release);
         }

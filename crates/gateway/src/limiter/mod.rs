@@ -210,10 +210,10 @@ impl LimitCell {
         self.requests.store(requests, Ordering::Relaxed);
     }
 
-    /// N per window, as shared counting needs it.
-    fn shape(&self) -> shared::Limit {
+    /// `requests` per its window, as shared counting needs it.
+    fn shape(&self, requests: u64) -> shared::Limit {
         shared::Limit {
-            requests: self.requests(),
+            requests,
             window_ns: self.window_ns,
         }
     }
@@ -349,10 +349,11 @@ impl Tally {
     }
 }
 
-/// [`check_as`] for a request's first check.
+/// [`check_as`] for a request's first check, each cell at its own number of requests.
 #[cfg(test)]
 pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Refused> {
-    check_as(cells, now, false)
+    let cells: Vec<(&Arc<LimitCell>, u64)> = cells.iter().map(|c| (*c, c.requests())).collect();
+    check_as(&cells, now, false)
 }
 
 /// Checks every limit together. If all have room, counts the request in each and returns
@@ -360,9 +361,13 @@ pub fn check(cells: &[&Arc<LimitCell>], now: Now) -> Result<Option<Standing>, Re
 /// the limit that refused (the one that frees up last). `again`: the request checks again
 /// after waiting for a shared limit's lease (it is not counted twice in the lease sizing).
 ///
-/// `cells` must be sorted by id, so locks are always taken in the same order.
+/// Each cell comes with the number of requests its limit allows in the caller's config:
+/// a cell outlives reloads that change it, and tables of two configs may share it a
+/// while, so what one table enforces is its own (the cell keeps the latest as a hint for
+/// reports and lease sizes). `cells` must be sorted by id, so locks are always taken in
+/// the same order.
 pub fn check_as(
-    cells: &[&Arc<LimitCell>],
+    cells: &[(&Arc<LimitCell>, u64)],
     now: Now,
     again: bool,
 ) -> Result<Option<Standing>, Refused> {
@@ -372,20 +377,23 @@ pub fn check_as(
     let mut guards: SmallVec<[(MutexGuard<'_, CellState>, Room); 4]> =
         SmallVec::with_capacity(cells.len());
     let mut tally = Tally::default();
-    for (index, cell) in cells.iter().enumerate() {
+    for (index, &(cell, requests)) in cells.iter().enumerate() {
         let mut state = cell.state.lock();
         if state.retired {
             return Err(Refused::Retired);
         }
+        if cell.requests() != requests {
+            cell.set_requests(requests);
+        }
         let room = match &mut state.counter {
             Counter::Local(w) => {
-                if let Some(wait) = w.full(cell.requests(), cell.slot_ns(), now.mono) {
+                if let Some(wait) = w.full(requests, cell.slot_ns(), now.mono) {
                     tally.full(index, wait);
                 }
                 Room::Local
             }
             Counter::Shared(l) => match cell.shared.as_ref() {
-                Some(shared) => match shared.room(cell, cell.shape(), l, now.wall, again) {
+                Some(shared) => match shared.room(cell, cell.shape(requests), l, now.wall, again) {
                     Ok(admit) => Room::Shared(admit),
                     Err(r) => {
                         tally.shared(index, r);
@@ -400,7 +408,9 @@ pub fn check_as(
     if let Some(r) = tally.refused {
         return Err(r);
     }
-    for (index, (cell, (state, room))) in cells.iter().zip(guards.iter_mut()).enumerate() {
+    for (index, (&(cell, requests), (state, room))) in
+        cells.iter().zip(guards.iter_mut()).enumerate()
+    {
         if !state.dirty {
             if let Some(q) = &cell.dirty {
                 state.dirty = true;
@@ -409,7 +419,7 @@ pub fn check_as(
         }
         let standing = match (&mut state.counter, room) {
             (Counter::Local(w), _) => {
-                let remaining = w.count_one(cell.requests());
+                let remaining = w.count_one(requests);
                 if !tally.tighter(remaining) {
                     continue;
                 }
@@ -420,7 +430,9 @@ pub fn check_as(
                 }
             }
             (Counter::Shared(l), Room::Shared(admit)) => match cell.shared.as_ref() {
-                Some(shared) => shared.commit(cell, cell.shape(), l, *admit, index, now.wall),
+                Some(shared) => {
+                    shared.commit(cell, cell.shape(requests), l, *admit, index, now.wall)
+                }
                 None => continue,
             },
             (Counter::Shared(_), Room::Local) => continue,

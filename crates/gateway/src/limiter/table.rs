@@ -313,7 +313,7 @@ impl Counters {
             let Slot::Cells(group) = &*slot else {
                 continue;
             };
-            match check_cells(group, positions, now, again) {
+            match check_cells(group, layout, positions, now, again) {
                 Err(Refused::Retired) => *slot = Slot::Swept,
                 checked => return checked,
             }
@@ -466,10 +466,12 @@ impl Counters {
     }
 }
 
-/// [`super::check`] on the cells of `group` at `positions`, locked in id order; a
-/// standing's `index` is its place in `positions`.
+/// [`super::check_as`] on the cells of `group` at `positions`, at the numbers of
+/// requests of this table's `layout`, locked in id order; a standing's `index` is its
+/// place in `positions`.
 fn check_cells(
     group: &Group,
+    layout: &Layout,
     positions: &[usize],
     now: Now,
     again: bool,
@@ -481,9 +483,12 @@ fn check_cells(
         .filter_map(|(ix, &p)| group.get(p).map(|c| (c.id, ix)))
         .collect();
     order.sort_unstable();
-    let cells: SmallVec<[&Arc<LimitCell>; 4]> = order
+    let cells: SmallVec<[(&Arc<LimitCell>, u64); 4]> = order
         .iter()
-        .filter_map(|&(_, ix)| group.get(positions[ix]))
+        .filter_map(|&(_, ix)| {
+            let p = positions[ix];
+            Some((group.get(p)?, layout.limits.get(p)?.0.requests))
+        })
         .collect();
     let place = |s: Standing| Standing {
         index: order.get(s.index).map_or(0, |o| o.1),

@@ -1,5 +1,5 @@
 use super::*;
-use crate::limiter::live::{cell_key, escaped_route, without_requests};
+use crate::limiter::live::{cell_key, escaped_route, legacy_key};
 use std::time::Duration;
 
 fn limit() -> LimitConfig {
@@ -29,17 +29,22 @@ fn cell_keys_keep_the_state_files_format() {
         cell_key(route, &limit()).as_slice(),
         b"route:orders:consumer:acme\tper-minute\t60"
     );
-    // A state file from before the number of requests left the key: read as today's.
+    // A state file from before the number of requests left the key holds it under its
+    // name as shown and its number.
+    let unnamed = LimitConfig {
+        name: "100-per-1m".into(),
+        counted_as: "per-1m".into(),
+        requests: 100,
+        window: Duration::from_secs(60),
+    };
     assert_eq!(
-        without_requests("consumer:acme\tper-minute\t100\t60"),
-        ["consumer:acme\tper-minute\t60"]
+        cell_key(route, &unnamed).as_slice(),
+        b"route:orders:consumer:acme\tper-1m\t60"
     );
-    // An unnamed limit's: under its name, or its window when it is alone on it.
     assert_eq!(
-        without_requests("consumer:acme\t100-per-1m\t100\t60"),
-        ["consumer:acme\t100-per-1m\t60", "consumer:acme\tper-1m\t60"]
+        legacy_key(route, &unnamed),
+        "route:orders:consumer:acme\t100-per-1m\t100\t60"
     );
-    assert!(without_requests("consumer:acme\tper-minute\t60").is_empty());
 }
 
 #[test]
@@ -254,6 +259,21 @@ fn a_limit_raised_or_lowered_by_a_reload_keeps_its_counts() {
     assert!(!admit(&two, 0, at(2)), "five counted are past two");
     // The counts leave the window as they would have.
     assert!(admit(&two, 0, at(130)));
+}
+
+#[test]
+fn two_tables_sharing_a_cell_each_enforce_their_own_number() {
+    let live = Arc::new(Live::new(None, None));
+    let three = table_of(&live, 3);
+    let five = table_of(&live, 5);
+    // While both exist, counts go to the cell both find by identity.
+    for _ in 0..4 {
+        assert!(admit(&five, 0, at(0)));
+    }
+    // A request on the older config (a reload under way) looks the cell up last.
+    assert!(!admit(&three, 0, at(0)), "four counted are past three");
+    assert!(admit(&five, 0, at(0)), "the newer table still allows five");
+    assert!(!admit(&five, 0, at(0)));
 }
 
 #[test]

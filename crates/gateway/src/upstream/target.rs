@@ -377,12 +377,6 @@ pub(super) fn log_failure_because(
     }
 }
 
-/// How many more tries a request gets. Connect failures and closed pooled connections move
-/// it on; only new connections spend the budget (targets + 2), since every pooled connection
-/// found dead is dropped on the way. A hard bound (16 more) holds should live traffic keep
-/// returning connections that die on reuse. A request tries to connect at most as many
-/// times as there are targets, as nginx tries each server once: a lone target that cannot
-/// be reached costs one `connect_timeout`, not three.
 /// The targets (by place) a request failed on with a new connection: its next tries
 /// go to others, as nginx's `proxy_next_upstream` never tries a server twice, whatever
 /// other requests took from the round-robin meanwhile. The first 64 targets are kept;
@@ -405,6 +399,12 @@ impl Failed {
     }
 }
 
+/// How many more tries a request gets. Connect failures and closed pooled connections move
+/// it on; only new connections spend the budget (targets + 2), since every pooled connection
+/// found dead is dropped on the way. A hard bound (16 more) holds should live traffic keep
+/// returning connections that die on reuse. A request tries to connect at most as many
+/// times as there are targets, as nginx tries each server once: a lone target that cannot
+/// be reached costs one `connect_timeout`, not three.
 pub(super) struct Tries {
     new: usize,
     total: usize,
