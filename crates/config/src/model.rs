@@ -564,10 +564,8 @@ pub struct AllowConfig {
 pub struct LimitConfig {
     /// Name shown in headers and errors.
     pub name: String,
-    /// What its counts are kept under (with the window): the name when one is given,
-    /// else `per-W` (`W` the window, as `10s`), so that a reload changing only the number
-    /// of requests keeps the counts; an unnamed limit sharing its window with another in
-    /// the same list is kept under its full name (`N-per-W`).
+    /// What its counts are kept under, with the window: the name when given, else `per-W`
+    /// (a new number of requests keeps the counts), `N-per-W` if another shares `W`.
     pub counted_as: String,
     /// Requests allowed per window.
     pub requests: u64,
