@@ -241,14 +241,16 @@ async fn cors_preflight_is_answered_at_the_edge() {
     let (backend, hits) = inspect_backend().await;
     let gw = TestGateway::start(&yaml(backend, POLICIES), SystemClock::new()).await;
     let c = TestClient::default();
-    let pre = [
+    let preflight = |path: &str, headers: &'static [(&'static str, &'static str)]| {
+        let (c, url) = (c.clone(), gw.url(path));
+        async move { c.request(Method::OPTIONS, &url, headers, "").await }
+    };
+    let pre = &[
         ("Origin", "https://app.example"),
         ("Access-Control-Request-Method", "POST"),
         ("Access-Control-Request-Headers", "content-type, x-api-key"),
     ];
-    let a = c
-        .request(Method::OPTIONS, &gw.url("/test/thing"), &pre, "")
-        .await;
+    let a = preflight("/test/thing", pre).await;
     assert_eq!(a.status, StatusCode::NO_CONTENT);
     assert_eq!(
         a.header("access-control-allow-origin"),
@@ -269,21 +271,17 @@ async fn cors_preflight_is_answered_at_the_edge() {
         "never forwarded"
     );
 
-    let evil = [
+    let evil = &[
         ("Origin", "https://evil.example"),
         ("Access-Control-Request-Method", "GET"),
     ];
-    let a = c
-        .request(Method::OPTIONS, &gw.url("/test/thing"), &evil, "")
-        .await;
+    let a = preflight("/test/thing", evil).await;
     assert_eq!(a.status, StatusCode::FORBIDDEN);
     assert!(a.headers.get("access-control-allow-origin").is_none());
 
     // With credentials, `*` would be read as a header named `*`: what the preflight asks
     // for is allowed instead.
-    let a = c
-        .request(Method::OPTIONS, &gw.url("/cred/x"), &pre, "")
-        .await;
+    let a = preflight("/cred/x", pre).await;
     assert_eq!(a.status, StatusCode::NO_CONTENT);
     assert_eq!(
         a.header("access-control-allow-headers"),
@@ -297,14 +295,12 @@ async fn cors_preflight_is_answered_at_the_edge() {
     );
     // But for `Authorization`, which the Fetch standard's `*` never covers: it is
     // allowed only where it is named.
-    let asks_auth = [
+    let asks_auth = &[
         ("Origin", "https://app.example"),
         ("Access-Control-Request-Method", "GET"),
         ("Access-Control-Request-Headers", "authorization, x-trace"),
     ];
-    let a = c
-        .request(Method::OPTIONS, &gw.url("/cred/x"), &asks_auth, "")
-        .await;
+    let a = preflight("/cred/x", asks_auth).await;
     assert_eq!(a.status, StatusCode::NO_CONTENT);
     assert_eq!(a.header("access-control-allow-headers"), "x-trace");
 

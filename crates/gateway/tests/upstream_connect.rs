@@ -29,16 +29,26 @@ async fn silent_target() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     (addr, accepted)
 }
 
+/// A gateway whose one route sends everything to the one upstream `upstream` names and
+/// sets (`NAME: {targets: …}`).
+async fn gateway(upstream: &str) -> TestGateway {
+    let name = upstream.split(':').next().unwrap_or_default();
+    TestGateway::start(
+        &format!(
+            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  {upstream}\nroutes:\n  - {{path_prefix: /, upstream: {name}}}\n"
+        ),
+        SystemClock::new(),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn a_tls_handshake_that_never_ends_is_a_connect_failure_within_connect_timeout() {
     let (a, first) = silent_target().await;
     let (b, second) = silent_target().await;
-    let g = TestGateway::start(
-        &format!(
-            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  secure: {{targets: [\"https://{a}\", \"https://{b}\"], connect_timeout: 200ms, response_timeout: 60s}}\nroutes:\n  - {{path_prefix: /, upstream: secure}}\n"
-        ),
-        SystemClock::new(),
-    )
+    let g = gateway(&format!(
+        "secure: {{targets: [\"https://{a}\", \"https://{b}\"], connect_timeout: 200ms, response_timeout: 60s}}"
+    ))
     .await;
     let c = TestClient::default();
     // Each target takes the connection and stalls the handshake: the request moves from one
@@ -60,13 +70,7 @@ async fn a_tls_handshake_that_never_ends_is_a_connect_failure_within_connect_tim
 async fn a_lone_target_that_cannot_be_reached_is_tried_once() {
     // A port nothing listens on: every connect is refused at once.
     let port = free_port();
-    let g = TestGateway::start(
-        &format!(
-            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  gone: {{targets: [\"127.0.0.1:{port}\"]}}\nroutes:\n  - {{path_prefix: /, upstream: gone}}\n"
-        ),
-        SystemClock::new(),
-    )
-    .await;
+    let g = gateway(&format!("gone: {{targets: [\"127.0.0.1:{port}\"]}}")).await;
     let c = TestClient::default();
     let a = c.get(&g.url("/x")).await;
     assert_eq!(a.status, 502, "{}", a.body);
@@ -114,13 +118,7 @@ async fn a_retry_skips_the_targets_the_request_failed_on() {
         }
     });
     let (good, _) = recording_backend().await;
-    let g = TestGateway::start(
-        &format!(
-            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams:\n  two: {{targets: [\"{dropping}\", \"{good}\"]}}\nroutes:\n  - {{path_prefix: /, upstream: two}}\n"
-        ),
-        SystemClock::new(),
-    )
-    .await;
+    let g = gateway(&format!("two: {{targets: [\"{dropping}\", \"{good}\"]}}")).await;
     let c = TestClient::default();
     // The first request takes the first target, which holds it; a second request takes
     // the second target meanwhile, so the round-robin would give the first's retry the
