@@ -185,12 +185,8 @@ impl Live {
         let mut shard = self.shard(h).lock();
         let found = shard.find_entry(h, |c| c.key.as_bytes() == key.as_slice());
         if let Ok(e) = &found {
-            let cell = e.get();
-            if !cell.state.lock().retired {
-                if cell.requests() != limit.requests {
-                    cell.set_requests(limit.requests);
-                }
-                return cell.clone();
+            if !e.get().state.lock().retired {
+                return e.get().clone();
             }
         }
         let cell = Arc::new(self.make(scope, limit, &key, now));

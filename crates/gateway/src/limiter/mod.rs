@@ -133,7 +133,8 @@ pub type DirtyQueue = Mutex<Vec<Arc<LimitCell>>>;
 pub struct LimitCell {
     /// Stable order for taking several locks.
     pub(crate) id: u64,
-    /// Requests allowed per window (the config's latest, set again by a reload).
+    /// Requests allowed per window, as the last check's config said: a hint for reports
+    /// and lease sizes (each check passes its own).
     requests: AtomicU64,
     /// Window length in nanoseconds.
     pub(crate) window_ns: u64,
@@ -204,8 +205,7 @@ impl LimitCell {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Takes `requests` per window from now on, for the counts already made (a reload
-    /// that raised or lowered the limit).
+    /// Notes the number of requests a check was made at (a reload may change it).
     pub(crate) fn set_requests(&self, requests: u64) {
         self.requests.store(requests, Ordering::Relaxed);
     }
