@@ -315,6 +315,8 @@ impl Snapshot {
                 }
             })
             .collect();
+        // After the routes hold their upstreams: the registry keeps them only weakly.
+        reserve_route_hosts(&config, registry);
         registry.prune();
         let owned = owned_names(&config);
         let mut params: Vec<String> = Vec::new();
@@ -498,6 +500,30 @@ fn owned_names(config: &Config) -> Owned {
         }
     }
     owned
+}
+
+/// Tells each upstream the hosts its `preserve_host` routes match exactly, as clients
+/// write them in `Host` (bare, or with a listener's port): an HTTP/2 upstream keeps their
+/// connections apart however many other hosts clients make up.
+fn reserve_route_hosts(config: &Config, registry: &Registry) {
+    let mut by_upstream: Vec<Option<Vec<String>>> = vec![None; config.upstreams.len()];
+    for r in &config.routes {
+        let Some(list) = by_upstream.get_mut(r.upstream) else {
+            continue;
+        };
+        let list = list.get_or_insert_with(Vec::new);
+        if let (true, Some(tollgate_config::HostMatch::Exact(h))) = (r.preserve_host, &r.host) {
+            list.push(h.clone());
+            for l in &config.listeners {
+                list.push(format!("{h}:{}", l.address.port()));
+            }
+        }
+    }
+    for (u, list) in config.upstreams.iter().zip(by_upstream) {
+        if let Some(list) = list {
+            registry.upstream(u).reserve_hosts(list);
+        }
+    }
 }
 
 /// Each limit name's shared label and refusal counter, looked up once per build rather

@@ -611,6 +611,23 @@ async fn a_preserved_host_is_what_the_target_is_asked_for_never_where_the_gatewa
     }
     // 64 hosts' connections, and one for the target's authority.
     assert_eq!(accepted.load(Ordering::SeqCst), 65);
+    // A host a route names exactly keeps its own connections however many hosts clients
+    // made up first: they cannot push it to the target's authority.
+    let named = format!(
+        "{}  - {{host: api.test, path_prefix: /, upstream: secure, preserve_host: true}}\n",
+        config(backend.port(), "h2", "")
+    );
+    let g = TestGateway::start(&named, SystemClock::new()).await;
+    for n in 0..64 {
+        assert_eq!(status_of(&ask(g.addr, &format!("m{n}.example")).await), 200);
+    }
+    let late = ask(g.addr, "late.example").await;
+    assert!(
+        !late.contains("x-authority: late.example\r\n"),
+        "full: {late}"
+    );
+    let a = ask(g.addr, "api.test").await;
+    assert!(a.contains("x-authority: api.test\r\n"), "{a}");
     // A host is kept apart only while its connections live: once they have been idle
     // for `idle_timeout` and closed, a new host has room again, so a burst of made-up
     // hosts does not decide for good how later clients are asked for.

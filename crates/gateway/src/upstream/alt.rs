@@ -270,10 +270,17 @@ impl AltClient {
     }
 
     /// A hold on `host` to be asked for as `:authority`, while fewer than
-    /// [`super::hosts::MAX_HOSTS`] hosts are kept apart or it is one of them: keep it
-    /// with the request ([`AltClient::send`]).
+    /// [`super::hosts::MAX_HOSTS`] hosts are kept apart, it is one of them, or it is
+    /// reserved ([`AltClient::reserve_hosts`]): keep it with the request
+    /// ([`AltClient::send`]).
     pub fn room_for(&self, host: &str) -> Option<Hold> {
         self.hosts.request(host)
+    }
+
+    /// Lets `hosts` (the routes' own, lowercase, as clients write `Host`) keep
+    /// connections apart outside the room other hosts share.
+    pub fn reserve_hosts(&self, hosts: impl IntoIterator<Item = String>) {
+        self.hosts.reserve(hosts);
     }
 
     /// Whether it speaks HTTP/2.

@@ -3,12 +3,14 @@
 //! authority). At most [`MAX_HOSTS`] at once, so clients cannot open connections to a
 //! target by naming hosts; a host is forgotten when it has no request in flight and no
 //! connection open, so a burst of made-up hosts holds the room only as long as their
-//! connections live (the upstream's `idle_timeout` once idle).
+//! connections live (the upstream's `idle_timeout` once idle). The hosts the routes to the
+//! upstream name exactly are let in apart from that room, so such a burst cannot push a
+//! route's own host to the target's authority.
 
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,31 +25,52 @@ pub const MAX_HOSTS: usize = 64;
 struct Use {
     requests: usize,
     connections: usize,
+    /// Let in as a route's own host, outside the room of [`MAX_HOSTS`].
+    reserved: bool,
 }
 
 /// The set of hosts kept apart, with what holds each.
 #[derive(Debug, Default)]
 pub struct Hosts {
-    held: Mutex<HashMap<Box<str>, Use>>,
+    held: Mutex<HostSet>,
+}
+
+/// The hosts held, how many of them take room, and the hosts let in without room.
+#[derive(Debug, Default)]
+struct HostSet {
+    by_host: HashMap<Box<str>, Use>,
+    in_room: usize,
+    reserved: HashSet<Box<str>>,
 }
 
 impl Hosts {
-    /// A hold on `host` for one request, if it is known or there is room for it.
+    /// Lets `hosts` (lowercase, as the client writes them in `Host`) in apart from the
+    /// room: the routes' own hosts. Replaces the earlier list; hosts held stay held.
+    pub fn reserve(&self, hosts: impl IntoIterator<Item = String>) {
+        self.held.lock().reserved = hosts.into_iter().map(Box::from).collect();
+    }
+
+    /// A hold on `host` for one request, if it is known, reserved, or there is room for it.
     pub fn request(self: &Arc<Self>, host: &str) -> Option<Hold> {
         // hyper's pool tells authorities apart without case: so does the set.
         let host = host.to_ascii_lowercase();
         let host = host.as_str();
         let mut held = self.held.lock();
-        if let Some(u) = held.get_mut(host) {
+        let held = &mut *held;
+        if let Some(u) = held.by_host.get_mut(host) {
             u.requests += 1;
-        } else if held.len() < MAX_HOSTS {
+        } else {
+            let reserved = held.reserved.contains(host);
+            if !reserved && held.in_room >= MAX_HOSTS {
+                return None;
+            }
+            held.in_room += usize::from(!reserved);
             let first = Use {
                 requests: 1,
                 connections: 0,
+                reserved,
             };
-            held.insert(host.into(), first);
-        } else {
-            return None;
+            held.by_host.insert(host.into(), first);
         }
         Some(Hold {
             hosts: self.clone(),
@@ -62,7 +85,7 @@ impl Hosts {
         let host = host.to_ascii_lowercase();
         let host = host.as_str();
         let mut held = self.held.lock();
-        let u = held.get_mut(host)?;
+        let u = held.by_host.get_mut(host)?;
         u.connections += 1;
         Some(Hold {
             hosts: self.clone(),
@@ -84,7 +107,8 @@ pub struct Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         let mut held = self.hosts.held.lock();
-        let Some(u) = held.get_mut(&*self.host) else {
+        let held = &mut *held;
+        let Some(u) = held.by_host.get_mut(&*self.host) else {
             return;
         };
         if self.connection {
@@ -93,7 +117,8 @@ impl Drop for Hold {
             u.requests = u.requests.saturating_sub(1);
         }
         if u.requests == 0 && u.connections == 0 {
-            held.remove(&*self.host);
+            held.in_room -= usize::from(!u.reserved);
+            held.by_host.remove(&*self.host);
         }
     }
 }
@@ -169,10 +194,40 @@ mod tests {
         assert!(hosts.connection("late").is_none());
         drop(holds);
         // h0 (a request) and h1 (a connection) are still held.
-        assert_eq!(hosts.held.lock().len(), 2);
+        assert_eq!(hosts.held.lock().by_host.len(), 2);
         assert!(hosts.request("late").is_some());
         drop(again);
         drop(conn);
-        assert!(hosts.held.lock().is_empty());
+        assert!(hosts.held.lock().by_host.is_empty());
+        assert_eq!(hosts.held.lock().in_room, 0);
+    }
+
+    #[test]
+    fn a_routes_own_host_is_let_in_when_made_up_hosts_fill_the_room() {
+        let hosts = Arc::new(Hosts::default());
+        hosts.reserve([
+            "api.example.com".to_string(),
+            "api.example.com:8443".to_string(),
+        ]);
+        let junk: Vec<Hold> = (0..MAX_HOSTS)
+            .map(|n| hosts.request(&format!("junk{n}.example")).expect("room"))
+            .collect();
+        assert!(
+            hosts.request("junk-late.example").is_none(),
+            "the room is full"
+        );
+        let own = hosts
+            .request("API.example.com")
+            .expect("reserved, in any case");
+        let own_port = hosts.request("api.example.com:8443").expect("reserved");
+        // Another port of the route's host is not reserved: ports would be endless room.
+        assert!(hosts.request("api.example.com:1").is_none());
+        drop(own);
+        drop(own_port);
+        // Reserved hosts never took room: the room is still exactly full.
+        assert_eq!(hosts.held.lock().in_room, MAX_HOSTS);
+        drop(junk);
+        assert_eq!(hosts.held.lock().in_room, 0);
+        assert!(hosts.held.lock().by_host.is_empty());
     }
 }

@@ -281,6 +281,15 @@ impl Upstream {
         }
     }
 
+    /// Lets the hosts routes to this upstream name exactly (`Host` as clients write it,
+    /// lowercase) keep their own HTTP/2 connections however many other hosts clients
+    /// name; the latest snapshot's list counts.
+    pub fn reserve_hosts(&self, hosts: impl IntoIterator<Item = String>) {
+        if let Some(alt) = &self.alt {
+            alt.reserve_hosts(hosts);
+        }
+    }
+
     /// The HTTP/1.1 client for upgrades (and active checks), made once.
     pub(super) fn upgrade_client(&self) -> Option<AltClient> {
         self.upgrades
