@@ -1,5 +1,6 @@
 //! The long-running commands: `run`, `echo` and `demo`.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
@@ -23,9 +24,13 @@ pub enum LogFormat {
 fn logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A log shipper reading stderr may go away: its lines are lost then, and the
+    // gateway serves on (the default reports the failed write on stderr itself, which
+    // panics on a closed pipe).
     let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_target(false);
     match format {
         LogFormat::Json => log.json().init(),
@@ -70,7 +75,9 @@ pub fn run(path: &Path, flag: Option<LogFormat>) -> ExitCode {
     let say = |line: String, warning: bool| match log {
         LogFormat::Json if warning => tracing::warn!("{line}"),
         LogFormat::Json => tracing::error!("{line}"),
-        LogFormat::Text => eprintln!("{line}"),
+        LogFormat::Text => {
+            let _ = writeln!(std::io::stderr(), "{line}");
+        }
     };
     let text = match read {
         Ok(t) => t,

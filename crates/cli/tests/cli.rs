@@ -291,16 +291,21 @@ impl Gateway {
 
     /// [`Gateway::get`], with transport errors returned instead of failing the test.
     fn try_get(&self, path: &str) -> std::io::Result<u16> {
-        let mut s = TcpStream::connect(self.addr)?;
-        s.set_read_timeout(Some(WAIT))?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut out = String::new();
-        s.read_to_string(&mut out)?;
-        Ok(out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0))
+        try_get(self.addr, path)
     }
+}
+
+/// Status code of `GET path` on a new connection to `addr`.
+fn try_get(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(WAIT))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0))
 }
 
 impl Drop for Gateway {
@@ -1350,5 +1355,61 @@ fn a_config_naming_no_change_log_keeps_managed_consumers_beside_it_and_may_ask_f
     let _ = run.wait();
     let line: serde_json::Value = serde_json::from_str(&first).expect("a JSON line");
     assert!(line["fields"]["message"].is_string(), "{first}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_process_log_reader_that_goes_away_does_not_stop_the_gateway() {
+    let (backend, _echo) = echo_backend();
+    let dir = temp_dir("gone-reader");
+    let file = dir.join("tollgate.yaml");
+    std::fs::write(&file, config(backend, "a")).expect("write");
+    for format in ["text", "json"] {
+        let mut child = Command::new(BIN)
+            .args(["run", "--log-format", format, "--config"])
+            .arg(&file)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let line = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find(|l| l.contains("listening on http://"))
+            .expect("a listening line");
+        let addr = line
+            .rsplit("http://")
+            .next()
+            .and_then(|a| a.split(|c: char| c.is_whitespace() || c == '"').next())
+            .expect("addr")
+            .to_string();
+        // The log's reader is gone: every later line fails to be written.
+        drop(lines);
+        let kill = |sig: &str| {
+            let ok = Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "{format}: kill {sig}");
+        };
+        std::fs::write(&file, config(backend, "b")).expect("write");
+        kill("-HUP");
+        let addr: SocketAddr = addr.parse().expect("listen address");
+        let deadline = std::time::Instant::now() + WAIT;
+        while try_get(addr, "/b/?apikey=t1").ok() != Some(200) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{format}: the reload was not served"
+            );
+            std::thread::yield_now();
+        }
+        // The drain logs too, to the closed pipe; the process ends as asked.
+        kill("-TERM");
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "{format}: {status}");
+        std::fs::write(&file, config(backend, "a")).expect("write");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
