@@ -199,6 +199,40 @@ async fn a_small_limit_on_one_node_admits_every_call_below_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_lowered_by_a_reload_holds_against_tokens_leased_before() {
+    // Tokens leased under 1000 per 10 s are not spent under 53: 50 calls made, 3 more.
+    let redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = |n: u64| {
+        config(
+            backend,
+            &redis.url(),
+            &format!("{{requests: {n}, per: 10s}}"),
+            "open",
+        )
+    };
+    let nodes = nodes(1, &cfg(1000), &clock).await;
+    let c = TestClient::default();
+    let url = nodes[0].url("/test/?apikey=k1");
+    for i in 0..50 {
+        assert_eq!(c.get(&url).await.status, StatusCode::OK, "call {i}");
+    }
+    synced(&nodes[0]).await;
+    let counted = redis.hsum(&limit_key("per-10s:10"));
+    assert!(
+        counted > 53,
+        "the node holds tokens leased ahead: {counted}"
+    );
+    nodes[0].apply(&cfg(53));
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        codes.push(c.get(&url).await.status.as_u16());
+    }
+    assert_eq!(codes, [200, 200, 200, 429, 429]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_and_restarted_mid_run_fails_open_then_resumes() {
     let mut redis = RedisServer::start();
     let backend = echo_backend().await;

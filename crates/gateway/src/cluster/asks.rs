@@ -41,6 +41,8 @@ pub(super) struct Ask {
     /// The sub-window the tokens are for.
     pub(super) at: u64,
     pub(super) want: u64,
+    /// The limit's N the ask is made under.
+    pub(super) n: u64,
     /// Admitted without a grant, per sub-window: counted by this call.
     pub(super) owed: SmallVec<[(u64, u64); 2]>,
     /// Tokens given back, per sub-window.
@@ -81,6 +83,7 @@ pub(super) fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
                 cell: cell.clone(),
                 at: l.sub,
                 want: 0,
+                n,
                 owed: SmallVec::new(),
                 back: SmallVec::new(),
                 next: false,
@@ -122,6 +125,7 @@ pub(super) fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
                 cell: cell.clone(),
                 at: l.sub,
                 want: top_up,
+                n,
                 owed,
                 back,
                 next: false,
@@ -139,6 +143,7 @@ pub(super) fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
                 cell: cell.clone(),
                 at: l.sub + 1,
                 want: size.min(n.div_ceil(nodes)),
+                n,
                 owed: SmallVec::new(),
                 back: SmallVec::new(),
                 next: true,
@@ -171,6 +176,7 @@ pub(super) fn sweep(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
                     cell: cell.clone(),
                     at: l.sub,
                     want: 0,
+                    n: cell.requests(),
                     owed: l.owed(),
                     back: std::mem::take(&mut l.back),
                     next: false,
@@ -202,7 +208,7 @@ pub(super) fn commands(
 ) -> Vec<(String, redis::Cmd)> {
     let mut cmds = Vec::with_capacity(asks.len() + 4);
     for a in asks {
-        let n = a.cell.requests();
+        let n = a.n;
         // The hash outlives the window by a margin, so late changes still find it.
         let ttl_ms = (a.cell.window_ns / 1_000_000).saturating_mul(2).max(10_000);
         let now = wall / a.cell.slot_ns();
@@ -321,6 +327,7 @@ pub(super) fn settle(c: &Cluster, a: &Ask, v: redis::Value, wall: u64, link: u32
             l.next_tokens = 0;
         }
         l.link = link;
+        l.leased_under = l.leased_under.max(a.n);
     }
     if a.at == l.sub {
         l.tokens += granted;

@@ -109,6 +109,9 @@ pub struct Lease {
     pub(crate) granted: u64,
     /// Ask for more when tokens fall to this.
     pub(crate) refill_at: u64,
+    /// The limit's N when the tokens held were leased: a lower N since (a reload) gives
+    /// them back, as the store granted them against the larger one.
+    pub(crate) leased_under: u64,
     pub(crate) queued: bool,
     /// The part of the store that keeps this limit failed the last round while the rest
     /// answered (a dead master of a Redis Cluster): the limit counts as the store being
@@ -168,6 +171,20 @@ impl Lease {
         self.sub = sub;
         let oldest = sub.saturating_sub(SPAN);
         self.back.retain(|(s, _)| *s >= oldest);
+    }
+
+    /// Gives back every token held, for this sub-window and the next.
+    fn give_back_held(&mut self) {
+        if self.tokens > 0 {
+            self.back.push((self.sub, self.tokens));
+        }
+        if self.next_tokens > 0 {
+            self.back.push((self.sub + 1, self.next_tokens));
+        }
+        self.tokens = 0;
+        self.next_tokens = 0;
+        self.next_requested = false;
+        self.refill_at = 0;
     }
 
     /// Admitted on this node over the window (the current sub-window and `SPAN` before).
@@ -275,6 +292,12 @@ impl<C> SharedLimit<C> {
         l.roll(wall / sub_ns);
         if !again {
             l.demand += 1;
+        }
+        if limit.requests < l.leased_under {
+            // Lowered since the tokens held were leased: the store decides again under
+            // the new N, which they would otherwise pass.
+            l.give_back_held();
+            l.leased_under = limit.requests;
         }
         if !l.back.is_empty() || l.debt > 0 {
             // Tokens of a sub-window that ended go back, and what was admitted without a
