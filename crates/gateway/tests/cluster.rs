@@ -233,6 +233,29 @@ async fn a_limit_lowered_by_a_reload_holds_against_tokens_leased_before() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_told_the_limit_is_full_asks_again_after_tokens_go_back() {
+    let redis = RedisServer::start();
+    let backend = echo_backend().await;
+    let clock = clock();
+    let cfg = config(backend, &redis.url(), "{requests: 10, per: 10s}", "open");
+    let nodes = nodes(1, &cfg, &clock).await;
+    let c = TestClient::default();
+    let url = nodes[0].url("/test/?apikey=k1");
+    let key = limit_key("per-10s:10");
+    // Another node's lease takes the whole limit in this sub-window (1 s of the 10 s).
+    let sub = 1_700_000_000;
+    redis.hincr(&key, sub, 10);
+    assert_eq!(c.get(&url).await.status, StatusCode::TOO_MANY_REQUESTS);
+    // It gives its tokens back unused when the sub-window ends: the store has room
+    // again long before the window the store named, and the next sub-window's first
+    // call finds it.
+    redis.hincr(&key, sub, -10);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(c.get(&url).await.status, StatusCode::OK);
+    assert_eq!(c.get(&url).await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_and_restarted_mid_run_fails_open_then_resumes() {
     let mut redis = RedisServer::start();
     let backend = echo_backend().await;

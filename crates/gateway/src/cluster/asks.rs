@@ -103,7 +103,7 @@ pub(super) fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
         let size = rate_size.min(fair).min(n);
         l.demand = 0;
         l.last_lease = Some(Instant::now());
-        let top_up = if !l.full() && l.tokens <= l.refill_at {
+        let top_up = if (!l.full() || std::mem::take(&mut l.recheck)) && l.tokens <= l.refill_at {
             size
         } else {
             0
@@ -311,6 +311,10 @@ pub(super) fn settle(c: &Cluster, a: &Ask, v: redis::Value, wall: u64, link: u32
         l.settled(*s, *k);
     }
     l.granted = total;
+    if a.at == l.sub {
+        // The store's word for this sub-window is fresh: no need to ask again in it.
+        l.rechecked = l.rechecked.max(l.sub);
+    }
     // The store's latest word on the window: tokens given back since it last said "full"
     // (this node's own, unused) may have made room again. A lease for the next
     // sub-window speaks of a later window only, so it never clears it.

@@ -98,6 +98,12 @@ pub struct Lease {
     pub(crate) debt: u64,
     /// The store said the limit is used up until this sub-window: no credit, no lease.
     pub(crate) full_until: u64,
+    /// The last sub-window the store was heard from or asked again while the limit was
+    /// full: tokens other nodes give back unused make room before `full_until`, so a full
+    /// limit is asked about once a sub-window.
+    pub(crate) rechecked: u64,
+    /// The next round asks for a lease although the limit is full (once a sub-window).
+    pub(crate) recheck: bool,
     /// What the node may admit per window while the store is down (0: not set yet): its own
     /// admissions over the last window plus an even split of the room left.
     pub(crate) share: u64,
@@ -320,7 +326,18 @@ impl<C> SharedLimit<C> {
                 // Used up until the store said room opens.
                 let wait = l.full_until.saturating_mul(sub_ns).saturating_sub(wall);
                 if l.back.is_empty() {
-                    return Err(refuse(wait));
+                    let pending = l.recheck || l.asking;
+                    if l.rechecked >= l.sub && !pending {
+                        return Err(refuse(wait));
+                    }
+                    if l.rechecked < l.sub {
+                        // Not heard from in this sub-window: other nodes may have given
+                        // their unused tokens back since. Asked once, the request waiting
+                        // for the answer.
+                        l.rechecked = l.sub;
+                        l.recheck = true;
+                        queue(c.as_ref(), cell, l);
+                    }
                 }
                 // The store counted tokens this node has since given up unused: once they
                 // are back, it may have room. The request waits for that round's word.

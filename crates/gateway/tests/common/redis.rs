@@ -89,6 +89,18 @@ impl RedisServer {
             .iter()
             .sum()
     }
+
+    /// Adds `by` to `field` of hash `key` (a shared limit's count of one sub-window).
+    pub fn hincr(&self, key: &str, field: u64, by: i64) {
+        let client = redis::Client::open(self.url()).expect("url");
+        let mut c = client.get_connection().expect("connect");
+        redis::cmd("HINCRBY")
+            .arg(key)
+            .arg(field)
+            .arg(by)
+            .query::<i64>(&mut c)
+            .expect("HINCRBY");
+    }
 }
 
 /// Whether a Redis server at `addr` answers `PING` with `+PONG`.
