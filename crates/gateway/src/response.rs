@@ -234,6 +234,14 @@ pub fn refuse(refusal: Refusal, request_id: &HeaderValue) -> Response<Body> {
             RETRY_AFTER,
             HeaderValue::from_static("60"),
         ),
+        Refusal::UnknownPlan => with(
+            json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                r#""status":503,"error":"the consumer's plan is not defined on this node""#,
+            ),
+            RETRY_AFTER,
+            HeaderValue::from_static("1"),
+        ),
     }
 }
 

@@ -424,7 +424,8 @@ impl Snapshot {
     }
 
     /// The index a managed consumer is counted under: its listed one while its plan is
-    /// the listed one, else a guest on its plan. `UnknownKey` when it was deleted.
+    /// the listed one, else a guest on its plan. `UnknownKey` when it was deleted,
+    /// `UnknownPlan` when its plan is not in this config.
     pub fn managed(
         &self,
         m: &crate::roster::record::Managed,
@@ -434,12 +435,17 @@ impl Snapshot {
         if m.deleted {
             return Err(Refusal::UnknownKey);
         }
-        let none = self.config.plans.len();
-        let slot = m
-            .plan
-            .as_ref()
-            .and_then(|p| self.config.plans.iter().position(|plan| plan.name == *p))
-            .unwrap_or(none);
+        // A plan this config lacks (a change made on a node whose config has it) would
+        // leave the consumer without limits: refused until a reload brings the plan.
+        let slot = match &m.plan {
+            None => self.config.plans.len(),
+            Some(p) => self
+                .config
+                .plans
+                .iter()
+                .position(|plan| plan.name == *p)
+                .ok_or(Refusal::UnknownPlan)?,
+        };
         match listed {
             Some(i) if self.counters.plan_slot(i) == slot => Ok(i),
             _ => self

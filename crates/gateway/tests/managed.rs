@@ -372,6 +372,54 @@ async fn a_change_on_one_node_reaches_every_node_within_a_second() {
 }
 
 #[tokio::test]
+async fn a_node_without_the_consumers_plan_does_not_serve_it_unlimited() {
+    let redis = common::redis::RedisServer::start();
+    let dir = tempdir("managed-plan");
+    let (backend, _) = inspect_backend().await;
+    let node = |n: usize, more_plans: &str| {
+        let cfg = config(backend, &dir.join(format!("node{n}.changes")));
+        format!(
+            "{}cluster: {{redis: \"{}\", key_prefix: plans{}}}\n",
+            cfg.replace("plans:\n", &format!("plans:\n{more_plans}")),
+            redis.url(),
+            std::process::id()
+        )
+    };
+    let a = TestGateway::start(
+        &node(0, "  platinum: {limits: [{requests: 2, per: 1m}]}\n"),
+        SystemClock::new(),
+    )
+    .await;
+    let b = TestGateway::start(&node(1, ""), SystemClock::new()).await;
+    let ad = start_admin(&a.gw, Some(TOKEN)).await;
+    let (s, _) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/pl",
+        Some(json!({"plan": "platinum"})),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (_, made) = admin(ad, Method::POST, "/consumers/pl/keys", None).await;
+    let key = made["key"].as_str().expect("key").to_string();
+    assert_eq!(call(&a, "/api/x", &key).await.status, 200);
+    // The change reaches the node whose config lacks the plan: it refuses the consumer
+    // rather than serve it without the plan's limits.
+    let reached = until(DEADLINE, || async {
+        call(&b, "/api/x", &key).await.status != 401
+    })
+    .await;
+    assert!(reached.is_some(), "the change never reached the other node");
+    for _ in 0..3 {
+        let answer = call(&b, "/api/x", &key).await;
+        assert_eq!(answer.status, 503, "{}", answer.body);
+        assert!(answer.body.contains("plan"), "{}", answer.body);
+    }
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn a_key_names_one_consumer_whether_the_config_or_the_api_gives_it() {
     let dir = tempdir("managed-clash");
     let log = dir.join("consumers.changes");

@@ -90,6 +90,10 @@ pub enum Refusal {
     /// unlisted callers as it takes until the next reload.
     #[error("too many unlisted callers")]
     TooManyGuests,
+    /// A consumer managed through the admin API (on another node, say) is on a plan this
+    /// node's config does not define: without its limits it is not served here.
+    #[error("the consumer's plan is not defined here")]
+    UnknownPlan,
     /// The token names a key its set lacks (or the set has none yet), and a fetch of the
     /// set is under way (an issuer's rotation): the pipeline waits for the fetch after the
     /// `seen`th to end and checks the request once more. Should it reach an answer, it is
@@ -105,7 +109,7 @@ pub enum Refusal {
 
 /// Every reason the gateway answers a request itself, as labels for metrics and the
 /// access log; [`Refusal::reason_index`] indexes it.
-pub const REASONS: [&str; 22] = [
+pub const REASONS: [&str; 23] = [
     "bad_request",
     "no_route",
     "method_not_allowed",
@@ -128,6 +132,7 @@ pub const REASONS: [&str; 22] = [
     "invalid_token",
     "ambiguous_token",
     "too_many_guests",
+    "unknown_plan",
 ];
 
 impl Refusal {
@@ -156,6 +161,7 @@ impl Refusal {
             Refusal::InvalidToken(_) | Refusal::KeysComing { .. } => 19,
             Refusal::AmbiguousToken => 20,
             Refusal::TooManyGuests => 21,
+            Refusal::UnknownPlan => 22,
         }
     }
 }
