@@ -47,7 +47,7 @@ struct Cli {
 enum Command {
     /// Serve the gateway described by a config file (reloads on SIGHUP and when the file changes).
     #[command(
-        after_help = "Environment:\n  RUST_LOG               what the process log shows (default: info; e.g. debug, tollgate_gateway=debug)\n  TOLLGATE_ADMIN_TOKEN   the admin token, when admin.token_file is not set\n  TOLLGATE_LOG_FORMAT    text or json, as --log-format"
+        after_help = "Environment:\n  RUST_LOG               what the process log shows (default: info,redis=error; e.g. debug, tollgate_gateway=debug)\n  TOLLGATE_ADMIN_TOKEN   the admin token, when admin.token_file is not set\n  TOLLGATE_LOG_FORMAT    text or json, as --log-format"
     )]
     Run {
         /// The YAML config file.

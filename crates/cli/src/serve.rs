@@ -22,8 +22,10 @@ pub enum LogFormat {
 }
 
 fn logging(format: LogFormat) {
+    // The Redis client warns of every failed reconnection to a cluster node (a few a
+    // second while one is down); the gateway logs each kind of failure once itself.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,redis=error"));
     // A log shipper reading stderr may go away: its lines are lost then, and the
     // gateway serves on (the default reports the failed write on stderr itself, which
     // panics on a closed pipe).
