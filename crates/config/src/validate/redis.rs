@@ -36,6 +36,7 @@ fn target(v: &Value, base: &Path, files: &mut Option<RedisTls>, p: &mut Problems
             let mut sentinel_password = None;
             let mut sentinel_username = None;
             let mut db = 0;
+            let mut db_given = false;
             let mut cluster_nodes = Vec::new();
             let mut tls = None;
             // A list given but wrong has its own problems: "needs one of" would repeat them.
@@ -49,7 +50,10 @@ fn target(v: &Value, base: &Path, files: &mut Option<RedisTls>, p: &mut Problems
                     // Redis has 16 by default (`databases` raises it): a number past
                     // the server's is refused by it, and logged.
                     "db" => match v.as_i64() {
-                        Some(n) if (0..=i64::from(u32::MAX)).contains(&n) => db = n,
+                        Some(n) if (0..=i64::from(u32::MAX)).contains(&n) => {
+                            db = n;
+                            db_given = true;
+                        }
                         _ => p.add(here, "must be a database number (0 or more)"),
                     },
                     "sentinels" => {
@@ -151,6 +155,10 @@ fn target(v: &Value, base: &Path, files: &mut Option<RedisTls>, p: &mut Problems
                             "goes with `sentinels`, not with `url`",
                         );
                     }
+                    let u = match db_given {
+                        true => with_db(&u, db, p),
+                        false => u,
+                    };
                     url_target(&u, &format!("{AT}.url"), password, p)
                 }
                 (None, false) => {
@@ -337,6 +345,29 @@ fn host_port(s: &str) -> bool {
 
 /// A `redis://` or `rediss://` URL, with the password from a file put in it when it has
 /// none.
+/// `url` with database `db` as its path, as the client reads it; a URL that names another
+/// database already is a problem at `db` (one place says which database).
+fn with_db(url: &str, db: i64, p: &mut Problems) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
+    let (path, after) = tail.split_at(path_end);
+    let named = path.trim_matches('/');
+    if named.is_empty() {
+        return format!("{scheme}://{authority}/{db}{after}");
+    }
+    if named.parse::<i64>().ok() != Some(db) {
+        p.add(
+            format!("{AT}.db"),
+            format!("the URL names database {named:?} already; give the database in one place"),
+        );
+    }
+    url.to_string()
+}
+
 fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -> RedisTarget {
     let Some((scheme, rest)) = url
         .split_once("://")
