@@ -1413,3 +1413,39 @@ fn a_process_log_reader_that_goes_away_does_not_stop_the_gateway() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_change_log_in_a_folder_not_made_yet_is_warned_of_at_start() {
+    let (backend, _echo) = echo_backend();
+    let dir = temp_dir("log-folder");
+    std::fs::write(dir.join("admin.token"), "cli-secret\n").expect("token");
+    let file = dir.join("tollgate.yaml");
+    std::fs::write(
+        &file,
+        managed_node(backend, "consumers_log: not-made/consumers.changes\n"),
+    )
+    .expect("write");
+    let mut child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    // What it says up to where it listens.
+    let said: Vec<String> = BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .take_while(|l| !l.contains("listening on http://"))
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        said.iter()
+            .any(|l| l.contains("WARN") && l.contains("consumers_log does not exist")),
+        "{said:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -140,10 +140,18 @@ impl Gateway {
         let can_change =
             config.admin.as_ref().is_some_and(|a| a.token.is_some()) || config.cluster.is_some();
         if let (true, true, Some(path)) = (roster.new_log(), can_change, &config.consumers_log) {
-            tracing::info!(
-                path = %path.display(),
-                "no consumer change log yet: the first change through the admin API makes it"
-            );
+            let folder = path.parent().filter(|f| !f.as_os_str().is_empty());
+            if folder.is_some_and(|f| !f.is_dir()) {
+                tracing::warn!(
+                    path = %path.display(),
+                    "the folder of consumers_log does not exist: changes through the admin API are refused (503) until it is made"
+                );
+            } else {
+                tracing::info!(
+                    path = %path.display(),
+                    "no consumer change log yet: the first change through the admin API makes it"
+                );
+            }
         }
         let roster = Arc::new(roster);
         if let (Some(c), Ok(_)) = (&config.cluster, tokio::runtime::Handle::try_current()) {
