@@ -183,6 +183,12 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
                 );
                 tokio::spawn(tollgate_gateway::admin::serve(gw.clone(), l, admin));
             }
+            Err(e) if banner.is_some() => {
+                tracing::error!(
+                    "cannot listen on the admin address {addr}: {e} (is another process using it? give tollgate demo another with --admin)"
+                );
+                return ExitCode::FAILURE;
+            }
             Err(e) => {
                 tracing::error!("cannot listen on the admin address {addr}: {e}");
                 return ExitCode::FAILURE;

@@ -586,6 +586,24 @@ fn demo_says_nothing_of_itself_when_it_cannot_listen() {
     if stderr.contains("cannot listen") {
         assert!(stderr.contains("--listen"), "{stderr}");
     }
+    // A busy admin port says which flag moves it.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let busy = held.local_addr().expect("addr");
+    let out = Command::new(BIN)
+        .arg("demo")
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--backend", &format!("127.0.0.1:{}", free_port())])
+        .args(["--admin", &busy.to_string()])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run demo");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot listen on the admin address {busy}"))
+            && stderr.contains("--admin"),
+        "{stderr}"
+    );
 }
 
 #[test]
