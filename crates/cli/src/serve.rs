@@ -153,7 +153,18 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
         tracing::error!("{e}; not starting");
         return ExitCode::FAILURE;
     }
-    let clash = gw.config_conflicts();
+    // A managed consumer on a plan the config lacks is refused (503) until a change
+    // moves it or the config brings the plan: said, and served, since a node that does
+    // not start can take neither.
+    let missing = gw.missing_plans();
+    for p in &missing {
+        tracing::warn!("{p}; the consumer is refused (503) until then");
+    }
+    let clash: Vec<_> = gw
+        .config_conflicts()
+        .into_iter()
+        .filter(|p| !missing.contains(p))
+        .collect();
     if !clash.is_empty() {
         for p in &clash {
             tracing::error!("config rejected: {p}");

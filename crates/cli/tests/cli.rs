@@ -1467,3 +1467,41 @@ fn a_change_log_in_a_folder_not_made_yet_is_warned_of_at_start() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_node_starts_without_a_plan_its_managed_consumers_are_on_and_refuses_them_until_mended() {
+    let (backend, _echo) = echo_backend();
+    let dir = temp_dir("plan-gone");
+    let _ = std::fs::remove_file(dir.join("consumers.changes"));
+    std::fs::write(dir.join("admin.token"), "cli-secret\n").expect("token");
+    let file = dir.join("tollgate.yaml");
+    let yaml = managed_node(backend, "consumers_log: consumers.changes\n");
+    std::fs::write(&file, &yaml).expect("write");
+    let tg = |args: &[&str]| consumers_cli(&file, args);
+    let mut gw = Gateway::start(&file);
+    let (ok, _, err) = tg(&["add", "bob", "--plan", "gold"]);
+    assert!(ok, "{err}");
+    let (ok, key, err) = tg(&["key", "bob"]);
+    assert!(ok, "{err}");
+    assert_eq!(gw.get(&format!("/a/?apikey={key}")), 200);
+    gw.signal("-TERM");
+    assert!(gw.child.wait().expect("wait").success());
+    // The plan leaves the config while the node is stopped: it starts, says so, and
+    // refuses bob rather than serve him without the plan's limits.
+    let without = yaml.replace(
+        "plans: {gold: {limits: [{requests: 100, per: 1m}]}}\n",
+        "plans: {silver: {limits: [{requests: 10, per: 1m}]}}\n",
+    );
+    assert_ne!(without, yaml);
+    std::fs::write(&file, &without).expect("write");
+    let mut gw = Gateway::start(&file);
+    assert_eq!(gw.get(&format!("/a/?apikey={key}")), 503);
+    assert_eq!(gw.get("/a/?apikey=t1"), 200);
+    // The way out the warning names works on the running node.
+    let (ok, _, err) = tg(&["add", "bob", "--plan", "silver"]);
+    assert!(ok, "{err}");
+    assert_eq!(gw.get(&format!("/a/?apikey={key}")), 200);
+    gw.signal("-TERM");
+    assert!(gw.child.wait().expect("wait").success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -97,6 +97,14 @@ impl Gateway {
         snap.roster.conflicts(&snap.config)
     }
 
+    /// Of [`Gateway::config_conflicts`], the plans managed consumers are on that the
+    /// running config lacks: such consumers are refused (503), so a start need not stop
+    /// for them (a stopped node could not take the change that mends them).
+    pub fn missing_plans(&self) -> Vec<tollgate_config::Problem> {
+        let snap = self.snapshot();
+        snap.roster.missing_plans(&snap.config)
+    }
+
     /// Time since the gateway started.
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()

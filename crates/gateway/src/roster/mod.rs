@@ -418,18 +418,8 @@ impl Roster {
                 ));
             }
         }
+        found.extend(self.missing_plans(config));
         for r in self.by_name.iter().filter(|r| !r.deleted) {
-            if let Some(plan) = r.plan.as_ref() {
-                if !config.plans.iter().any(|p| p.name == *plan) {
-                    found.push(tollgate_config::Problem::new(
-                        "plans",
-                        format!(
-                            "consumer {:?}, managed through the admin API, is on plan {plan:?}, which this config does not define; move it to another plan first (tollgate consumers add {} --plan PLAN)",
-                            r.name, r.name
-                        ),
-                    ));
-                }
-            }
             for k in &r.keys {
                 let Some(d) = parse_digest(&k.sha256) else {
                     continue;
@@ -450,6 +440,26 @@ impl Roster {
             }
         }
         found.sort_by(|a, b| a.message.cmp(&b.message));
+        found
+    }
+
+    /// The plans managed consumers are on that `config` does not define, each as a
+    /// problem at `plans`: such a consumer is refused (503) while the config lacks it.
+    pub fn missing_plans(&self, config: &tollgate_config::Config) -> Vec<tollgate_config::Problem> {
+        let mut found = Vec::new();
+        for r in self.by_name.iter().filter(|r| !r.deleted) {
+            if let Some(plan) = r.plan.as_ref() {
+                if !config.plans.iter().any(|p| p.name == *plan) {
+                    found.push(tollgate_config::Problem::new(
+                        "plans",
+                        format!(
+                            "consumer {:?}, managed through the admin API, is on plan {plan:?}, which this config does not define; move it to another plan first (tollgate consumers add {} --plan PLAN)",
+                            r.name, r.name
+                        ),
+                    ));
+                }
+            }
+        }
         found
     }
 
