@@ -403,6 +403,12 @@ async fn a_node_without_the_consumers_plan_does_not_serve_it_unlimited() {
     let (_, made) = admin(ad, Method::POST, "/consumers/pl/keys", None).await;
     let key = made["key"].as_str().expect("key").to_string();
     assert_eq!(call(&a, "/api/x", &key).await.status, 200);
+    // Limits shared through Redis count on the dashboard too: one call of two.
+    let (s, top) = admin(ad, Method::GET, "/top", None).await;
+    assert_eq!(s, 200, "{top}");
+    let closest = &top["closest_to_quota"][0];
+    assert_eq!(closest["consumer"], "pl", "{top}");
+    assert_eq!(closest["requests"], 2, "{top}");
     // The change reaches the node whose config lacks the plan: it refuses the consumer
     // rather than serve it without the plan's limits.
     let reached = until(DEADLINE, || async {

@@ -403,11 +403,12 @@ pub async fn top(gw: &Gateway) -> Answer {
     let snap = gw.snapshot();
     let t = gw.now();
     let mut quota: Vec<Value> = Vec::new();
-    // Bounded work: the local counters of at most 10,000 consumers that have called.
+    // Bounded work: the counters of at most 10,000 consumers that have called here (a
+    // shared limit's count as Redis last gave it, what `/usage` shows as granted).
     for (i, group) in snap.counters.active(10_000, t) {
         let mut best: Option<(f64, &str, u64, u64)> = None;
         for (cell, info) in snap.limits_of(i, &group) {
-            if cell.shared.is_some() || cell.requests() == 0 {
+            if cell.requests() == 0 {
                 continue;
             }
             let used = cell.used(t);
