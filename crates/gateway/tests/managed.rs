@@ -500,6 +500,20 @@ async fn a_key_names_one_consumer_whether_the_config_or_the_api_gives_it() {
             "{v}"
         );
     }
+    // A plain key is named where it was given.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/bob",
+        Some(json!({"key_sha256": [digest(b"kb")], "keys": ["kx", "ka"]})),
+    )
+    .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(
+        v["error"],
+        json!("keys[1]: the config gives this key to consumer \"alice\""),
+        "{v}"
+    );
     assert_eq!(call(&gw, "/api/x", "ka").await.status, 200);
     // Its own config key, given to alice through the API too, names alice still.
     let (s, v) = admin(

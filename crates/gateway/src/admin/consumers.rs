@@ -337,6 +337,12 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
         Some(Value::Array(_)) => return bad(format!("at most {MAX_KEYS} keys a consumer")),
         Some(_) => return bad("key_sha256 must be a list of 64-hex-digit SHA-256 digests".into()),
     };
+    // Where each digest came from, for answers: `key_sha256`'s first, then `keys`'.
+    let given_as_digest = digests.as_ref().map_or(0, Vec::len);
+    let field_of = move |i: usize| match i.checked_sub(given_as_digest) {
+        None => format!("key_sha256[{i}]"),
+        Some(k) => format!("keys[{k}]"),
+    };
     // Plain keys are taken too, and kept as their SHA-256 only, beside `key_sha256`'s.
     let digests = match fields.get("keys") {
         None => digests,
@@ -383,7 +389,8 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
                     let listed = snap.config.consumers.name(o);
                     if listed != owned {
                         return Err(Refused::Conflict(format!(
-                            "key_sha256[{i}]: the config gives this key to consumer {listed:?}"
+                            "{}: the config gives this key to consumer {listed:?}",
+                            field_of(i)
                         )));
                     }
                 }
