@@ -206,6 +206,13 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
             }
         }
     }
+    let signals = match Signals::take() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot listen for signals: {e}; not starting");
+            return ExitCode::FAILURE;
+        }
+    };
     let server = Server::start(gw.clone(), bound);
     // Listeners are bound in the order the config lists them.
     for (a, (scheme, protocols)) in server.local_addrs().iter().zip(&schemes) {
@@ -224,12 +231,9 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
             Duration::from_secs(1),
         )
     });
-    let signals = wait_for_stop(&gw, path).await;
+    wait_for_stop(&gw, path, signals).await;
     if let Some(w) = watcher {
         w.abort();
-    }
-    if let Err(e) = signals {
-        tracing::error!("cannot listen for signals: {e}");
     }
     // As the running config says now: a reload may have changed it since the start.
     let drain = gw.snapshot().config.server.drain_timeout;
@@ -243,13 +247,36 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
     ExitCode::SUCCESS
 }
 
+/// The signals the gateway answers, taken before it says it listens: a SIGHUP or
+/// SIGTERM sent from then on (a reload right after the start) is the gateway's to
+/// handle, never the default that ends the process.
+struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn take() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            hup: signal(SignalKind::hangup())?,
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            usr1: signal(SignalKind::user_defined1())?,
+        })
+    }
+}
+
 /// Reloads on SIGHUP, reopens the access log on SIGUSR1; returns on SIGTERM or SIGINT.
-async fn wait_for_stop(gw: &std::sync::Arc<Gateway>, path: Option<&Path>) -> std::io::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut usr1 = signal(SignalKind::user_defined1())?;
+async fn wait_for_stop(gw: &std::sync::Arc<Gateway>, path: Option<&Path>, signals: Signals) {
+    let Signals {
+        mut hup,
+        mut term,
+        mut int,
+        mut usr1,
+    } = signals;
     loop {
         tokio::select! {
             _ = usr1.recv() => {
@@ -266,8 +293,8 @@ async fn wait_for_stop(gw: &std::sync::Arc<Gateway>, path: Option<&Path>) -> std
                 }
                 None => tracing::info!("SIGHUP: no config file to reload"),
             },
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
+            _ = term.recv() => return,
+            _ = int.recv() => return,
         }
     }
 }
