@@ -33,6 +33,56 @@ struct Line<'a> {
     key_sha256: Vec<Cow<'a, str>>,
 }
 
+/// What is wrong with a JSON line that is not a consumer, in the line's own terms: the
+/// field at fault where the line is JSON (read again only for a line that failed).
+fn line_problem(text: &str, e: &serde_json::Error) -> String {
+    const EXAMPLE: &str = r#"a line is {"name": "alice", "keys": ["KEY"], "plan": "gold"}"#;
+    let kind = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "true or false",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    };
+    let why = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(fields)) => {
+            let strings = |v: &serde_json::Value| {
+                v.as_array()
+                    .is_some_and(|l| l.iter().all(serde_json::Value::is_string))
+            };
+            let wrong = fields.iter().find_map(|(k, v)| {
+                let want = match k.as_str() {
+                    "name" if !v.is_string() => "a string",
+                    "plan" if !(v.is_string() || v.is_null()) => "a string (a plan's name)",
+                    "keys" | "key_sha256" if !strings(v) => "a list of strings",
+                    "name" | "plan" | "keys" | "key_sha256" => return None,
+                    _ => {
+                        return Some(format!(
+                            "unknown field {k:?}; expected name, plan, keys, key_sha256"
+                        ))
+                    }
+                };
+                Some(format!("{k} must be {want}, not {}", kind(v)))
+            });
+            match wrong {
+                Some(w) => w,
+                None if !fields.contains_key("name") => "the name is missing".to_string(),
+                None => serde_message(e),
+            }
+        }
+        Ok(other) => format!("a JSON object is expected, not {}", kind(&other)),
+        Err(_) => format!("not JSON: {} at column {}", serde_message(e), e.column()),
+    };
+    format!("not a consumer object ({why}); {EXAMPLE}")
+}
+
+/// serde_json's message without its place (it counts lines within the one line it read).
+fn serde_message(e: &serde_json::Error) -> String {
+    let why = e.to_string();
+    why.split(" at line ").next().unwrap_or(&why).to_string()
+}
+
 /// Collects a file's problems, capped.
 pub(crate) struct FileProblems<'p> {
     file: String,
@@ -221,17 +271,7 @@ pub(crate) fn load(
             let parsed: Line<'_> = match serde_json::from_str(text) {
                 Ok(p) => p,
                 Err(e) => {
-                    // serde_json counts lines within the one line it was given: only the
-                    // column says anything here.
-                    let why = e.to_string();
-                    let why = why.split(" at line ").next().unwrap_or(&why).to_string();
-                    probs.add(
-                        line,
-                        format!(
-                            "not a consumer object ({why}, at column {}); a line is {{\"name\": \"alice\", \"keys\": [\"KEY\"], \"plan\": \"gold\"}}",
-                            e.column()
-                        ),
-                    );
+                    probs.add(line, line_problem(text, &e));
                     continue;
                 }
             };

@@ -135,6 +135,10 @@ async fn every_bad_line_is_reported_with_its_number() {
             "{\"name\": \"c7\"}\n",
             "{\"name\": \"inline\", \"keys\": [\"k8\"]}\n",
             "{\"name\": \"c9\", \"keys\": [\"k-inline\"]}\n",
+            "[1, 2]\n",
+            "{\"name\": \"c11\", \"keys\": [\"k11\"], \"plan\": 5}\n",
+            "{\"name\": \"c12\", \"keys\": [\"k12\"], \"tier\": \"x\"}\n",
+            "{\"keys\": [\"k13\"]}\n",
         ),
     )
     .expect("write");
@@ -147,11 +151,15 @@ async fn every_bad_line_is_reported_with_its_number() {
         "consumers.jsonl:2: unknown plan \"gld\"",
         "consumers.jsonl:3: a key of \"c3\" is already used by consumers.jsonl:1",
         "consumers.jsonl:4: consumer \"c1\" is already defined at consumers.jsonl:1",
-        "consumers.jsonl:5: not a consumer object",
+        "consumers.jsonl:5: not a consumer object (not JSON: expected ident at column 2)",
         "consumers.jsonl:6: key_sha256 \"abc\" must be 64 hex digits",
         "consumers.jsonl:7: at least one key is required",
         "consumers.jsonl:8: consumer \"inline\" is already defined at consumers[0] in the config file",
         "consumers.jsonl:9: a key of \"c9\" is already used by consumers[0] in the config file",
+        "consumers.jsonl:10: not a consumer object (a JSON object is expected, not a list)",
+        "consumers.jsonl:11: not a consumer object (plan must be a string (a plan's name), not a number)",
+        "consumers.jsonl:12: not a consumer object (unknown field \"tier\"; expected name, plan, keys, key_sha256)",
+        "consumers.jsonl:13: not a consumer object (the name is missing)",
     ] {
         assert!(err.contains(want), "missing {want:?} in {err}");
     }
