@@ -250,12 +250,25 @@ pub(super) fn keys_of(json: &str) -> Result<Keys, String> {
         keys: Vec<serde_json::Value>,
     }
     let set: Set = serde_json::from_str(json).map_err(|e| format!("not a JWK set: {e}"))?;
+    let mut weak = 0;
     let list = set
         .keys
         .into_iter()
         .filter_map(|k| serde_json::from_value::<Jwk>(k).ok())
         .filter_map(|k| key_of(&k))
+        .filter(|k| {
+            // What the signature check refuses (ring takes 2048 to 8192 bits): left out
+            // and said, rather than kept to fail every token as a bad signature.
+            let short = rsa_bits(&k.key).is_some_and(|b| b < 2048);
+            weak += usize::from(short);
+            !short
+        })
         .collect();
+    if weak > 0 {
+        tracing::warn!(
+            "{weak} RSA key(s) shorter than 2048 bits left out of a key set: tokens they sign are refused"
+        );
+    }
     let text = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -267,6 +280,16 @@ pub(super) fn keys_of(json: &str) -> Result<Keys, String> {
         secret: false,
         text,
     })
+}
+
+/// The length in bits of an RSA key's modulus; `None` for other keys.
+fn rsa_bits(key: &DecodingKey) -> Option<usize> {
+    let jsonwebtoken::DecodingKeyKind::RsaModulusExponent { n, .. } = key.kind() else {
+        return None;
+    };
+    let at = n.iter().position(|&b| b != 0)?;
+    let lead = n.get(at).copied().unwrap_or(0);
+    Some((n.len() - at - 1) * 8 + (8 - lead.leading_zeros() as usize))
 }
 
 fn key_of(jwk: &Jwk) -> Option<Key> {
@@ -303,6 +326,29 @@ mod tests {
         set.is_fetched();
         set.health.lock().last_try = Instant::now().checked_sub(ago);
         set
+    }
+
+    #[test]
+    fn rsa_keys_under_2048_bits_are_left_out_of_a_set() {
+        use base64::Engine;
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        let jwk = |kid: &str, bits: usize| {
+            let mut n = vec![0xC5u8; bits / 8];
+            n[bits / 8 - 1] |= 1;
+            format!(
+                r#"{{"kty":"RSA","kid":"{kid}","n":"{}","e":"AQAB"}}"#,
+                b64(&n)
+            )
+        };
+        let json = format!(
+            r#"{{"keys":[{},{}]}}"#,
+            jwk("short", 1024),
+            jwk("long", 2048)
+        );
+        let keys = keys_of(&json).expect("a set");
+        let kids: Vec<_> = keys.list.iter().map(|k| k.kid.as_deref()).collect();
+        assert_eq!(kids, [Some("long")]);
+        assert_eq!(rsa_bits(&keys.list[0].key), Some(2048));
     }
 
     #[tokio::test]
