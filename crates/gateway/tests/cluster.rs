@@ -246,6 +246,15 @@ async fn a_node_told_the_limit_is_full_asks_again_after_tokens_go_back() {
     let sub = 1_700_000_000;
     redis.hincr(&key, sub, 10);
     assert_eq!(c.get(&url).await.status, StatusCode::TOO_MANY_REQUESTS);
+    // Still full in the next sub-window: asked once, then refused without asking.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(c.get(&url).await.status, StatusCode::TOO_MANY_REQUESTS);
+    let asked = asks_sent(&redis, &key);
+    for _ in 0..20 {
+        assert_eq!(c.get(&url).await.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    synced(&nodes[0]).await;
+    assert_eq!(asks_sent(&redis, &key), asked, "one ask a sub-window");
     // It gives its tokens back unused when the sub-window ends: the store has room
     // again long before the window the store named, and the next sub-window's first
     // call finds it.
@@ -253,6 +262,18 @@ async fn a_node_told_the_limit_is_full_asks_again_after_tokens_go_back() {
     clock.advance(Duration::from_secs(1));
     assert_eq!(c.get(&url).await.status, StatusCode::OK);
     assert_eq!(c.get(&url).await.status, StatusCode::OK);
+}
+
+/// How many asks for the limit at `key` the one node has sent (the number its last ask
+/// carried, kept by the lease script beside the counts).
+fn asks_sent(redis: &RedisServer, key: &str) -> u64 {
+    let seen = redis.hvals(&format!("{key}:asks"));
+    assert_eq!(seen.len(), 1, "one node: {seen:?}");
+    seen[0]
+        .split(':')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("seq:ms")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

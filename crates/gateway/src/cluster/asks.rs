@@ -103,7 +103,10 @@ pub(super) fn collect(c: &Cluster, wall: u64, asks: &mut Vec<Ask>) {
         let size = rate_size.min(fair).min(n);
         l.demand = 0;
         l.last_lease = Some(Instant::now());
-        let top_up = if (!l.full() || std::mem::take(&mut l.recheck)) && l.tokens <= l.refill_at {
+        // Taken whatever comes of it: a recheck asked in a sub-window that is over, or
+        // for a limit no longer full, has nothing left to ask.
+        let recheck = std::mem::take(&mut l.recheck);
+        let top_up = if (!l.full() || recheck) && l.tokens <= l.refill_at {
             size
         } else {
             0
@@ -314,6 +317,7 @@ pub(super) fn settle(c: &Cluster, a: &Ask, v: redis::Value, wall: u64, link: u32
     if a.at == l.sub {
         // The store's word for this sub-window is fresh: no need to ask again in it.
         l.rechecked = l.rechecked.max(l.sub);
+        l.recheck = false;
     }
     // The store's latest word on the window: tokens given back since it last said "full"
     // (this node's own, unused) may have made room again. A lease for the next
@@ -348,9 +352,10 @@ pub(super) fn settle(c: &Cluster, a: &Ask, v: redis::Value, wall: u64, link: u32
     requeue(c, &a.cell, l);
 }
 
-/// Queues `cell` again when it still owes counts or has tokens to give back.
+/// Queues `cell` again when it still owes counts, has tokens to give back, or a recheck
+/// of a full limit waits to be asked.
 fn requeue(c: &Cluster, cell: &Arc<LimitCell>, l: &mut crate::limiter::shared::Lease) {
-    if (l.debt > 0 || !l.back.is_empty()) && !l.queued {
+    if (l.debt > 0 || !l.back.is_empty() || l.recheck) && !l.queued {
         l.queued = true;
         c.queue.lock().push(cell.clone());
     }

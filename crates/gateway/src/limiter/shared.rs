@@ -326,6 +326,8 @@ impl<C> SharedLimit<C> {
                 // Used up until the store said room opens.
                 let wait = l.full_until.saturating_mul(sub_ns).saturating_sub(wall);
                 if l.back.is_empty() {
+                    // An ask queued or on its way brings the store's word for now: the
+                    // request waits for it (bounded by the lease wait).
                     let pending = l.recheck || l.asking;
                     if l.rechecked >= l.sub && !pending {
                         return Err(refuse(wait));

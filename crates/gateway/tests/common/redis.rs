@@ -90,6 +90,16 @@ impl RedisServer {
             .sum()
     }
 
+    /// A hash's values, as text.
+    pub fn hvals(&self, key: &str) -> Vec<String> {
+        let client = redis::Client::open(self.url()).expect("url");
+        let mut c = client.get_connection().expect("connect");
+        redis::cmd("HVALS")
+            .arg(key)
+            .query::<Vec<String>>(&mut c)
+            .expect("HVALS")
+    }
+
     /// Adds `by` to `field` of hash `key` (a shared limit's count of one sub-window).
     pub fn hincr(&self, key: &str, field: u64, by: i64) {
         let client = redis::Client::open(self.url()).expect("url");
