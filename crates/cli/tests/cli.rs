@@ -1497,6 +1497,11 @@ fn a_node_starts_without_a_plan_its_managed_consumers_are_on_and_refuses_them_un
     let mut gw = Gateway::start(&file);
     assert_eq!(gw.get(&format!("/a/?apikey={key}")), 503);
     assert_eq!(gw.get("/a/?apikey=t1"), 200);
+    // A reload that still lacks it is taken (it may bring renewed certificates).
+    std::fs::write(&file, format!("{without}# changed\n")).expect("write");
+    gw.signal("-HUP");
+    gw.wait_for("config reloaded");
+    assert_eq!(gw.get(&format!("/a/?apikey={key}")), 503);
     // The way out the warning names works on the running node.
     let (ok, _, err) = tg(&["add", "bob", "--plan", "silver"]);
     assert!(ok, "{err}");

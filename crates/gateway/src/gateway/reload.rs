@@ -175,12 +175,24 @@ impl Gateway {
                     tracing::warn!(path = %path.display(), "{w}");
                 }
                 // A key the new config gives to one consumer and the admin API to
-                // another would name two, a plan it drops would leave consumers
-                // unlimited: refused. Checked and swapped in with no
+                // another would name two, a plan it drops would leave consumers without
+                // their limits: refused. A plan the running config lacks already (a
+                // start with it missing, another node's change) is only said again: its
+                // consumers are refused (503) either way, and the reload may bring what
+                // the node needs (certificates, keys). Checked and swapped in with no
                 // change of a consumer in between.
-                let roster = self.snapshot().roster.clone();
+                let snap = self.snapshot();
+                let roster = snap.roster.clone();
                 let applied = roster.unchanged(|| {
-                    let clash = roster.conflicts(&cfg);
+                    let missing = roster.missing_plans(&snap.config);
+                    let mut clash = roster.conflicts(&cfg);
+                    clash.retain(|p| {
+                        let already = missing.contains(p);
+                        if already {
+                            tracing::warn!("{p}; the consumer is refused (503) until then");
+                        }
+                        !already
+                    });
                     if !clash.is_empty() {
                         return Err(ConfigError::invalid(clash));
                     }
