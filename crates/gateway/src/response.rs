@@ -239,8 +239,9 @@ pub fn refuse(refusal: Refusal, request_id: &HeaderValue) -> Response<Body> {
                 StatusCode::SERVICE_UNAVAILABLE,
                 r#""status":503,"error":"the consumer's plan is not defined on this node""#,
             ),
+            // It lasts until an operator moves the consumer or brings the plan.
             RETRY_AFTER,
-            HeaderValue::from_static("1"),
+            HeaderValue::from_static("60"),
         ),
     }
 }

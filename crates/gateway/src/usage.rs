@@ -47,6 +47,9 @@ pub enum UsageError {
     /// one, and the table of such consumers is full.
     #[error("too many consumers on plans other than their listed ones to count one more")]
     TooManyGuests,
+    /// The consumer is managed through the admin API on a plan this node's config lacks.
+    #[error("consumer {0:?} is on a plan this node's config does not define")]
+    UnknownPlan(String),
     /// Redis could not be read.
     #[error("cannot read the shared counters from Redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -65,7 +68,10 @@ pub async fn usage(
     // last reload.
     let index = snap
         .find_consumer(consumer)
-        .map_err(|_| UsageError::TooManyGuests)?
+        .map_err(|r| match r {
+            crate::exchange::Refusal::UnknownPlan => UsageError::UnknownPlan(consumer.into()),
+            _ => UsageError::TooManyGuests,
+        })?
         .or_else(|| {
             // Only a name neither listed nor managed: a deleted consumer stays unknown.
             let known = snap.config.consumers.find(consumer).is_some()

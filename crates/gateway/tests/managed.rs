@@ -420,6 +420,7 @@ async fn a_node_without_the_consumers_plan_does_not_serve_it_unlimited() {
         let answer = call(&b, "/api/x", &key).await;
         assert_eq!(answer.status, 503, "{}", answer.body);
         assert!(answer.body.contains("plan"), "{}", answer.body);
+        assert_eq!(answer.header("retry-after"), "60");
     }
     drop((a, b));
     let _ = std::fs::remove_dir_all(&dir);

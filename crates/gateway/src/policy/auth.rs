@@ -31,10 +31,21 @@ pub fn authenticate(
     };
     if auth.mtls {
         let names = client_names.ok_or(Refusal::NoClientCert)?;
-        let consumer = names
-            .iter()
-            .find_map(|n| snap.find_consumer(n).ok().flatten())
-            .ok_or(Refusal::UnknownClientCert)?;
+        // The first name that is a consumer; one whose plan this config lacks is
+        // refused as such (503), not passed over for a later name.
+        let mut found = None;
+        for n in names {
+            match snap.find_consumer(n) {
+                Ok(Some(c)) => {
+                    found = Some(c);
+                    break;
+                }
+                Ok(None) => {}
+                Err(r @ Refusal::UnknownPlan) => return Err(r),
+                Err(_) => {}
+            }
+        }
+        let consumer = found.ok_or(Refusal::UnknownClientCert)?;
         set_consumer(snap, auth, consumer, parts);
         return Ok(Some(consumer));
     }
