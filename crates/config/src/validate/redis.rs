@@ -155,10 +155,14 @@ fn target(v: &Value, base: &Path, files: &mut Option<RedisTls>, p: &mut Problems
                             "goes with `sentinels`, not with `url`",
                         );
                     }
-                    let u = match db_given {
-                        true => with_db(&u, db, p),
-                        false => u,
-                    };
+                    // The URL's path is its database, as the client reads it: a second
+                    // place would be one of two, and was once left unread.
+                    if db_given {
+                        p.add(
+                            format!("{AT}.db"),
+                            "with `url`, the database is the URL's path (redis://host:6379/2); `db` goes with `sentinels`",
+                        );
+                    }
                     url_target(&u, &format!("{AT}.url"), password, p)
                 }
                 (None, false) => {
@@ -345,29 +349,6 @@ fn host_port(s: &str) -> bool {
 
 /// A `redis://` or `rediss://` URL, with the password from a file put in it when it has
 /// none.
-/// `url` with database `db` as its path, as the client reads it; a URL that names another
-/// database already is a problem at `db` (one place says which database).
-fn with_db(url: &str, db: i64, p: &mut Problems) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
-    let (path, after) = tail.split_at(path_end);
-    let named = path.trim_matches('/');
-    if named.is_empty() {
-        return format!("{scheme}://{authority}/{db}{after}");
-    }
-    if named.parse::<i64>().ok() != Some(db) {
-        p.add(
-            format!("{AT}.db"),
-            format!("the URL names database {named:?} already; give the database in one place"),
-        );
-    }
-    url.to_string()
-}
-
 fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -> RedisTarget {
     let Some((scheme, rest)) = url
         .split_once("://")
