@@ -509,8 +509,8 @@ fn owned_names(config: &Config) -> Owned {
 }
 
 /// Tells each upstream the hosts its `preserve_host` routes match exactly, as clients
-/// write them in `Host` (bare, or with a listener's port): an HTTP/2 upstream keeps their
-/// connections apart however many other hosts clients make up.
+/// write them in `Host` (bare or with a listener's port, with or without the trailing
+/// dot): an HTTP/2 upstream keeps their connections apart whatever hosts clients make up.
 fn reserve_route_hosts(config: &Config, registry: &Registry) {
     let mut by_upstream: Vec<Option<Vec<String>>> = vec![None; config.upstreams.len()];
     for r in &config.routes {
@@ -519,9 +519,12 @@ fn reserve_route_hosts(config: &Config, registry: &Registry) {
         };
         let list = list.get_or_insert_with(Vec::new);
         if let (true, Some(tollgate_config::HostMatch::Exact(h))) = (r.preserve_host, &r.host) {
-            list.push(h.clone());
-            for l in &config.listeners {
-                list.push(format!("{h}:{}", l.address.port()));
+            let ports = config.listeners.iter().map(|l| l.address.port());
+            for name in [h.clone(), format!("{h}.")] {
+                for p in ports.clone().filter(|&p| p != 0) {
+                    list.push(format!("{name}:{p}"));
+                }
+                list.push(name);
             }
         }
     }

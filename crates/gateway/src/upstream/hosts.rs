@@ -20,6 +20,10 @@ use std::task::{Context, Poll};
 /// authority, with the client's `Host` as a header.
 pub const MAX_HOSTS: usize = 64;
 
+/// Most hosts let in apart from the room (the routes' own, in their spellings): a bound
+/// on connections however many routes name hosts.
+pub const MAX_RESERVED: usize = 256;
+
 /// What holds a host in the set.
 #[derive(Debug, Default)]
 struct Use {
@@ -47,7 +51,19 @@ impl Hosts {
     /// Lets `hosts` (lowercase, as the client writes them in `Host`) in apart from the
     /// room: the routes' own hosts. Replaces the earlier list; hosts held stay held.
     pub fn reserve(&self, hosts: impl IntoIterator<Item = String>) {
-        self.held.lock().reserved = hosts.into_iter().map(Box::from).collect();
+        let mut held = self.held.lock();
+        let held = &mut *held;
+        held.reserved = hosts
+            .into_iter()
+            .take(MAX_RESERVED)
+            .map(Box::from)
+            .collect();
+        // Hosts held already take room, or not, as the new list says.
+        held.in_room = 0;
+        for (host, u) in &mut held.by_host {
+            u.reserved = held.reserved.contains(host);
+            held.in_room += usize::from(!u.reserved);
+        }
     }
 
     /// A hold on `host` for one request, if it is known, reserved, or there is room for it.
@@ -225,6 +241,12 @@ mod tests {
         drop(own);
         drop(own_port);
         // Reserved hosts never took room: the room is still exactly full.
+        assert_eq!(hosts.held.lock().in_room, MAX_HOSTS);
+        // A reload that stops reserving a held host counts it in the room from then on.
+        let own = hosts.request("api.example.com").expect("reserved");
+        hosts.reserve(Vec::new());
+        assert_eq!(hosts.held.lock().in_room, MAX_HOSTS + 1);
+        drop(own);
         assert_eq!(hosts.held.lock().in_room, MAX_HOSTS);
         drop(junk);
         assert_eq!(hosts.held.lock().in_room, 0);
