@@ -219,7 +219,8 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
         tracing::info!("listening on {scheme}://{a}{protocols}");
     }
     if let Some(b) = banner {
-        println!("{b}");
+        // Read by a person, or by a pipe that may close: the demo serves on either way.
+        let _ = writeln!(std::io::stdout(), "{b}");
     }
     // The watcher runs whatever the first config says: a reload may turn watching on or
     // off (`server.watch_config`), and the watcher follows the running config.
