@@ -789,6 +789,30 @@ async fn a_token_without_kid_is_tried_against_the_keys_of_its_kind() {
 }
 
 #[tokio::test]
+async fn an_elliptic_key_verifies_the_algorithm_of_its_curve_only() {
+    // The set's key `p` is on P-256; a token signed ES384 naming it finds no key for its
+    // algorithm (its set gives the key no `alg`: the curve says ES256).
+    let p256 = Signer::load("ec256.pem", Algorithm::ES256, "p");
+    let issuer = Issuer::start(&[&p256]).await;
+    let mut set = issuer.served.lock().jwks.clone();
+    if let Some(key) = set["keys"][0].as_object_mut() {
+        key.remove("alg");
+    }
+    assert!(set["keys"][0].get("alg").is_none(), "{set}");
+    issuer.served.lock().jwks = set;
+    let gw = gateway(&issuer, "", "").await;
+    assert_eq!(
+        call(&gw, &p256.sign(&claims(&issuer.url, "alice")))
+            .await
+            .status,
+        200
+    );
+    let p384 = Signer::load("ec384.pem", Algorithm::ES384, "p");
+    let a = call(&gw, &p384.sign(&claims(&issuer.url, "alice"))).await;
+    assert_refused(&a, "no key for this algorithm");
+}
+
+#[tokio::test]
 async fn a_reload_keeps_the_keys_it_has_while_the_issuer_is_down() {
     let key = Signer::load("ec256.pem", Algorithm::ES256, "k");
     let issuer = Issuer::start(&[&key]).await;

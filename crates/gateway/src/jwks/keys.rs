@@ -309,6 +309,21 @@ fn key_of(jwk: &Jwk) -> Option<Key> {
         None => None,
         Some(a) => Some(a.to_string().parse::<Algorithm>().ok()?),
     };
+    // An elliptic curve verifies one algorithm (RFC 7518 §3.4): a token naming another
+    // finds no key, rather than failing as a bad signature. A set that says otherwise is
+    // wrong about its key: left out.
+    let by_curve = match &jwk.algorithm {
+        AlgorithmParameters::EllipticCurve(p) => match p.curve {
+            jsonwebtoken::jwk::EllipticCurve::P256 => Some(Algorithm::ES256),
+            jsonwebtoken::jwk::EllipticCurve::P384 => Some(Algorithm::ES384),
+            _ => None,
+        },
+        _ => None,
+    };
+    let alg = match (alg, by_curve) {
+        (Some(a), Some(c)) if a != c => return None,
+        (a, c) => a.or(c),
+    };
     let key = DecodingKey::from_jwk(jwk).ok()?;
     Some(Key {
         kid: jwk.common.key_id.clone(),
