@@ -551,11 +551,13 @@ fn out_of_file_descriptors_backs_off_logs_at_most_once_a_second_and_recovers() {
     assert!(logged <= 4, "{logged} accept-failure lines in {watch:?}");
     drop(held);
     // The gateway frees the descriptors as it sees the held connections close; until it has,
-    // a request may still find none left for its upstream connection (502). It must serve
-    // again once they are free: within the test's deadline, however busy the machine.
+    // a request may still find none left for its upstream connection: 503, its own lack,
+    // never a 502 that blames the target. It must serve again once they are free: within
+    // the test's deadline, however busy the machine.
     let deadline = std::time::Instant::now() + WAIT;
     let mut status = gw.try_get("/a/?apikey=t1");
     while status.as_ref().ok() != Some(&200) && std::time::Instant::now() < deadline {
+        assert_ne!(status.as_ref().ok(), Some(&502), "the target blamed");
         std::thread::yield_now();
         status = gw.try_get("/a/?apikey=t1");
     }

@@ -485,6 +485,9 @@ pub(super) fn connect_refusal(up: &Upstream, e: &ConnectError) -> Refusal {
     tracing::debug!(upstream = %up.cfg.name, error = %e, "connect failed");
     match e {
         ConnectError::Timeout => Refusal::UpstreamTimeout,
+        // The gateway's own descriptors ran out (EMFILE, ENFILE on Linux), not the
+        // target's fault: a 503 as for a full pool, its health not charged.
+        ConnectError::Io(io) if matches!(io.raw_os_error(), Some(23 | 24)) => Refusal::UpstreamBusy,
         _ => Refusal::Upstream("connection refused"),
     }
 }
