@@ -48,7 +48,14 @@ impl Settle {
     pub fn observe(&mut self, file: (u64, u64), content: u64, running: u64, now: Instant) -> bool {
         let replaced = self.file.is_some_and(|f| f != file);
         self.file = Some(file);
-        if content == running || self.tried == Some(content) {
+        if content == running {
+            self.pending = None;
+            // Back to the running content: a version refused before, written again
+            // later, is tried again.
+            self.tried = None;
+            return false;
+        }
+        if self.tried == Some(content) {
             self.pending = None;
             return false;
         }
@@ -120,6 +127,7 @@ pub fn watch_file(
         let mut config = Watched::new(settle);
         let mut consumers = Watched::new(settle);
         let mut tried_tls: Option<u64> = None;
+        let mut mended = false;
         let mut tls_stats: Option<Vec<Option<FileStat>>> = None;
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -136,6 +144,19 @@ pub fn watch_file(
                 if reload(&gw, &path, read).await {
                     continue;
                 }
+            }
+            // The file put back to the running config after a refused version: the
+            // refusal shown in `/status` is over, as a SIGHUP of it says (once for each
+            // return, however that reload ends).
+            let back = config
+                .last
+                .is_some_and(|(_, fp)| fp == gw.running_fingerprint());
+            if !back {
+                mended = false;
+            } else if !mended && gw.reload_status().last_error.is_some() {
+                mended = true;
+                let (g, p) = (gw.clone(), path.clone());
+                let _ = tokio::task::spawn_blocking(move || g.reload_file(&p)).await;
             }
             // Renewed certificates: tried once per content, so that a renewal caught
             // half-written (a new certificate, the old key) is retried when the key lands,
@@ -218,5 +239,9 @@ mod tests {
         assert!(!s.observe((1, 12), 14, 13, ms(4000)));
         assert!(!s.observe((1, 12), 15, 13, ms(4100)));
         assert!(s.observe((1, 12), 15, 13, ms(5200)));
+        // Refused too; the running content put back, then the refused content written
+        // again: tried again.
+        assert!(!s.observe((1, 13), 13, 13, ms(5300)));
+        assert!(s.observe((1, 14), 15, 13, ms(5500)));
     }
 }
