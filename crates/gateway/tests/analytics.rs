@@ -215,8 +215,7 @@ async fn in_a_cluster_any_node_answers_for_all_of_them() {
     assert_eq!(redis.hsum(&format!("tgan:usage:1m:{minute}")), 0);
     // A bucket's one hash of every consumer, as earlier versions wrote it, still counts.
     {
-        let client = ::redis::Client::open(redis.url()).expect("url");
-        let mut raw = client.get_connection().expect("connect");
+        let mut raw = redis.connection();
         ::redis::cmd("HINCRBY")
             .arg(format!("tgan:usage:1m:{minute}"))
             .arg("bob\tapi\t2")

@@ -680,8 +680,7 @@ fn lease(redis: &RedisServer, node: &str, seq: u64, want: u64, change: i64) -> (
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970")
         .as_secs();
-    let client = ::redis::Client::open(redis.url()).expect("url");
-    let mut c = client.get_connection().expect("connect");
+    let mut c = redis.connection();
     let key = "tollgate:consumer:{k}:l:100:10";
     let mut cmd = ::redis::cmd("EVAL");
     cmd.arg(tollgate_gateway::LEASE)

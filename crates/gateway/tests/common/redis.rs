@@ -77,11 +77,18 @@ impl RedisServer {
         true
     }
 
+    /// A new connection to the server.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .expect("url")
+            .get_connection()
+            .expect("connect")
+    }
+
     /// The sum of a hash's values (a shared limit's counts over its sub-windows; 0 when
     /// missing).
     pub fn hsum(&self, key: &str) -> u64 {
-        let client = redis::Client::open(self.url()).expect("url");
-        let mut c = client.get_connection().expect("connect");
+        let mut c = self.connection();
         redis::cmd("HVALS")
             .arg(key)
             .query::<Vec<u64>>(&mut c)
@@ -92,8 +99,7 @@ impl RedisServer {
 
     /// A hash's values, as text.
     pub fn hvals(&self, key: &str) -> Vec<String> {
-        let client = redis::Client::open(self.url()).expect("url");
-        let mut c = client.get_connection().expect("connect");
+        let mut c = self.connection();
         redis::cmd("HVALS")
             .arg(key)
             .query::<Vec<String>>(&mut c)
@@ -102,8 +108,7 @@ impl RedisServer {
 
     /// Adds `by` to `field` of hash `key` (a shared limit's count of one sub-window).
     pub fn hincr(&self, key: &str, field: u64, by: i64) {
-        let client = redis::Client::open(self.url()).expect("url");
-        let mut c = client.get_connection().expect("connect");
+        let mut c = self.connection();
         redis::cmd("HINCRBY")
             .arg(key)
             .arg(field)
