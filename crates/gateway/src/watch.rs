@@ -139,7 +139,8 @@ pub fn watch_file(
             }
             let file = snap.config.consumers_file.clone();
             drop(snap);
-            if let Some(read) = config.look(&path, gw.running_fingerprint()).await {
+            let running = gw.running_fingerprint();
+            if let Some(read) = config.look(&path, running).await {
                 tracing::info!(path = %path.display(), "config file changed");
                 if reload(&gw, &path, read).await {
                     continue;
@@ -148,12 +149,10 @@ pub fn watch_file(
             // The file put back to the running config after a refused version: the
             // refusal shown in `/status` is over, as a SIGHUP of it says (once for each
             // return, however that reload ends).
-            let back = config
-                .last
-                .is_some_and(|(_, fp)| fp == gw.running_fingerprint());
+            let back = config.last.is_some_and(|(_, fp)| fp == running);
             if !back {
                 mended = false;
-            } else if !mended && gw.reload_status().last_error.is_some() {
+            } else if !mended && gw.reload_refused() {
                 mended = true;
                 let (g, p) = (gw.clone(), path.clone());
                 let _ = tokio::task::spawn_blocking(move || g.reload_file(&p)).await;

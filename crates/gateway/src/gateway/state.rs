@@ -186,6 +186,11 @@ impl Gateway {
         self.status.borrow().clone()
     }
 
+    /// Whether the last reload was refused (and nothing since has cleared it).
+    pub fn reload_refused(&self) -> bool {
+        self.status.borrow().last_error.is_some()
+    }
+
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot.load_full()
