@@ -221,6 +221,55 @@ pub fn fingerprint(bytes: &[u8]) -> u64 {
     h.finish() | 1
 }
 
+/// A URL as it may be shown (the log, `/config`, `/metrics`, an error): its user info
+/// (`user:password@`) and its query's values replaced by `<redacted>`, where credentials
+/// go. Text that is no URL comes back as it is.
+pub fn redacted_url(raw: &str) -> String {
+    const MARK: &str = "<redacted>";
+    let Some(s) = raw.find("://") else {
+        return raw.to_string();
+    };
+    let (head, rest) = raw.split_at(s + 3);
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let mut out = String::with_capacity(raw.len() + MARK.len());
+    out.push_str(head);
+    match authority.rsplit_once('@') {
+        Some((_, host)) => {
+            out.push_str(MARK);
+            out.push('@');
+            out.push_str(host);
+        }
+        None => out.push_str(authority),
+    }
+    let (tail, fragment) = match tail.find('#') {
+        Some(i) => tail.split_at(i),
+        None => (tail, ""),
+    };
+    match tail.split_once('?') {
+        Some((path, query)) => {
+            out.push_str(path);
+            out.push('?');
+            for (i, pair) in query.split('&').enumerate() {
+                if i > 0 {
+                    out.push('&');
+                }
+                match pair.split_once('=') {
+                    Some((name, _)) => {
+                        out.push_str(name);
+                        out.push('=');
+                        out.push_str(MARK);
+                    }
+                    None => out.push_str(pair),
+                }
+            }
+        }
+        None => out.push_str(tail),
+    }
+    out.push_str(fragment);
+    out
+}
+
 /// Percent-encodes all but the unreserved characters of RFC 3986 (`A-Z a-z 0-9 - . _ ~`):
 /// a password put into a Redis URL, a path segment or query value for the admin API.
 pub fn percent_encode(s: &str) -> String {
@@ -233,4 +282,34 @@ pub fn percent_encode(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted_url;
+
+    #[test]
+    fn a_shown_url_keeps_no_credentials() {
+        for (raw, shown) in [
+            (
+                "https://user:hunter2@idp.test/jwks?key=abc&x",
+                "https://<redacted>@idp.test/jwks?key=<redacted>&x",
+            ),
+            (
+                "redis://:hunter2@10.0.0.1:6379/0",
+                "redis://<redacted>@10.0.0.1:6379/0",
+            ),
+            ("https://TOKEN@idp.test", "https://<redacted>@idp.test"),
+            // An `@` after the host is the path's, not user info.
+            ("https://idp.test/a@b", "https://idp.test/a@b"),
+            ("https://idp.test/k#frag=1", "https://idp.test/k#frag=1"),
+            (
+                "https://idp.test/k?code=s#f",
+                "https://idp.test/k?code=<redacted>#f",
+            ),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redacted_url(raw), shown, "{raw}");
+        }
+    }
 }

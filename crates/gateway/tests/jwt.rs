@@ -96,6 +96,8 @@ struct Served {
     /// When set, a key set's fetch is counted as it arrives and answered once a permit
     /// is given.
     hold: Option<Arc<tokio::sync::Semaphore>>,
+    /// The `Authorization` of the last key set's fetch.
+    authorization: Option<String>,
 }
 
 /// An issuer on loopback: OpenID metadata and a JWKS, fetches counted.
@@ -116,6 +118,7 @@ impl Issuer {
             fail: false,
             cache_control: None,
             hold: None,
+            authorization: None,
         }));
         let fetches = Arc::new(AtomicUsize::new(0));
         let fetched = Arc::new(Notify::new());
@@ -144,7 +147,14 @@ impl Issuer {
                                 let body = Bytes::from(served.jwks.to_string());
                                 return Ok::<_, Infallible>(hyper::Response::new(Full::new(body)));
                             }
-                            let served = s.lock();
+                            let mut served = s.lock();
+                            if req.uri().path() == "/jwks" {
+                                served.authorization = req
+                                    .headers()
+                                    .get("authorization")
+                                    .and_then(|v| v.to_str().ok())
+                                    .map(str::to_string);
+                            }
                             let mut r = hyper::Response::new(Full::new(Bytes::new()));
                             if served.fail {
                                 *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
@@ -646,6 +656,27 @@ async fn a_rotated_key_is_fetched_on_its_first_token_and_the_old_one_stops() {
     // The remembered old token is checked again under the new keys, and refused.
     assert_eq!(call(&gw, &old_token).await.status, 401);
     assert_eq!(issuer.fetches.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn credentials_in_a_key_set_url_are_sent_as_basic_and_never_shown() {
+    use base64::Engine;
+    let key = Signer::load("ed25519.pem", Algorithm::EdDSA, "k1");
+    let issuer = Issuer::start(&[&key]).await;
+    let host = issuer.url.trim_start_matches("http://").to_string();
+    let extra = format!(r#", jwks_url: "http://reader:p%40ss+1@{host}/jwks?tenant=t-secret""#);
+    let gw = gateway(&issuer, &extra, "").await;
+    let token = key.sign(&claims(&issuer.url, "alice"));
+    assert_eq!(call(&gw, &token).await.status, 200);
+    let sent = issuer.served.lock().authorization.clone();
+    let expected = base64::engine::general_purpose::STANDARD.encode("reader:p@ss+1");
+    assert_eq!(sent, Some(format!("Basic {expected}")));
+    let m = gw.gw.metrics_text();
+    let label = format!(
+        r#"tollgate_jwks_keys{{source="http://<redacted>@{host}/jwks?tenant=<redacted>"}} 1"#
+    );
+    assert!(m.lines().any(|l| l == label), "{m}");
+    assert!(!m.contains("p%40ss") && !m.contains("t-secret"), "{m}");
 }
 
 #[tokio::test]

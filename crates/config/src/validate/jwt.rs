@@ -225,7 +225,7 @@ fn url(raw: &str, at: &str, what: &str, p: &mut Problems) {
         } else {
             "must be an http:// or https:// URL"
         };
-        p.add(at, format!("{raw:?} {why}"));
+        p.add(at, format!("{:?} {why}", crate::redacted_url(raw)));
     }
 }
 

@@ -350,13 +350,16 @@ fn host_port(s: &str) -> bool {
 /// A `redis://` or `rediss://` URL, with the password from a file put in it when it has
 /// none.
 fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -> RedisTarget {
+    let shown = crate::redacted_url(url);
     let Some((scheme, rest)) = url
         .split_once("://")
         .filter(|(s, _)| matches!(*s, "redis" | "rediss"))
     else {
         p.add(
             at,
-            format!("{url:?} must be a redis:// or rediss:// URL (e.g. redis://127.0.0.1:6379/0)"),
+            format!(
+                "{shown:?} must be a redis:// or rediss:// URL (e.g. redis://127.0.0.1:6379/0)"
+            ),
         );
         return RedisTarget::Url(url.to_string());
     };
@@ -365,7 +368,7 @@ fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -
         Err(e) => {
             p.add(
                 at,
-                format!("{url:?} is not a valid URL ({e}); e.g. redis://127.0.0.1:6379/0"),
+                format!("{shown:?} is not a valid URL ({e}); e.g. redis://127.0.0.1:6379/0"),
             );
             return RedisTarget::Url(url.to_string());
         }
@@ -373,7 +376,7 @@ fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -
             match u.host() {
                 None => p.add(
                     at,
-                    format!("{url:?} names no host; e.g. redis://127.0.0.1:6379/0"),
+                    format!("{shown:?} names no host; e.g. redis://127.0.0.1:6379/0"),
                 ),
                 // What a server listens on, not an address to connect to (the client
                 // refuses it).
@@ -386,7 +389,7 @@ fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -
                         url::Host::Ipv6(ip) => Some(ip.into()),
                     };
                     if let Some(ip) = ip.filter(std::net::IpAddr::is_unspecified) {
-                        p.add(at, format!("{url:?}: {ip} is no address to connect to"));
+                        p.add(at, format!("{shown:?}: {ip} is no address to connect to"));
                     }
                 }
             }
@@ -395,7 +398,7 @@ fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -
             if !db.is_empty() && db.parse::<u32>().is_err() {
                 p.add(
                     at,
-                    format!("{url:?}: the path is the database number (`/0`), not {db:?}"),
+                    format!("{shown:?}: the path is the database number (`/0`), not {db:?}"),
                 );
             }
         }

@@ -602,12 +602,18 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
         ),
         ("redis://0.0.0.0:6379/0", "is no address to connect to"),
         ("redis://[::]:6379/0", "is no address to connect to"),
+        // The error shows the URL without its password.
+        (
+            "redis://:hunter2@0.0.0.0:6379/0",
+            "\"redis://<redacted>@0.0.0.0:6379/0\": 0.0.0.0 is no address",
+        ),
     ] {
         let err = with(url).expect_err(url).to_string();
         assert!(
             err.contains("cluster.redis: ") && err.contains(want),
             "{url}: {err}"
         );
+        assert!(!err.contains("hunter2"), "{err}");
     }
     assert!(
         with("redis://127.0.0.1:6379/99").is_ok(),

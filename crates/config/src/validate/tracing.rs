@@ -99,7 +99,7 @@ fn endpoint(given: Option<&str>, protocol: OtlpProtocol, p: &mut Problems) -> St
         Err(e) => {
             p.add(
                 "tracing.otlp.endpoint",
-                format!("{given:?} is not a URL: {e}"),
+                format!("{:?} is not a URL: {e}", crate::redacted_url(given)),
             );
             return given.into();
         }
@@ -107,7 +107,10 @@ fn endpoint(given: Option<&str>, protocol: OtlpProtocol, p: &mut Problems) -> St
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
         p.add(
             "tracing.otlp.endpoint",
-            format!("{given:?} must be an http:// or https:// URL with a host"),
+            format!(
+                "{:?} must be an http:// or https:// URL with a host",
+                crate::redacted_url(given)
+            ),
         );
         return given.into();
     }

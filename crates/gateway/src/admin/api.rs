@@ -91,14 +91,10 @@ pub fn status(gw: &Gateway) -> Answer {
     )
 }
 
-/// Replaces what must not leave the node: API keys, the password in a Redis URL, and the
-/// values of the headers sent to the trace collector (where its API key goes).
+/// Replaces what must not leave the node: API keys, the user info and query values of
+/// every URL (a Redis password, a key set's or collector's credentials), and the values
+/// of the headers sent to the trace collector (where its API key goes).
 fn redact(v: &mut Value) {
-    if let Some(url) = v.pointer_mut("/tracing/otlp/endpoint") {
-        if let Some(s) = url.as_str() {
-            *url = Value::from(crate::redis_link::redacted(s, "<redacted>"));
-        }
-    }
     if let Some(headers) = v
         .pointer_mut("/tracing/otlp/headers")
         .and_then(Value::as_object_mut)
@@ -116,12 +112,16 @@ fn redact(v: &mut Value) {
             }
         }
     }
-    for at in ["/cluster/redis", "/cluster/redis/url"] {
-        if let Some(url) = v.pointer_mut(at) {
-            if let Some(s) = url.as_str() {
-                *url = Value::from(crate::redis_link::redacted(s, "<redacted>"));
-            }
-        }
+    redact_urls(v);
+}
+
+/// Every string that reads as a URL, anywhere in the tree, without its credentials.
+fn redact_urls(v: &mut Value) {
+    match v {
+        Value::String(s) if s.contains("://") => *s = tollgate_config::redacted_url(s),
+        Value::Array(items) => items.iter_mut().for_each(redact_urls),
+        Value::Object(fields) => fields.values_mut().for_each(redact_urls),
+        _ => {}
     }
 }
 
@@ -503,11 +503,17 @@ mod tests {
             "consumers": [{"name": "a", "keys": ["k1", "k2"]}],
             "cluster": {"redis": "redis://:hunter2@10.0.0.1:6379/0"},
             "tracing": {"otlp": {"endpoint": "http://user:pw@collector:4318", "headers": {"x-api-key": "vendor-secret"}}},
+            "routes": [{"auth": {"jwt": {"jwks_url": "https://u:jwks-pw@idp.test/keys?token=jwks-token"}}}],
         });
         redact(&mut v);
         let s = v.to_string();
         assert!(!s.contains("k1") && !s.contains("hunter2"), "{s}");
         assert!(!s.contains("vendor-secret"), "{s}");
+        assert!(!s.contains("jwks-pw") && !s.contains("jwks-token"), "{s}");
+        assert_eq!(
+            v["routes"][0]["auth"]["jwt"]["jwks_url"],
+            "https://<redacted>@idp.test/keys?token=<redacted>"
+        );
         assert!(s.contains("10.0.0.1:6379"), "{s}");
         assert_eq!(v["tracing"]["otlp"]["headers"]["x-api-key"], "<redacted>");
         assert_eq!(

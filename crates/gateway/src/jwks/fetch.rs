@@ -3,7 +3,7 @@
 
 use super::keys::{keys_of, KeySet, Keys, MIN_REFETCH};
 use bytes::Bytes;
-use http::{header, Request, StatusCode, Uri};
+use http::{header, HeaderValue, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -12,6 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tollgate_config::redacted_url;
 
 /// Largest metadata document or key set read.
 const MAX_BODY: usize = 1 << 20;
@@ -33,10 +34,12 @@ fn client() -> Result<HttpClient, String> {
 
 /// Fetches the set behind `url` (the issuer's, when `discover`) until no snapshot uses it.
 pub(super) async fn run(set: Weak<KeySet>, wake: Arc<Notify>, url: String, discover: bool) {
+    // What the log says: the URL without its credentials.
+    let shown = tollgate_config::redacted_url(&url);
     let client = match client() {
         Ok(c) => Some(c),
         Err(e) => {
-            tracing::error!(source = %url, "cannot fetch keys: {e}");
+            tracing::error!(source = %shown, "cannot fetch keys: {e}");
             None
         }
     };
@@ -65,7 +68,7 @@ pub(super) async fn run(set: Weak<KeySet>, wake: Arc<Notify>, url: String, disco
                 h.fetched += 1;
                 h.last_ok = Some(SystemTime::now());
                 if h.failing.take().is_some() {
-                    tracing::info!(source = %url, keys = n, "keys fetched again");
+                    tracing::info!(source = %shown, keys = n, "keys fetched again");
                 }
                 fresh
             }
@@ -80,7 +83,7 @@ pub(super) async fn run(set: Weak<KeySet>, wake: Arc<Notify>, url: String, disco
                         "serving the last good keys"
                     };
                     tracing::warn!(
-                        source = %url,
+                        source = %shown,
                         keys_kept = have,
                         "cannot fetch token signing keys: {e}; {then}"
                     );
@@ -129,6 +132,7 @@ async fn fetch(client: &HttpClient, url: &str, discover: bool) -> Result<(Keys, 
             url.trim_end_matches('/')
         );
         let (body, _) = get(client, &meta_url).await?;
+        let meta_url = redacted_url(&meta_url);
         #[derive(serde::Deserialize)]
         struct Meta {
             issuer: Option<String>,
@@ -140,7 +144,13 @@ async fn fetch(client: &HttpClient, url: &str, discover: bool) -> Result<(Keys, 
         // for (it is what tokens' `iss` must say).
         match &meta.issuer {
             Some(i) if i == url => {}
-            Some(i) => return Err(format!("{meta_url}: names issuer {i:?}, not {url:?}")),
+            Some(i) => {
+                return Err(format!(
+                    "{meta_url}: names issuer {:?}, not {:?}",
+                    redacted_url(i),
+                    redacted_url(url)
+                ))
+            }
             None => return Err(format!("{meta_url}: no `issuer`")),
         }
         let jwks = meta
@@ -148,13 +158,17 @@ async fn fetch(client: &HttpClient, url: &str, discover: bool) -> Result<(Keys, 
             .ok_or_else(|| format!("{meta_url}: no `jwks_uri`"))?;
         // Metadata fetched over TLS does not send the keys' fetch to plain HTTP.
         if url.starts_with("https://") && !jwks.starts_with("https://") {
-            return Err(format!("{meta_url}: `jwks_uri` {jwks:?} is not https://"));
+            return Err(format!(
+                "{meta_url}: `jwks_uri` {:?} is not https://",
+                redacted_url(&jwks)
+            ));
         }
         jwks
     } else {
         url.to_string()
     };
     let (body, fresh) = get(client, &jwks_url).await?;
+    let jwks_url = redacted_url(&jwks_url);
     let text = std::str::from_utf8(&body).map_err(|_| format!("{jwks_url}: not UTF-8"))?;
     let keys = keys_of(text).map_err(|e| format!("{jwks_url}: {e}"))?;
     if keys.list.is_empty() {
@@ -164,31 +178,68 @@ async fn fetch(client: &HttpClient, url: &str, discover: bool) -> Result<(Keys, 
 }
 
 /// GETs `url`: its body (up to [`MAX_BODY`]) and how long its `Cache-Control` lets it be
-/// kept.
+/// kept. User info in the URL (`https://user:password@host/…`) is sent as Basic
+/// credentials, as curl and browsers send it, and never shown in an error.
 async fn get(client: &HttpClient, url: &str) -> Result<(Bytes, Duration), String> {
-    let uri: Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+    let shown = redacted_url(url);
+    let (uri, basic) = split_credentials(url).map_err(|e| format!("{shown}: {e}"))?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
-        return Err(format!("{url}: not an http:// or https:// URL"));
+        return Err(format!("{shown}: not an http:// or https:// URL"));
     }
-    let req = Request::get(uri)
+    let mut req = Request::get(uri)
         .header(header::ACCEPT, "application/json")
-        .header(header::USER_AGENT, "tollgate")
+        .header(header::USER_AGENT, "tollgate");
+    if let Some(basic) = basic {
+        req = req.header(header::AUTHORIZATION, basic);
+    }
+    let req = req
         .body(Empty::new())
-        .map_err(|e| format!("{url}: {e}"))?;
+        .map_err(|e| format!("{shown}: {e}"))?;
     let resp = client
         .request(req)
         .await
-        .map_err(|e| format!("{url}: {}", with_causes(&e)))?;
+        .map_err(|e| format!("{shown}: {}", with_causes(&e)))?;
     if resp.status() != StatusCode::OK {
-        return Err(format!("{url}: answered {}", resp.status()));
+        return Err(format!("{shown}: answered {}", resp.status()));
     }
     let fresh = freshness(resp.headers());
     let body = Limited::new(resp.into_body(), MAX_BODY)
         .collect()
         .await
-        .map_err(|e| format!("{url}: {e}"))?
+        .map_err(|e| format!("{shown}: {e}"))?
         .to_bytes();
     Ok((body, fresh))
+}
+
+/// The URL to ask without its user info, and that user info as a Basic `Authorization`
+/// value (percent-decoded, RFC 7617) when it has some.
+fn split_credentials(url: &str) -> Result<(Uri, Option<HeaderValue>), String> {
+    let mut u = url::Url::parse(url).map_err(|e| e.to_string())?;
+    let basic = if u.username().is_empty() && u.password().is_none() {
+        None
+    } else {
+        use base64::Engine;
+        // Percent-decoded as a path is: `+` is itself here, not a space.
+        let decode = |s: &str| crate::query::percent_decode(&s.replace('+', "%2B")).into_owned();
+        let pair = format!(
+            "{}:{}",
+            decode(u.username()),
+            decode(u.password().unwrap_or(""))
+        );
+        let value = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        );
+        let mut value = HeaderValue::from_str(&value).map_err(|e| e.to_string())?;
+        value.set_sensitive(true);
+        // Both parts are set through the URL's own setters: they cannot fail on an
+        // http(s) URL with a host, which the config requires.
+        let _ = u.set_username("");
+        let _ = u.set_password(None);
+        Some(value)
+    };
+    let uri = u.as_str().parse::<Uri>().map_err(|e| e.to_string())?;
+    Ok((uri, basic))
 }
 
 /// An error with what caused it (`client error (Connect): invalid peer certificate:

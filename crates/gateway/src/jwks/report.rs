@@ -51,12 +51,14 @@ fn gauge(
 
 impl Report for KeyRing {
     fn report(&self, e: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
-        let sets = self.live();
+        let mut sets = self.live();
+        // In the order they were made in memory: a set keeps its place between scrapes.
+        sets.sort_by_key(|s| std::sync::Arc::as_ptr(s) as usize);
         if sets.is_empty() {
             return Ok(());
         }
         let secs = |s: u64| i64::try_from(s).unwrap_or(i64::MAX);
-        let rows: Vec<Row> = sets
+        let mut rows: Vec<Row> = sets
             .iter()
             .map(|s| {
                 let h = s.health.lock();
@@ -79,6 +81,16 @@ impl Report for KeyRing {
                 }
             })
             .collect();
+        // Two URLs shown alike (they differ in their credentials only) are told apart:
+        // the same series twice would fail the whole scrape.
+        let mut seen = std::collections::HashMap::<String, u32>::new();
+        for r in &mut rows {
+            let n = seen.entry(r.source.clone()).or_insert(0);
+            *n += 1;
+            if *n > 1 {
+                r.source = format!("{} ({n})", r.source);
+            }
+        }
         gauge(
             e,
             &rows,

@@ -62,7 +62,10 @@ impl KeyRing {
                 set
             }
             JwtKeys::Url(url) | JwtKeys::Discovery(url) => {
-                let set = Arc::new(KeySet::new(url.clone(), Keys::default()));
+                let set = Arc::new(KeySet::new(
+                    tollgate_config::redacted_url(url),
+                    Keys::default(),
+                ));
                 // Before the fetcher starts: its first fetch reads it.
                 set.set_timeout(timeout);
                 let discover = matches!(source, JwtKeys::Discovery(_));

@@ -426,12 +426,3 @@ pub async fn query_keyed(
     }
     Ok(out)
 }
-
-/// `redis://:secret@host` → `redis://MARK@host`: a Redis URL without its credentials, for
-/// the admin API.
-pub fn redacted(url: &str, mark: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}{mark}{}", &url[..s + 3], &url[at..]),
-        _ => url.to_string(),
-    }
-}
