@@ -16,8 +16,7 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     /// Routes, sorted most specific first (exact paths, then longer prefixes, hosts before none).
     pub routes: Vec<RouteConfig>,
-    /// Consumers, inline and from `consumers_file`, by index; shared, as a million of
-    /// them are not copied.
+    /// Consumers, inline and from `consumers_file`, by index (shared: a million are not copied).
     pub consumers: std::sync::Arc<crate::Consumers>,
     /// The file consumers were read from, if any.
     pub consumers_file: Option<ConsumersFile>,
@@ -25,9 +24,8 @@ pub struct Config {
     /// `consumers_log`, else beside `consumers_file`, else beside the config file when the
     /// admin API or a cluster can change consumers; `None`: in memory only.
     pub consumers_log: Option<std::path::PathBuf>,
-    /// Whether `consumers_log` is the default beside the config file, not named by the
-    /// file: one that cannot be kept there leaves the changes in memory (with a warning)
-    /// instead of refusing them.
+    /// Whether `consumers_log` is the implied one beside the config file: one that cannot be
+    /// kept there leaves the changes in memory (with a warning) instead of refusing them.
     pub consumers_log_implied: bool,
     /// Where limit counters are kept across restarts, if anywhere.
     pub state: Option<StateConfig>,
@@ -61,6 +59,8 @@ pub struct ConsumersFile {
     pub path: std::path::PathBuf,
     /// Fingerprint of the content read.
     pub fingerprint: u64,
+    /// How many consumers it gave: none for a file without entries (one being rewritten?).
+    pub consumers: usize,
 }
 
 /// Limit counters kept on disk so that a restart does not reset them.

@@ -258,3 +258,67 @@ async fn a_changed_consumers_file_is_reloaded_and_a_bad_one_keeps_the_old_consum
     watcher.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_consumers_file_emptied_in_place_keeps_the_running_consumers() {
+    let backend = echo_backend().await;
+    let dir = tempdir("consumers-emptied");
+    let file = dir.join("consumers.jsonl");
+    let config = dir.join("tollgate.yaml");
+    std::fs::write(&file, "{\"name\": \"c1\", \"keys\": [\"k1\"]}\n").expect("write");
+    let text = with_file(backend, &file);
+    std::fs::write(&config, &text).expect("write");
+    let (gw, _clock) = TestGateway::with_manual_clock(&text).await;
+    gw.gw.loaded_from(text.as_bytes());
+    let c = TestClient::default();
+    assert_eq!(
+        c.get(&gw.url("/api/?apikey=k1")).await.status,
+        StatusCode::OK
+    );
+
+    // Truncated by a rewrite in place, not yet written: refused, c1 served on.
+    std::fs::write(&file, "").expect("truncate");
+    let e = gw.gw.reload_file(&config).expect_err("an emptied file");
+    assert!(
+        e.to_string().contains("is empty now; it gave 1 consumers"),
+        "{e}"
+    );
+    assert_eq!(gw.gw.reload_status().generation, 1);
+    assert_eq!(
+        c.get(&gw.url("/api/?apikey=k1")).await.status,
+        StatusCode::OK
+    );
+
+    // Written out: taken.
+    std::fs::write(&file, "{\"name\": \"c2\", \"keys\": [\"k2\"]}\n").expect("write");
+    gw.gw.reload_file(&config).expect("a written file");
+    assert_eq!(gw.gw.reload_status().generation, 2);
+    assert_eq!(
+        c.get(&gw.url("/api/?apikey=k2")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        c.get(&gw.url("/api/?apikey=k1")).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+
+    // Dropping every file consumer is said by the config: the file taken out of it.
+    // (Its change log stays where it was: it moves at a restart only.)
+    let log = dir.join("consumers.jsonl.changes");
+    let without = text.replace(
+        &format!("consumers_file: {file:?}\n"),
+        &format!("consumers_log: {log:?}\n"),
+    );
+    assert_ne!(without, text);
+    std::fs::write(&config, &without).expect("write");
+    gw.gw.reload_file(&config).expect("no consumers file");
+    assert_eq!(
+        c.get(&gw.url("/api/?apikey=k2")).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        c.get(&gw.url("/api/?apikey=k-inline")).await.status,
+        StatusCode::OK
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

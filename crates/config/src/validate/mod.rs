@@ -513,9 +513,16 @@ fn consumers(
         let loaded =
             crate::consumers_file::load(f, base, plan_index, &mut table, inline, &mut p.0)?;
         file_lines = loaded.2;
+        if file_lines.is_empty() {
+            p.warn(
+                "consumers_file",
+                format!("{f} holds no consumer: only the config's own are served"),
+            );
+        }
         Some(ConsumersFile {
             path: loaded.0,
             fingerprint: loaded.1,
+            consumers: file_lines.len(),
         })
     });
     // Where consumer `i` was given: `consumers[n]`, or the file and its line.

@@ -7,7 +7,7 @@ use crate::snapshot::Snapshot;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tollgate_config::{fingerprint, Config, ConfigError};
+use tollgate_config::{fingerprint, Config, ConfigError, Problem};
 
 impl Gateway {
     /// with; counters of unchanged limits and pools of unchanged upstreams carry over.
@@ -182,6 +182,9 @@ impl Gateway {
                 // the node needs (certificates, keys). Checked and swapped in with no
                 // change of a consumer in between.
                 let snap = self.snapshot();
+                if let Some(p) = emptied(&snap.config, &cfg) {
+                    return Err(self.rejected_with(path, bytes, ConfigError::invalid(vec![p])));
+                }
                 let roster = snap.roster.clone();
                 let applied = roster.unchanged(|| {
                     let missing = roster.missing_plans(&snap.config);
@@ -237,4 +240,25 @@ impl Gateway {
         self.status.send_modify(|s| s.last_error = Some(text));
         e
     }
+}
+
+/// A consumers file that held consumers and holds none now, at the same place: most
+/// likely one being rewritten in place (truncated, not yet written), whose consumers
+/// would all be refused until it is. Refused; removing `consumers_file` from the config
+/// is how every one of them is dropped.
+fn emptied(running: &Config, new: &Config) -> Option<Problem> {
+    let (old, now) = (
+        running.consumers_file.as_ref()?,
+        new.consumers_file.as_ref()?,
+    );
+    (now.consumers == 0 && old.consumers > 0 && now.path == old.path).then(|| {
+        Problem::new(
+            "consumers_file",
+            format!(
+                "{} is empty now; it gave {} consumers: the running ones keep serving until it holds some (to drop them all, take `consumers_file` out of the config)",
+                now.path.display(),
+                old.consumers
+            ),
+        )
+    })
 }
