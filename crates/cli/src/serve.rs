@@ -149,7 +149,7 @@ async fn serve(cfg: Config, path: Option<&Path>, text: &[u8], banner: Option<Str
         })
         .collect();
     let gw = Gateway::new(cfg, SystemClock::new());
-    if let Some(e) = gw.roster_error() {
+    if let Some(e) = gw.roster_error().or(gw.state_error().map(str::to_string)) {
         tracing::error!("{e}; not starting");
         return ExitCode::FAILURE;
     }

@@ -957,6 +957,25 @@ fn limit_counters_survive_sigterm_and_kill_9() {
     assert_eq!(gw.get("/a/?apikey=t2"), 200);
     assert_eq!(gw.get("/a/?apikey=t2"), 429);
     assert_eq!(gw.get("/a/?apikey=t1"), 429);
+
+    // A second gateway on the same state file (its own admin port) does not start while
+    // the first keeps it: each would restore and overwrite the other's counts.
+    let other = dir.join("second.yaml");
+    let yaml = std::fs::read_to_string(&file).expect("config");
+    let second_admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    std::fs::write(
+        &other,
+        yaml.replace(&admin.to_string(), &second_admin.to_string()),
+    )
+    .expect("write");
+    let err = refused_start(&other);
+    assert!(
+        err.contains(&format!("another process (pid {})", gw.child.id()))
+            && err.contains("give each gateway its own state.path")
+            && err.contains("not starting"),
+        "{err}"
+    );
+    assert_eq!(gw.get("/a/?apikey=t2"), 429);
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }

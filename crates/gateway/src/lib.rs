@@ -13,6 +13,7 @@ pub(crate) mod clock;
 pub(crate) mod cluster;
 pub mod echo;
 pub(crate) mod exchange;
+pub(crate) mod file_lock;
 pub(crate) mod file_stat;
 #[doc(hidden)]
 pub mod fuzz;

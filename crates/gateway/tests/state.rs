@@ -244,3 +244,129 @@ async fn a_database_of_another_shape_is_set_aside_like_a_damaged_one() {
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A folder and the files in it made read-only for as long as it lives: immutable
+/// (`chattr +i`) for root, whom modes do not stop, else by their modes.
+struct ReadOnly(Vec<std::path::PathBuf>);
+
+impl ReadOnly {
+    fn make(dir: &Path) -> ReadOnly {
+        let mut paths: Vec<_> = std::fs::read_dir(dir)
+            .expect("list")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        paths.push(dir.to_path_buf());
+        let guard = ReadOnly(paths);
+        for p in &guard.0 {
+            guard.set(p, true);
+        }
+        let probe = dir.join("probe");
+        assert!(
+            std::fs::write(&probe, b"x").is_err(),
+            "cannot make {} read-only on this machine",
+            dir.display()
+        );
+        guard
+    }
+
+    fn set(&self, p: &Path, on: bool) {
+        use std::os::unix::fs::PermissionsExt;
+        let flag = if on { "+i" } else { "-i" };
+        let immutable = std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(p)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !immutable {
+            let mode = match (p.is_dir(), on) {
+                (true, true) => 0o555,
+                (true, false) => 0o755,
+                (false, true) => 0o444,
+                (false, false) => 0o644,
+            };
+            let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+        }
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            self.set(p, false);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_state_file_on_a_read_only_disk_is_restored_and_its_rows_kept() {
+    let backend = echo_backend().await;
+    let dir = tempdir("state-rofs");
+    let first = dir.join("first.db");
+    let (gw, _) = start_at(
+        &stateful(backend, &first, "[{requests: 3, per: 1d}]"),
+        Duration::from_secs(1_000),
+    )
+    .await;
+    assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 200]);
+    assert_eq!(codes(&gw, "t2", 1).await, [200]);
+    gw.gw.flush_all().await;
+    drop(gw);
+    // The file as a stopped gateway leaves it, on a disk of its own (a gateway of this
+    // process may still hold the first one open).
+    let disk = dir.join("disk");
+    std::fs::create_dir(&disk).expect("mkdir");
+    let db = disk.join("state.db");
+    rusqlite::Connection::open(&first)
+        .and_then(|c| c.execute("VACUUM INTO ?1", [db.to_string_lossy()]))
+        .expect("copy");
+    let cfg = stateful(backend, &db, "[{requests: 3, per: 1d}]");
+
+    // The disk is read-only at the next start: the counts are read all the same.
+    let read_only = ReadOnly::make(&disk);
+    let (gw, _) = start_at(&cfg, Duration::from_secs(1_010)).await;
+    assert_eq!(codes(&gw, "t1", 1).await, [429]);
+    assert_eq!(codes(&gw, "t2", 2).await, [200, 200]);
+    assert_eq!(gw.gw.flush_state(), 0, "nothing can be written yet");
+    // Writable again: what is counted now is written, bob's restored and new counts in it.
+    drop(read_only);
+    assert!(gw.gw.flush_state() >= 1);
+    gw.gw.flush_all().await;
+    drop(gw);
+    let (gw, _) = start_at(&cfg, Duration::from_secs(1_020)).await;
+    assert_eq!(codes(&gw, "t1", 1).await, [429], "alice's row was kept");
+    assert_eq!(codes(&gw, "t2", 1).await, [429]);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_database_of_something_else_is_left_untouched_and_not_used() {
+    let backend = echo_backend().await;
+    let dir = tempdir("state-foreign");
+    let db = dir.join("app.db");
+    {
+        let c = rusqlite::Connection::open(&db).expect("open");
+        c.execute_batch("CREATE TABLE accounts (id INTEGER); INSERT INTO accounts VALUES (7);")
+            .expect("schema");
+    }
+    let before = std::fs::read(&db).expect("read");
+    let cfg = stateful(backend, &db, "[{requests: 2, per: 1d}]");
+    let (gw, _) = start_at(&cfg, Duration::from_secs(1_000)).await;
+    assert_eq!(codes(&gw, "t1", 3).await, [200, 200, 429]);
+    assert_eq!(gw.gw.flush_state(), 0, "not written to");
+    let metrics = gw.gw.metrics_text();
+    assert!(
+        !metrics.contains("tollgate_state_errors_total 0"),
+        "{metrics}"
+    );
+    gw.gw.flush_all().await;
+    drop(gw);
+    assert_eq!(
+        std::fs::read(&db).expect("read"),
+        before,
+        "the file changed"
+    );
+    assert!(!dir.join("app.db.corrupt").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -56,6 +56,7 @@ impl Gateway {
             metrics.report(cluster.clone());
             cluster
         });
+        let mut state_error = None;
         let state = match (&config.state, &cluster) {
             (Some(_), Some(_)) => {
                 tracing::warn!(
@@ -63,12 +64,17 @@ impl Gateway {
                 );
                 None
             }
-            (Some(s), None) => {
-                let (store, saved) = StateStore::open(s, clock.clone());
-                store.spawn_flusher(s.flush_interval);
-                metrics.report(store.stats.clone());
-                Some((store, saved))
-            }
+            (Some(s), None) => match StateStore::open(s, clock.clone()) {
+                Ok((store, saved)) => {
+                    store.spawn_flusher(s.flush_interval);
+                    metrics.report(store.stats.clone());
+                    Some((store, saved))
+                }
+                Err(e) => {
+                    state_error = Some(e.to_string());
+                    None
+                }
+            },
             (None, _) => None,
         };
         let live = Arc::new(Live::new(
@@ -222,6 +228,7 @@ impl Gateway {
             source: parking_lot::Mutex::new(None),
             running_text: parking_lot::Mutex::new(None),
             state,
+            state_error,
             series: Default::default(),
         });
         spawn_sweeper(Arc::downgrade(&gw));

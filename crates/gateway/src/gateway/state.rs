@@ -54,6 +54,8 @@ pub struct Gateway {
     pub(super) running_text: parking_lot::Mutex<Option<Arc<[u8]>>>,
     /// Where limit counters are written, when `state:` is set.
     pub(super) state: Option<Arc<StateStore>>,
+    /// Why the state file could not be kept at start (another process keeps it).
+    pub(super) state_error: Option<String>,
     /// The last minutes of the request series, for the dashboard.
     pub(super) series: crate::observe::series::Series,
     /// Whether the admin API (or another node) may give keys: `admin:` or `cluster:` at
@@ -81,6 +83,12 @@ impl Gateway {
     /// Why the usage history could not be opened at start, if it could not.
     pub fn analytics_error(&self) -> Option<&str> {
         self.analytics_error.as_deref()
+    }
+
+    /// Why the state file could not be kept at start, if it could not: another gateway
+    /// keeps it. This one counts in memory only; `run` does not start.
+    pub fn state_error(&self) -> Option<&str> {
+        self.state_error.as_deref()
     }
 
     /// Why the consumer change log could not be read at start, if it could not: serving

@@ -13,6 +13,7 @@
 
 use super::{Counter, DirtyQueue, Now, Window, SLOTS, SUB};
 use crate::clock::Clock;
+use crate::file_lock::FileLock;
 use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection};
 use std::collections::HashMap;
@@ -120,9 +121,20 @@ impl Saved {
     }
 }
 
+/// The windows read at start, by cell key.
+pub type Restored = HashMap<Arc<str>, Saved>;
+
 /// Why the state file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
+    /// Another gateway keeps it.
+    #[error("state file {path}: {source}")]
+    Busy {
+        /// The file.
+        path: String,
+        /// Who holds it.
+        source: std::io::Error,
+    },
     /// SQLite refused.
     #[error("state file {path}: {source}")]
     Db {
@@ -141,7 +153,7 @@ fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> StateError + '_ {
 }
 
 fn open_db(path: &Path) -> Result<Connection, StateError> {
-    crate::sqlite::open(path, SCHEMA).map_err(db_err(path))
+    crate::sqlite::open(path, SCHEMA, &["windows"]).map_err(db_err(path))
 }
 
 /// The file counters are kept in: `path`, or `state.db` inside it when it is a folder.
@@ -160,9 +172,8 @@ fn file_of(path: &Path) -> PathBuf {
 fn is_unsound(e: &rusqlite::Error) -> bool {
     use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
     match e {
+        // (`PRAGMA quick_check` finding damage says `DatabaseCorrupt` too.)
         rusqlite::Error::SqliteFailure(f, _) => matches!(f.code, NotADatabase | DatabaseCorrupt),
-        // `PRAGMA quick_check` found damage.
-        rusqlite::Error::InvalidQuery => true,
         _ => false,
     }
 }
@@ -219,6 +230,8 @@ pub struct StateStats {
 pub struct StateStore {
     path: PathBuf,
     db: Mutex<Option<Connection>>,
+    /// Held while the store lives: one process keeps the file.
+    _lock: Option<FileLock>,
     /// Cells with counts not yet written.
     pub queue: Arc<DirtyQueue>,
     clock: Arc<dyn Clock>,
@@ -241,19 +254,31 @@ impl StateStore {
     /// Opens the state file and reads the windows that have not passed. A path that is a
     /// folder holds the file as `state.db`. A file whose content is not a sound database is
     /// reported, moved aside (`.corrupt`) and replaced by an empty one; one that cannot be
-    /// opened (permissions, a read-only disk, a missing folder) is reported and left as it
-    /// is, and writing is tried again at each flush.
+    /// opened for writing (permissions, a read-only disk, a missing folder) is read if it
+    /// can be, reported and left as it is, and writing is tried again at each flush; a
+    /// database of something else is left untouched and not used. An error when another
+    /// process keeps the file: two gateways would each restore and overwrite the other's
+    /// counts.
     pub fn open(
         cfg: &StateConfig,
         clock: Arc<dyn Clock>,
-    ) -> (Arc<StateStore>, HashMap<Arc<str>, Saved>) {
+    ) -> Result<(Arc<StateStore>, Restored), StateError> {
         let path = file_of(&cfg.path);
+        let lock = FileLock::take(
+            &path,
+            "this state file",
+            "give each gateway its own state.path",
+        )
+        .map_err(|source| StateError::Busy {
+            path: path.display().to_string(),
+            source,
+        })?;
         let stats = Arc::new(StateStats::default());
         let existed = path.exists();
         let wall = clock.wall_nanos();
         // With whether a failure is the file's content: an open refused as not a sound
         // database, or a database whose windows cannot be read (another schema).
-        let opened = crate::sqlite::open(&path, SCHEMA)
+        let opened = crate::sqlite::open(&path, SCHEMA, &["windows"])
             .map_err(|e| (is_unsound(&e), e))
             .and_then(|c| {
                 let saved = read_all(&c, wall).map_err(|e| (true, e))?;
@@ -271,18 +296,33 @@ impl StateStore {
             Err((unsound, e)) => {
                 stats.errors.fetch_add(1, Ordering::Relaxed);
                 let bad_content = unsound && path.is_file();
-                tracing::error!("{}; counters start empty", db_err(&path)(e));
+                let foreign = crate::sqlite::is_foreign(&e);
+                // A sound file that cannot be written here (a read-only disk or folder)
+                // still has the counts to restore: its rows are kept until they are
+                // written again.
+                let kept = (!bad_content && !foreign && path.is_file())
+                    .then(|| crate::sqlite::open_read_only(&path).and_then(|c| read_all(&c, wall)))
+                    .and_then(Result::ok);
+                match &kept {
+                    Some(saved) => tracing::error!(
+                        windows = saved.len(),
+                        "{}; limit counters restored from it read-only, written once it can be",
+                        db_err(&path)(e)
+                    ),
+                    None => tracing::error!("{}; counters start empty", db_err(&path)(e)),
+                }
                 // A fresh file where a bad one was; otherwise the first flush tries again.
                 let db = bad_content.then(|| {
                     set_aside(&path);
                     open_db(&path).ok()
                 });
-                (db.flatten(), HashMap::new())
+                (db.flatten(), kept.unwrap_or_default())
             }
         };
         let store = Arc::new(StateStore {
             path,
             db: Mutex::new(db),
+            _lock: lock,
             queue: Arc::default(),
             clock,
             stats,
@@ -290,7 +330,7 @@ impl StateStore {
             last_prune: AtomicU64::new(0),
             stop: (Mutex::new(false), Condvar::new()),
         });
-        (store, saved)
+        Ok((store, saved))
     }
 
     /// Writes every queued cell's window. Returns how many were written; on failure the

@@ -8,12 +8,16 @@
 //! other line that is not a record stops the replay. Skipping it could bring back a
 //! consumer or a key it deleted.
 
-use super::lock::LogLock;
 use super::record::Managed;
+use crate::file_lock::FileLock;
 use crate::file_stat::FileStat;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// What a second gateway naming the same log is told.
+const BUSY: &str =
+    "two gateways writing one log would undo each other's changes: give each its own consumers_log";
 
 /// Lines a log may hold beyond twice its live records before it is compacted.
 const SLACK: u64 = 1024;
@@ -34,7 +38,7 @@ pub struct Log {
     /// While a compaction runs: the records appended since it began.
     compacting: Option<Vec<Managed>>,
     /// This process's hold on the log (none while its folder does not exist).
-    lock: Option<LogLock>,
+    lock: Option<FileLock>,
 }
 
 /// What a log held when it was opened.
@@ -90,7 +94,7 @@ impl Log {
                 ));
             }
         }
-        let lock = LogLock::take(path)?;
+        let lock = FileLock::take(path, "this log", BUSY)?;
         let mut replayed = Replayed::default();
         let mut lines = 0;
         let mut torn = None;
@@ -188,7 +192,7 @@ impl Log {
         }
         if self.lock.is_none() {
             // The folder did not exist at start: whoever makes the file first keeps it.
-            self.lock = LogLock::take(&self.path)?;
+            self.lock = FileLock::take(&self.path, "this log", BUSY)?;
         }
         let made = self.file.is_none() && !self.path.exists();
         let file = match &mut self.file {

@@ -3,7 +3,6 @@
 //! by key digest and by name (only while there is any), kept in an append-only change log
 //! that survives restarts.
 
-pub mod lock;
 pub mod log;
 pub mod record;
 pub mod share;

@@ -1,9 +1,9 @@
-//! One process keeps a change log: an advisory lock (`flock`) on a file beside it,
-//! `<log>.lock`, held while the log is open. A second gateway naming the same log is
-//! refused at start, as Prometheus refuses a second server on one data folder, instead
-//! of each rewriting the log with its own consumers and undoing the other's changes.
+//! One process keeps a file (the consumers' change log, the limit state): an advisory
+//! lock (`flock`) on a file beside it, `<file>.lock`, held while it is open. A second
+//! gateway naming the same file is refused at start, as Prometheus refuses a second
+//! server on one data folder, instead of each rewriting it and undoing the other's work.
 //! Within one process the lock is shared: a gateway started again in place may open the
-//! log while the roster it replaces is still alive.
+//! file while the one it replaces is still alive.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions, TryLockError};
@@ -12,9 +12,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-/// The lock on a change log, released when the last holder in this process drops it.
+/// The lock on a kept file, released when the last holder in this process drops it.
 #[derive(Debug, Clone)]
-pub struct LogLock {
+pub struct FileLock {
     _file: Arc<File>,
 }
 
@@ -27,19 +27,21 @@ fn held() -> &'static Held {
     HELD.get_or_init(Default::default)
 }
 
-/// The lock file of the log at `log`: its name with `.lock` added.
-pub fn lock_path(log: &Path) -> PathBuf {
-    let mut name = log.as_os_str().to_owned();
+/// The lock file of the file at `kept`: its name with `.lock` added.
+pub fn lock_path(kept: &Path) -> PathBuf {
+    let mut name = kept.as_os_str().to_owned();
     name.push(".lock");
     PathBuf::from(name)
 }
 
-impl LogLock {
-    /// Takes the lock of the log at `log`. `Ok(None)` when the lock file cannot be made
-    /// (its folder does not exist yet, or may not be written): the log is kept without
-    /// it, and the first change tries again. An error when another process holds it.
-    pub fn take(log: &Path) -> std::io::Result<Option<LogLock>> {
-        let path = lock_path(log);
+impl FileLock {
+    /// Takes the lock of the file at `kept`. `Ok(None)` when the lock file cannot be made
+    /// (its folder does not exist yet, or may not be written): the file is kept without
+    /// it, and the next write tries again. An error (`ResourceBusy`) when another process
+    /// holds it, saying `busy` after who holds it (`another process (pid 7) keeps this
+    /// log (it holds X.lock); ` and then `busy`).
+    pub fn take(kept: &Path, what: &str, busy: &str) -> std::io::Result<Option<FileLock>> {
+        let path = lock_path(kept);
         let file = match OpenOptions::new()
             .read(true)
             .write(true)
@@ -49,7 +51,7 @@ impl LogLock {
         {
             Ok(f) => f,
             Err(e) => {
-                tracing::debug!(path = %path.display(), "no lock on the change log: {e}");
+                tracing::debug!(path = %path.display(), "no lock on {what}: {e}");
                 return Ok(None);
             }
         };
@@ -58,7 +60,7 @@ impl LogLock {
         let mut held = held().lock().unwrap_or_else(|p| p.into_inner());
         held.retain(|_, w| w.strong_count() > 0);
         if let Some(ours) = held.get(&id).and_then(Weak::upgrade) {
-            return Ok(Some(LogLock { _file: ours }));
+            return Ok(Some(FileLock { _file: ours }));
         }
         let mut tries = 0;
         let taken = loop {
@@ -80,13 +82,13 @@ impl LogLock {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::ResourceBusy,
                     format!(
-                        "another process{by} keeps this log (it holds {}); two gateways writing one log would undo each other's changes: give each its own consumers_log",
+                        "another process{by} keeps {what} (it holds {}); {busy}",
                         path.display()
                     ),
                 ));
             }
             Err(TryLockError::Error(e)) => {
-                tracing::debug!(path = %path.display(), "no lock on the change log: {e}");
+                tracing::debug!(path = %path.display(), "no lock on {what}: {e}");
                 return Ok(None);
             }
         }
@@ -96,7 +98,7 @@ impl LogLock {
         let _ = (&file).write_all(format!("{}\n", mine()).as_bytes());
         let file = Arc::new(file);
         held.insert(id, Arc::downgrade(&file));
-        Ok(Some(LogLock { _file: file }))
+        Ok(Some(FileLock { _file: file }))
     }
 }
 
@@ -128,8 +130,10 @@ mod tests {
     fn one_process_shares_its_lock_and_names_itself_in_the_file() {
         let dir = folder("shared");
         let log = dir.join("c.changes");
-        let a = LogLock::take(&log).expect("take").expect("made");
-        let b = LogLock::take(&log).expect("shared in one process");
+        let a = FileLock::take(&log, "this log", "")
+            .expect("take")
+            .expect("made");
+        let b = FileLock::take(&log, "this log", "").expect("shared in one process");
         assert!(b.is_some());
         let pid = std::fs::read_to_string(lock_path(&log)).expect("read");
         assert_eq!(pid.trim(), std::process::id().to_string());
@@ -149,7 +153,9 @@ mod tests {
     fn a_folder_not_made_yet_gives_no_lock_and_no_error() {
         let dir = folder("later");
         let log = dir.join("later").join("c.changes");
-        assert!(LogLock::take(&log).expect("no error").is_none());
+        assert!(FileLock::take(&log, "this log", "")
+            .expect("no error")
+            .is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
