@@ -639,6 +639,13 @@ async fn status_config_and_reload_over_the_admin_api() {
     assert_eq!(s["config"]["last_reload_error"], serde_json::Value::Null);
     assert_eq!(s["version"], env!("CARGO_PKG_VERSION"));
     assert!(s["uptime_seconds"].is_u64());
+    // A parameter the endpoint does not take is named in a 400.
+    let bad = admin_call(&c, addr, Method::GET, "/status?verbose=1").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert_eq!(
+        json(&bad)["error"],
+        "unknown query parameter \"verbose\": /status takes none"
+    );
 
     let cfg = admin_call(&c, addr, Method::GET, "/config").await;
     assert_eq!(cfg.status, StatusCode::OK);

@@ -178,11 +178,7 @@ fn list(snap: &Snapshot, query: Option<&str>) -> Answer {
 
 async fn read_json(req: Request<Incoming>) -> Result<Value, Answer> {
     let bad = |why: &str| error(StatusCode::BAD_REQUEST, why);
-    let body =
-        http_body_util::BodyExt::collect(http_body_util::Limited::new(req.into_body(), 256 * 1024))
-            .await
-            .map_err(|e| super::answer::body_error(&*e, "256KiB"))?
-            .to_bytes();
+    let body = super::answer::read_body(req, 256 * 1024, "256KiB").await?;
     if body.is_empty() {
         return Ok(j!({}));
     }

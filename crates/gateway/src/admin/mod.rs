@@ -156,6 +156,9 @@ async fn handle(
         (false, &Method::GET | &Method::HEAD) => {}
         (false, _) => return method_not_allowed("GET, HEAD"),
     }
+    if let Some(bad) = unknown_query(&path, req.uri().query()) {
+        return error(StatusCode::BAD_REQUEST, &bad);
+    }
     match path.as_str() {
         "/healthz" => answer(StatusCode::OK, JSON, r#"{"status":"ok"}"#),
         "/" => answer(StatusCode::OK, "text/html; charset=utf-8", DASHBOARD),
@@ -196,6 +199,38 @@ async fn handle(
             None => error(StatusCode::NOT_FOUND, "no such admin endpoint"),
         },
     }
+}
+
+/// Why a query is refused (400): the endpoints other than `/analytics` (and
+/// `/consumers`, which read theirs) take no parameters, so a name given is one they do
+/// not know. The dashboard page (`/`, which reads `?token=` in the browser) and
+/// `/healthz` (probes) take any; unknown paths get their 404.
+fn unknown_query(path: &str, query: Option<&str>) -> Option<String> {
+    let q = query.filter(|q| !q.is_empty())?;
+    let known = matches!(
+        path,
+        "/metrics"
+            | "/status"
+            | "/config"
+            | "/reload"
+            | "/cache"
+            | "/cache/purge"
+            | "/top"
+            | "/series"
+    ) || path.starts_with("/usage/");
+    if !known {
+        return None;
+    }
+    let first = q.split('&').find(|p| !p.is_empty()).unwrap_or(q);
+    let name = crate::query::percent_decode(first.split('=').next().unwrap_or(first));
+    let endpoint = if path.starts_with("/usage/") {
+        "/usage/{consumer}"
+    } else {
+        path
+    };
+    Some(format!(
+        "unknown query parameter {name:?}: {endpoint} takes none"
+    ))
 }
 
 /// Serves the admin endpoints on `listener` until the task is dropped.
@@ -240,7 +275,29 @@ pub async fn serve(gw: Arc<Gateway>, listener: TcpListener, cfg: AdminConfig) {
 
 #[cfg(test)]
 mod tests {
-    use super::bearer;
+    use super::{bearer, unknown_query};
+
+    #[test]
+    fn endpoints_without_parameters_name_the_one_given() {
+        assert_eq!(
+            unknown_query("/status", Some("verbose=1&x")).as_deref(),
+            Some("unknown query parameter \"verbose\": /status takes none")
+        );
+        assert_eq!(
+            unknown_query("/usage/alice", Some("hist%6Fry")).as_deref(),
+            Some("unknown query parameter \"history\": /usage/{consumer} takes none")
+        );
+        for (path, query) in [
+            ("/status", None),
+            ("/status", Some("")),
+            ("/", Some("token=abc")),
+            ("/healthz", Some("probe=lb")),
+            ("/analytics", Some("step=1h")),
+            ("/nowhere", Some("x=1")),
+        ] {
+            assert_eq!(unknown_query(path, query), None, "{path}?{query:?}");
+        }
+    }
 
     #[test]
     fn the_bearer_scheme_is_read_in_any_case() {

@@ -12,14 +12,9 @@ use serde_json::json as j;
 /// every host), `{"prefix": "/path/"}`, `{"tag": "surrogate-key"}` or `{"all": true}`.
 pub async fn purge(gw: &Gateway, req: Request<Incoming>) -> Answer {
     let bad = |why: &str| error(StatusCode::BAD_REQUEST, why);
-    let body = match http_body_util::BodyExt::collect(http_body_util::Limited::new(
-        req.into_body(),
-        64 * 1024,
-    ))
-    .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return super::answer::body_error(&*e, "64KiB"),
+    let body = match super::answer::read_body(req, 64 * 1024, "64KiB").await {
+        Ok(b) => b,
+        Err(answer) => return answer,
     };
     let Ok(v) = super::strict::parse(&body) else {
         return bad(

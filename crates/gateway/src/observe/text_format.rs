@@ -7,12 +7,31 @@
 /// The content type of [`from_openmetrics`]'s text.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Whether a scraper's `Accept` asks for OpenMetrics.
+/// Whether a scraper's `Accept` asks for OpenMetrics: named with a `q` above zero and no
+/// lower than the best the text format gets (`text/plain`, `text/*`, `*/*`). A tie goes to
+/// OpenMetrics, which the scraper named.
 pub fn wants_openmetrics(accept: Option<&[u8]>) -> bool {
-    accept.is_some_and(|a| {
-        a.windows(b"application/openmetrics-text".len())
-            .any(|w| w.eq_ignore_ascii_case(b"application/openmetrics-text"))
-    })
+    let Some(accept) = accept.and_then(|a| std::str::from_utf8(a).ok()) else {
+        return false;
+    };
+    let (mut om, mut text) = (None::<f32>, 0.0f32);
+    for range in accept.split(',') {
+        let mut parts = range.split(';');
+        let kind = parts.next().unwrap_or("").trim();
+        let q = parts
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+            .map_or(1.0, |(_, v)| v.trim().parse::<f32>().unwrap_or(0.0));
+        if kind.eq_ignore_ascii_case("application/openmetrics-text") {
+            om = Some(om.map_or(q, |o| o.max(q)));
+        } else if ["text/plain", "text/*", "*/*"]
+            .iter()
+            .any(|t| kind.eq_ignore_ascii_case(t))
+        {
+            text = text.max(q);
+        }
+    }
+    om.is_some_and(|o| o > 0.0 && o >= text)
 }
 
 /// `text`, OpenMetrics as prometheus-client writes it, in the text format 0.0.4.
@@ -65,5 +84,20 @@ mod tests {
         )));
         assert!(!wants_openmetrics(Some(b"*/*")));
         assert!(!wants_openmetrics(None));
+        // What Prometheus 3 sends: OpenMetrics first by its q.
+        assert!(wants_openmetrics(Some(
+            b"application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+        )));
+        // Named, but ranked below the text format, or refused outright.
+        assert!(!wants_openmetrics(Some(
+            b"text/plain, application/openmetrics-text;q=0.5"
+        )));
+        assert!(!wants_openmetrics(Some(
+            b"application/openmetrics-text;q=0"
+        )));
+        assert!(!wants_openmetrics(Some(
+            b"application/openmetrics-text; q=0.2, */*; q=0.9"
+        )));
+        assert!(wants_openmetrics(Some(b"Application/OpenMetrics-Text")));
     }
 }
