@@ -1342,10 +1342,18 @@ fn a_503_for_want_of_a_healthy_target_is_logged_with_its_route_and_upstream() {
     .expect("write");
     let mut gw = Gateway::start(&file);
     gw.wait_for("taken out of rotation");
-    assert_eq!(gw.get("/x"), 503);
+    let answer = raw_get(gw.addr, "/x");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    let id = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("x-request-id: "))
+        .unwrap_or_else(|| panic!("no request id in {answer}"))
+        .trim();
     let line = gw.wait_for("no healthy upstream target");
     assert!(
-        line.contains("route=\"dead\"") && line.contains("upstream=gone"),
+        line.contains("route=\"dead\"")
+            && line.contains("upstream=gone")
+            && line.contains(&format!("request_id=\"{id}\"")),
         "{line}"
     );
     let _ = std::fs::remove_dir_all(&dir);

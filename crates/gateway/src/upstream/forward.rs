@@ -162,7 +162,7 @@ async fn send(
                 n.retried();
             }
         }
-        let (key, target) = match up.pick(hop.route, last_target.is_some(), failed) {
+        let (key, target) = match up.pick(hop.at(), last_target.is_some(), failed) {
             Ok(t) => t,
             Err(none) => {
                 last = none.unwrap_or(last);
@@ -185,7 +185,7 @@ async fn send(
         let (conn, reused) = match target.conn(up).await {
             Ok(c) => c,
             Err(e) => {
-                last = tries.no_conn(up, hop.route, target, e)?;
+                last = tries.no_conn(up, hop.at(), target, e)?;
                 failed.add(key);
                 continue;
             }
@@ -218,7 +218,7 @@ async fn send(
                 if matches!(refusal, Refusal::UpstreamTimeout) {
                     up.outcome(target, false);
                 }
-                log_failure(up, hop.route, target, &refusal);
+                log_failure(up, hop.at(), target, &refusal);
                 return Err(refusal);
             }
             Ok(Ok((h, body))) => {
@@ -246,15 +246,15 @@ async fn send(
             SendError::H1(H1Error::Malformed) => {
                 up.outcome(target, false);
                 let refusal = Refusal::Upstream("malformed or truncated response");
-                log_failure(up, hop.route, target, &refusal);
+                log_failure(up, hop.at(), target, &refusal);
                 return Err(refusal);
             }
-            SendError::H1(H1Error::Switched) => return Err(unasked_switch(up, hop.route, target)),
-            SendError::H1(H1Error::Coded) => return Err(coded(up, hop.route, target)),
+            SendError::H1(H1Error::Switched) => return Err(unasked_switch(up, hop.at(), target)),
+            SendError::H1(H1Error::Coded) => return Err(coded(up, hop.at(), target)),
             SendError::TimedOut => {
                 up.outcome(target, false);
                 let refusal = Refusal::UpstreamTimeout;
-                log_failure(up, hop.route, target, &refusal);
+                log_failure(up, hop.at(), target, &refusal);
                 return Err(refusal);
             }
         };
@@ -262,7 +262,7 @@ async fn send(
         last = Refusal::Upstream("connection reset or closed");
         if !unsent && !replayable {
             up.outcome(target, false);
-            log_failure(up, hop.route, target, &last);
+            log_failure(up, hop.at(), target, &last);
             return Err(last);
         }
         // A kept-alive connection closed by the backend while idle is replayed; a new
@@ -277,7 +277,7 @@ async fn send(
         }
     }
     if let Some(t) = last_target {
-        log_failure(up, hop.route, t, &last);
+        log_failure(up, hop.at(), t, &last);
     }
     Err(last)
 }

@@ -2,7 +2,7 @@
 //! the `X-Forwarded-*` headers, and what each client needs to send it.
 
 use super::headers::{put, rewrite_request, Forwarding};
-use super::target::AnsweredBy;
+use super::target::{AnsweredBy, At};
 use crate::exchange::{Fields, Parts};
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
@@ -44,6 +44,19 @@ pub struct Hop<'a> {
     /// on. The lean HTTP/1.1 client writes it straight into the request head; the others
     /// take it as a header.
     pub traceparent: Option<[u8; 55]>,
+    /// The request's id, for the log lines its failures write (a shared `Bytes`: its
+    /// clone is a count).
+    pub request_id: HeaderValue,
+}
+
+impl Hop<'_> {
+    /// What a failure's log line says of this request.
+    pub(super) fn at(&self) -> At<'_> {
+        At {
+            route: self.route,
+            request_id: &self.request_id,
+        }
+    }
 }
 
 impl Hop<'_> {

@@ -65,6 +65,22 @@ pub struct Upstream {
     pub(super) stats: UpstreamStats,
 }
 
+/// What a failure's log line says of its request: the route and the request id.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct At<'a> {
+    /// The route's name.
+    pub route: &'a str,
+    /// The request's `X-Request-Id`.
+    pub request_id: &'a HeaderValue,
+}
+
+impl At<'_> {
+    /// The request id as text (ids are visible ASCII; another one shows empty).
+    fn request_id(&self) -> &str {
+        self.request_id.to_str().unwrap_or("")
+    }
+}
+
 /// Where a request notes the target that answered it and how often it was retried (for
 /// the access log and the request's span).
 #[derive(Debug, Default)]
@@ -217,7 +233,7 @@ impl Upstream {
     /// for want of a healthy target (503).
     pub(super) fn pick(
         &self,
-        route: &str,
+        at: At<'_>,
         tried: bool,
         failed: Failed,
     ) -> Result<(usize, &Target), Option<Refusal>> {
@@ -251,7 +267,7 @@ impl Upstream {
             let t = self.targets.get(i).filter(|t| t.health.actively_up());
             if let Some(t) = t.filter(|_| !failed.has(i)) {
                 if !tried {
-                    log_every_target_out(self, route);
+                    log_every_target_out(self, at);
                 }
                 return Ok((i, t));
             }
@@ -260,7 +276,7 @@ impl Upstream {
             return Err(None);
         }
         self.stats.no_healthy.inc();
-        log_no_healthy_target(self, route);
+        log_no_healthy_target(self, at);
         Err(Some(Refusal::NoHealthyTarget))
     }
 
@@ -304,41 +320,44 @@ impl Upstream {
 
 /// The 502 for a `101` to a request that asked for no upgrade (each client path's answer
 /// to it): logged and counted as any 502.
-pub(super) fn unasked_switch(up: &Upstream, route: &str, target: &Target) -> Refusal {
+pub(super) fn unasked_switch(up: &Upstream, at: At<'_>, target: &Target) -> Refusal {
     let refusal = Refusal::Upstream("a protocol switch nobody asked for");
-    log_failure(up, route, target, &refusal);
+    log_failure(up, at, target, &refusal);
     refusal
 }
 
 /// The 502 for an answer whose body is under a coding the gateway does not pass on (each
 /// client path's answer to it): logged and counted as any 502, but the target answered, so
 /// its health is not charged.
-pub(super) fn coded(up: &Upstream, route: &str, target: &Target) -> Refusal {
+pub(super) fn coded(up: &Upstream, at: At<'_>, target: &Target) -> Refusal {
     let refusal = Refusal::Upstream("answer under a transfer coding other than chunked");
-    log_failure(up, route, target, &refusal);
+    log_failure(up, at, target, &refusal);
     refusal
 }
 
 /// Counts a 502, 503 or 504, and logs it at info at most once a second per upstream.
-pub(super) fn log_failure(up: &Upstream, route: &str, target: &Target, refusal: &Refusal) {
-    log_failure_because(up, route, target, refusal, None);
+pub(super) fn log_failure(up: &Upstream, at: At<'_>, target: &Target, refusal: &Refusal) {
+    log_failure_because(up, at, target, refusal, None);
 }
 
 /// Logs that no target of `up` is healthy (counted where it was found): at most one line
 /// a second per upstream, as the other failures.
-fn log_no_healthy_target(up: &Upstream, route: &str) {
+fn log_no_healthy_target(up: &Upstream, at: At<'_>) {
     if log_due(up) {
         let targets = up.targets.len();
-        tracing::info!(route, upstream = %up.cfg.name, targets, "{}", Refusal::NoHealthyTarget);
+        let (route, request_id) = (at.route, at.request_id());
+        tracing::info!(route, upstream = %up.cfg.name, targets, request_id, "{}", Refusal::NoHealthyTarget);
     }
 }
 
 /// Passive checks have taken out every target: said at most once a second per upstream.
-fn log_every_target_out(up: &Upstream, route: &str) {
+fn log_every_target_out(up: &Upstream, at: At<'_>) {
     if log_due(up) {
         let targets = up.targets.len();
+        let (route, request_id) = (at.route, at.request_id());
         tracing::warn!(
             route,
+            request_id,
             upstream = %up.cfg.name,
             targets,
             "every target taken out by passive checks: requests go to them all"
@@ -363,7 +382,7 @@ fn log_due(up: &Upstream) -> bool {
 /// more to say than the answer's detail.
 pub(super) fn log_failure_because(
     up: &Upstream,
-    route: &str,
+    at: At<'_>,
     target: &Target,
     refusal: &Refusal,
     cause: Option<&str>,
@@ -377,11 +396,12 @@ pub(super) fn log_failure_because(
     };
     if log_due(up) {
         let target: &str = &target.name;
+        let (route, request_id) = (at.route, at.request_id());
         match cause {
             Some(cause) => {
-                tracing::info!(route, upstream = %up.cfg.name, target, "{refusal}: {cause}")
+                tracing::info!(route, upstream = %up.cfg.name, target, request_id, "{refusal}: {cause}")
             }
-            None => tracing::info!(route, upstream = %up.cfg.name, target, "{refusal}"),
+            None => tracing::info!(route, upstream = %up.cfg.name, target, request_id, "{refusal}"),
         }
     }
 }
@@ -461,19 +481,19 @@ impl Tries {
     pub(super) fn no_conn(
         &mut self,
         up: &Upstream,
-        route: &str,
+        at: At<'_>,
         target: &Target,
         e: Refusal,
     ) -> Result<Refusal, Refusal> {
         if matches!(e, Refusal::UpstreamBusy) {
-            log_failure(up, route, target, &e);
+            log_failure(up, at, target, &e);
             return Err(e);
         }
         up.outcome(target, false);
         self.spend_new();
         self.unreached += 1;
         if self.unreached >= self.targets {
-            log_failure(up, route, target, &e);
+            log_failure(up, at, target, &e);
             return Err(e);
         }
         Ok(e)

@@ -66,7 +66,7 @@ pub(super) async fn forward(
     let mut unreached = None;
     let mut failed = Failed::default();
     for attempt in 0..up.targets.len().max(1) {
-        let (at, target) = match up.pick(hop.route, attempt > 0, failed) {
+        let (at, target) = match up.pick(hop.at(), attempt > 0, failed) {
             Ok(picked) => picked,
             Err(none) => {
                 last = none.unwrap_or(last);
@@ -112,22 +112,22 @@ pub(super) async fn forward(
         match tokio::time::timeout(up.cfg.response_timeout, alt.send(at, req, host)).await {
             Err(_) => {
                 up.outcome(target, false);
-                log_failure(up, hop.route, target, &Refusal::UpstreamTimeout);
+                log_failure(up, hop.at(), target, &Refusal::UpstreamTimeout);
                 return Err(Refusal::UpstreamTimeout);
             }
             Ok(Ok((resp, _))) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                return Err(unasked_switch(up, hop.route, target));
+                return Err(unasked_switch(up, hop.at(), target));
             }
             Ok(Ok((resp, _))) if resp.status().as_u16() >= 600 => {
                 // No status a client could read (RFC 9110 §15: 100 to 599).
                 up.outcome(target, false);
                 let r = Refusal::Upstream("invalid status");
-                log_failure(up, hop.route, target, &r);
+                log_failure(up, hop.at(), target, &r);
                 return Err(r);
             }
             Ok(Ok((resp, _))) if coded_answer(&method, resp.status(), resp.headers()) => {
                 up.outcome(target, !resp.status().is_server_error());
-                return Err(coded(up, hop.route, target));
+                return Err(coded(up, hop.at(), target));
             }
             Ok(Ok((mut resp, slot))) => {
                 up.outcome(target, !resp.status().is_server_error());
@@ -162,13 +162,13 @@ pub(super) async fn forward(
                 } else {
                     last = Refusal::Upstream("connection reset or closed");
                 }
-                log_failure_because(up, hop.route, target, &last, cause.as_deref());
+                log_failure_because(up, hop.at(), target, &last, cause.as_deref());
                 return Err(last);
             }
         }
     }
     if let Some((target, why)) = unreached {
-        log_failure_because(up, hop.route, target, &last, Some(&why));
+        log_failure_because(up, hop.at(), target, &last, Some(&why));
     }
     Err(last)
 }
