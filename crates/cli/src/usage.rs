@@ -157,7 +157,7 @@ pub fn history(path: &Path, consumer: &str, ago: &str, json: bool) -> ExitCode {
         route: None,
         from,
         to: now + 1,
-        step: Step::for_range(now + 1 - from),
+        step: Step::for_range(now - from),
     };
     let Some(rt) = runtime() else {
         return ExitCode::FAILURE;

@@ -306,12 +306,16 @@ pub fn parse_query(q: Option<&str>, now: u64) -> Result<Query, String> {
             }
         }
     }
+    // Without `to`, up to now included: the range asked for is `now - from` (`from=6h`
+    // is six hours, in minutes).
+    let open_end = to.is_none();
     let to = to.unwrap_or(now + 1);
     let from = from.unwrap_or(to.saturating_sub(86_400));
     if from >= to {
         return Err("from must be before to".into());
     }
-    let step = step.unwrap_or_else(|| Step::for_range(to - from));
+    let asked = to - from - u64::from(open_end);
+    let step = step.unwrap_or_else(|| Step::for_range(asked));
     if (to - from).div_ceil(step.secs()) > MAX_BUCKETS {
         return Err(format!(
             "that range holds more than {MAX_BUCKETS} buckets of {}; use a larger step or a shorter range",
@@ -458,6 +462,16 @@ mod tests {
         assert_eq!(q.from, now - 48 * 3600);
         let q = parse_query(None, now).expect("defaults");
         assert_eq!((q.to - q.from, q.step), (86_400, Step::Hour));
+        // The default step fits the range asked: minutes up to 6 h, hours up to 14 d.
+        for (from, step) in [
+            ("6h", Step::Minute),
+            ("7h", Step::Hour),
+            ("14d", Step::Hour),
+            ("15d", Step::Day),
+        ] {
+            let q = parse_query(Some(&format!("from={from}")), now).expect(from);
+            assert_eq!(q.step, step, "{from}");
+        }
         for bad in [
             "step=5m",
             "from=yesterday",
