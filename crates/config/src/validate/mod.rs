@@ -22,6 +22,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+/// The shortest admin token taken without a warning.
+const MIN_TOKEN: usize = 16;
+
 /// Validates `raw`; relative file names in it are read from `base`.
 pub(crate) fn validate(
     raw: file::FileConfig,
@@ -343,6 +346,18 @@ fn admin(
         p.add(
             "admin.address",
             format!("{address} is reachable from other machines: set `admin.token_file` (or {ADMIN_TOKEN_ENV}), or listen on 127.0.0.1"),
+        );
+    }
+    // Taken (it is the operator's), but said: a short token can be guessed by trying.
+    if let Some(t) = token.as_ref().filter(|t| t.len() < MIN_TOKEN) {
+        let at = if a.token_file.is_some() {
+            "admin.token_file"
+        } else {
+            "admin"
+        };
+        p.warn(
+            at,
+            format!("the admin token is {} characters long: one of {MIN_TOKEN} or more random ones is not guessed by trying (e.g. `openssl rand -hex 32`)", t.len()),
         );
     }
     let max_connections = a.max_connections.unwrap_or(64);

@@ -184,6 +184,25 @@ fn admin_may_not_clash_with_a_listener_nor_listen_everywhere_without_a_token() {
     );
     let v6 = format!("{GOOD}admin: {{address: \"[::1]:9901\"}}\n");
     assert!(from_yaml(&v6).is_ok());
+    // A short token is taken, with a warning; a long one without.
+    let dir = std::env::temp_dir().join(format!("tollgate-admin-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for (token, warned) in [("s3cret", true), ("0123456789abcdef0123", false)] {
+        std::fs::write(dir.join("t"), format!("{token}\n")).expect("write");
+        let with = format!(
+            "{GOOD}admin: {{address: \"127.0.0.1:9901\", token_file: {:?}}}\n",
+            dir.join("t")
+        );
+        let cfg = from_yaml(&with).expect("a token is taken");
+        let said: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
+        assert_eq!(
+            said.iter()
+                .any(|w| w.contains("admin.token_file: the admin token is 6 characters long")),
+            warned,
+            "{said:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
