@@ -12,11 +12,17 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// A problem at `path`.
+    /// A problem at `path`. A URL quoted in `message` is shown without its credentials
+    /// (it reaches `tollgate check`, the log, `/status` and the admin API's answers).
     pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        let message: String = message.into();
+        let message = match crate::redacted_text(&message) {
+            std::borrow::Cow::Borrowed(_) => message,
+            std::borrow::Cow::Owned(shown) => shown,
+        };
         Problem {
             path: path.into(),
-            message: message.into(),
+            message,
         }
     }
 }

@@ -222,31 +222,36 @@ pub fn fingerprint(bytes: &[u8]) -> u64 {
 }
 
 /// A URL as it may be shown (the log, `/config`, `/metrics`, an error): its user info
-/// (`user:password@`) and its query's values replaced by `<redacted>`, where credentials
-/// go. Text that is no URL comes back as it is.
+/// (`user:password@`), its query's values and its fragment replaced by `<redacted>`,
+/// where credentials go. Text that is no URL comes back as it is. A URL that does not
+/// parse (a password holding an unencoded `/`, `?` or `#` is the usual reason) loses
+/// everything up to its last `@`.
 pub fn redacted_url(raw: &str) -> String {
     const MARK: &str = "<redacted>";
     let Some(s) = raw.find("://") else {
         return raw.to_string();
     };
     let (head, rest) = raw.split_at(s + 3);
+    let valid = url::Url::parse(raw).is_ok();
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
+    let (user_end, host_at) = match (valid, rest[..authority_end].rfind('@'), rest.rfind('@')) {
+        (true, Some(at), _) => (Some(at), at + 1),
+        (true, None, _) => (None, 0),
+        (false, _, Some(at)) => (Some(at), at + 1),
+        (false, _, None) => (None, 0),
+    };
     let mut out = String::with_capacity(raw.len() + MARK.len());
     out.push_str(head);
-    match authority.rsplit_once('@') {
-        Some((_, host)) => {
-            out.push_str(MARK);
-            out.push('@');
-            out.push_str(host);
-        }
-        None => out.push_str(authority),
+    if user_end.is_some() {
+        out.push_str(MARK);
+        out.push('@');
     }
-    let (tail, fragment) = match tail.find('#') {
-        Some(i) => tail.split_at(i),
-        None => (tail, ""),
+    let rest = &rest[host_at..];
+    let (rest, fragment) = match rest.find('#') {
+        Some(i) => (&rest[..i], Some(())),
+        None => (rest, None),
     };
-    match tail.split_once('?') {
+    match rest.split_once('?') {
         Some((path, query)) => {
             out.push_str(path);
             out.push('?');
@@ -260,14 +265,55 @@ pub fn redacted_url(raw: &str) -> String {
                         out.push('=');
                         out.push_str(MARK);
                     }
-                    None => out.push_str(pair),
+                    // A bare value (`?SECRET`) may be a token as well.
+                    None if !pair.is_empty() => out.push_str(MARK),
+                    None => {}
                 }
             }
         }
-        None => out.push_str(tail),
+        None => out.push_str(rest),
     }
-    out.push_str(fragment);
+    if fragment.is_some() {
+        out.push('#');
+        out.push_str(MARK);
+    }
     out
+}
+
+/// `text` with every URL in it shown as [`redacted_url`] shows it: for messages that
+/// quote what the file says (a problem, a parse error), whatever made them.
+pub fn redacted_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("://") {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        // The scheme: letters, digits, `+`, `-`, `.` before `://`.
+        let start = rest[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "+-.".contains(c)))
+            .map_or(0, |i| i + 1);
+        // Quoted (`"…"`, as `{:?}` writes it), the URL runs to the closing quote;
+        // otherwise to the next space.
+        let quoted = rest[..start].ends_with('"');
+        let after = &rest[at + 3..];
+        let len = if quoted {
+            let b = after.as_bytes();
+            let mut i = 0;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i.min(b.len())
+        } else {
+            after.find(char::is_whitespace).unwrap_or(after.len())
+        };
+        let end = at + 3 + len;
+        out.push_str(&rest[..start]);
+        out.push_str(&redacted_url(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
 }
 
 /// Percent-encodes all but the unreserved characters of RFC 3986 (`A-Z a-z 0-9 - . _ ~`):
@@ -293,7 +339,7 @@ mod tests {
         for (raw, shown) in [
             (
                 "https://user:hunter2@idp.test/jwks?key=abc&x",
-                "https://<redacted>@idp.test/jwks?key=<redacted>&x",
+                "https://<redacted>@idp.test/jwks?key=<redacted>&<redacted>",
             ),
             (
                 "redis://:hunter2@10.0.0.1:6379/0",
@@ -302,14 +348,45 @@ mod tests {
             ("https://TOKEN@idp.test", "https://<redacted>@idp.test"),
             // An `@` after the host is the path's, not user info.
             ("https://idp.test/a@b", "https://idp.test/a@b"),
-            ("https://idp.test/k#frag=1", "https://idp.test/k#frag=1"),
+            (
+                "https://idp.test/k#access_token=1",
+                "https://idp.test/k#<redacted>",
+            ),
             (
                 "https://idp.test/k?code=s#f",
-                "https://idp.test/k?code=<redacted>#f",
+                "https://idp.test/k?code=<redacted>#<redacted>",
             ),
+            // Passwords with characters that end an authority: the URL does not parse.
+            (
+                "redis://:pa#ss@10.0.0.1:6379/0",
+                "redis://<redacted>@10.0.0.1:6379/0",
+            ),
+            (
+                "https://u:p/w@idp.test/keys",
+                "https://<redacted>@idp.test/keys",
+            ),
+            ("redis://:p?w@h:6379", "redis://<redacted>@h:6379"),
             ("not a url", "not a url"),
         ] {
             assert_eq!(redacted_url(raw), shown, "{raw}");
         }
+    }
+
+    #[test]
+    fn urls_quoted_in_a_message_are_shown_without_credentials() {
+        use super::redacted_text;
+        assert_eq!(
+            redacted_text(r#"cluster.redis: "redis://:pa#ss@10.0.0.1:6379/0" is not a valid URL"#),
+            r#"cluster.redis: "redis://<redacted>@10.0.0.1:6379/0" is not a valid URL"#
+        );
+        assert_eq!(
+            redacted_text(r#"invalid type: string "https://u:p w@h", expected a sequence"#),
+            r#"invalid type: string "https://<redacted>@h", expected a sequence"#
+        );
+        assert_eq!(
+            redacted_text("targets[0]: https://svc:s3cret@api:8443 has user info"),
+            "targets[0]: https://<redacted>@api:8443 has user info"
+        );
+        assert_eq!(redacted_text("no url here"), "no url here");
     }
 }

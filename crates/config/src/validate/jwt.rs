@@ -51,6 +51,28 @@ pub(super) fn jwt(
     // A source that cannot be used stops nothing else from being checked: every problem
     // of the route's `jwt` is reported at once.
     let given = sources.iter().filter(|s| **s).count();
+    let user_info = |u: &str| {
+        url::Url::parse(u).is_ok_and(|u| !u.username().is_empty() || u.password().is_some())
+    };
+    if j.issuer.as_deref().is_some_and(user_info) {
+        p.add(
+            format!("{at}.issuer"),
+            "the issuer is what tokens' `iss` says, without user info; credentials for fetching the keys go in `jwks_url`",
+        );
+    }
+    if let Some(u) = j
+        .jwks_url
+        .as_deref()
+        .filter(|u| user_info(u) && u.starts_with("http://"))
+    {
+        p.warn(
+            format!("{at}.jwks_url"),
+            format!(
+                "{:?} sends its credentials in the clear (http://); use https://",
+                crate::redacted_url(u)
+            ),
+        );
+    }
     // The key file read, with what it held: an edit reloads the config (a rotated secret).
     let mut key_file = None;
     let keys = match given {

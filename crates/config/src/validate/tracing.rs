@@ -114,6 +114,13 @@ fn endpoint(given: Option<&str>, protocol: OtlpProtocol, p: &mut Problems) -> St
         );
         return given.into();
     }
+    // The exporter sends no user info: credentials go in `headers`.
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        p.warn(
+            "tracing.otlp.endpoint",
+            "user info in the URL is not sent to the collector: give credentials in `tracing.otlp.headers` (e.g. `authorization: Basic …`)",
+        );
+    }
     let bare = matches!(uri.path(), "" | "/") && uri.query().is_none();
     match protocol {
         OtlpProtocol::Http if bare => format!("{}/v1/traces", given.trim_end_matches('/')),

@@ -203,25 +203,18 @@ async fn handle(
 
 /// Why a query is refused (400): the endpoints other than `/analytics` (and
 /// `/consumers`, which read theirs) take no parameters, so a name given is one they do
-/// not know. The dashboard page (`/`, which reads `?token=` in the browser) and
-/// `/healthz` (probes) take any; unknown paths get their 404.
+/// not know. The dashboard page (`/`, which reads `?token=` in the browser), `/healthz`
+/// (probes) and `/metrics` (a scrape config's `params`, a cache-buster) take any; unknown
+/// paths get their 404.
 fn unknown_query(path: &str, query: Option<&str>) -> Option<String> {
-    let q = query.filter(|q| !q.is_empty())?;
     let known = matches!(
         path,
-        "/metrics"
-            | "/status"
-            | "/config"
-            | "/reload"
-            | "/cache"
-            | "/cache/purge"
-            | "/top"
-            | "/series"
+        "/status" | "/config" | "/reload" | "/cache" | "/cache/purge" | "/top" | "/series"
     ) || path.starts_with("/usage/");
     if !known {
         return None;
     }
-    let first = q.split('&').find(|p| !p.is_empty()).unwrap_or(q);
+    let first = query?.split('&').find(|p| !p.is_empty())?;
     let name = crate::query::percent_decode(first.split('=').next().unwrap_or(first));
     let endpoint = if path.starts_with("/usage/") {
         "/usage/{consumer}"
@@ -290,6 +283,8 @@ mod tests {
         for (path, query) in [
             ("/status", None),
             ("/status", Some("")),
+            ("/status", Some("&")),
+            ("/metrics", Some("_=1733")),
             ("/", Some("token=abc")),
             ("/healthz", Some("probe=lb")),
             ("/analytics", Some("step=1h")),

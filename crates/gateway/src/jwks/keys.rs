@@ -68,6 +68,8 @@ pub(super) struct Health {
 pub struct KeySet {
     /// The source, as `/metrics` labels it (a URL or a file's place in the config).
     pub label: String,
+    /// Its place among the sets this process made: sets shown alike keep their order.
+    pub(super) made: u64,
     keys: ArcSwap<Keys>,
     /// Bumped when the keys change: tokens remembered under an older generation are
     /// verified again.
@@ -98,8 +100,10 @@ impl Drop for KeySet {
 
 impl KeySet {
     pub(super) fn new(label: String, keys: Keys) -> KeySet {
+        static MADE: AtomicU64 = AtomicU64::new(0);
         KeySet {
             label,
+            made: MADE.fetch_add(1, Ordering::Relaxed),
             keys: ArcSwap::from_pointee(keys),
             generation: AtomicU64::new(0),
             health: Mutex::default(),

@@ -52,8 +52,8 @@ fn gauge(
 impl Report for KeyRing {
     fn report(&self, e: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
         let mut sets = self.live();
-        // In the order they were made in memory: a set keeps its place between scrapes.
-        sets.sort_by_key(|s| std::sync::Arc::as_ptr(s) as usize);
+        // In the order they were made: a set keeps its place between scrapes.
+        sets.sort_by_key(|s| s.made);
         if sets.is_empty() {
             return Ok(());
         }

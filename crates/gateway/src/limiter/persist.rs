@@ -152,8 +152,21 @@ fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> StateError + '_ {
     }
 }
 
+/// The lock on the state file at `path`: `None` when its lock file cannot be made yet.
+fn take_lock(path: &Path) -> Result<Option<FileLock>, StateError> {
+    FileLock::take(
+        path,
+        "this state file",
+        "give each gateway its own state.path",
+    )
+    .map_err(|source| StateError::Busy {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
 fn open_db(path: &Path) -> Result<Connection, StateError> {
-    crate::sqlite::open(path, SCHEMA, &["windows"]).map_err(db_err(path))
+    crate::sqlite::open(path, SCHEMA, crate::sqlite::OURS).map_err(db_err(path))
 }
 
 /// The file counters are kept in: `path`, or `state.db` inside it when it is a folder.
@@ -230,8 +243,9 @@ pub struct StateStats {
 pub struct StateStore {
     path: PathBuf,
     db: Mutex<Option<Connection>>,
-    /// Held while the store lives: one process keeps the file.
-    _lock: Option<FileLock>,
+    /// Held while the store lives: one process keeps the file (taken when the file is
+    /// opened, at start or at the first write that can).
+    lock: Mutex<Option<FileLock>>,
     /// Cells with counts not yet written.
     pub queue: Arc<DirtyQueue>,
     clock: Arc<dyn Clock>,
@@ -264,21 +278,13 @@ impl StateStore {
         clock: Arc<dyn Clock>,
     ) -> Result<(Arc<StateStore>, Restored), StateError> {
         let path = file_of(&cfg.path);
-        let lock = FileLock::take(
-            &path,
-            "this state file",
-            "give each gateway its own state.path",
-        )
-        .map_err(|source| StateError::Busy {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let lock = take_lock(&path)?;
         let stats = Arc::new(StateStats::default());
         let existed = path.exists();
         let wall = clock.wall_nanos();
         // With whether a failure is the file's content: an open refused as not a sound
         // database, or a database whose windows cannot be read (another schema).
-        let opened = crate::sqlite::open(&path, SCHEMA, &["windows"])
+        let opened = crate::sqlite::open(&path, SCHEMA, crate::sqlite::OURS)
             .map_err(|e| (is_unsound(&e), e))
             .and_then(|c| {
                 let saved = read_all(&c, wall).map_err(|e| (true, e))?;
@@ -322,7 +328,7 @@ impl StateStore {
         let store = Arc::new(StateStore {
             path,
             db: Mutex::new(db),
-            _lock: lock,
+            lock: Mutex::new(lock),
             queue: Arc::default(),
             clock,
             stats,
@@ -398,6 +404,10 @@ impl StateStore {
     fn write(&self, rows: &[(Arc<str>, Saved)], wall: u64) -> Result<(), StateError> {
         let mut db = self.db.lock();
         if db.is_none() {
+            let mut lock = self.lock.lock();
+            if lock.is_none() {
+                *lock = take_lock(&self.path)?;
+            }
             *db = Some(open_db(&self.path)?);
         }
         let Some(c) = db.as_mut() else {

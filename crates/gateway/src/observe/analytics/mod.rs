@@ -87,7 +87,7 @@ fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> AnalyticsError + '_ {
 
 /// Opens (creating if needed) the database at `path` and checks it can be read and written.
 fn open_db(path: &Path) -> Result<Connection, AnalyticsError> {
-    crate::sqlite::open(path, SCHEMA, &["usage"]).map_err(db_err(path))
+    crate::sqlite::open(path, SCHEMA, crate::sqlite::OURS).map_err(db_err(path))
 }
 
 impl Analytics {

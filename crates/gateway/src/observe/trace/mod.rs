@@ -83,7 +83,7 @@ impl Spans {
             Err(e) => {
                 tracing::error!(
                     "tracing: cannot export to {}: {e}; spans are dropped (counted in tollgate_trace_spans_dropped_total)",
-                    cfg.endpoint
+                    tollgate_config::redacted_url(&cfg.endpoint)
                 );
                 None
             }
