@@ -172,6 +172,21 @@ async fn open_routes_strip_prefix_and_preserve_host() {
 
     let a = c.get(&gw.url("/v1/users/7?q=1")).await;
     assert!(a.body.starts_with("GET /users/7?q=1\n"), "{}", a.body);
+    // What was taken off is said, for the backend's links; a route that strips nothing
+    // says nothing, and a client's own is not passed on.
+    assert!(a.body.contains("\nx-forwarded-prefix: /v1\n"), "{}", a.body);
+    let a = c
+        .request(
+            Method::GET,
+            &gw.url("/v2/users"),
+            &[("x-forwarded-prefix", "/evil")],
+            "",
+        )
+        .await;
+    assert!(a.body.contains("\nx-forwarded-prefix: /v2\n"), "{}", a.body);
+    assert!(!a.body.contains("/evil"), "{}", a.body);
+    let a = c.get(&gw.url("/open")).await;
+    assert!(!a.body.contains("x-forwarded-prefix"), "{}", a.body);
     // The prefix is removed as routing matched it: with the stripped segment's `;`
     // parameters, and in any case on a case-insensitive route.
     for (path, upstream) in [

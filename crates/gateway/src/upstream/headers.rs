@@ -90,8 +90,9 @@ pub fn sent(h: &Fields, name: &str, peer_ip: &HeaderValue, trusted: bool, https:
     }
 }
 
-/// The `X-Forwarded-*` headers the gateway sets on a hop, each replacing the client's.
-pub type Forwarding = smallvec::SmallVec<[(HeaderName, HeaderValue); 3]>;
+/// The `X-Forwarded-*` headers the gateway sets on a hop, each replacing the client's
+/// (`-Host`, `-For`, `-Proto`, and `-Prefix` where the route strips one).
+pub type Forwarding = smallvec::SmallVec<[(HeaderName, HeaderValue); 4]>;
 
 /// Drops the rest of the forwarding family from an untrusted client's headers, and
 /// `Expect`; returns the `X-Forwarded-For`, `-Proto` and `-Host` to set, as [`sent`]

@@ -129,6 +129,25 @@ fn prefix_end(path: &str, prefix: &str, any_case: bool) -> Option<usize> {
     Some(i)
 }
 
+const X_FORWARDED_PREFIX: http::HeaderName = http::HeaderName::from_static("x-forwarded-prefix");
+
+/// The `X-Forwarded-Prefix` of a route that strips its prefix: the part of the client's
+/// path taken off, as the client spelled it and without its trailing `/` (`/v1/users` on
+/// `path_prefix: /v1/` → `/v1`), so the backend can make its links whole again (Spring,
+/// ASP.NET and Traefik read it; Kong sets it too). None for a prefix of `/` alone, and
+/// none when a trusted proxy sent its own (kept, as the rest of its family).
+fn stripped(path: &str, strip: &Strip, h: &Fields, trusted: bool) -> Option<HeaderValue> {
+    if trusted && h.contains_key(X_FORWARDED_PREFIX) {
+        return None;
+    }
+    let end = prefix_end(path, &strip.prefix, strip.any_case)?;
+    let taken = path[..end].trim_end_matches('/');
+    if taken.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(taken).ok()
+}
+
 /// A request readied for the hop, once; only `Host` changes from one target to the next.
 pub(super) struct HopRequest {
     pub(super) method: Method,
@@ -167,7 +186,12 @@ pub(super) fn for_hop(parts: Parts, hop: &Hop<'_>) -> HopRequest {
         ..
     } = parts;
     let pq = path_and_query(&uri, hop.strip_prefix);
-    let forwarding = rewrite_request(&mut headers, hop.peer_ip, hop.trusted, hop.https);
+    let mut forwarding = rewrite_request(&mut headers, hop.peer_ip, hop.trusted, hop.https);
+    if let Some(strip) = hop.strip_prefix {
+        if let Some(v) = stripped(uri.path(), strip, &headers, hop.trusted) {
+            forwarding.push((X_FORWARDED_PREFIX, v));
+        }
+    }
     HopRequest {
         method,
         pq,
@@ -178,7 +202,45 @@ pub(super) fn for_hop(parts: Parts, hop: &Hop<'_>) -> HopRequest {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_end;
+    use super::{prefix_end, stripped, Strip, X_FORWARDED_PREFIX};
+    use crate::exchange::Fields;
+    use http::HeaderValue;
+
+    #[test]
+    fn the_prefix_taken_off_is_said_as_the_client_spelled_it() {
+        let strip = |prefix: &str, any_case| Strip {
+            prefix: prefix.into(),
+            any_case,
+        };
+        let none = Fields::default();
+        let said = |path, s: &Strip, h: &Fields, trusted| {
+            stripped(path, s, h, trusted).map(|v| v.to_str().expect("ascii").to_string())
+        };
+        assert_eq!(
+            said("/v1/users", &strip("/v1/", false), &none, false).as_deref(),
+            Some("/v1")
+        );
+        assert_eq!(
+            said("/V1/users", &strip("/v1/", true), &none, false).as_deref(),
+            Some("/V1")
+        );
+        assert_eq!(
+            said("/api/v2", &strip("/api", false), &none, false).as_deref(),
+            Some("/api")
+        );
+        assert_eq!(said("/users", &strip("/", false), &none, false), None);
+        // A trusted proxy's own is kept; an untrusted client's was dropped before.
+        let mut theirs = Fields::default();
+        theirs.insert(X_FORWARDED_PREFIX, HeaderValue::from_static("/edge"));
+        assert_eq!(
+            said("/v1/users", &strip("/v1/", false), &theirs, true),
+            None
+        );
+        assert_eq!(
+            said("/v1/users", &strip("/v1/", false), &theirs, false).as_deref(),
+            Some("/v1")
+        );
+    }
 
     #[test]
     fn a_prefix_ends_where_routing_matched_it() {
