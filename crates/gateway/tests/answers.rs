@@ -27,6 +27,10 @@ routes:
   - name: open
     path: /open
     upstream: backend
+  - name: reads
+    path_prefix: /reads/
+    upstream: backend
+    methods: [GET]
   - name: stripped
     path_prefix: /v1/
     strip_prefix: true
@@ -159,6 +163,14 @@ async fn answers_404_and_405_with_allow() {
         a.refusal(),
         r#"{"status":405,"error":"method not allowed"}"#
     );
+    // `GET` brings `HEAD` with it.
+    let a = c.request(Method::HEAD, &gw.url("/reads/x"), &[], "").await;
+    assert_eq!(a.status, StatusCode::OK);
+    let a = c
+        .request(Method::DELETE, &gw.url("/reads/x"), &[], "")
+        .await;
+    assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(a.header("allow"), "GET, HEAD");
 }
 
 #[tokio::test]

@@ -182,10 +182,16 @@ pub(super) fn route(
             format!("unknown upstream {:?}", r.upstream),
         );
     }
-    let route_methods = r
-        .methods
-        .as_ref()
-        .map(|m| methods(m, &format!("{at}.methods"), p));
+    // `GET` brings `HEAD` (RFC 9110 §9.3.2: a server that answers GET answers HEAD; nginx's
+    // `limit_except GET` takes both): a HEAD never falls to a broader route and its
+    // policies, past the ones its GET meets.
+    let route_methods = r.methods.as_ref().map(|m| {
+        let mut list = methods(m, &format!("{at}.methods"), p);
+        if list.contains(&Method::GET) && !list.contains(&Method::HEAD) {
+            list.push(Method::HEAD);
+        }
+        list
+    });
 
     let auth = r.auth.as_ref().map(|a| {
         if a.mtls && !(a.query.is_empty() && a.header.is_empty()) {

@@ -899,9 +899,14 @@ routes:
 "#,
     )
     .expect("valid");
+    // (`GET` brings `HEAD`.)
     assert_eq!(
         cfg.routes[0].methods,
-        Some(vec![http::Method::GET, http::Method::POST])
+        Some(vec![
+            http::Method::GET,
+            http::Method::POST,
+            http::Method::HEAD
+        ])
     );
     let warned: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
     assert!(
