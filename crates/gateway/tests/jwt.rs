@@ -575,6 +575,12 @@ async fn unlisted_callers_get_the_plan_of_their_token_or_the_anonymous_plan() {
     let yve = key.sign(&claims(&iss, "yve"));
     assert_eq!(call(&gw, &yve).await.status, 200);
     assert_eq!(call(&gw, &yve).await.status, 429);
+    // A name a list reader would split (`X-Consumer: admin,bob` read as two) is no
+    // caller's name: the issuer may let its users choose theirs.
+    for name in ["admin,bob", "admin;bob"] {
+        let a = call(&gw, &key.sign(&claims(&iss, name))).await;
+        assert_refused(&a, "consumer claim is not a usable name");
+    }
     // A forged copy of a claim header from the client never reaches the backend.
     let a = TestClient::default()
         .request(

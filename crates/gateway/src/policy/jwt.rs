@@ -306,6 +306,12 @@ fn consumer(
     if let Some(i) = snap.find_consumer(name)? {
         return Ok(i);
     }
+    // A caller the gateway does not list is named by the issuer, perhaps as its user
+    // chose: a `,` or `;` would let a backend reading `X-Consumer` as a list (or its
+    // parameters) see another name in it.
+    if name.bytes().any(|b| b == b',' || b == b';') {
+        return Err(Refusal::InvalidToken("consumer claim is not a usable name"));
+    }
     let from_claim = jwt
         .cfg
         .plan_claim
