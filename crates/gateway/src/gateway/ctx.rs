@@ -98,7 +98,6 @@ impl<'s> Ctx<'s> {
             route: &route.cfg.name,
             note_target: self.note_target,
             traceparent: self.trace.as_ref().map(RequestTrace::traceparent),
-            request_id: self.request_id.clone(),
         }
     }
 

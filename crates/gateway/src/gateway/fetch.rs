@@ -31,22 +31,14 @@ pub(super) struct UpFetch {
     /// The `traceparent` of the request that made it (a background refresh keeps its
     /// trace).
     traceparent: Option<[u8; 55]>,
-    /// The id of the request that made it, for the log lines its failures write.
-    request_id: HeaderValue,
     /// The target the last fetch went to, and its retries: the request that went upstream
     /// logs them.
     pub(super) answered: upstream::AnsweredBy,
 }
 
 impl UpFetch {
-    pub(super) fn new(
-        route: &Route,
-        conn: &Arc<ConnInfo>,
-        traceparent: Option<[u8; 55]>,
-        request_id: &HeaderValue,
-    ) -> Self {
+    pub(super) fn new(route: &Route, conn: &Arc<ConnInfo>, traceparent: Option<[u8; 55]>) -> Self {
         UpFetch {
-            request_id: request_id.clone(),
             upstream: route.upstream.clone(),
             peer_ip: conn.peer_ip.clone(),
             trusted: conn.trusted,
@@ -79,7 +71,6 @@ impl cache::Fetch for UpFetch {
             route: &self.route,
             note_target: Some(&self.answered),
             traceparent: self.traceparent,
-            request_id: self.request_id.clone(),
         };
         let share = share_for(&self.conn, parts.version, &self.upstream).await?;
         let t = Instant::now();

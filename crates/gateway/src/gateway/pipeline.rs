@@ -361,10 +361,9 @@ impl Gateway {
         let fetch = OnceLock::new();
         let conn = ctx.conn;
         let traceparent = ctx.trace.as_ref().map(RequestTrace::traceparent);
-        let request_id = &ctx.request_id;
         let make = || {
             fetch
-                .get_or_init(|| Arc::new(UpFetch::new(route, conn, traceparent, request_id)))
+                .get_or_init(|| Arc::new(UpFetch::new(route, conn, traceparent)))
                 .clone()
         };
         let resp = Box::pin(self.cache.serve(ask, key, parts, make)).await;

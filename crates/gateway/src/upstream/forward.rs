@@ -16,7 +16,7 @@ use super::h1_request::{frame_request, Framing, Outgoing, SendError};
 use super::headers;
 use super::hop::{for_hop, is_idempotent, Hop, HopRequest};
 use super::response_body::PooledBody;
-use super::target::{coded, log_failure, unasked_switch, Failed, Tries, Upstream};
+use super::target::{coded, log_failure, unasked_switch, Failed, IdIn, Tries, Upstream};
 use super::via_alt;
 use crate::exchange::{Parts, Refusal};
 use crate::listener::RequestBody;
@@ -148,6 +148,7 @@ async fn send(
     };
     // Sent again after a close that raced it: only what is idempotent and whole.
     let replayable = is_idempotent(method) && !matches!(load, Load::Streaming(..));
+    let said = hop.at(IdIn::Fields(&headers));
     let mut last = Refusal::Upstream("no target");
     let mut last_target = None;
     let mut head = Vec::with_capacity(512);
@@ -162,7 +163,7 @@ async fn send(
                 n.retried();
             }
         }
-        let (key, target) = match up.pick(hop.at(), last_target.is_some(), failed) {
+        let (key, target) = match up.pick(said, last_target.is_some(), failed) {
             Ok(t) => t,
             Err(none) => {
                 last = none.unwrap_or(last);
@@ -185,7 +186,7 @@ async fn send(
         let (conn, reused) = match target.conn(up).await {
             Ok(c) => c,
             Err(e) => {
-                last = tries.no_conn(up, hop.at(), target, e)?;
+                last = tries.no_conn(up, said, target, e)?;
                 failed.add(key);
                 continue;
             }
@@ -218,7 +219,7 @@ async fn send(
                 if matches!(refusal, Refusal::UpstreamTimeout) {
                     up.outcome(target, false);
                 }
-                log_failure(up, hop.at(), target, &refusal);
+                log_failure(up, said, target, &refusal);
                 return Err(refusal);
             }
             Ok(Ok((h, body))) => {
@@ -246,15 +247,15 @@ async fn send(
             SendError::H1(H1Error::Malformed) => {
                 up.outcome(target, false);
                 let refusal = Refusal::Upstream("malformed or truncated response");
-                log_failure(up, hop.at(), target, &refusal);
+                log_failure(up, said, target, &refusal);
                 return Err(refusal);
             }
-            SendError::H1(H1Error::Switched) => return Err(unasked_switch(up, hop.at(), target)),
-            SendError::H1(H1Error::Coded) => return Err(coded(up, hop.at(), target)),
+            SendError::H1(H1Error::Switched) => return Err(unasked_switch(up, said, target)),
+            SendError::H1(H1Error::Coded) => return Err(coded(up, said, target)),
             SendError::TimedOut => {
                 up.outcome(target, false);
                 let refusal = Refusal::UpstreamTimeout;
-                log_failure(up, hop.at(), target, &refusal);
+                log_failure(up, said, target, &refusal);
                 return Err(refusal);
             }
         };
@@ -262,7 +263,7 @@ async fn send(
         last = Refusal::Upstream("connection reset or closed");
         if !unsent && !replayable {
             up.outcome(target, false);
-            log_failure(up, hop.at(), target, &last);
+            log_failure(up, said, target, &last);
             return Err(last);
         }
         // A kept-alive connection closed by the backend while idle is replayed; a new
@@ -277,7 +278,7 @@ async fn send(
         }
     }
     if let Some(t) = last_target {
-        log_failure(up, hop.at(), t, &last);
+        log_failure(up, said, t, &last);
     }
     Err(last)
 }

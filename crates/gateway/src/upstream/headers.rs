@@ -91,8 +91,9 @@ pub fn sent(h: &Fields, name: &str, peer_ip: &HeaderValue, trusted: bool, https:
 }
 
 /// The `X-Forwarded-*` headers the gateway sets on a hop, each replacing the client's
-/// (`-Host`, `-For`, `-Proto`, and `-Prefix` where the route strips one).
-pub type Forwarding = smallvec::SmallVec<[(HeaderName, HeaderValue); 4]>;
+/// (`-Host`, `-For`, `-Proto`, and `-Prefix` where the route strips one: room for three
+/// in place, as a fourth slot would make every hop's future larger to copy).
+pub type Forwarding = smallvec::SmallVec<[(HeaderName, HeaderValue); 3]>;
 
 /// Drops the rest of the forwarding family from an untrusted client's headers, and
 /// `Expect`; returns the `X-Forwarded-For`, `-Proto` and `-Host` to set, as [`sent`]

@@ -2,7 +2,7 @@
 //! the `X-Forwarded-*` headers, and what each client needs to send it.
 
 use super::headers::{put, rewrite_request, Forwarding};
-use super::target::{AnsweredBy, At};
+use super::target::{AnsweredBy, At, IdIn};
 use crate::exchange::{Fields, Parts};
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
@@ -44,17 +44,15 @@ pub struct Hop<'a> {
     /// on. The lean HTTP/1.1 client writes it straight into the request head; the others
     /// take it as a header.
     pub traceparent: Option<[u8; 55]>,
-    /// The request's id, for the log lines its failures write (a shared `Bytes`: its
-    /// clone is a count).
-    pub request_id: HeaderValue,
 }
 
 impl Hop<'_> {
-    /// What a failure's log line says of this request.
-    pub(super) fn at(&self) -> At<'_> {
+    /// What a failure's log line says of this request: its route, and its id from the
+    /// `X-Request-Id` the gateway put on the request it sends.
+    pub(super) fn at<'h>(&'h self, request_id: IdIn<'h>) -> At<'h> {
         At {
             route: self.route,
-            request_id: &self.request_id,
+            request_id,
         }
     }
 }

@@ -70,14 +70,32 @@ pub struct Upstream {
 pub(super) struct At<'a> {
     /// The route's name.
     pub route: &'a str,
-    /// The request's `X-Request-Id`.
-    pub request_id: &'a HeaderValue,
+    /// Where the request's `X-Request-Id` is: looked up only for a line written.
+    pub request_id: IdIn<'a>,
 }
 
-impl At<'_> {
+/// Where a request's id is found when a failure's line is written: in the headers it is
+/// sent with (no lookup on the request path), or given.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum IdIn<'a> {
+    /// The lean client's headers.
+    Fields(&'a crate::exchange::Fields),
+    /// The other clients' map.
+    Map(&'a http::HeaderMap),
+    /// Taken out before the headers were given away.
+    Value(Option<&'a HeaderValue>),
+}
+
+impl<'a> At<'a> {
     /// The request id as text (ids are visible ASCII; another one shows empty).
-    fn request_id(&self) -> &str {
-        self.request_id.to_str().unwrap_or("")
+    fn request_id(&self) -> &'a str {
+        const ID: &str = "x-request-id";
+        let v = match self.request_id {
+            IdIn::Fields(h) => h.get(ID),
+            IdIn::Map(h) => h.get(ID),
+            IdIn::Value(v) => v,
+        };
+        v.and_then(|v| v.to_str().ok()).unwrap_or("")
     }
 }
 

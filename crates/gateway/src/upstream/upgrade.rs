@@ -42,11 +42,13 @@ pub async fn upgrade(
     hop: Hop<'_>,
 ) -> Result<Response<PooledBody>, Refusal> {
     let (method, pq, mut h) = for_hop(parts, &hop).into_map(&hop);
+    let id = h.get("x-request-id").cloned();
+    let said = hop.at(super::target::IdIn::Value(id.as_ref()));
     let client = up
         .upgrade_client()
         .ok_or(Refusal::Upstream("no client for upgrades"))?;
     let (at, target) = up
-        .pick(hop.at(), false, Failed::default())
+        .pick(said, false, Failed::default())
         .map_err(|none| none.unwrap_or(Refusal::NoHealthyTarget))?;
     let uri = client
         .uri(&target.name, &pq)
@@ -75,7 +77,7 @@ pub async fn upgrade(
         match tokio::time::timeout(up.cfg.response_timeout, client.send(at, req, None)).await {
             Err(_) => {
                 up.outcome(target, false);
-                log_failure(up, hop.at(), target, &Refusal::UpstreamTimeout);
+                log_failure(up, said, target, &Refusal::UpstreamTimeout);
                 return Err(Refusal::UpstreamTimeout);
             }
             Ok(Err(e)) => {
@@ -84,7 +86,7 @@ pub async fn upgrade(
                     up.stats.connect_errors.inc();
                 }
                 let refusal = Refusal::Upstream("upgrade request failed");
-                log_failure(up, hop.at(), target, &refusal);
+                log_failure(up, said, target, &refusal);
                 tracing::debug!(upstream = %up.cfg.name, error = %e, "upgrade failed");
                 return Err(refusal);
             }
@@ -96,7 +98,7 @@ pub async fn upgrade(
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // Declined: an ordinary answer, under the same rule as on every other client.
         if headers::coded_answer(&method_asked, resp.status(), resp.headers()) {
-            return Err(super::target::coded(up, hop.at(), target));
+            return Err(super::target::coded(up, said, target));
         }
         headers::rewrite_response(resp.headers_mut());
         return Ok(resp.map(|b| PooledBody::plain(b, read_timeout)));
@@ -108,7 +110,7 @@ pub async fn upgrade(
         Some(p) if same_protocol(p, &ask.protocol) => p.clone(),
         _ => {
             let refusal = Refusal::Upstream("upstream switched to a protocol not asked for");
-            log_failure(up, hop.at(), target, &refusal);
+            log_failure(up, said, target, &refusal);
             return Err(refusal);
         }
     };

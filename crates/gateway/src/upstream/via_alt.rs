@@ -6,7 +6,9 @@ use super::body::{check_declared, receive, Received, UpBody};
 use super::headers::{coded_answer, rewrite_response};
 use super::hop::Hop;
 use super::response_body::PooledBody;
-use super::target::{coded, log_failure, log_failure_because, unasked_switch, Failed, Upstream};
+use super::target::{
+    coded, log_failure, log_failure_because, unasked_switch, Failed, IdIn, Upstream,
+};
 
 /// Forwards a request on the upstream's [`AltClient`]. A request whose body can be sent
 /// again (none, or read whole) moves on to the next target when a connection cannot be
@@ -60,13 +62,14 @@ pub(super) async fn forward(
         }
     }
     let client_host = headers.get(header::HOST).cloned();
+    let said = hop.at(IdIn::Map(&headers));
     let mut last = Refusal::Upstream("no target");
     // The last target that could not be connected to, and why, logged once every target
     // has been tried.
     let mut unreached = None;
     let mut failed = Failed::default();
     for attempt in 0..up.targets.len().max(1) {
-        let (at, target) = match up.pick(hop.at(), attempt > 0, failed) {
+        let (at, target) = match up.pick(said, attempt > 0, failed) {
             Ok(picked) => picked,
             Err(none) => {
                 last = none.unwrap_or(last);
@@ -112,22 +115,22 @@ pub(super) async fn forward(
         match tokio::time::timeout(up.cfg.response_timeout, alt.send(at, req, host)).await {
             Err(_) => {
                 up.outcome(target, false);
-                log_failure(up, hop.at(), target, &Refusal::UpstreamTimeout);
+                log_failure(up, said, target, &Refusal::UpstreamTimeout);
                 return Err(Refusal::UpstreamTimeout);
             }
             Ok(Ok((resp, _))) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                return Err(unasked_switch(up, hop.at(), target));
+                return Err(unasked_switch(up, said, target));
             }
             Ok(Ok((resp, _))) if resp.status().as_u16() >= 600 => {
                 // No status a client could read (RFC 9110 §15: 100 to 599).
                 up.outcome(target, false);
                 let r = Refusal::Upstream("invalid status");
-                log_failure(up, hop.at(), target, &r);
+                log_failure(up, said, target, &r);
                 return Err(r);
             }
             Ok(Ok((resp, _))) if coded_answer(&method, resp.status(), resp.headers()) => {
                 up.outcome(target, !resp.status().is_server_error());
-                return Err(coded(up, hop.at(), target));
+                return Err(coded(up, said, target));
             }
             Ok(Ok((mut resp, slot))) => {
                 up.outcome(target, !resp.status().is_server_error());
@@ -162,13 +165,13 @@ pub(super) async fn forward(
                 } else {
                     last = Refusal::Upstream("connection reset or closed");
                 }
-                log_failure_because(up, hop.at(), target, &last, cause.as_deref());
+                log_failure_because(up, said, target, &last, cause.as_deref());
                 return Err(last);
             }
         }
     }
     if let Some((target, why)) = unreached {
-        log_failure_because(up, hop.at(), target, &last, Some(&why));
+        log_failure_because(up, said, target, &last, Some(&why));
     }
     Err(last)
 }
