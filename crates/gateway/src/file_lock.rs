@@ -42,18 +42,24 @@ impl FileLock {
     /// log (it holds X.lock); ` and then `busy`).
     pub fn take(kept: &Path, what: &str, busy: &str) -> std::io::Result<Option<FileLock>> {
         let path = lock_path(kept);
-        let file = match OpenOptions::new()
+        // On a read-only disk or folder, the lock file a start made before is locked as
+        // it is (a lock needs no write), else the kept file itself (SQLite's own locks
+        // are `fcntl` ones, which a `flock` leaves alone): it names no process then.
+        let (file, named) = match OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(&path)
         {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::debug!(path = %path.display(), "no lock on {what}: {e}");
-                return Ok(None);
-            }
+            Ok(f) => (f, true),
+            Err(e) => match File::open(&path).or_else(|_| File::open(kept)) {
+                Ok(f) => (f, false),
+                Err(_) => {
+                    tracing::debug!(path = %path.display(), "no lock on {what}: {e}");
+                    return Ok(None);
+                }
+            },
         };
         let meta = file.metadata()?;
         let id = (meta.dev(), meta.ino());
@@ -65,7 +71,9 @@ impl FileLock {
         let mut tries = 0;
         let taken = loop {
             match file.try_lock() {
-                Err(TryLockError::WouldBlock) if tries < 200 && holder(&file) == Some(mine()) => {
+                Err(TryLockError::WouldBlock)
+                    if named && tries < 200 && holder(&file) == Some(mine()) =>
+                {
                     // This process's own lock, on its way out: a handle closed here but
                     // still open in a child forked at that moment (until it runs its
                     // program), or dropped on another thread. Gone within moments.
@@ -78,7 +86,9 @@ impl FileLock {
         match taken {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
-                let by = holder(&file).map_or(String::new(), |pid| format!(" (pid {pid})"));
+                let by = holder(&file)
+                    .filter(|_| named)
+                    .map_or(String::new(), |pid| format!(" (pid {pid})"));
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::ResourceBusy,
                     format!(
@@ -93,6 +103,11 @@ impl FileLock {
             }
         }
         // Who holds it, for the message another process gives.
+        if !named {
+            let file = Arc::new(file);
+            held.insert(id, Arc::downgrade(&file));
+            return Ok(Some(FileLock { _file: file }));
+        }
         let _ = file.set_len(0);
         let _ = (&file).seek(std::io::SeekFrom::Start(0));
         let _ = (&file).write_all(format!("{}\n", mine()).as_bytes());
@@ -146,6 +161,41 @@ mod tests {
         // child another test forks hold the closed handle until it runs its program).
         let f = File::open(lock_path(&log)).expect("open");
         f.lock().expect("free once dropped");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_lock_file_that_cannot_be_written_is_locked_as_it_is() {
+        let dir = folder("read-only");
+        let log = dir.join("state.db");
+        drop(FileLock::take(&log, "this file", "").expect("take"));
+        // Write-protected, as on a read-only disk: immutable for root, whom modes do not
+        // stop, else by its mode.
+        let lock = lock_path(&log);
+        let immutable = |on: bool| {
+            std::process::Command::new("chattr")
+                .arg(if on { "+i" } else { "-i" })
+                .arg(&lock)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !immutable(true) {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o444)).expect("mode");
+        }
+        assert!(
+            OpenOptions::new().write(true).open(&lock).is_err(),
+            "cannot write-protect {} here",
+            lock.display()
+        );
+        let held = FileLock::take(&log, "this file", "").expect("take");
+        let apart = File::open(&lock).expect("open");
+        let taken = apart.try_lock();
+        immutable(false);
+        assert!(held.is_some(), "no lock taken");
+        assert!(matches!(taken, Err(TryLockError::WouldBlock)), "{taken:?}");
+        drop((held, apart));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
