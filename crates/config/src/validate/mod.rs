@@ -529,10 +529,7 @@ fn consumers(
             crate::consumers_file::load(f, base, plan_index, &mut table, inline, &mut p.0)?;
         file_lines = loaded.2;
         if file_lines.is_empty() {
-            p.warn(
-                "consumers_file",
-                format!("{f} holds no consumer: only the config's own are served"),
-            );
+            p.warn("consumers_file", format!("{f} holds no consumer"));
         }
         Some(ConsumersFile {
             path: loaded.0,

@@ -363,13 +363,26 @@ fn url_target(url: &str, at: &str, password: Option<String>, p: &mut Problems) -
         );
         return RedisTarget::Url(url.to_string());
     };
+    // A password holding one of these, unencoded, moves the host the client reads.
+    let encode = "a password holding `#`, `@`, `/` or `?` is written percent-encoded (`%23`, `%40`, `%2F`, `%3F`)";
     // What the Redis client would refuse at every connect, said here with its place.
     match url::Url::parse(url) {
         Err(e) => {
+            let hint = if url.contains(['#', '?']) || url.matches('@').count() > 1 {
+                format!("; {encode}")
+            } else {
+                String::new()
+            };
             p.add(
                 at,
-                format!("{shown:?} is not a valid URL ({e}); e.g. redis://127.0.0.1:6379/0"),
+                format!("{shown:?} is not a valid URL ({e}); e.g. redis://127.0.0.1:6379/0{hint}"),
             );
+            return RedisTarget::Url(url.to_string());
+        }
+        // A Redis URL has no fragment: a `#` here is a password's, and what follows it
+        // would be dropped (the client would connect to what precedes it).
+        Ok(u) if u.fragment().is_some() || rest.matches('@').count() > 1 => {
+            p.add(at, format!("{shown:?}: {encode}"));
             return RedisTarget::Url(url.to_string());
         }
         Ok(u) => {

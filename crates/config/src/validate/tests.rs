@@ -366,9 +366,18 @@ fn a_target_with_a_scheme_and_no_port_takes_the_schemes() {
         "{targets:?}"
     );
     // User info would go upstream in `Host`.
-    let cfg = "listeners: [{address: \"127.0.0.1:8080\"}]\nupstreams:\n  s: {targets: [\"https://u:p@api.internal:8443\"]}\nroutes:\n  - {path_prefix: /, upstream: s}\n";
-    let text = from_yaml(cfg).expect_err("user info").to_string();
-    assert!(text.contains("is not a host:port target"), "{text}");
+    // Said as such, without what comes before the `@`, with a scheme or without.
+    for target in [
+        "https://u:s3cret@api.internal:8443",
+        "svc:s3cret@127.0.0.1:8443",
+    ] {
+        let cfg = format!("listeners: [{{address: \"127.0.0.1:8080\"}}]\nupstreams:\n  s: {{targets: [\"{target}\"]}}\nroutes:\n  - {{path_prefix: /, upstream: s}}\n");
+        let text = from_yaml(&cfg).expect_err("user info").to_string();
+        assert!(
+            text.contains("a target takes no user info") && !text.contains("s3cret"),
+            "{text}"
+        );
+    }
 }
 
 #[test]
@@ -625,6 +634,15 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
         (
             "redis://:hunter2@0.0.0.0:6379/0",
             "\"redis://<redacted>@0.0.0.0:6379/0\": 0.0.0.0 is no address",
+        ),
+        // A password's `#` or `@` written as it is moves the host the client reads.
+        (
+            "redis://:hunter2#x@10.0.0.5:6379/0",
+            "written percent-encoded (`%23`",
+        ),
+        (
+            "redis://:hunter2@x@10.0.0.5:6379/0",
+            "written percent-encoded (`%23`",
         ),
     ] {
         let err = with(url).expect_err(url).to_string();

@@ -113,6 +113,14 @@ fn targets(raw: &[String], at: &str, p: &mut Problems) -> (Vec<String>, bool) {
                 format!("{at}.targets[{j}]"),
                 format!("{t:?}: port 0 cannot be connected to"),
             );
+        } else if let Some((_, host)) = rest.rsplit_once('@').filter(|_| ok.is_none()) {
+            // Shown without what comes before the `@` (a password, most likely).
+            p.add(
+                format!("{at}.targets[{j}]"),
+                format!(
+                    "\"<redacted>@{host}\": a target takes no user info (it would go upstream in `Host`); set credentials with the route's headers"
+                ),
+            );
         } else if ok.is_none() {
             p.add(
                 format!("{at}.targets[{j}]"),
