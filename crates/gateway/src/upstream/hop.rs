@@ -6,7 +6,7 @@ use super::target::{AnsweredBy, At, IdIn};
 use crate::exchange::{Fields, Parts};
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{Method, Uri};
+use http::Method;
 use std::sync::Arc;
 use std::time::Duration;
 /// A route's path prefix removed before forwarding.
@@ -76,16 +76,13 @@ pub(super) fn is_idempotent(m: &Method) -> bool {
     )
 }
 
-pub(super) fn path_and_query(uri: &Uri, strip: Option<&Strip>) -> PathAndQuery {
-    let pq = uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let Some(strip) = strip else {
+/// The path and query sent upstream: the request's, less the first `end` bytes of its
+/// path (the prefix a route strips, found by [`prefix_end`]), keeping a leading `/`.
+pub(super) fn path_and_query(pq: PathAndQuery, end: Option<usize>) -> PathAndQuery {
+    let Some(end) = end else {
         return pq;
     };
-    let path = pq.path();
-    let rest = prefix_end(path, &strip.prefix, strip.any_case).map_or(path, |end| &path[end..]);
+    let rest = &pq.path()[end..];
     let mut s = String::with_capacity(pq.as_str().len() + 1);
     if !rest.starts_with('/') {
         s.push('/');
@@ -134,11 +131,11 @@ const X_FORWARDED_PREFIX: http::HeaderName = http::HeaderName::from_static("x-fo
 /// `path_prefix: /v1/` → `/v1`), so the backend can make its links whole again (Spring,
 /// ASP.NET and Traefik read it; Kong sets it too). None for a prefix of `/` alone, and
 /// none when a trusted proxy sent its own (kept, as the rest of its family).
-fn stripped(path: &str, strip: &Strip, h: &Fields, trusted: bool) -> Option<HeaderValue> {
+fn stripped(path: &str, end: Option<usize>, h: &Fields, trusted: bool) -> Option<HeaderValue> {
     if trusted && h.contains_key(X_FORWARDED_PREFIX) {
         return None;
     }
-    let end = prefix_end(path, &strip.prefix, strip.any_case)?;
+    let end = end?;
     let taken = path[..end].trim_end_matches('/');
     if taken.is_empty() {
         return None;
@@ -183,13 +180,19 @@ pub(super) fn for_hop(parts: Parts, hop: &Hop<'_>) -> HopRequest {
         mut headers,
         ..
     } = parts;
-    let pq = path_and_query(&uri, hop.strip_prefix);
+    let full = uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    // Where the route's prefix ends, found once: for the path sent and for the header.
+    let end = hop
+        .strip_prefix
+        .and_then(|s| prefix_end(full.path(), &s.prefix, s.any_case));
     let mut forwarding = rewrite_request(&mut headers, hop.peer_ip, hop.trusted, hop.https);
-    if let Some(strip) = hop.strip_prefix {
-        if let Some(v) = stripped(uri.path(), strip, &headers, hop.trusted) {
-            forwarding.push((X_FORWARDED_PREFIX, v));
-        }
+    if let Some(v) = stripped(full.path(), end, &headers, hop.trusted) {
+        forwarding.push((X_FORWARDED_PREFIX, v));
     }
+    let pq = path_and_query(full, end);
     HopRequest {
         method,
         pq,
@@ -212,7 +215,8 @@ mod tests {
         };
         let none = Fields::default();
         let said = |path, s: &Strip, h: &Fields, trusted| {
-            stripped(path, s, h, trusted).map(|v| v.to_str().expect("ascii").to_string())
+            let end = prefix_end(path, &s.prefix, s.any_case);
+            stripped(path, end, h, trusted).map(|v| v.to_str().expect("ascii").to_string())
         };
         assert_eq!(
             said("/v1/users", &strip("/v1/", false), &none, false).as_deref(),
