@@ -251,10 +251,7 @@ impl RedisTarget {
     /// How logs and the admin API name it: without a password.
     pub fn shown(&self) -> String {
         match self {
-            RedisTarget::Url(u) => match (u.find("://"), u.rfind('@')) {
-                (Some(s), Some(at)) if at > s => format!("{}***{}", &u[..s + 3], &u[at..]),
-                _ => u.clone(),
-            },
+            RedisTarget::Url(u) => crate::redacted_url(u),
             RedisTarget::Sentinel {
                 sentinels,
                 master_name,

@@ -694,10 +694,13 @@ fn redis_is_a_url_or_the_sentinels_of_a_master() {
         .to_string();
     assert!(err.contains("(a list: [10.0.1.1:6379]"), "{err}");
     let c = with("{url: \"redis://10.0.0.5:6379/0\", password_file: redis.pass}").expect("url");
+    let target = c.cluster.expect("cluster").redis;
     assert_eq!(
-        c.cluster.expect("cluster").redis,
+        target,
         crate::RedisTarget::Url("redis://:s3cret%2F%2B@10.0.0.5:6379/0".into())
     );
+    // Logs and `/status` hide it as every other URL is hidden.
+    assert_eq!(target.shown(), "redis://<redacted>@10.0.0.5:6379/0");
     // An ACL user in the URL takes the file's password.
     for (url, want) in [
         (
