@@ -13,6 +13,31 @@ pub async fn call(
     path: &str,
     body: Option<&serde_json::Value>,
 ) -> Result<serde_json::Value, String> {
+    let (status, value) = send(admin_cfg, method, path, body).await?;
+    if !status.is_success() {
+        return Err(value["error"]
+            .as_str()
+            .unwrap_or("admin endpoint error")
+            .to_string());
+    }
+    Ok(value)
+}
+
+/// The status `GET path` gets from the admin endpoint, or `None` when it cannot be asked.
+pub async fn status_of(admin_cfg: &AdminConfig, path: &str) -> Option<http::StatusCode> {
+    send(admin_cfg, http::Method::GET, path, None)
+        .await
+        .ok()
+        .map(|(status, _)| status)
+}
+
+/// One request to the admin endpoint: the answer's status and JSON body.
+async fn send(
+    admin_cfg: &AdminConfig,
+    method: http::Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<(http::StatusCode, serde_json::Value), String> {
     let admin = admin_cfg.address;
     let stream = tokio::net::TcpStream::connect(admin).await.map_err(|e| {
         format!("cannot reach the admin endpoint at {admin}: {e} (is the node running?)")
@@ -46,11 +71,5 @@ pub async fn call(
         .map_err(|e| e.to_string())?
         .to_bytes();
     let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(value["error"]
-            .as_str()
-            .unwrap_or("admin endpoint error")
-            .to_string());
-    }
-    Ok(value)
+    Ok((status, value))
 }

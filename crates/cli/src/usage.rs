@@ -60,6 +60,7 @@ async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String>
     let admin = cfg.admin.clone();
     if let Some(c) = cfg.cluster.clone() {
         // Shared limits: read the counters in Redis directly, no node needed.
+        let redis = c.redis.shown();
         let cluster = Cluster::new(c);
         let registry = Registry::new(Some(cluster.clone()));
         let snap = Snapshot::build(cfg, &registry);
@@ -71,6 +72,7 @@ async fn fetch(cfg: Config, consumer: &str) -> Result<serde_json::Value, String>
             // Not in the file: it may be managed through the admin API, which a node
             // knows of; asked below when the config names one.
             Err(UsageError::UnknownConsumer(_)) if admin.is_some() => {}
+            Err(e @ UsageError::Redis(_)) => return Err(format!("{e} (Redis: {redis})")),
             Err(e) => return Err(e.to_string()),
         }
     }
@@ -163,6 +165,14 @@ pub fn history(path: &Path, consumer: &str, ago: &str, json: bool) -> ExitCode {
         return ExitCode::FAILURE;
     };
     match rt.block_on(read_history(&cfg, &q)) {
+        Ok((rows, _)) if rows.is_empty() && rt.block_on(unknown(&cfg, consumer)) => {
+            eprintln!(
+                "tollgate usage: no consumer named {consumer:?} in {}{}, and no history under that name",
+                path.display(),
+                if cfg.admin.is_some() { " nor on the running node" } else { "" }
+            );
+            ExitCode::FAILURE
+        }
         Ok((rows, source)) => {
             if json {
                 let v = serde_json::json!({
@@ -182,13 +192,32 @@ pub fn history(path: &Path, consumer: &str, ago: &str, json: bool) -> ExitCode {
     }
 }
 
+/// Whether `consumer` is surely no consumer: not in the config's table, and not known to
+/// the running node (managed through its admin API, or named by a token) when the config
+/// names one. A node that cannot be asked may know it: not surely unknown then.
+async fn unknown(cfg: &Config, consumer: &str) -> bool {
+    if cfg.consumers.find(consumer).is_some() {
+        return false;
+    }
+    match &cfg.admin {
+        None => true,
+        Some(admin) => {
+            let path = format!("/usage/{}", tollgate_config::percent_encode(consumer));
+            crate::admin::status_of(admin, &path).await == Some(http::StatusCode::NOT_FOUND)
+        }
+    }
+}
+
 async fn read_history(cfg: &Config, q: &Query) -> Result<(Vec<Row>, &'static str), String> {
     if let Some(c) = &cfg.cluster {
         match analytics::query_redis(c, q).await {
             Ok(rows) => return Ok((rows, "cluster (Redis)")),
             // The node's own history, as its admin endpoint answers then.
             Err(e) => {
-                eprintln!("tollgate usage: Redis cannot answer ({e}); this node's history only")
+                eprintln!(
+                    "tollgate usage: Redis ({}) cannot answer ({e}); this node's history only",
+                    c.redis.shown()
+                )
             }
         }
     }

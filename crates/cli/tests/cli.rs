@@ -830,6 +830,19 @@ fn access_log_reopens_on_sigusr1_and_history_survives_shutdown() {
         .unwrap_or_else(|| panic!("no total line: {table}"));
     let cells: Vec<&str> = total.split_whitespace().collect();
     assert_eq!(cells, ["total", "3", "0", "0", "0", "3"], "{table}");
+    // A name no one has: said, and a failure for scripts.
+    let out = Command::new(BIN)
+        .args(["usage", "--config"])
+        .arg(&file)
+        .args(["alicee", "--history", "1h"])
+        .output()
+        .expect("run usage");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("no consumer named \"alicee\"") && err.contains("nor on the running node"),
+        "{err}"
+    );
 
     // logrotate moves the file and sends SIGUSR1.
     let rotated = dir.join("access.log.1");
@@ -863,6 +876,34 @@ fn access_log_reopens_on_sigusr1_and_history_survives_shutdown() {
         .map(|r| r["count"].as_u64().unwrap_or(0))
         .sum();
     assert_eq!(sum, 4, "{json}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn usage_names_the_redis_it_cannot_read() {
+    let dir = temp_dir("usage-redis");
+    let file = dir.join("tollgate.yaml");
+    let port = free_port();
+    std::fs::write(
+        &file,
+        format!(
+            "listeners: [{{address: \"127.0.0.1:0\"}}]\nupstreams: {{backend: {{targets: [\"127.0.0.1:9\"]}}}}\nplans: {{p: {{limits: [{{requests: 5, per: 1m}}]}}}}\nconsumers: [{{name: alice, keys: [t1], plan: p}}]\nroutes:\n  - {{name: a, path_prefix: /a/, upstream: backend, auth: {{}}}}\ncluster: {{redis: {{url: \"redis://:hunter2@127.0.0.1:{port}/0\"}}}}\n"
+        ),
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["usage", "--config"])
+        .arg(&file)
+        .arg("alice")
+        .output()
+        .expect("run usage");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("(Redis: redis://<redacted>@127.0.0.1:{port}/0)")),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
