@@ -248,6 +248,44 @@ async fn the_access_log_writes_one_json_line_per_request_without_keys() {
 }
 
 #[tokio::test]
+async fn a_body_too_large_is_logged_under_its_consumer_and_not_counted() {
+    let (gw, path, _) = logging_gateway("access-log-413", ", max_body_bytes: 1KiB").await;
+    let c = TestClient::default();
+    let big = "x".repeat(2000);
+    for key in ["alice-key", "guessed-key"] {
+        let a = c
+            .request(
+                Method::POST,
+                &gw.url(&format!("/api/items?apikey={key}")),
+                &[],
+                &big,
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{key}");
+    }
+    // Not counted: alice's two a minute are both left.
+    for _ in 0..2 {
+        assert_eq!(
+            c.get(&gw.url("/api/items?apikey=alice-key")).await.status,
+            StatusCode::OK
+        );
+    }
+    assert!(gw.gw.sync_logs(DEADLINE), "the writer did not catch up");
+    let lines = log_lines(&path);
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines[0]["status"], 413);
+    assert_eq!(lines[0]["refusal"], "payload_too_large", "{}", lines[0]);
+    assert_eq!(lines[0]["consumer"], "alice", "{}", lines[0]);
+    assert_eq!(lines[1]["status"], 413);
+    assert_eq!(
+        lines[1]["consumer"],
+        serde_json::Value::Null,
+        "{}",
+        lines[1]
+    );
+}
+
+#[tokio::test]
 async fn behind_a_trusted_proxy_the_access_log_names_the_client_it_forwarded_for() {
     let (gw, path, _) = logging_gateway(
         "access-log-proxied",

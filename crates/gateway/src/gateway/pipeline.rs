@@ -167,8 +167,15 @@ impl Gateway {
         ctx.origin = policy::cors_origin(route, parts);
         // A body declared larger than the listener takes is refused before a policy counts
         // the request, as nginx's `client_max_body_size` and Kong's size limit come before
-        // their rate limits.
+        // their rate limits; under the consumer its credential names, as Kong logs it.
         if too_large {
+            ctx.admitted.consumer = policy::identify(
+                ctx.snap,
+                route,
+                parts,
+                self.clock.as_ref(),
+                ctx.conn.client_names.as_deref(),
+            );
             return Err(Refusal::PayloadTooLarge);
         }
         self.policies(ctx, parts, route)

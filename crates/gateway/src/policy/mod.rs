@@ -85,6 +85,21 @@ pub fn run(
     Ok(Verdict::Forward(admitted))
 }
 
+/// Who the caller is, for a refusal decided before the policies run (a body declared
+/// larger than the listener takes): the consumer its credential names, if it names one, so
+/// that the refusal is logged and counted under it. Refuses nothing itself.
+pub fn identify(
+    snap: &Snapshot,
+    route: &Route,
+    parts: &mut Parts,
+    clock: &dyn Clock,
+    client_names: Option<&[Box<str>]>,
+) -> Option<usize> {
+    auth::authenticate(snap, route, parts, client_names, clock)
+        .ok()
+        .flatten()
+}
+
 /// Adds what the policies owe every response of an admitted request: the RateLimit headers.
 pub fn decorate(route: &Route, admitted: &Admitted, headers: &mut http::HeaderMap) {
     if let Some(s) = admitted.standing {
