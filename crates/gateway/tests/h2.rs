@@ -944,20 +944,6 @@ fn data_of(id: u32, n: usize) -> Vec<u8> {
     out
 }
 
-/// Reads frames until the WINDOW_UPDATEs on stream `id` add up to `want`.
-async fn window_returned(s: &mut TcpStream, id: u32, want: u32) {
-    let mut frames = Frames::default();
-    let mut given = 0u32;
-    while given < want {
-        let Some((k, _, on, p)) = frames.next(s).await else {
-            panic!("closed with {given} of {want} given back");
-        };
-        if k == 0x8 && on == id && p.len() == 4 {
-            given += u32::from_be_bytes(p[..4].try_into().expect("4 bytes"));
-        }
-    }
-}
-
 #[tokio::test]
 async fn request_bodies_held_ahead_have_a_budget_per_connection() {
     // A backend that tells each request head as it arrives, body or not.
@@ -992,10 +978,18 @@ async fn request_bodies_held_ahead_have_a_budget_per_connection() {
     out.extend(post_head(1, "/one"));
     // Its whole window: one byte under both 64 KiB and the budget.
     out.extend(data_of(1, 65_535));
+    // A PING after it: its ACK is written once every frame before it was handled and the
+    // stream's reader has taken what they brought.
+    out.extend(frame(0x6, 0, 0, &[0; 8]));
     s.write_all(&out).await.expect("write");
-    // Stream 1's body is read ahead, as a body under 64 KiB is: all of it, once its whole
-    // window has come back (in two updates of half a window each).
-    bounded("stream 1's window", window_returned(&mut s, 1, 65_535)).await;
+    // Stream 1's body is read ahead, as a body under 64 KiB is: all of it is held.
+    let (_, _, ack) = bounded(
+        "the PING's ACK",
+        frame_where(&mut s, |k, id| k == 0x6 && id == 0),
+    )
+    .await
+    .expect("an ACK");
+    assert_eq!(ack, [0; 8]);
     // Past the budget, stream 2's body is not held: it streams upstream as it comes.
     let mut more = post_head(3, "/two");
     more.extend(data_of(3, 10_000));
@@ -1007,6 +1001,107 @@ async fn request_bodies_held_ahead_have_a_budget_per_connection() {
         head.starts_with("POST /two "),
         "stream 1 is still held: {head}"
     );
+}
+
+/// A backend that tells each request head as it arrives and never answers.
+async fn holding_backend() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let backend = l.local_addr().expect("addr");
+    let (tx, heads) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                if let Some(h) = read_head(&mut c).await {
+                    let _ = tx.send(h);
+                }
+                let mut sink = [0u8; 4096];
+                while matches!(c.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    (backend, heads)
+}
+
+/// An HPACK integer with an `n`-bit prefix, the prefix's other bits `high`.
+fn hpack_int(out: &mut Vec<u8>, high: u8, n: u32, v: usize) {
+    let max = (1usize << n) - 1;
+    if v < max {
+        out.push(high | v as u8);
+        return;
+    }
+    out.push(high | max as u8);
+    let mut rest = v - max;
+    while rest >= 128 {
+        out.push((rest % 128) as u8 | 0x80);
+        rest /= 128;
+    }
+    out.push(rest as u8);
+}
+
+#[tokio::test]
+async fn streams_of_large_literal_headers_have_a_budget_per_connection() {
+    let (backend, _heads) = holding_backend().await;
+    // Four lists of 8 KiB: 32 KiB of literal header bytes for the running streams.
+    let g = TestGateway::start(
+        &h2c_yaml(backend, ", http2: {max_header_list_size: 8KiB}"),
+        SystemClock::new(),
+    )
+    .await;
+    // 6,000 bytes of a header sent as a literal not to be indexed: each stream costs the
+    // gateway its own copy while it runs.
+    let pad = |block: &mut Vec<u8>| {
+        block.extend_from_slice(&[0x00, 0x05]);
+        block.extend_from_slice(b"x-pad");
+        hpack_int(block, 0, 7, 6_000);
+        block.extend(std::iter::repeat_n(b'p', 6_000));
+    };
+    // A POST whose body has not come: it runs, waiting for it.
+    let post = |id: u32| {
+        let mut block = vec![
+            0x83, 0x86, 0x04, 0x02, b'/', b'p', 0x41, 0x01, b'a', 0x5c, 0x07,
+        ];
+        block.extend_from_slice(b"1000000");
+        pad(&mut block);
+        frame(0x1, 0x4, id, &block)
+    };
+    // A GET without its key: refused (401) at once when it is taken.
+    let get = |id: u32| {
+        let mut block = vec![0x82, 0x86, 0x04, 0x08];
+        block.extend_from_slice(b"/keyed/x");
+        block.extend_from_slice(&[0x41, 0x01, b'a']);
+        pad(&mut block);
+        frame(0x1, 0x5, id, &block)
+    };
+    let mut s = TcpStream::connect(g.addr).await.expect("connect");
+    let mut out = preface();
+    for id in [1, 3, 5, 7, 9] {
+        out.extend(post(id));
+    }
+    // Five run; the sixth would hold more than the budget: refused as unprocessed (the
+    // client may send it again), the connection kept.
+    out.extend(get(11));
+    s.write_all(&out).await.expect("write");
+    let (k, id, p) = bounded(
+        "a reset",
+        frame_where(&mut s, |k, _| matches!(k, 0x1 | 0x3 | 0x7)),
+    )
+    .await
+    .expect("a frame");
+    assert_eq!((k, id, p), (0x3, 11, 7u32.to_be_bytes().to_vec()));
+    // One of them ends (the client cancels it): the same request is taken now.
+    let mut more = frame(0x3, 0, 1, &8u32.to_be_bytes());
+    more.extend(get(13));
+    s.write_all(&more).await.expect("write");
+    let (k, id, _) = bounded(
+        "an answer",
+        frame_where(&mut s, |k, _| matches!(k, 0x1 | 0x3 | 0x7)),
+    )
+    .await
+    .expect("a frame");
+    assert_eq!((k, id), (0x1, 13), "stream 13 answered");
 }
 
 #[tokio::test]

@@ -80,6 +80,7 @@ fn h2_limits() -> Limits {
         send_timeout: Duration::from_secs(30),
         max_headers: 16,
         max_request_buffer: 128 << 10,
+        max_header_held: crate::listener::h2::held_headers(4096),
     }
 }
 

@@ -80,6 +80,9 @@ pub struct Decoded {
     /// The header list's size (RFC 9113 §6.5.2) went past the given limit; `fields` then
     /// stops where it did.
     pub too_large: bool,
+    /// Bytes of the fields sent as literals: what the request holds of its own, beyond
+    /// references to entries of the table.
+    pub held: usize,
 }
 
 impl Decoder {
@@ -90,6 +93,7 @@ impl Decoder {
         let mut too_large = false;
         let mut at = 0usize;
         let mut any_field = false;
+        let mut held = 0usize;
         while at < block.len() {
             let b = block[at];
             let (field, size) = if b & 0x80 != 0 {
@@ -120,17 +124,14 @@ impl Decoder {
                 let (name, name_len) = if i == 0 {
                     let raw = self.string(&block, &mut at)?;
                     let len = raw.len();
+                    held += len;
                     (parse_name(raw), len)
                 } else {
                     let e = self.get(i)?;
                     (e.name.clone(), e.name_len)
                 };
-                let mut value = self.string(&block, &mut at)?;
-                if index {
-                    // A slice would keep the whole read buffer it came in alive for as long
-                    // as the entry stays in the table: the table keeps a copy.
-                    value = Bytes::copy_from_slice(&value);
-                }
+                let value = self.string(&block, &mut at)?;
+                held += value.len();
                 let size = name_len + value.len() + 32;
                 let field = make(name.clone(), value);
                 if index {
@@ -154,7 +155,11 @@ impl Decoder {
                 fields.push(field);
             }
         }
-        Ok(Decoded { fields, too_large })
+        Ok(Decoded {
+            fields,
+            too_large,
+            held,
+        })
     }
 
     fn get(&self, i: usize) -> Result<&Entry, CompressionError> {
@@ -195,12 +200,15 @@ impl Decoder {
             return Err(CompressionError);
         }
         let raw = &block[*at..end];
+        // Always a copy: a slice would keep the whole read buffer it came in alive for as
+        // long as the request (or the table's entry) holds it, a buffer of 16 KiB or more
+        // for a value of a few bytes.
         let out = if huff {
             self.scratch.clear();
             huffman::decode(raw, &mut self.scratch).map_err(|_| CompressionError)?;
             Bytes::copy_from_slice(&self.scratch)
         } else {
-            block.slice(*at..end)
+            Bytes::copy_from_slice(raw)
         };
         *at = end;
         Ok(out)

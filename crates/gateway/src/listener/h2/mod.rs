@@ -19,5 +19,5 @@ pub(crate) mod hpack;
 mod huffman;
 mod request;
 
-pub use conn::{Connection, Limits};
+pub use conn::{held_headers, Connection, Limits};
 pub(crate) use frame::PREFACE;

@@ -54,6 +54,9 @@ pub struct Limits {
     pub max_headers: usize,
     /// Request-body bytes the streams may hold before going upstream.
     pub max_request_buffer: usize,
+    /// Header bytes sent as literals that the running streams may hold together (4 ×
+    /// `max_header_list`): past it, a new stream is refused until some finish.
+    pub max_header_held: usize,
 }
 
 impl Limits {
@@ -66,11 +69,20 @@ impl Limits {
             connection_window: h.connection_window,
             max_resets: h.max_pending_resets,
             max_request_buffer: usize::try_from(h.max_request_buffer).unwrap_or(usize::MAX),
+            max_header_held: held_headers(h.max_header_list_size),
             idle,
             send_timeout,
             max_headers: 0,
         }
     }
+}
+
+/// The literal header bytes one connection's running streams may hold together: four
+/// header lists at their largest, as the encoded block is allowed four times its list.
+pub fn held_headers(max_header_list: u32) -> usize {
+    usize::try_from(max_header_list)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(4)
 }
 
 /// A connection error: GOAWAY with this code, then the close.
@@ -144,6 +156,8 @@ pub struct Connection<S, F, M, B> {
     scratch: Vec<u8>,
     /// What the streams' bodies hold before going upstream.
     budget: Arc<Budget>,
+    /// Literal header bytes the running streams' requests hold (`Stream::held`'s sum).
+    held: usize,
 }
 
 impl<S, F, M, B> Connection<S, F, M, B>
@@ -191,6 +205,7 @@ where
             date: (0, HeaderValue::from_static("")),
             scratch: Vec::new(),
             budget: Budget::new(limits.max_request_buffer),
+            held: 0,
             limits,
         };
         let settings = [

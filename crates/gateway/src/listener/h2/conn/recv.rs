@@ -266,10 +266,17 @@ where
             self.answer_now(id, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, end_stream);
             return Ok(());
         }
-        if self.streams.len() >= self.limits.max_streams as usize {
+        // As many streams as allowed; and no more header bytes held by those running than
+        // four lists at their largest, so that many streams of large literal headers kept
+        // waiting (for a body that trickles in) cannot hold more than a few lists' worth.
+        // A refused stream was not processed: the client may send it again.
+        if self.streams.len() >= self.limits.max_streams as usize
+            || self.held + decoded.held > self.limits.max_header_held
+        {
             self.reset(id, code::REFUSED_STREAM);
             return Ok(());
         }
+        let held = decoded.held;
         let head = match request::head(decoded.fields) {
             Ok(h) => h,
             Err(why) => {
@@ -304,10 +311,12 @@ where
         }
         self.slot_ids[slot] = id;
         self.busy = true;
+        self.held += held;
         self.streams.insert(
             id,
             Stream {
                 slot: Some(slot),
+                held,
                 recv,
                 state: if end_stream {
                     StreamState::HalfClosedRemote

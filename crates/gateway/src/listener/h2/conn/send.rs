@@ -68,6 +68,7 @@ where
             }
             if let Some(slot) = st.slot {
                 self.exec.cancel(slot);
+                self.held -= st.held;
             }
             if let Some(tx) = st.recv {
                 tx.break_off(why);
@@ -94,6 +95,7 @@ where
             return;
         };
         st.slot = None;
+        self.held -= std::mem::take(&mut st.held);
         let (parts, body) = resp.into_parts();
         st.upstream = parts
             .extensions
@@ -300,6 +302,7 @@ where
         let (slot, recv) = (st.slot.take(), st.recv.take());
         if let Some(slot) = slot {
             self.exec.cancel(slot);
+            self.held -= std::mem::take(&mut st.held);
         }
         if let Some(tx) = recv {
             tx.break_off("answered before the body ended");

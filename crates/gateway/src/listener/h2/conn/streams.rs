@@ -53,6 +53,8 @@ pub(super) struct Out<B> {
 pub(super) struct Stream<B> {
     /// The slot of the stream's future while it runs.
     pub(super) slot: Option<usize>,
+    /// Literal header bytes its request holds while its future runs.
+    pub(super) held: usize,
     /// Feeds the request body while the client sends it.
     pub(super) recv: Option<Sender>,
     /// Where the stream stands.
