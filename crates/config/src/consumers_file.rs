@@ -15,6 +15,7 @@ use crate::error::Problem;
 use serde::Deserialize;
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::io::{BufRead, Read, Seek};
 use std::path::Path;
 
 /// Most problems reported from one file; the rest are counted.
@@ -219,17 +220,29 @@ pub(crate) fn load(
     out: &mut Vec<Problem>,
 ) -> Option<(std::path::PathBuf, u64, Vec<u32>)> {
     let path = base.join(file_name);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
+    let cannot_read = |out: &mut Vec<Problem>, e: std::io::Error| {
+        out.push(Problem::new(
+            "consumers_file",
+            format!("cannot read {}: {e}", path.display()),
+        ));
+    };
+    // Read in pieces, never whole: a million consumers make a file of tens of megabytes,
+    // which a reload would otherwise hold beside both the running table and the new one.
+    // A first pass counts the lines, so that the table is sized once.
+    let mut file = match std::fs::File::open(&path).and_then(|mut f| {
+        let lines = count_lines(&mut f)?;
+        Ok((f, lines))
+    }) {
+        Ok((f, lines)) => {
+            table.reserve(lines + 1);
+            std::io::BufReader::with_capacity(64 * 1024, f)
+        }
         Err(e) => {
-            out.push(Problem::new(
-                "consumers_file",
-                format!("cannot read {}: {e}", path.display()),
-            ));
+            cannot_read(out, e);
             return None;
         }
     };
-    let fingerprint = crate::fingerprint(&bytes);
+    let mut fingerprint = crate::Fingerprint::default();
     let mut probs = FileProblems {
         file: file_name.to_string(),
         out,
@@ -251,14 +264,32 @@ pub(crate) fn load(
     let csv = Path::new(file_name)
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-    let estimate = bytes.iter().filter(|&&b| b == b'\n').count() + 1;
-    table.reserve(estimate);
     if csv {
-        load_csv(&bytes, plans, table, &mut probs, &mut lines, &place_of);
+        let mut reader = Fingerprinted {
+            inner: file,
+            fingerprint: &mut fingerprint,
+        };
+        load_csv(&mut reader, plans, table, &mut probs, &mut lines, &place_of);
+        // What the CSV reader left unread (after a problem) is part of the content too.
+        if let Err(e) = std::io::copy(&mut reader, &mut std::io::sink()) {
+            cannot_read(probs.out, e);
+            return None;
+        }
     } else {
-        for (n, raw) in bytes.split(|&b| b == b'\n').enumerate() {
-            let line = n + 1;
-            let text = match std::str::from_utf8(raw) {
+        let mut raw = Vec::new();
+        let mut line = 0;
+        loop {
+            raw.clear();
+            match file.read_until(b'\n', &mut raw) {
+                Ok(0) => break,
+                Ok(_) => fingerprint.add(&raw),
+                Err(e) => {
+                    cannot_read(probs.out, e);
+                    return None;
+                }
+            }
+            line += 1;
+            let text = match std::str::from_utf8(raw.strip_suffix(b"\n").unwrap_or(&raw)) {
                 Ok(t) => t.trim(),
                 Err(_) => {
                     probs.add(line, "not UTF-8 text");
@@ -294,12 +325,44 @@ pub(crate) fn load(
             }
         }
     }
+    let fingerprint = fingerprint.finish();
     probs.finish();
     Some((path, fingerprint, lines))
 }
 
+/// The lines in `file` (its newlines), read through in pieces; the file is left at its
+/// start again.
+fn count_lines(file: &mut std::fs::File) -> std::io::Result<usize> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut lines = 0;
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => lines += buf[..n].iter().filter(|&&b| b == b'\n').count(),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    file.rewind()?;
+    Ok(lines)
+}
+
+/// A reader that adds what passes through it to a fingerprint.
+struct Fingerprinted<'f, R> {
+    inner: R,
+    fingerprint: &'f mut crate::Fingerprint,
+}
+
+impl<R: Read> Read for Fingerprinted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.fingerprint.add(&buf[..n]);
+        Ok(n)
+    }
+}
+
 fn load_csv(
-    bytes: &[u8],
+    bytes: &mut dyn Read,
     plans: &HashMap<String, usize>,
     table: &mut Consumers,
     probs: &mut FileProblems<'_>,

@@ -213,12 +213,45 @@ pub fn log_format_of(text: &str) -> Option<LogFormat> {
 /// consumer's name.
 pub const NO_CONSUMER: &str = "-";
 
-/// A fingerprint of file content, to tell a change from the content running.
+/// A fingerprint of file content, to tell a change from the content running. The same as
+/// [`Fingerprint`] gives the content added in pieces.
 pub fn fingerprint(bytes: &[u8]) -> u64 {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut h = DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish() | 1
+    let mut f = Fingerprint::default();
+    f.add(bytes);
+    f.finish()
+}
+
+/// A [`fingerprint`] made piece by piece, as a file is read, so that a large file (a
+/// million consumers) is never held whole to be told apart.
+#[derive(Default)]
+pub struct Fingerprint(std::hash::DefaultHasher);
+
+impl Fingerprint {
+    /// Adds the next piece of the content.
+    pub fn add(&mut self, bytes: &[u8]) {
+        std::hash::Hasher::write(&mut self.0, bytes);
+    }
+
+    /// The fingerprint of all the pieces added (never 0, which stands for "none").
+    pub fn finish(&self) -> u64 {
+        std::hash::Hasher::finish(&self.0) | 1
+    }
+}
+
+/// The [`fingerprint`] of the file at `path`, read in pieces of 64 KiB.
+pub fn fingerprint_file(path: &Path) -> std::io::Result<u64> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut f = Fingerprint::default();
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return Ok(f.finish()),
+            Ok(n) => f.add(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// A URL as it may be shown (the log, `/config`, `/metrics`, an error): its user info
@@ -333,6 +366,23 @@ pub fn percent_encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::redacted_url;
+
+    #[test]
+    fn a_file_read_in_pieces_has_the_fingerprint_of_its_content_whole() {
+        let path = std::env::temp_dir().join(format!("tollgate-fp-{}", std::process::id()));
+        // Past three 64 KiB pieces, ending within a fourth.
+        let content: Vec<u8> = (0..200_003u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &content).expect("write");
+        let whole = super::fingerprint(&content);
+        assert_eq!(super::fingerprint_file(&path).expect("read"), whole);
+        let mut pieces = super::Fingerprint::default();
+        for piece in content.chunks(1_000) {
+            pieces.add(piece);
+        }
+        assert_eq!(pieces.finish(), whole);
+        assert_ne!(super::fingerprint(&content[1..]), whole);
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn a_shown_url_keeps_no_credentials() {

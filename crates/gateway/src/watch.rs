@@ -95,17 +95,26 @@ impl Watched {
         }
     }
 
-    /// One look at `path`: `Some(bytes)` when a change against `running` has settled. The
-    /// content is read only when the file's metadata moved; otherwise its last fingerprint
-    /// stands, and the settle time runs on.
-    async fn look(&mut self, path: &PathBuf, running: u64) -> Option<Option<Vec<u8>>> {
+    /// One look at `path`: `Some(bytes)` when a change against `running` has settled
+    /// (`Some(None)` unless `keep` asks for the content: a consumers file is fingerprinted
+    /// in pieces, never held whole). The content is read only when the file's metadata
+    /// moved; otherwise its last fingerprint stands, and the settle time runs on.
+    async fn look(&mut self, path: &PathBuf, running: u64, keep: bool) -> Option<Option<Vec<u8>>> {
         let meta = tokio::fs::metadata(path).await.ok()?;
         let stat = FileStat::of(&meta);
         let (fp, bytes) = match self.last {
             Some((s, fp)) if s == stat => (fp, None),
-            _ => {
+            _ if keep => {
                 let b = tokio::fs::read(path).await.ok()?;
                 (fingerprint(&b), Some(b))
+            }
+            _ => {
+                let p = path.clone();
+                let fp = tokio::task::spawn_blocking(move || tollgate_config::fingerprint_file(&p))
+                    .await
+                    .ok()?
+                    .ok()?;
+                (fp, None)
             }
         };
         self.last = Some((stat, fp));
@@ -140,7 +149,7 @@ pub fn watch_file(
             let file = snap.config.consumers_file.clone();
             drop(snap);
             let running = gw.running_fingerprint();
-            if let Some(read) = config.look(&path, running).await {
+            if let Some(read) = config.look(&path, running, true).await {
                 tracing::info!(path = %path.display(), "config file changed");
                 if reload(&gw, &path, read).await {
                     continue;
@@ -186,7 +195,11 @@ pub fn watch_file(
                 }
             }
             let Some(f) = file else { continue };
-            if consumers.look(&f.path, f.fingerprint).await.is_some() {
+            if consumers
+                .look(&f.path, f.fingerprint, false)
+                .await
+                .is_some()
+            {
                 tracing::info!(path = %f.path.display(), "consumers file changed");
                 // Known changed: straight to the reload, which reads it once more to load
                 // it (`reload_file` would read it a second time to fingerprint it).

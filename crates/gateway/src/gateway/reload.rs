@@ -143,7 +143,7 @@ impl Gateway {
     pub fn consumers_file_changed(&self) -> bool {
         let snap = self.snapshot.load();
         snap.config.consumers_file.as_ref().is_some_and(|f| {
-            std::fs::read(&f.path).map_or(true, |b| fingerprint(&b) != f.fingerprint)
+            tollgate_config::fingerprint_file(&f.path).map_or(true, |fp| fp != f.fingerprint)
         })
     }
 
