@@ -238,6 +238,11 @@ async fn open_routes_strip_prefix_and_preserve_host() {
         a.body
     );
     assert!(a.body.contains("\nx-who: alice\n"), "{}", a.body);
+    // An HTTP/1.0 client may send no `Host`: there is none to keep, and the backend gets
+    // the target's, as HTTP/1.1 requires one.
+    let r = raw(gw.addr, b"GET /kept/ HTTP/1.0\r\nX-API-Key: t1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(r.contains("\nhost: 127.0.0.1:"), "{r}");
 }
 
 #[tokio::test]

@@ -176,7 +176,9 @@ async fn send(
         }
         if encoded_for != Some(key) {
             let added = h1::Added {
-                host: (!hop.preserve_host).then_some(&target.host),
+                // A client without a `Host` (HTTP/1.0) has none to keep: the target's.
+                host: (!hop.preserve_host || !headers.contains_key(http::header::HOST))
+                    .then_some(&target.host),
                 set: &forwarding,
                 traceparent: hop.traceparent.as_ref(),
             };

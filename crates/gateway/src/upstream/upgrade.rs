@@ -53,7 +53,8 @@ pub async fn upgrade(
     let uri = client
         .uri(&target.name, &pq)
         .ok_or(Refusal::BadRequest("invalid request target"))?;
-    if !hop.preserve_host {
+    // A client without a `Host` (HTTP/1.0) has none to keep: the target's then.
+    if !hop.preserve_host || !h.contains_key(header::HOST) {
         h.insert(header::HOST, target.host.clone());
     }
     hop.put_traceparent(&mut h);

@@ -105,10 +105,12 @@ pub(super) async fn forward(
         *req.method_mut() = method.clone();
         *req.uri_mut() = uri;
         let mut h = headers.clone();
-        if h2 && (own.is_some() || !hop.preserve_host) {
+        // A client without a `Host` (HTTP/1.0) has none to keep: the target's then.
+        let keep = hop.preserve_host && client_host.is_some();
+        if h2 && (own.is_some() || !keep) {
             // HTTP/2 names the host in `:authority`.
             h.remove(header::HOST);
-        } else if !hop.preserve_host {
+        } else if !keep {
             h.insert(header::HOST, target.host.clone());
         }
         *req.headers_mut() = h;
