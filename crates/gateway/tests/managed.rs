@@ -683,6 +683,40 @@ async fn a_consumer_may_be_put_with_its_name_and_plain_keys_and_leaves_the_list_
     )
     .await;
     assert_eq!(s, 400, "{v}");
+    // A new name a backend would split as a list is refused.
+    for bad in ["x,y", "admin;role=root"] {
+        let (s, v) = admin(
+            ad,
+            Method::PUT,
+            &format!("/consumers/{bad}"),
+            Some(json!({"keys": ["k-list"]})),
+        )
+        .await;
+        assert_eq!(s, 400, "{bad}: {v}");
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.contains("no , or ;")),
+            "{v}"
+        );
+    }
+    // Parameters: the list reads its own and refuses others; a consumer takes none, and
+    // a DELETE given one is refused, not carried out.
+    for path in [
+        "/consumers?foo=1",
+        "/consumers?Limit=2",
+        "/consumers/carol?foo=1",
+    ] {
+        let (s, v) = admin(ad, Method::GET, path, None).await;
+        assert_eq!(s, 400, "{path}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("unknown query parameter")),
+            "{v}"
+        );
+    }
+    let (s, v) = admin(ad, Method::DELETE, "/consumers/carol?dry_run=true", None).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(call(&gw, "/gold/x", "carol-key-1").await.status, 200);
 
     // Deleted, a consumer leaves the list; `?deleted=true` shows it still.
     let names = |v: &Value| -> Vec<String> {

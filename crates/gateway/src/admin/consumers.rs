@@ -40,6 +40,21 @@ pub async fn handle(gw: &Arc<Gateway>, req: Request<Incoming>, path: &str) -> An
         .collect();
     let parts: Vec<&str> = decoded.iter().map(String::as_str).collect();
     let method = req.method().clone();
+    // Only the list reads parameters: on a consumer or a key, one given is a mistake, and
+    // a `DELETE …?dry_run=true` must not delete.
+    if parts != [""] {
+        if let Some(first) = req
+            .uri()
+            .query()
+            .and_then(|q| q.split('&').find(|p| !p.is_empty()))
+        {
+            let name = crate::query::percent_decode(first.split('=').next().unwrap_or(first));
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("unknown query parameter {name:?}: /consumers/{{name}} takes none"),
+            );
+        }
+    }
     match (parts.as_slice(), &method) {
         ([""], &Method::GET | &Method::HEAD) => list(&snap, req.uri().query()),
         ([name], &Method::GET | &Method::HEAD) => match view(&snap, name) {
@@ -125,11 +140,8 @@ fn list(snap: &Snapshot, query: Option<&str>) -> Answer {
     let mut after = None;
     let mut limit = 100;
     let mut deleted = false;
-    for (k, v) in query
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|p| p.split_once('='))
-    {
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         match k {
             "after" => after = Some(crate::query::percent_decode(v).into_owned()),
             "deleted" => match v {
@@ -146,7 +158,15 @@ fn list(snap: &Snapshot, query: Option<&str>) -> Answer {
                     )
                 }
             },
-            _ => {}
+            other => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!(
+                        "unknown query parameter {:?}: /consumers takes after, limit and deleted",
+                        crate::query::percent_decode(other)
+                    ),
+                )
+            }
         }
     }
     let page = snap.roster.page(after.as_deref(), limit + 1, deleted);
@@ -280,6 +300,15 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
     if !valid_name(name) {
         return bad(format!(
             "{name:?} is not a consumer name: 1 to 256 visible ASCII characters, no quote, backslash or /, and not - (no consumer)"
+        ));
+    }
+    // A new name: no `,` or `;` either, which a backend reading the consumer header as a
+    // list would split (as for a token's caller). One the config or the log holds already
+    // stays usable.
+    let known = snap.config.consumers.find(name).is_some() || snap.roster.get(name).is_some();
+    if !known && name.contains([',', ';']) {
+        return bad(format!(
+            "{name:?} is not a consumer name: a new name holds no , or ; (a backend reading the consumer header as a list would split it)"
         ));
     }
     let Value::Object(fields) = body else {
