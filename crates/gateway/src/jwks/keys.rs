@@ -309,6 +309,15 @@ fn key_of(jwk: &Jwk) -> Option<Key> {
     {
         return None;
     }
+    // A key whose `key_ops` are listed is used for those only (RFC 7517 §4.3).
+    if jwk
+        .common
+        .key_operations
+        .as_ref()
+        .is_some_and(|ops| !ops.contains(&jsonwebtoken::jwk::KeyOperations::Verify))
+    {
+        return None;
+    }
     let alg = match jwk.common.key_algorithm {
         None => None,
         Some(a) => Some(a.to_string().parse::<Algorithm>().ok()?),
@@ -368,6 +377,26 @@ mod tests {
         let kids: Vec<_> = keys.list.iter().map(|k| k.kid.as_deref()).collect();
         assert_eq!(kids, [Some("long")]);
         assert_eq!(rsa_bits(&keys.list[0].key), Some(2048));
+    }
+
+    #[test]
+    fn a_key_for_encryption_only_is_left_out_of_a_set() {
+        use base64::Engine;
+        let n = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([0xC5u8; 256]);
+        let jwk = |kid: &str, more: &str| {
+            format!(r#"{{"kty":"RSA","kid":"{kid}","n":"{n}","e":"AQAB"{more}}}"#)
+        };
+        let json = format!(
+            r#"{{"keys":[{},{},{},{},{}]}}"#,
+            jwk("plain", ""),
+            jwk("sig", r#","use":"sig""#),
+            jwk("enc", r#","use":"enc""#),
+            jwk("verify", r#","key_ops":["verify"]"#),
+            jwk("encrypt", r#","key_ops":["encrypt","wrapKey"]"#),
+        );
+        let keys = keys_of(&json).expect("a set");
+        let kids: Vec<_> = keys.list.iter().map(|k| k.kid.as_deref()).collect();
+        assert_eq!(kids, [Some("plain"), Some("sig"), Some("verify")]);
     }
 
     #[tokio::test]
