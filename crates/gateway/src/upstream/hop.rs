@@ -129,18 +129,28 @@ const X_FORWARDED_PREFIX: http::HeaderName = http::HeaderName::from_static("x-fo
 /// The `X-Forwarded-Prefix` of a route that strips its prefix: the part of the client's
 /// path taken off, as the client spelled it and without its trailing `/` (`/v1/users` on
 /// `path_prefix: /v1/` → `/v1`), so the backend can make its links whole again (Spring,
-/// ASP.NET and Traefik read it; Kong sets it too). None for a prefix of `/` alone, and
-/// none when a trusted proxy sent its own (kept, as the rest of its family).
+/// ASP.NET and Traefik read it; Kong sets it too). None for a prefix of `/` alone. A
+/// trusted proxy's own (kept, as the rest of its family) comes first: the backend's links
+/// need both parts (`/outer` then `/v1` → `/outer/v1`).
 fn stripped(path: &str, end: Option<usize>, h: &Fields, trusted: bool) -> Option<HeaderValue> {
-    if trusted && h.contains_key(X_FORWARDED_PREFIX) {
-        return None;
-    }
-    let end = end?;
-    let taken = path[..end].trim_end_matches('/');
+    let outer = h
+        .get(X_FORWARDED_PREFIX)
+        .filter(|_| trusted)
+        .map(|v| v.as_bytes().trim_ascii());
+    let taken = path[..end?].trim_end_matches('/');
     if taken.is_empty() {
         return None;
     }
-    HeaderValue::from_str(taken).ok()
+    match outer {
+        None => HeaderValue::from_str(taken).ok(),
+        Some(outer) => {
+            let outer = outer.strip_suffix(b"/").unwrap_or(outer);
+            let mut both = Vec::with_capacity(outer.len() + taken.len());
+            both.extend_from_slice(outer);
+            both.extend_from_slice(taken.as_bytes());
+            HeaderValue::from_bytes(&both).ok()
+        }
+    }
 }
 
 /// A request readied for the hop, once; only `Host` changes from one target to the next.
@@ -231,13 +241,21 @@ mod tests {
             Some("/api")
         );
         assert_eq!(said("/users", &strip("/", false), &none, false), None);
-        // A trusted proxy's own is kept; an untrusted client's was dropped before.
+        // A trusted proxy's own comes first; an untrusted client's was dropped before.
         let mut theirs = Fields::default();
         theirs.insert(X_FORWARDED_PREFIX, HeaderValue::from_static("/edge"));
         assert_eq!(
-            said("/v1/users", &strip("/v1/", false), &theirs, true),
-            None
+            said("/v1/users", &strip("/v1/", false), &theirs, true).as_deref(),
+            Some("/edge/v1")
         );
+        let mut slashed = Fields::default();
+        slashed.insert(X_FORWARDED_PREFIX, HeaderValue::from_static("/edge/"));
+        assert_eq!(
+            said("/v1/users", &strip("/v1/", false), &slashed, true).as_deref(),
+            Some("/edge/v1")
+        );
+        // Nothing taken off here: theirs goes as it came (kept, not set).
+        assert_eq!(said("/users", &strip("/", false), &theirs, true), None);
         assert_eq!(
             said("/v1/users", &strip("/v1/", false), &theirs, false).as_deref(),
             Some("/v1")
