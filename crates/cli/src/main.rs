@@ -137,8 +137,21 @@ fn main() -> ExitCode {
 fn check(path: &std::path::Path) -> ExitCode {
     match tollgate_config::from_path(path) {
         Ok(cfg) => {
-            for w in &cfg.warnings {
+            // What a start reads beside the file: the consumer change log, key files.
+            let beside = tollgate_gateway::preflight(&cfg);
+            for w in cfg.warnings.iter().chain(&beside.warnings) {
                 eprintln!("{}: warning: {w}", path.display());
+            }
+            if !beside.problems.is_empty() {
+                for p in &beside.problems {
+                    eprintln!("{}: {p}", path.display());
+                }
+                eprintln!(
+                    "{}: {} problem(s); not valid",
+                    path.display(),
+                    beside.problems.len()
+                );
+                return ExitCode::FAILURE;
             }
             println!(
                 "{}: valid ({} listener(s), {} route(s), {} upstream(s), {} consumer(s), {} plan(s))",

@@ -100,6 +100,78 @@ fn check_config(file: impl AsRef<std::ffi::OsStr>) -> std::process::Output {
 }
 
 #[test]
+fn check_reads_the_change_log_and_key_files_as_a_start_does() {
+    let dir = temp_dir("check-beside");
+    let log = dir.join("consumers.changes");
+    let f = dir.join("tollgate.yaml");
+    // carol2 holds `shared-key` through the admin API (its digest in the log).
+    let carol2 = r#"{"name":"carol2","plan":"gold","keys":[{"id":"e6600d79142a","sha256":"e6600d79142aedd819d29b51cf363540e79c7b54e3f42c0d38cd8807b0cfa1d1","created":0}],"version":1024}"#;
+    let config = |consumers: &str, plans: &str| {
+        format!(
+            "listeners: [{{address: 127.0.0.1:8080}}]\nupstreams: {{backend: {{targets: [127.0.0.1:1337]}}}}\nconsumers_log: {}\nplans: {{{plans}}}\nconsumers: [{consumers}]\nroutes:\n  - {{path_prefix: /a/, upstream: backend, auth: {{}}}}\n",
+            log.display()
+        )
+    };
+    let check = |text: String| {
+        std::fs::write(&f, text).expect("write");
+        let out = check_config(&f);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    std::fs::write(&log, format!("{carol2}\n")).expect("log");
+    let (ok, err) = check(config("{name: alice, keys: [a-key]}", "gold: {}"));
+    assert!(ok, "{err}");
+    // A key the log gives another consumer.
+    let (ok, err) = check(config("{name: zed, keys: [shared-key]}", "gold: {}"));
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("consumers: consumer \"zed\" is given a key that consumer \"carol2\" holds"),
+        "{err}"
+    );
+    // A plan a managed consumer is on, gone from the config.
+    let (ok, err) = check(config("{name: alice, keys: [a-key]}", "silver: {}"));
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("consumer \"carol2\", managed through the admin API, is on plan \"gold\""),
+        "{err}"
+    );
+    // A damaged line.
+    std::fs::write(&log, format!("{carol2}\n{{\"name\": \"x\"\n{carol2}\n")).expect("log");
+    let (ok, err) = check(config("{name: alice, keys: [a-key]}", "gold: {}"));
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("consumers_log: cannot keep the consumer change log"),
+        "{err}"
+    );
+    assert!(err.contains("line 2 is not a consumer change"), "{err}");
+    let _ = std::fs::remove_file(&log);
+
+    // A key file that leaves nothing to verify with: valid (a start serves, refusing the
+    // route's tokens), and said.
+    std::fs::write(
+        dir.join("keys.json"),
+        r#"{"keys":[{"kty":"RSA","n":"abc","e":"AQAB","kid":"x"}]}"#,
+    )
+    .expect("keys");
+    std::fs::write(
+        &f,
+        "listeners: [{address: 127.0.0.1:8080}]\nupstreams: {backend: {targets: [127.0.0.1:1337]}}\nroutes:\n  - {path_prefix: /a/, upstream: backend, auth: {jwt: {jwks_file: keys.json}}}\n",
+    )
+    .expect("write");
+    let out = check_config(&f);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: routes[0].auth.jwt.jwks_file: 1 RSA key(s) shorter than 2048 bits")
+            && err.contains("no key the gateway can verify with"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn check_prints_every_problem_with_its_place() {
     let dir = temp_dir("check");
     let f = dir.join("bad.yaml");

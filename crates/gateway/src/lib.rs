@@ -39,7 +39,7 @@ pub mod watch;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{Cluster, ClusterMetrics, LEASE};
 pub use exchange::ConnInfo;
-pub use gateway::{Gateway, ReloadStatus};
+pub use gateway::{preflight, Findings, Gateway, ReloadStatus};
 /// Makes ring verify token signatures in this process (the gateway does so when it first
 /// meets a token route; a process that uses jsonwebtoken before that calls this first).
 pub use jwks::install_crypto;

@@ -6,11 +6,13 @@ mod fetch;
 mod logged_head;
 mod logging;
 mod pipeline;
+mod preflight;
 mod reload;
 mod start;
 mod state;
 mod unread;
 mod writes;
 
+pub use preflight::{preflight, Findings};
 pub use state::{Gateway, ReloadStatus};
 pub use tollgate_config::fingerprint;

@@ -249,6 +249,20 @@ pub fn algorithm(a: JwtAlgorithm) -> Algorithm {
 /// rather than failing the set, and so are symmetric (`oct`) keys: a published set holds
 /// public keys only, and an HMAC key in it would let anyone who reads it sign.
 pub(super) fn keys_of(json: &str) -> Result<Keys, String> {
+    let (keys, weak) = keys_counted(json)?;
+    if weak > 0 {
+        tracing::warn!("{}", weak_said(weak));
+    }
+    Ok(keys)
+}
+
+/// What is said of `weak` RSA keys left out of a set.
+pub(super) fn weak_said(weak: usize) -> String {
+    format!("{weak} RSA key(s) shorter than 2048 bits left out of a key set: tokens they sign are refused")
+}
+
+/// The usable keys of a JWK set, and how many RSA keys were left out as too short.
+pub(super) fn keys_counted(json: &str) -> Result<(Keys, usize), String> {
     #[derive(serde::Deserialize)]
     struct Set {
         keys: Vec<serde_json::Value>,
@@ -268,22 +282,41 @@ pub(super) fn keys_of(json: &str) -> Result<Keys, String> {
             !short
         })
         .collect();
-    if weak > 0 {
-        tracing::warn!(
-            "{weak} RSA key(s) shorter than 2048 bits left out of a key set: tokens they sign are refused"
-        );
-    }
     let text = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         json.hash(&mut h);
         h.finish()
     };
-    Ok(Keys {
-        list,
-        secret: false,
-        text,
-    })
+    Ok((
+        Keys {
+            list,
+            secret: false,
+            text,
+        },
+        weak,
+    ))
+}
+
+/// What is said of a key file that leaves nothing to verify with.
+pub(crate) const NO_USABLE_KEY: &str = "no key the gateway can verify with; its tokens are refused";
+
+/// What a route's `jwks_file` gives the gateway to verify with, said as a start logs it:
+/// RSA keys too short to use, and a file that leaves no key at all.
+pub fn file_findings(text: &str) -> Vec<String> {
+    match keys_counted(text) {
+        Err(e) => vec![e],
+        Ok((keys, weak)) => {
+            let mut said = Vec::new();
+            if weak > 0 {
+                said.push(weak_said(weak));
+            }
+            if keys.list.is_empty() {
+                said.push(NO_USABLE_KEY.to_string());
+            }
+            said
+        }
+    }
 }
 
 /// The length in bits of an RSA key's modulus; `None` for other keys.

@@ -15,6 +15,6 @@ mod sets;
 mod tokens;
 
 pub use crypto::install as install_crypto;
-pub use keys::{algorithm, Key, KeySet};
+pub use keys::{algorithm, file_findings, Key, KeySet};
 pub use sets::KeyRing;
 pub use tokens::{TokenCache, Verified};

@@ -47,7 +47,7 @@ impl KeyRing {
             JwtKeys::File(text) => {
                 let keys = match keys_of(text) {
                     Ok(keys) if keys.list.is_empty() => {
-                        tracing::error!(source = %label, "JWKS file: no key the gateway can verify with; its tokens are refused");
+                        tracing::error!(source = %label, "JWKS file: {}", super::keys::NO_USABLE_KEY);
                         keys
                     }
                     Ok(keys) => keys,

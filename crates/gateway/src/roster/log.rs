@@ -85,57 +85,11 @@ impl Log {
     /// other line that is not a valid record, or a log that cannot be read, is an error
     /// naming the line. Another process keeping the same log is an error too.
     pub fn open(path: &Path) -> std::io::Result<(Log, Replayed)> {
-        // Not a FIFO or a device: reading one would wait for a writer, or never end.
-        if let Ok(m) = std::fs::metadata(path) {
-            if !m.is_file() {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "it is not a regular file",
-                ));
-            }
-        }
+        // Not a FIFO or a device (before the lock, which would open it): reading one would
+        // wait for a writer, or never end.
+        regular(path)?;
         let lock = FileLock::take(path, "this log", BUSY)?;
-        let mut replayed = Replayed::default();
-        let mut lines = 0;
-        let mut torn = None;
-        let damaged = |line: usize, why: String| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "line {line} is not a consumer change ({why}); only a torn last line is skipped, since a change lost could bring back a consumer or key it deleted: mend or remove the line"
-                ),
-            )
-        };
-        match std::fs::read(path) {
-            Ok(bytes) => {
-                let ends_whole = bytes.last().is_none_or(|b| *b == b'\n');
-                let last_start = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-                if !ends_whole {
-                    torn = Some(bytes.len() as u64);
-                }
-                let count = bytes.split(|b| *b == b'\n').count();
-                for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
-                    if line.iter().all(u8::is_ascii_whitespace) {
-                        continue;
-                    }
-                    let is_torn = !ends_whole && i + 1 == count;
-                    match serde_json::from_slice::<Managed>(line) {
-                        Ok(r) => {
-                            check(&r).map_err(|why| damaged(i + 1, why))?;
-                            lines += 1;
-                            replayed.records.push(r);
-                        }
-                        Err(_) if is_torn => {
-                            replayed.skipped.push(i + 1);
-                            torn = Some(last_start as u64);
-                        }
-                        Err(e) => return Err(damaged(i + 1, e.to_string())),
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => replayed.missing = true,
-            Err(e) => return Err(e),
-        }
+        let (replayed, lines, torn) = read(path)?;
         Ok((
             Log {
                 path: path.to_path_buf(),
@@ -293,6 +247,66 @@ impl Log {
     pub fn abandon_compaction(&mut self, aside: &Path) {
         self.compacting = None;
         let _ = std::fs::remove_file(aside);
+    }
+}
+
+/// What the log at `path` holds, read without taking it (`tollgate check` reads the log of
+/// a running gateway): the records, the count of lines read and where a torn last line
+/// starts. The errors are those of [`Log::open`].
+pub fn read(path: &Path) -> std::io::Result<(Replayed, u64, Option<u64>)> {
+    regular(path)?;
+    let mut replayed = Replayed::default();
+    let mut lines = 0;
+    let mut torn = None;
+    let damaged = |line: usize, why: String| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "line {line} is not a consumer change ({why}); only a torn last line is skipped, since a change lost could bring back a consumer or key it deleted: mend or remove the line"
+            ),
+        )
+    };
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let ends_whole = bytes.last().is_none_or(|b| *b == b'\n');
+            let last_start = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+            if !ends_whole {
+                torn = Some(bytes.len() as u64);
+            }
+            let count = bytes.split(|b| *b == b'\n').count();
+            for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let is_torn = !ends_whole && i + 1 == count;
+                match serde_json::from_slice::<Managed>(line) {
+                    Ok(r) => {
+                        check(&r).map_err(|why| damaged(i + 1, why))?;
+                        lines += 1;
+                        replayed.records.push(r);
+                    }
+                    Err(_) if is_torn => {
+                        replayed.skipped.push(i + 1);
+                        torn = Some(last_start as u64);
+                    }
+                    Err(e) => return Err(damaged(i + 1, e.to_string())),
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => replayed.missing = true,
+        Err(e) => return Err(e),
+    }
+    Ok((replayed, lines, torn))
+}
+
+/// Refuses a path that is there but no regular file (a FIFO, a device, a folder).
+fn regular(path: &Path) -> std::io::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "it is not a regular file",
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -86,9 +86,24 @@ impl Roster {
                 "consumer change log: a torn last line (a crash mid-write) was skipped; the next change cuts it off"
             );
         }
+        let roster = Roster::replayed(replayed, Some(path))?;
+        *roster.log.lock() = Some(log);
+        Ok(roster)
+    }
+
+    /// What the change log at `path` holds, read as [`Roster::open`] reads it but without
+    /// taking the log (a running gateway may keep it), only to be set against a config
+    /// (`tollgate check`).
+    pub fn read(path: &Path) -> std::io::Result<Roster> {
+        let (replayed, _, _) = log::read(path)?;
+        Roster::replayed(replayed, None)
+    }
+
+    /// A roster of the records `replayed` (from the log at `path`, when it is kept).
+    fn replayed(replayed: log::Replayed, path: Option<&Path>) -> std::io::Result<Roster> {
         let roster = Roster {
             new_log: replayed.missing,
-            log_path: Some(path.to_path_buf()),
+            log_path: path.map(Path::to_path_buf),
             ..Roster::default()
         };
         for r in replayed.records {
@@ -110,7 +125,6 @@ impl Roster {
                 }
             }
         }
-        *roster.log.lock() = Some(log);
         Ok(roster)
     }
 
