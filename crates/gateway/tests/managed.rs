@@ -741,6 +741,52 @@ async fn a_consumer_may_be_put_with_its_name_and_plain_keys_and_leaves_the_list_
 }
 
 #[tokio::test]
+async fn a_listed_consumer_put_again_after_its_deletion_has_none_of_the_configs_keys() {
+    let (dir, gw, ad) = managed_gateway("managed-again").await;
+    assert_eq!(call(&gw, "/api/x", "ka").await.status, 200);
+    let (s, _) = admin(ad, Method::DELETE, "/consumers/alice", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(call(&gw, "/api/x", "ka").await.status, 401);
+    // Made again (a plan sync, `tollgate consumers add`): the leaked key stays revoked.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/alice",
+        Some(json!({"plan": "gold"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["config_keys"], false, "{v}");
+    assert_eq!(call(&gw, "/api/x", "ka").await.status, 401);
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/alice",
+        Some(json!({"metadata": {"tier": "2"}})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        call(&gw, "/api/x", "ka").await.status,
+        401,
+        "a later change keeps it revoked"
+    );
+    // A key given through the API names it, the config's own among them.
+    let (s, v) = admin(
+        ad,
+        Method::PUT,
+        "/consumers/alice",
+        Some(json!({"keys": ["ka"]})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let a = call(&gw, "/api/x", "ka").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("x-consumer: alice\n"), "{}", a.body);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn the_change_log_does_not_move_under_a_running_gateway_nor_get_left_behind() {
     let dir = tempdir("managed-log-moves");
     let log = dir.join("consumers.changes");

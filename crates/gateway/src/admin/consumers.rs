@@ -96,15 +96,20 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// A managed consumer's record as the API shows it (`listed`: the config lists it too).
+/// A managed consumer's record as the API shows it (`listed`: the config lists it too;
+/// `config_keys: false` when its deletion revoked the config's keys for good).
 fn managed_view(m: &Managed, listed: bool) -> Value {
-    j!({
+    let mut v = j!({
         "name": m.name,
         "plan": m.plan,
         "source": if listed { "config+api" } else { "api" },
         "keys": m.keys,
         "metadata": m.metadata,
-    })
+    });
+    if listed && m.without_config_keys {
+        v["config_keys"] = Value::Bool(false);
+    }
+    v
 }
 
 /// The consumer `name` as the API shows it: where it comes from, its plan, its keys made
@@ -244,7 +249,8 @@ impl Listed {
     }
 
     /// The record a change of `name` starts from: the API's (unless deleted), or one made
-    /// for a listed consumer; `None` when neither.
+    /// for a listed consumer; `None` when neither. A listed consumer put again after its
+    /// deletion is made without the config's keys: the deletion revoked them.
     fn start(&self, now: Option<&Managed>, name: &str) -> Option<Managed> {
         if let Some(m) = now.filter(|m| !m.deleted) {
             return Some(m.clone());
@@ -256,6 +262,7 @@ impl Listed {
             keys: Vec::new(),
             metadata: Map::new(),
             deleted: false,
+            without_config_keys: now.is_some_and(|m| m.deleted || m.without_config_keys),
             version: 0,
         })
     }
@@ -422,13 +429,15 @@ async fn put(gw: &Arc<Gateway>, snap: &Snapshot, name: &str, body: Value) -> Ans
             }
         }
         let start = listed.start(now, &owned);
-        let created = start.is_none();
+        // Made anew: unknown, or deleted (a listed one included) until now.
+        let created = start.is_none() || now.is_some_and(|m| m.deleted);
         let mut r = start.unwrap_or_else(|| Managed {
             name: owned.clone(),
             plan: None,
             keys: Vec::new(),
             metadata: Map::new(),
             deleted: false,
+            without_config_keys: false,
             version: 0,
         });
         if let Some(p) = plan {

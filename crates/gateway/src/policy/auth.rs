@@ -116,8 +116,8 @@ fn by_key(snap: &Snapshot, auth: &AuthConfig, parts: &mut Parts) -> Result<usize
     Ok(consumer)
 }
 
-/// The consumer holding `key`: a listed one (unless the admin API deleted it or moved it
-/// to another plan), else one whose key the admin API added (found by the key's digest,
+/// The consumer holding `key`: a listed one (unless the admin API deleted it, or put it
+/// again after a deletion, or moved it to another plan), else one whose key the admin API added (found by the key's digest,
 /// looked for only while the API manages any consumer).
 fn identify(snap: &Snapshot, key: &[u8]) -> Result<usize, Refusal> {
     let listed = snap.config.consumers.by_key(key);
@@ -125,10 +125,13 @@ fn identify(snap: &Snapshot, key: &[u8]) -> Result<usize, Refusal> {
         return listed.ok_or(Refusal::UnknownKey);
     }
     if let Some(i) = listed {
-        return match snap.roster.get(snap.consumer_name(i)) {
-            None => Ok(i),
-            Some(m) => snap.managed(&m, Some(i)),
-        };
+        match snap.roster.get(snap.consumer_name(i)) {
+            None => return Ok(i),
+            // Put again after a deletion, which revoked the config's keys: only a key the
+            // API gave it (looked for below) names it.
+            Some(m) if m.without_config_keys && !m.deleted => {}
+            Some(m) => return snap.managed(&m, Some(i)),
+        }
     }
     let m = snap
         .roster

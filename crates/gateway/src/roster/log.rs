@@ -385,6 +385,7 @@ mod tests {
             keys: vec![],
             metadata: Default::default(),
             deleted: false,
+            without_config_keys: false,
             version,
         }
     }

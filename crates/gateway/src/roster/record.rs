@@ -22,6 +22,11 @@ pub struct Managed {
     /// Deleted: the consumer is refused, whatever the config lists.
     #[serde(default, skip_serializing_if = "is_false")]
     pub deleted: bool,
+    /// Put again after it was deleted: the keys the config lists under its name stay
+    /// refused (the deletion revoked them, as Kong's does a consumer's credentials); only
+    /// the keys given through the API name it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub without_config_keys: bool,
     /// Orders changes to one name: the higher wins (milliseconds since the epoch, times
     /// 1024, plus a count within the millisecond).
     pub version: u64,
@@ -90,6 +95,7 @@ mod tests {
             keys: vec![],
             metadata: Map::new(),
             deleted: false,
+            without_config_keys: false,
             version: 1,
         };
         let line = serde_json::to_string(&r).expect("json");

@@ -49,6 +49,7 @@ fn rec(name: &str, digest: u8, version: u64) -> Managed {
         }],
         metadata: Default::default(),
         deleted: false,
+        without_config_keys: false,
         version,
     }
 }
