@@ -134,6 +134,18 @@ async fn refuses_missing_unknown_and_forbidden_keys() {
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
     assert_eq!(a.refusal(), r#"{"status":401,"error":"missing API key"}"#);
     assert_eq!(a.header("content-type"), "application/json");
+    // A key left blank is no key; another place's key still counts.
+    let a = c.get(&gw.url("/test/?apikey=")).await;
+    assert_eq!(a.refusal(), r#"{"status":401,"error":"missing API key"}"#);
+    let a = c
+        .request(
+            Method::GET,
+            &gw.url("/test/?apikey=t1"),
+            &[("x-api-key", "")],
+            "",
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     let a = c.get(&gw.url("/test/?apikey=nope")).await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
     assert_eq!(a.refusal(), r#"{"status":401,"error":"unknown API key"}"#);

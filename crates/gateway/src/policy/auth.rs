@@ -88,7 +88,11 @@ fn by_key(snap: &Snapshot, auth: &AuthConfig, parts: &mut Parts) -> Result<usize
     for name in &auth.header {
         for v in parts.headers.get_all(name) {
             let k = v.to_str().map_err(|_| Refusal::UnknownKey)?;
-            one_key(&mut key, Cow::Borrowed(k))?;
+            // An empty one is no key (a form or a script that left it blank): missing,
+            // as Kong says it, unless another place holds one.
+            if !k.is_empty() {
+                one_key(&mut key, Cow::Borrowed(k))?;
+            }
         }
     }
     // Where the credentials start in the query: stripped without matching names again.
@@ -97,7 +101,9 @@ fn by_key(snap: &Snapshot, auth: &AuthConfig, parts: &mut Parts) -> Result<usize
         for (at, name, value) in params(q) {
             if is_credential(name, &auth.query) {
                 in_query.push(at);
-                one_key(&mut key, percent_decode(value))?;
+                if !value.is_empty() {
+                    one_key(&mut key, percent_decode(value))?;
+                }
             }
         }
     }
@@ -117,8 +123,8 @@ fn by_key(snap: &Snapshot, auth: &AuthConfig, parts: &mut Parts) -> Result<usize
 }
 
 /// The consumer holding `key`: a listed one (unless the admin API deleted it, or put it
-/// again after a deletion, or moved it to another plan), else one whose key the admin API added (found by the key's digest,
-/// looked for only while the API manages any consumer).
+/// again after a deletion, or moved it to another plan), else one whose key the admin API
+/// added (found by the key's digest, looked for only while the API manages any consumer).
 fn identify(snap: &Snapshot, key: &[u8]) -> Result<usize, Refusal> {
     let listed = snap.config.consumers.by_key(key);
     if snap.roster.is_empty() {
