@@ -143,9 +143,17 @@ fn window(seconds: u64) -> String {
 /// status class over that time, from Redis (cluster), the node's admin endpoint, or the
 /// analytics database file, in that order of preference.
 pub fn history(path: &Path, consumer: &str, ago: &str, json: bool) -> ExitCode {
-    let Ok(d) = humantime::parse_duration(ago) else {
-        eprintln!("tollgate usage: --history {ago:?}: give a duration such as 90m, 24h or 7d");
-        return ExitCode::FAILURE;
+    // Written as the config writes durations: a whole number and a unit, not zero.
+    let d = match tollgate_config::units::parse_duration(ago) {
+        Ok(d) if d.as_secs() > 0 => d,
+        Ok(_) => {
+            eprintln!("tollgate usage: --history {ago:?}: give a time of a second or more, such as 90m, 24h or 7d");
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("tollgate usage: --history: {e}");
+            return ExitCode::FAILURE;
+        }
     };
     let Some(cfg) = load(path) else {
         return ExitCode::FAILURE;

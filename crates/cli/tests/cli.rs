@@ -976,6 +976,21 @@ fn usage_names_the_redis_it_cannot_read() {
         "{err}"
     );
     assert!(!err.contains("hunter2"), "{err}");
+    // A time as the config writes one: whole, with a unit, and not nothing.
+    for (ago, said) in [
+        ("1.5h", "must be a whole number with a unit; write 90m"),
+        ("0s", "a second or more"),
+        ("soon", "must start with a whole number"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["usage", "--config"])
+            .arg(&file)
+            .args(["alice", "--history", ago])
+            .output()
+            .expect("run usage");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(said), "{ago}: {err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
