@@ -312,7 +312,13 @@ fn algorithms(
 type Read = Option<(std::path::PathBuf, u64)>;
 
 fn jwks_file(name: &str, at: &str, base: &Path, p: &mut Problems) -> (Option<Arc<str>>, Read) {
-    let path = base.join(name);
+    // Beside a config read from the working folder, said as the config names it (not
+    // `././keys.json`).
+    let path = if base == Path::new(".") {
+        Path::new(name).to_path_buf()
+    } else {
+        base.join(name)
+    };
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) => {
@@ -356,7 +362,19 @@ fn jwks_text(text: String, path: &Path, at: &str, p: &mut Problems) -> Option<Ar
             None
         }
         Err(e) => {
-            p.add(at, format!("{} is not JSON: {e}", path.display()));
+            // Its place in the key file as `file:line:column`: the config's own place is
+            // added after it.
+            let why = e.to_string();
+            let why = why.split(" at line ").next().unwrap_or(&why);
+            p.add(
+                at,
+                format!(
+                    "{}:{}:{} is not JSON: {why}",
+                    path.display(),
+                    e.line(),
+                    e.column()
+                ),
+            );
             None
         }
     }

@@ -490,6 +490,7 @@ fn token_settings_are_checked_with_their_place() {
     std::fs::write(dir.join("short.secret"), "too short\n").expect("write");
     std::fs::write(dir.join("forty.secret"), "x".repeat(40)).expect("write");
     std::fs::write(dir.join("set.json"), r#"{"kids": []}"#).expect("write");
+    std::fs::write(dir.join("garbage.json"), "garbage\n").expect("write");
     std::fs::write(
         dir.join("oct.json"),
         r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#,
@@ -518,10 +519,17 @@ routes:
   - {name: g, path_prefix: /g/, upstream: backend, auth: {jwt: {jwks_file: oct.json}}}
   - {name: h, path_prefix: /h/, upstream: backend, auth: {jwt: {secret_file: forty.secret, algorithms: [HS256, HS384]}}}
   - {name: i, path_prefix: /i/, upstream: backend, auth: {jwt: {secret_file: missing.secret, clock_skew: 1h, max_token_bytes: 100}}}
+  - {name: j, path_prefix: /j/, upstream: backend, auth: {jwt: {jwks_file: garbage.json}}}
 "#;
     let err = crate::from_yaml_in(bad, &dir)
         .expect_err("invalid")
         .to_string();
+    // Its place in the key file, and the setting's in the config.
+    assert!(
+        err.contains("routes[9].auth.jwt.jwks_file: ")
+            && err.contains("garbage.json:1:1 is not JSON: expected value (line 24, column 76)"),
+        "{err}"
+    );
     for want in [
         "routes[0].auth.jwt: needs `issuer`",
         "routes[1].auth.jwt.issuer: \"id.example.com\" must be an http:// or https:// URL",
