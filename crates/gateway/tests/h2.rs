@@ -1067,33 +1067,56 @@ async fn streams_of_large_literal_headers_have_a_budget_per_connection() {
         pad(&mut block);
         frame(0x1, 0x4, id, &block)
     };
-    // A GET without its key: refused (401) at once when it is taken.
-    let get = |id: u32| {
-        let mut block = vec![0x82, 0x86, 0x04, 0x08];
+    // A GET without its key (401 at once), or a POST declaring more body than the
+    // listener takes (413 at once).
+    let ask = |id: u32, post: bool| {
+        let mut block = vec![if post { 0x83 } else { 0x82 }, 0x86, 0x04, 0x08];
         block.extend_from_slice(b"/keyed/x");
         block.extend_from_slice(&[0x41, 0x01, b'a']);
+        if post {
+            block.extend_from_slice(&[0x5c, 0x0b]);
+            block.extend_from_slice(b"99999999999");
+        }
         pad(&mut block);
-        frame(0x1, 0x5, id, &block)
+        // A GET ends with its headers; a POST's body is still to come.
+        frame(0x1, if post { 0x4 } else { 0x5 }, id, &block)
     };
     let mut s = TcpStream::connect(g.addr).await.expect("connect");
     let mut out = preface();
     for id in [1, 3, 5, 7, 9] {
         out.extend(post(id));
     }
-    // Five run; the sixth would hold more than the budget: refused as unprocessed (the
-    // client may send it again), the connection kept.
-    out.extend(get(11));
+    // The budget is full. A stream that ends with its headers is not held by its client:
+    // taken. One whose body is still to come is refused as unprocessed (the client may
+    // send it again), however many times: the connection is kept.
+    out.extend(ask(11, false));
+    let refused: Vec<u32> = (0..70).map(|i| 13 + 2 * i).collect();
+    for id in &refused {
+        out.extend(ask(*id, true));
+    }
     s.write_all(&out).await.expect("write");
-    let (k, id, p) = bounded(
-        "a reset",
-        frame_where(&mut s, |k, _| matches!(k, 0x1 | 0x3 | 0x7)),
-    )
-    .await
-    .expect("a frame");
-    assert_eq!((k, id, p), (0x3, 11, 7u32.to_be_bytes().to_vec()));
-    // One of them ends (the client cancels it): the same request is taken now.
+    let mut frames = Frames::default();
+    let mut seen = Vec::new();
+    while seen.len() < 1 + refused.len() {
+        let (k, _, id, p) = bounded("a frame", frames.next(&mut s))
+            .await
+            .expect("the connection stays");
+        match k {
+            0x1 => seen.push((id, "answered")),
+            0x3 if p == 7u32.to_be_bytes() => seen.push((id, "refused")),
+            0x3 | 0x7 => panic!("type {k} on {id}: {p:?}"),
+            _ => {}
+        }
+    }
+    assert_eq!(seen[0], (11, "answered"));
+    assert!(
+        seen[1..].iter().all(|(_, what)| *what == "refused"),
+        "{seen:?}"
+    );
+    // One of the held streams ends (the client cancels it): the same request is taken now.
+    let last = 13 + 2 * refused.len() as u32;
     let mut more = frame(0x3, 0, 1, &8u32.to_be_bytes());
-    more.extend(get(13));
+    more.extend(ask(last, true));
     s.write_all(&more).await.expect("write");
     let (k, id, _) = bounded(
         "an answer",
@@ -1101,7 +1124,7 @@ async fn streams_of_large_literal_headers_have_a_budget_per_connection() {
     )
     .await
     .expect("a frame");
-    assert_eq!((k, id), (0x1, 13), "stream 13 answered");
+    assert_eq!((k, id), (0x1, last), "the last stream answered");
 }
 
 #[tokio::test]

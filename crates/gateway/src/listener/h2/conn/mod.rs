@@ -54,8 +54,9 @@ pub struct Limits {
     pub max_headers: usize,
     /// Request-body bytes the streams may hold before going upstream.
     pub max_request_buffer: usize,
-    /// Header bytes sent as literals that the running streams may hold together (4 ×
-    /// `max_header_list`): past it, a new stream is refused until some finish.
+    /// Header bytes sent as literals that the running streams whose body is still to come
+    /// may hold together (4 × `max_header_list`): past it, such a new stream is refused
+    /// until some finish or end their bodies.
     pub max_header_held: usize,
 }
 

@@ -228,6 +228,8 @@ where
                 return Ok(());
             }
             st.state = StreamState::HalfClosedRemote;
+            // Its body is whole: the client no longer decides how long it stays.
+            self.held -= std::mem::take(&mut st.held);
             if let Some(tx) = st.recv.take() {
                 tx.end(Some(trailers));
             }
@@ -266,17 +268,22 @@ where
             self.answer_now(id, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, end_stream);
             return Ok(());
         }
-        // As many streams as allowed; and no more header bytes held by those running than
-        // four lists at their largest, so that many streams of large literal headers kept
-        // waiting (for a body that trickles in) cannot hold more than a few lists' worth.
-        // A refused stream was not processed: the client may send it again.
-        if self.streams.len() >= self.limits.max_streams as usize
-            || self.held + decoded.held > self.limits.max_header_held
-        {
+        if self.streams.len() >= self.limits.max_streams as usize {
             self.reset(id, code::REFUSED_STREAM);
             return Ok(());
         }
-        let held = decoded.held;
+        // Streams whose body is still to come are kept as long as the client sends it (a
+        // byte at a time, if it likes): their literal header bytes may add up to four lists
+        // at their largest, so that many such streams cannot hold more than a few lists'
+        // worth. A stream that ends with its headers waits on the gateway and the upstream
+        // only, whose timeouts bound it. A stream refused here was not processed: the client
+        // may send it again, and is not counted for it (it could not know the budget).
+        let held = if end_stream { 0 } else { decoded.held };
+        if self.held + held > self.limits.max_header_held {
+            frame::rst_stream(&mut self.wbuf, id, code::REFUSED_STREAM);
+            self.remember(id);
+            return Ok(());
+        }
         let head = match request::head(decoded.fields) {
             Ok(h) => h,
             Err(why) => {
@@ -405,6 +412,7 @@ where
                 return Ok(());
             }
             st.state = StreamState::HalfClosedRemote;
+            self.held -= std::mem::take(&mut st.held);
             if let Some(tx) = st.recv.take() {
                 tx.end(None);
             }

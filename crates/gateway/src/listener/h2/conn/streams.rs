@@ -53,7 +53,8 @@ pub(super) struct Out<B> {
 pub(super) struct Stream<B> {
     /// The slot of the stream's future while it runs.
     pub(super) slot: Option<usize>,
-    /// Literal header bytes its request holds while its future runs.
+    /// Literal header bytes its request holds while its future runs and its body is still
+    /// to come (counted in the connection's budget).
     pub(super) held: usize,
     /// Feeds the request body while the client sends it.
     pub(super) recv: Option<Sender>,
