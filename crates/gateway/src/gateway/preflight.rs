@@ -20,7 +20,13 @@ pub fn preflight(config: &Config) -> Findings {
     let mut found = Findings::default();
     if let Some(path) = &config.consumers_log {
         match crate::roster::Roster::read(path) {
-            Ok(roster) => found.problems.extend(roster.conflicts(config)),
+            Ok(roster) => {
+                // A key of two consumers stops a start; a plan gone leaves its managed
+                // consumers refused (503), which a start says and serves on (a reload to
+                // such a config is refused).
+                found.problems.extend(roster.key_conflicts(config));
+                found.warnings.extend(roster.missing_plans(config));
+            }
             Err(e) => {
                 use std::io::ErrorKind as K;
                 let why = format!(

@@ -407,7 +407,6 @@ impl Roster {
     /// one consumer), a plan a record names that it does not define (the consumer would
     /// go unlimited).
     pub fn conflicts(&self, config: &tollgate_config::Config) -> Vec<tollgate_config::Problem> {
-        let consumers = &config.consumers;
         let mut found = Vec::new();
         // The log is opened at start and written to until the gateway stops: a config
         // that keeps the changes elsewhere would, at the next start, read a log without
@@ -432,6 +431,16 @@ impl Roster {
             }
         }
         found.extend(self.missing_plans(config));
+        found.extend(self.key_conflicts(config));
+        found.sort_by(|a, b| a.message.cmp(&b.message));
+        found
+    }
+
+    /// The keys `config` gives a consumer that a record gives another, each as a problem
+    /// at `consumers`: a key names one consumer.
+    pub fn key_conflicts(&self, config: &tollgate_config::Config) -> Vec<tollgate_config::Problem> {
+        let consumers = &config.consumers;
+        let mut found = Vec::new();
         for r in self.by_name.iter().filter(|r| !r.deleted) {
             for k in &r.keys {
                 let Some(d) = parse_digest(&k.sha256) else {
