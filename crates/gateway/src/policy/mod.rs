@@ -86,8 +86,10 @@ pub fn run(
 }
 
 /// Who the caller is, for a refusal decided before the policies run (a body declared
-/// larger than the listener takes): the consumer its credential names, if it names one, so
-/// that the refusal is logged and counted under it. Refuses nothing itself.
+/// larger than the listener takes): the consumer its API key or client certificate names,
+/// if it names one, so that the refusal is logged and counted under it. A token route's
+/// caller is not looked for: a signature check, or a key set fetch for a key id not yet
+/// seen, is not spent on a request refused anyway. Refuses nothing itself.
 pub fn identify(
     snap: &Snapshot,
     route: &Route,
@@ -95,6 +97,9 @@ pub fn identify(
     clock: &dyn Clock,
     client_names: Option<&[Box<str>]>,
 ) -> Option<usize> {
+    if route.jwt.is_some() {
+        return None;
+    }
     auth::authenticate(snap, route, parts, client_names, clock)
         .ok()
         .flatten()
