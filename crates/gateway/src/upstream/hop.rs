@@ -133,14 +133,15 @@ const X_FORWARDED_PREFIX: http::HeaderName = http::HeaderName::from_static("x-fo
 /// trusted proxy's own (kept, as the rest of its family) comes first: the backend's links
 /// need both parts (`/outer` then `/v1` → `/outer/v1`).
 fn stripped(path: &str, end: Option<usize>, h: &Fields, trusted: bool) -> Option<HeaderValue> {
-    let outer = h
-        .get(X_FORWARDED_PREFIX)
-        .filter(|_| trusted)
-        .map(|v| v.as_bytes().trim_ascii());
     let taken = path[..end?].trim_end_matches('/');
     if taken.is_empty() {
         return None;
     }
+    // Looked for only behind a trusted proxy: a scan of the names, on a route that strips.
+    let outer = trusted
+        .then(|| h.get(X_FORWARDED_PREFIX))
+        .flatten()
+        .map(|v| v.as_bytes().trim_ascii());
     match outer {
         None => HeaderValue::from_str(taken).ok(),
         Some(outer) => {
