@@ -92,6 +92,16 @@ fn body_error(e: &(dyn std::error::Error + 'static), at_most: &str) -> Answer {
     }
 }
 
+/// Why a query is refused (400) where `endpoint` takes no parameters: the first name
+/// given, which it does not know. `None` for no query (or an empty one).
+pub fn takes_none(endpoint: &str, query: Option<&str>) -> Option<String> {
+    let first = query?.split('&').find(|p| !p.is_empty())?;
+    let name = crate::query::percent_decode(first.split('=').next().unwrap_or(first));
+    Some(format!(
+        "unknown query parameter {name:?}: {endpoint} takes none"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

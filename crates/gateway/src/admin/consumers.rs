@@ -7,7 +7,7 @@
 //! - `GET|PUT|DELETE /consumers/{name}`
 //! - `POST /consumers/{name}/keys`, `DELETE /consumers/{name}/keys/{id}`
 
-use super::answer::{error, json, Answer};
+use super::answer::{error, json, takes_none, Answer};
 use crate::gateway::Gateway;
 use crate::roster::record::{hex, parse_digest, valid_name, Managed, ManagedKey};
 use crate::roster::RosterError;
@@ -43,16 +43,8 @@ pub async fn handle(gw: &Arc<Gateway>, req: Request<Incoming>, path: &str) -> An
     // Only the list reads parameters: on a consumer or a key, one given is a mistake, and
     // a `DELETE …?dry_run=true` must not delete.
     if parts != [""] {
-        if let Some(first) = req
-            .uri()
-            .query()
-            .and_then(|q| q.split('&').find(|p| !p.is_empty()))
-        {
-            let name = crate::query::percent_decode(first.split('=').next().unwrap_or(first));
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("unknown query parameter {name:?}: /consumers/{{name}} takes none"),
-            );
+        if let Some(bad) = takes_none("/consumers/{name}", req.uri().query()) {
+            return error(StatusCode::BAD_REQUEST, &bad);
         }
     }
     match (parts.as_slice(), &method) {

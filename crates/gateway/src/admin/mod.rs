@@ -214,16 +214,12 @@ fn unknown_query(path: &str, query: Option<&str>) -> Option<String> {
     if !known {
         return None;
     }
-    let first = query?.split('&').find(|p| !p.is_empty())?;
-    let name = crate::query::percent_decode(first.split('=').next().unwrap_or(first));
     let endpoint = if path.starts_with("/usage/") {
         "/usage/{consumer}"
     } else {
         path
     };
-    Some(format!(
-        "unknown query parameter {name:?}: {endpoint} takes none"
-    ))
+    answer::takes_none(endpoint, query)
 }
 
 /// Serves the admin endpoints on `listener` until the task is dropped.
