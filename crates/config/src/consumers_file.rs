@@ -333,16 +333,10 @@ pub(crate) fn load(
 /// The lines in `file` (its newlines), read through in pieces; the file is left at its
 /// start again.
 fn count_lines(file: &mut std::fs::File) -> std::io::Result<usize> {
-    let mut buf = vec![0u8; 64 * 1024];
     let mut lines = 0;
-    loop {
-        match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => lines += buf[..n].iter().filter(|&&b| b == b'\n').count(),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    crate::read_pieces(file, |piece| {
+        lines += piece.iter().filter(|&&b| b == b'\n').count();
+    })?;
     file.rewind()?;
     Ok(lines)
 }

@@ -240,14 +240,22 @@ impl Fingerprint {
 
 /// The [`fingerprint`] of the file at `path`, read in pieces of 64 KiB.
 pub fn fingerprint_file(path: &Path) -> std::io::Result<u64> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; 64 * 1024];
     let mut f = Fingerprint::default();
+    read_pieces(&mut std::fs::File::open(path)?, |piece| f.add(piece))?;
+    Ok(f.finish())
+}
+
+/// Reads `from` to its end in pieces of 64 KiB, each handed to `each`: a large file is
+/// never held whole.
+pub(crate) fn read_pieces(
+    from: &mut impl std::io::Read,
+    mut each: impl FnMut(&[u8]),
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
     loop {
-        match file.read(&mut buf) {
-            Ok(0) => return Ok(f.finish()),
-            Ok(n) => f.add(&buf[..n]),
+        match from.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => each(&buf[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
