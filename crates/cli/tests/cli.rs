@@ -852,6 +852,20 @@ fn an_open_loop_run_stops_at_its_duration_and_counts_what_it_could_not_send() {
     assert!(!text.contains("listening"), "{text}");
 }
 
+/// `tollgate usage --config FILE ARGS…`: whether it succeeded, and its stderr.
+fn usage_failing(file: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(BIN)
+        .args(["usage", "--config"])
+        .arg(file)
+        .args(args)
+        .output()
+        .expect("run usage");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `tollgate usage … --history 1h`, its stdout.
 fn history(file: &Path, json: bool) -> String {
     let mut cmd = Command::new(BIN);
@@ -903,14 +917,8 @@ fn access_log_reopens_on_sigusr1_and_history_survives_shutdown() {
     let cells: Vec<&str> = total.split_whitespace().collect();
     assert_eq!(cells, ["total", "3", "0", "0", "0", "3"], "{table}");
     // A name no one has: said, and a failure for scripts.
-    let out = Command::new(BIN)
-        .args(["usage", "--config"])
-        .arg(&file)
-        .args(["alicee", "--history", "1h"])
-        .output()
-        .expect("run usage");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let (ok, err) = usage_failing(&file, &["alicee", "--history", "1h"]);
+    assert!(!ok, "{err}");
     assert!(
         err.contains("no consumer named \"alicee\"") && err.contains("nor on the running node"),
         "{err}"
@@ -963,14 +971,8 @@ fn usage_names_the_redis_it_cannot_read() {
         ),
     )
     .expect("write");
-    let out = Command::new(BIN)
-        .args(["usage", "--config"])
-        .arg(&file)
-        .arg("alice")
-        .output()
-        .expect("run usage");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let (ok, err) = usage_failing(&file, &["alice"]);
+    assert!(!ok, "{err}");
     assert!(
         err.contains(&format!("(Redis: redis://<redacted>@127.0.0.1:{port}/0)")),
         "{err}"
@@ -982,14 +984,8 @@ fn usage_names_the_redis_it_cannot_read() {
         ("0s", "a second or more"),
         ("soon", "must start with a whole number"),
     ] {
-        let out = Command::new(BIN)
-            .args(["usage", "--config"])
-            .arg(&file)
-            .args(["alice", "--history", ago])
-            .output()
-            .expect("run usage");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(said), "{ago}: {err}");
+        let (ok, err) = usage_failing(&file, &["alice", "--history", ago]);
+        assert!(!ok && err.contains(said), "{ago}: {err}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -946,25 +946,9 @@ fn data_of(id: u32, n: usize) -> Vec<u8> {
 
 #[tokio::test]
 async fn request_bodies_held_ahead_have_a_budget_per_connection() {
-    // A backend that tells each request head as it arrives, body or not.
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let backend = l.local_addr().expect("addr");
-    let (tx, mut heads) = tokio::sync::mpsc::unbounded_channel::<String>();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = l.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                if let Some(h) = read_head(&mut c).await {
-                    let _ = tx.send(h);
-                }
-                // Held open, unanswered, while the body trickles.
-                let mut sink = [0u8; 4096];
-                while matches!(c.read(&mut sink).await, Ok(n) if n > 0) {}
-            });
-        }
-    });
+    // A backend that tells each request head as it arrives, body or not, held open
+    // unanswered while the body trickles.
+    let (backend, mut heads) = holding_backend().await;
     let g = TestGateway::start(
         &h2c_yaml(
             backend,
